@@ -1,0 +1,58 @@
+# den: see README.md. Every target is idempotent.
+SHELL := /bin/bash
+GO ?= go
+BIN := $(CURDIR)/bin
+export PATH := $(BIN):$(PATH)
+# Where the guest images are built (see image/); tests find them here.
+IMAGE_DIR ?= $(CURDIR)/build/images
+export DEN_IMAGE_DIR := $(IMAGE_DIR)
+
+.PHONY: all deps deps-apt deps-go deps-tools deps-ch build image test test-unit lint bench demo clean
+
+all: build
+
+## deps: apt packages and pinned tools (juicefs, minio, cloud-hypervisor where reachable)
+deps: deps-apt deps-go deps-tools deps-ch
+
+deps-apt:
+	@scripts/deps-apt.sh
+
+deps-go:
+	@echo "deps: go modules"; $(GO) mod download
+
+deps-tools:
+	@scripts/deps-tools.sh
+
+deps-ch:
+	@scripts/deps-ch.sh
+
+## build: den and den-agent into bin/
+build:
+	@mkdir -p $(BIN)
+	@echo "build: bin/den"; CGO_ENABLED=0 $(GO) build -o $(BIN)/den ./cmd/den
+	@echo "build: bin/den-agent (static)"; CGO_ENABLED=0 $(GO) build -ldflags='-s -w' -o $(BIN)/den-agent ./cmd/den-agent
+
+## image: the guest kernel, initramfs and root filesystems (cached by inputs)
+image: build
+	@scripts/build-image.sh $(IMAGE_DIR)
+
+## test: deps, then every test (real QEMU guests, real JuiceFS on MinIO)
+test: deps build image
+	$(GO) test -count=1 -timeout 60m ./...
+
+## test-unit: the tests that need neither root nor images
+test-unit:
+	$(GO) test -short -count=1 ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: not formatted:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+bench: deps build image
+	@scripts/bench.sh
+
+demo: deps build image
+	@scripts/demo.sh
+
+clean:
+	rm -rf $(BIN) build

@@ -1,0 +1,242 @@
+package vmm
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/denhq/den/internal/fsutil"
+)
+
+// ProcessSpec says how to start a VMM process.
+type ProcessSpec struct {
+	// Binary is the VMM executable.
+	Binary string
+	// Args are its arguments (without the binary).
+	Args []string
+	// Env is added to a minimal environment (PATH only).
+	Env []string
+	// Log receives the process's stdout and stderr (appended).
+	Log string
+	// PIDFile records the process so a later caller can adopt it.
+	PIDFile string
+	// Dir is the working directory.
+	Dir string
+}
+
+// Process is a supervised VMM process: started in its own session so that
+// neither the caller's context nor the caller's death stops it, with its
+// exit noticed at once, by wait for a child or by pidfd for an adopted one.
+type Process struct {
+	pid  int
+	done chan struct{}
+
+	mu  sync.Mutex
+	err error
+}
+
+// pidRecord is the PID file's content; StartTime guards against a reused PID.
+type pidRecord struct {
+	PID       int    `json:"pid"`
+	StartTime uint64 `json:"start_time"`
+	Binary    string `json:"binary"`
+}
+
+// StartProcess starts spec's binary in a new session with stdout and
+// stderr appended to spec.Log, and records it in spec.PIDFile.
+func StartProcess(spec ProcessSpec) (*Process, error) {
+	if spec.Binary == "" {
+		return nil, errors.New("start vmm: no binary given")
+	}
+	logf, err := os.OpenFile(spec.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
+	if err != nil {
+		return nil, fmt.Errorf("start vmm: open log: %w", err)
+	}
+	defer logf.Close()
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, fmt.Errorf("start vmm: %w", err)
+	}
+	defer devnull.Close()
+
+	// Deliberately not exec.CommandContext: the VMM must outlive the
+	// caller's context and the caller itself.
+	cmd := exec.Command(spec.Binary, spec.Args...)
+	cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, spec.Env...)
+	cmd.Dir = spec.Dir
+	cmd.Stdin = devnull
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start vmm %s: %w", filepath.Base(spec.Binary), err)
+	}
+	p := &Process{pid: cmd.Process.Pid, done: make(chan struct{})}
+	go func() {
+		err := cmd.Wait()
+		if err == nil {
+			err = errors.New("vmm process exited with status 0")
+		}
+		p.finish(fmt.Errorf("vmm process %d: %w", p.pid, err))
+	}()
+	if spec.PIDFile != "" {
+		rec := pidRecord{PID: p.pid, Binary: spec.Binary}
+		rec.StartTime, _ = processStartTime(p.pid)
+		if err := fsutil.WriteJSONAtomic(spec.PIDFile, rec, 0o644); err != nil {
+			_ = p.Stop(time.Second)
+			return nil, fmt.Errorf("start vmm: %w", err)
+		}
+	}
+	return p, nil
+}
+
+// AdoptProcess re-attaches to a VMM process recorded in pidFile by an
+// earlier StartProcess, typically in a daemon that restarted. It fails
+// with ErrNotRunning when the process is gone or the PID now belongs to
+// another process.
+func AdoptProcess(pidFile string) (*Process, error) {
+	data, err := os.ReadFile(pidFile)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("adopt vmm: no pid file %s: %w", pidFile, ErrNotRunning)
+		}
+		return nil, fmt.Errorf("adopt vmm: %w", err)
+	}
+	var rec pidRecord
+	if err := json.Unmarshal(data, &rec); err != nil || rec.PID <= 0 {
+		return nil, fmt.Errorf("adopt vmm: corrupt pid file %s", pidFile)
+	}
+	st, err := processStartTime(rec.PID)
+	if err != nil || (rec.StartTime != 0 && st != rec.StartTime) {
+		return nil, fmt.Errorf("adopt vmm: process %d is gone: %w", rec.PID, ErrNotRunning)
+	}
+	fd, err := unix.PidfdOpen(rec.PID, 0)
+	if err != nil {
+		return nil, fmt.Errorf("adopt vmm: pidfd of %d: %w", rec.PID, err)
+	}
+	p := &Process{pid: rec.PID, done: make(chan struct{})}
+	go func() {
+		defer unix.Close(fd)
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			_, err := unix.Poll(fds, -1)
+			if err == unix.EINTR {
+				continue
+			}
+			break
+		}
+		p.finish(fmt.Errorf("vmm process %d (adopted) exited", p.pid))
+	}()
+	return p, nil
+}
+
+func (p *Process) finish(err error) {
+	p.mu.Lock()
+	p.err = err
+	p.mu.Unlock()
+	close(p.done)
+}
+
+// PID is the process id.
+func (p *Process) PID() int { return p.pid }
+
+// Exited is closed when the process has exited.
+func (p *Process) Exited() <-chan struct{} { return p.done }
+
+// Err says how the process exited, nil while it runs.
+func (p *Process) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// Alive reports whether the process still runs.
+func (p *Process) Alive() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Stop sends SIGTERM, waits up to grace, then SIGKILL, and returns once
+// the process is gone (or after a further bounded wait).
+func (p *Process) Stop(grace time.Duration) error {
+	if !p.Alive() {
+		return nil
+	}
+	_ = syscall.Kill(p.pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(grace):
+	}
+	_ = syscall.Kill(-p.pid, syscall.SIGKILL) // its whole session group
+	_ = syscall.Kill(p.pid, syscall.SIGKILL)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("stop vmm process %d: still alive after SIGKILL", p.pid)
+	}
+}
+
+// processStartTime reads the start time (field 22 of /proc/PID/stat, in
+// clock ticks since boot) that tells a process apart from a later one
+// with the same PID.
+func processStartTime(pid int) (uint64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(data)
+	// The command name may hold spaces and parentheses; fields start
+	// after the last ')'.
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); start time is field 22.
+	if len(f) < 20 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	if f[0] == "Z" {
+		return 0, fmt.Errorf("process %d is a zombie", pid)
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// TailFile returns up to the last n bytes of a file as one line, for error
+// messages that point at a VMM log.
+func TailFile(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := st.Size() - n
+	if off < 0 {
+		off = 0
+	}
+	buf := make([]byte, st.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil {
+		return ""
+	}
+	return strings.Join(strings.Fields(string(buf)), " ")
+}

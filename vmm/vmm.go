@@ -1,0 +1,234 @@
+// Package vmm defines the one interface den uses to drive a virtual machine
+// monitor process for one VM, whatever the VMM behind it.
+//
+// Drivers live in sub-packages (vmm/cloudhypervisor, vmm/qemu). Each VM gets
+// one Hypervisor value, bound to one runtime directory; the VMM process it
+// starts lives in its own session and outlives the caller, so that a daemon
+// restart re-adopts running VMs instead of killing them.
+package vmm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+)
+
+// Hypervisor runs and controls the VMM process of one VM.
+//
+// The life of a VM:
+//
+//	Start -> Create -> Boot -> (Pause <-> Resume) -> Shutdown
+//	Start -> Restore(dir) -> ...                     (a fresh VMM only)
+//
+// Snapshot needs a paused VM. Restore goes into a VMM that has no VM yet.
+// Every method honours its context's deadline for the call, never for the
+// life of the VMM process.
+type Hypervisor interface {
+	// Capabilities says what this driver and host can do.
+	Capabilities() Capabilities
+	// Start makes the VMM ready to take Create or Restore. A VMM whose
+	// machine is fixed on its command line (QEMU) starts its process in
+	// Create or Restore instead; Start then only checks that it can.
+	Start(ctx context.Context) error
+	// Create defines the VM from cfg without running it.
+	Create(ctx context.Context, cfg Config) error
+	// Boot runs a created VM.
+	Boot(ctx context.Context) error
+	// Pause stops the vCPUs; memory and devices stay.
+	Pause(ctx context.Context) error
+	// Resume runs the vCPUs of a paused VM.
+	Resume(ctx context.Context) error
+	// Snapshot writes the state of a paused VM (memory and devices) into
+	// dir, which must exist and be empty. The VM stays paused.
+	Snapshot(ctx context.Context, dir string) error
+	// Restore brings a VM back from a snapshot directory into this VMM,
+	// which must not have a VM yet.
+	Restore(ctx context.Context, dir string, opts RestoreOptions) error
+	// Info reports the VM's state as the VMM sees it.
+	Info(ctx context.Context) (Info, error)
+	// Shutdown stops the guest and the VMM process (SIGTERM, then SIGKILL)
+	// and returns when the process is gone.
+	Shutdown(ctx context.Context) error
+	// DialGuest opens a stream to a port of the guest's agent over the
+	// guest channel (vsock or virtio-serial).
+	DialGuest(ctx context.Context, port uint32) (net.Conn, error)
+	// Exited is closed when the VMM process has exited; ExitErr then says
+	// how.
+	Exited() <-chan struct{}
+	ExitErr() error
+	// PID is the VMM process id, 0 before it started.
+	PID() int
+}
+
+// ChannelKind names how the host reaches the guest agent.
+type ChannelKind string
+
+const (
+	// ChannelVsock is a virtio-vsock device: any number of connections,
+	// one per guest port (Cloud Hypervisor's hybrid vsock).
+	ChannelVsock ChannelKind = "vsock"
+	// ChannelSerial is one virtio-serial port: a single stream, so the
+	// host keeps one connection and multiplexes over it; the port
+	// argument of DialGuest is ignored.
+	ChannelSerial ChannelKind = "virtio-serial"
+)
+
+// Capabilities says what a driver can do on this host.
+type Capabilities struct {
+	// Name of the VMM ("cloud-hypervisor", "qemu").
+	Name string
+	// Version the binary reports.
+	Version string
+	// Accelerator in use ("kvm" or "tcg").
+	Accelerator string
+	// Pause and Resume are supported.
+	Pause bool
+	// Snapshot and Restore of memory and device state are supported.
+	Snapshot bool
+	// OnDemandRestore: restored memory faults in lazily, so restore cost
+	// does not grow with RAM size.
+	OnDemandRestore bool
+	// GuestChannel is how DialGuest reaches the agent.
+	GuestChannel ChannelKind
+	// MultiConn: DialGuest may hold several connections at once.
+	MultiConn bool
+}
+
+// Config describes a VM to create.
+type Config struct {
+	// CPUs is the number of vCPUs.
+	CPUs int `json:"cpus"`
+	// MemoryBytes is the guest RAM size.
+	MemoryBytes int64 `json:"memory_bytes"`
+	// Kernel is the path of the guest kernel (bzImage or PVH vmlinux, as
+	// the driver needs).
+	Kernel string `json:"kernel"`
+	// Initramfs is the path of the initramfs, if any.
+	Initramfs string `json:"initramfs,omitempty"`
+	// Cmdline is the kernel command line.
+	Cmdline string `json:"cmdline"`
+	// Disks are attached in order: the first is the root disk (/dev/vda).
+	Disks []Disk `json:"disks"`
+	// Net is the network interfaces, if any.
+	Net []Net `json:"net,omitempty"`
+	// GuestCID is the vsock context id of the guest (3 if zero).
+	GuestCID uint32 `json:"guest_cid,omitempty"`
+}
+
+// Disk is a block device backed by a raw image file.
+type Disk struct {
+	ID       string `json:"id"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"readonly,omitempty"`
+}
+
+// Net is a network interface: a TAP device on the host, or, where the
+// driver supports it and Tap is empty, user-mode networking.
+type Net struct {
+	ID  string `json:"id"`
+	Tap string `json:"tap,omitempty"`
+	MAC string `json:"mac,omitempty"`
+}
+
+// Validate checks a config for the mistakes every driver would reject.
+func (c Config) Validate() error {
+	if c.CPUs < 1 {
+		return fmt.Errorf("config: cpus must be at least 1, got %d", c.CPUs)
+	}
+	if c.MemoryBytes < 64<<20 {
+		return fmt.Errorf("config: memory must be at least 64 MiB, got %d bytes", c.MemoryBytes)
+	}
+	if c.Kernel == "" {
+		return errors.New("config: no kernel given")
+	}
+	for _, d := range c.Disks {
+		if d.Path == "" {
+			return fmt.Errorf("config: disk %q has no path", d.ID)
+		}
+	}
+	return nil
+}
+
+// RestoreOptions tunes Restore.
+type RestoreOptions struct {
+	// Resume runs the VM at once; otherwise it comes back paused.
+	Resume bool
+	// OnDemand maps memory lazily where the driver can (Capabilities.OnDemandRestore);
+	// otherwise memory is copied in before the VM runs.
+	OnDemand bool
+	// Config, when not nil, replaces the host paths the snapshot
+	// recorded (disks, network, sockets) so that a snapshot can be
+	// restored as another VM (a fork) or after its files moved. Its CPU
+	// and memory sizes must match the snapshot.
+	Config *Config
+}
+
+// State is a VM's state as its VMM reports it.
+type State string
+
+const (
+	StateNotCreated State = "NotCreated"
+	StateCreated    State = "Created"
+	StateRunning    State = "Running"
+	StatePaused     State = "Paused"
+	StateShutdown   State = "Shutdown"
+)
+
+// transitions lists the states each VMM operation may start from.
+var transitions = map[string][]State{
+	"create":   {StateNotCreated},
+	"boot":     {StateCreated},
+	"pause":    {StateRunning},
+	"resume":   {StatePaused},
+	"snapshot": {StatePaused},
+	"restore":  {StateNotCreated},
+}
+
+// CheckTransition reports whether op may run on a VM in state from; the
+// error names both.
+func CheckTransition(op string, from State) error {
+	allowed, ok := transitions[op]
+	if !ok {
+		return fmt.Errorf("unknown vmm operation %q", op)
+	}
+	for _, s := range allowed {
+		if s == from {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s: vm is %s, want %v: %w", op, from, allowed, ErrInvalidState)
+}
+
+// Info is what the VMM reports about its VM.
+type Info struct {
+	State       State  `json:"state"`
+	PID         int    `json:"pid"`
+	MemoryBytes int64  `json:"memory_bytes,omitempty"`
+	CPUs        int    `json:"cpus,omitempty"`
+	Version     string `json:"version,omitempty"`
+}
+
+var (
+	// ErrInvalidState is wrapped by errors for an operation the VM's
+	// current state does not allow.
+	ErrInvalidState = errors.New("invalid state for this operation")
+	// ErrNotRunning is wrapped when the VMM process is not alive.
+	ErrNotRunning = errors.New("vmm process is not running")
+	// ErrNoGuestListener is wrapped when the guest channel connected but
+	// nothing in the guest answered on the port in time.
+	ErrNoGuestListener = errors.New("no guest listener answered")
+)
+
+// DefaultCallTimeout bounds a VMM call whose context has no deadline.
+const DefaultCallTimeout = 30 * time.Second
+
+// WithDefaultTimeout returns ctx with DefaultCallTimeout applied when it
+// has no deadline of its own.
+func WithDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, DefaultCallTimeout)
+}
