@@ -64,3 +64,37 @@ func SyncDir(dir string) error {
 	}
 	return nil
 }
+
+// CopySparse copies src to dst (created or truncated) keeping holes: only
+// the data ranges of src are copied (SEEK_DATA/SEEK_HOLE where the
+// filesystem answers them, else blocks of zeros are skipped), so a guest
+// RAM file whose untouched pages are holes copies in proportion to what the
+// guest used, not to its size. dst is fsynced.
+func CopySparse(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, st.Mode().Perm())
+	if err != nil {
+		return fmt.Errorf("copy to %s: %w", dst, err)
+	}
+	if err := copyRanges(in, out, st.Size()); err != nil {
+		out.Close()
+		return fmt.Errorf("copy %s to %s: %w", src, dst, err)
+	}
+	if err := out.Truncate(st.Size()); err != nil {
+		out.Close()
+		return fmt.Errorf("copy to %s: %w", dst, err)
+	}
+	if err := out.Sync(); err != nil {
+		out.Close()
+		return fmt.Errorf("copy to %s: %w", dst, err)
+	}
+	return out.Close()
+}

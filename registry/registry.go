@@ -1,0 +1,219 @@
+// Package registry keeps den's durable record of its VMs in a local SQLite
+// database (pure Go, so den stays a static binary).
+package registry
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+)
+
+var (
+	// ErrNotFound is wrapped when a VM does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrExists is wrapped when a VM name is taken.
+	ErrExists = errors.New("already exists")
+)
+
+// DB is den's state database.
+type DB struct {
+	db *sql.DB
+}
+
+// schema is applied in order; PRAGMA user_version records how far.
+var schema = []string{
+	`CREATE TABLE vms (
+		name         TEXT PRIMARY KEY,
+		owner        TEXT NOT NULL,
+		image        TEXT NOT NULL,
+		cpus         INTEGER NOT NULL,
+		memory_bytes INTEGER NOT NULL,
+		disk_bytes   INTEGER NOT NULL,
+		state        TEXT NOT NULL,
+		reason       TEXT NOT NULL DEFAULT '',
+		vmm          TEXT NOT NULL DEFAULT '',
+		accel        TEXT NOT NULL DEFAULT '',
+		idle_timeout_ms INTEGER NOT NULL DEFAULT 0,
+		created_at   INTEGER NOT NULL,
+		last_active  INTEGER NOT NULL,
+		spec_json    TEXT NOT NULL DEFAULT '{}'
+	)`,
+}
+
+// Open opens (creating if needed) the database at path and brings its
+// schema up to date.
+func Open(path string) (*DB, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("open state db: %w", err)
+	}
+	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=foreign_keys(1)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open state db %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(1) // one writer; SQLite serialises anyway
+	d := &DB{db: db}
+	if err := d.migrate(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open state db %s: %w", path, err)
+	}
+	return d, nil
+}
+
+func (d *DB) migrate() error {
+	var v int
+	if err := d.db.QueryRow("PRAGMA user_version").Scan(&v); err != nil {
+		return err
+	}
+	for i := v; i < len(schema); i++ {
+		tx, err := d.db.Begin()
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(schema[i]); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("schema step %d: %w", i+1, err)
+		}
+		if _, err := tx.Exec(fmt.Sprintf("PRAGMA user_version = %d", i+1)); err != nil {
+			tx.Rollback()
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close closes the database.
+func (d *DB) Close() error { return d.db.Close() }
+
+const vmColumns = `name, owner, image, cpus, memory_bytes, disk_bytes, state, reason, vmm, accel, idle_timeout_ms, created_at, last_active, spec_json`
+
+type scanner interface{ Scan(...any) error }
+
+func scanVM(s scanner) (VM, error) {
+	var vm VM
+	var idle, created, active int64
+	var state string
+	err := s.Scan(&vm.Name, &vm.Owner, &vm.Image, &vm.CPUs, &vm.MemoryBytes, &vm.DiskBytes, &state, &vm.Reason,
+		&vm.VMM, &vm.Accel, &idle, &created, &active, &vm.SpecJSON)
+	vm.State = State(state)
+	vm.IdleTimeout = time.Duration(idle) * time.Millisecond
+	vm.CreatedAt = time.UnixMilli(created).UTC()
+	vm.LastActive = time.UnixMilli(active).UTC()
+	return vm, err
+}
+
+// CreateVM records a new VM; ErrExists when the name is taken.
+func (d *DB) CreateVM(ctx context.Context, vm VM) error {
+	_, err := d.db.ExecContext(ctx, `INSERT INTO vms (`+vmColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		vm.Name, vm.Owner, vm.Image, vm.CPUs, vm.MemoryBytes, vm.DiskBytes, string(vm.State), vm.Reason,
+		vm.VMM, vm.Accel, vm.IdleTimeout.Milliseconds(), vm.CreatedAt.UnixMilli(), vm.LastActive.UnixMilli(), specOrEmpty(vm.SpecJSON))
+	if err != nil {
+		if strings.Contains(err.Error(), "UNIQUE constraint") {
+			return fmt.Errorf("vm %q: %w", vm.Name, ErrExists)
+		}
+		return fmt.Errorf("record vm %q: %w", vm.Name, err)
+	}
+	return nil
+}
+
+func specOrEmpty(s string) string {
+	if s == "" {
+		return "{}"
+	}
+	return s
+}
+
+// GetVM returns a VM; ErrNotFound when there is none of that name.
+func (d *DB) GetVM(ctx context.Context, name string) (VM, error) {
+	vm, err := scanVM(d.db.QueryRowContext(ctx, `SELECT `+vmColumns+` FROM vms WHERE name = ?`, name))
+	if errors.Is(err, sql.ErrNoRows) {
+		return VM{}, fmt.Errorf("vm %q: %w", name, ErrNotFound)
+	}
+	if err != nil {
+		return VM{}, fmt.Errorf("read vm %q: %w", name, err)
+	}
+	return vm, nil
+}
+
+// ListVMs returns the VMs ordered by name; of one owner when owner is set.
+func (d *DB) ListVMs(ctx context.Context, owner string) ([]VM, error) {
+	q := `SELECT ` + vmColumns + ` FROM vms`
+	var args []any
+	if owner != "" {
+		q += ` WHERE owner = ?`
+		args = append(args, owner)
+	}
+	rows, err := d.db.QueryContext(ctx, q+` ORDER BY name`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list vms: %w", err)
+	}
+	defer rows.Close()
+	var vms []VM
+	for rows.Next() {
+		vm, err := scanVM(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list vms: %w", err)
+		}
+		vms = append(vms, vm)
+	}
+	return vms, rows.Err()
+}
+
+// UpdateVM reads a VM, lets f change it, checks the state transition, and
+// writes it back in one transaction.
+func (d *DB) UpdateVM(ctx context.Context, name string, f func(*VM) error) (VM, error) {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return VM{}, fmt.Errorf("update vm %q: %w", name, err)
+	}
+	defer tx.Rollback()
+	vm, err := scanVM(tx.QueryRowContext(ctx, `SELECT `+vmColumns+` FROM vms WHERE name = ?`, name))
+	if errors.Is(err, sql.ErrNoRows) {
+		return VM{}, fmt.Errorf("vm %q: %w", name, ErrNotFound)
+	}
+	if err != nil {
+		return VM{}, fmt.Errorf("update vm %q: %w", name, err)
+	}
+	old := vm.State
+	if err := f(&vm); err != nil {
+		return VM{}, err
+	}
+	if vm.State != old {
+		if err := CheckTransition(old, vm.State); err != nil {
+			return VM{}, fmt.Errorf("vm %q: %w", name, err)
+		}
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE vms SET owner=?, image=?, cpus=?, memory_bytes=?, disk_bytes=?, state=?, reason=?, vmm=?, accel=?,
+		idle_timeout_ms=?, created_at=?, last_active=?, spec_json=? WHERE name=?`,
+		vm.Owner, vm.Image, vm.CPUs, vm.MemoryBytes, vm.DiskBytes, string(vm.State), vm.Reason, vm.VMM, vm.Accel,
+		vm.IdleTimeout.Milliseconds(), vm.CreatedAt.UnixMilli(), vm.LastActive.UnixMilli(), specOrEmpty(vm.SpecJSON), name)
+	if err != nil {
+		return VM{}, fmt.Errorf("update vm %q: %w", name, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return VM{}, fmt.Errorf("update vm %q: %w", name, err)
+	}
+	return vm, nil
+}
+
+// DeleteVM removes a VM's record.
+func (d *DB) DeleteVM(ctx context.Context, name string) error {
+	res, err := d.db.ExecContext(ctx, `DELETE FROM vms WHERE name = ?`, name)
+	if err != nil {
+		return fmt.Errorf("delete vm %q: %w", name, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("vm %q: %w", name, ErrNotFound)
+	}
+	return nil
+}

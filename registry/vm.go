@@ -1,0 +1,61 @@
+package registry
+
+import (
+	"fmt"
+	"time"
+)
+
+// State is a VM's life-cycle state as den records it.
+type State string
+
+const (
+	// StateCreating: disk being cloned, VMM booting; rolled back on failure.
+	StateCreating State = "creating"
+	// StateRunning: the VMM runs the guest.
+	StateRunning State = "running"
+	// StateStopped: no VMM; Reason says why (stopped by a user, VMM died...).
+	StateStopped State = "stopped"
+	// StateSleeping: memory and disk saved in the suspend slot, no VMM.
+	StateSleeping State = "sleeping"
+	// StateDeleting: being removed.
+	StateDeleting State = "deleting"
+)
+
+// transitions is the table of valid state changes.
+var transitions = map[State][]State{
+	StateCreating: {StateRunning, StateStopped, StateDeleting},
+	StateRunning:  {StateStopped, StateSleeping, StateDeleting},
+	StateStopped:  {StateRunning, StateDeleting},
+	StateSleeping: {StateRunning, StateStopped, StateDeleting},
+	StateDeleting: {},
+}
+
+// CheckTransition says whether a VM may go from one state to another.
+func CheckTransition(from, to State) error {
+	for _, s := range transitions[from] {
+		if s == to {
+			return nil
+		}
+	}
+	return fmt.Errorf("cannot go from %s to %s", from, to)
+}
+
+// VM is one VM's record.
+type VM struct {
+	Name        string        `json:"name"`
+	Owner       string        `json:"owner"`
+	Image       string        `json:"image"`
+	CPUs        int           `json:"cpus"`
+	MemoryBytes int64         `json:"memory_bytes"`
+	DiskBytes   int64         `json:"disk_bytes"`
+	State       State         `json:"state"`
+	Reason      string        `json:"reason,omitempty"`
+	VMM         string        `json:"vmm"`
+	Accel       string        `json:"accel"`
+	IdleTimeout time.Duration `json:"idle_timeout"`
+	CreatedAt   time.Time     `json:"created_at"`
+	LastActive  time.Time     `json:"last_active"`
+	// SpecJSON is the orchestration layer's own per-VM data (paths,
+	// network), opaque here.
+	SpecJSON string `json:"-"`
+}

@@ -1,0 +1,100 @@
+package qemu
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/denhq/den/vmm"
+)
+
+// buildArgs is the QEMU command line for cfg: a microvm with virtio-mmio
+// devices, RAM in a shared file, QMP and the agent port on unix sockets,
+// the serial console into a file, and vCPUs stopped at start (-S).
+func buildArgs(cfg vmm.Config, rd vmm.RunDir, accel string, incoming bool) []string {
+	memMiB := cfg.MemoryBytes >> 20
+	args := []string{
+		"-name", "den",
+		"-nodefaults", "-no-user-config", "-nographic",
+		"-machine", "microvm,memory-backend=mem,rtc=on,x-option-roms=off",
+		"-m", fmt.Sprintf("%dM", memMiB),
+		"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=on", memMiB, rd.MemoryFile()),
+		"-smp", strconv.Itoa(cfg.CPUs),
+		"-qmp", "unix:" + rd.APISocket() + ",server=on,wait=off",
+		"-chardev", "file,id=con,path=" + rd.ConsoleLog() + ",append=on",
+		"-serial", "chardev:con",
+		"-chardev", "socket,id=agent,path=" + rd.AgentSocket() + ",server=on,wait=off",
+		"-device", "virtio-serial-device",
+		"-device", "virtserialport,chardev=agent,name=" + AgentPortName,
+		"-device", "virtio-rng-device",
+		"-kernel", cfg.Kernel,
+		"-append", kernelCmdline(cfg.Cmdline, accel),
+		"-S",
+	}
+	if accel == "kvm" {
+		args = append(args, "-accel", "kvm", "-cpu", "host")
+	} else {
+		args = append(args, "-accel", "tcg,thread=multi", "-cpu", "max")
+	}
+	if cfg.Initramfs != "" {
+		args = append(args, "-initrd", cfg.Initramfs)
+	}
+	for i, d := range cfg.Disks {
+		id := d.ID
+		if id == "" {
+			id = fmt.Sprintf("disk%d", i)
+		}
+		drive := fmt.Sprintf("id=%s,file=%s,format=raw,if=none,discard=unmap,cache=writeback", id, d.Path)
+		if d.ReadOnly {
+			drive += ",readonly=on"
+		}
+		args = append(args, "-drive", drive, "-device", "virtio-blk-device,drive="+id)
+	}
+	for i, n := range cfg.Net {
+		id := n.ID
+		if id == "" {
+			id = fmt.Sprintf("net%d", i)
+		}
+		if n.Tap != "" {
+			args = append(args, "-netdev", fmt.Sprintf("tap,id=%s,ifname=%s,script=no,downscript=no", id, n.Tap))
+		} else {
+			args = append(args, "-netdev", "user,id="+id)
+		}
+		dev := "virtio-net-device,netdev=" + id
+		if n.MAC != "" {
+			dev += ",mac=" + n.MAC
+		}
+		args = append(args, "-device", dev)
+	}
+	if incoming {
+		args = append(args, "-incoming", "defer")
+	}
+	return args
+}
+
+// kernelCmdline adds what the accelerator needs: under TCG the guest
+// must be told its TSC frequency or it hangs calibrating on a busy host.
+func kernelCmdline(cmdline, accel string) string {
+	if accel != "kvm" && !strings.Contains(cmdline, "tsc_early_khz=") {
+		cmdline = strings.TrimSpace(cmdline + " tsc_early_khz=" + strconv.Itoa(hostTSCkHz()))
+	}
+	return cmdline
+}
+
+// hostTSCkHz reads the host CPU's clock from /proc/cpuinfo, 2 GHz if it
+// cannot: any plausible value keeps the guest from calibrating.
+func hostTSCkHz() int {
+	data, err := os.ReadFile("/proc/cpuinfo")
+	if err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			k, val, ok := strings.Cut(line, ":")
+			if ok && strings.TrimSpace(k) == "cpu MHz" {
+				if mhz, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil && mhz > 0 {
+					return int(mhz * 1000)
+				}
+			}
+		}
+	}
+	return 2000000
+}

@@ -1,0 +1,470 @@
+// Package qemu drives one QEMU microvm process per VM over QMP, for hosts
+// without Cloud Hypervisor or without a KVM that boots stock kernels.
+//
+// Guest RAM lives in a file (memory-backend-file, share=on) in the VM's
+// runtime directory, so a snapshot migrates only device state
+// (x-ignore-shared) and copies the RAM file; the guest agent is reached
+// over one virtio-serial port backed by a unix socket.
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/vmm"
+)
+
+var _ vmm.Hypervisor = (*VMM)(nil)
+
+// AgentPortName is the virtio-serial port name the guest agent opens.
+const AgentPortName = "org.den.agent"
+
+// Options configures a VMM.
+type Options struct {
+	// Binary is qemu-system-x86_64; FindBinary when empty.
+	Binary string
+	// RunDir holds the QMP socket, agent socket, RAM file, PID file, logs.
+	RunDir vmm.RunDir
+	// Accel is "kvm", "tcg", or "" to choose: KVM only where it really
+	// boots stock guests (vmm.DetectKVM), else TCG with a warning.
+	Accel string
+	// Logger receives warnings (nil: slog.Default()).
+	Logger *slog.Logger
+}
+
+// VMM is one QEMU process and its VM.
+type VMM struct {
+	opts  Options
+	accel string
+
+	mu     sync.Mutex
+	proc   *vmm.Process
+	cfg    *vmm.Config
+	booted bool // the VM has run (so "paused" is Paused, not Created)
+}
+
+// New returns a driver for one VM; nothing starts until Start and Create.
+func New(opts Options) *VMM {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &VMM{opts: opts}
+}
+
+// FindBinary returns $DEN_QEMU_BINARY or qemu-system-x86_64 from PATH.
+func FindBinary() (string, error) {
+	if b := os.Getenv("DEN_QEMU_BINARY"); b != "" {
+		if _, err := os.Stat(b); err != nil {
+			return "", fmt.Errorf("find qemu: DEN_QEMU_BINARY: %w", err)
+		}
+		return b, nil
+	}
+	b, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		return "", errors.New("find qemu: qemu-system-x86_64 not in PATH (apt-get install qemu-system-x86)")
+	}
+	return b, nil
+}
+
+// Version runs `qemu-system-x86_64 --version` and returns its version.
+func Version(ctx context.Context, binary string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, binary, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("qemu version: %w", err)
+	}
+	// "QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18)"
+	f := strings.Fields(strings.SplitN(string(out), "\n", 2)[0])
+	for i, w := range f {
+		if w == "version" && i+1 < len(f) {
+			return f[i+1], nil
+		}
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// Capabilities implements vmm.Hypervisor.
+func (v *VMM) Capabilities() vmm.Capabilities {
+	ver := ""
+	if v.opts.Binary != "" {
+		ver, _ = Version(context.Background(), v.opts.Binary)
+	}
+	return vmm.Capabilities{
+		Name:         "qemu",
+		Version:      ver,
+		Accelerator:  v.accelerator(),
+		Pause:        true,
+		Snapshot:     true,
+		GuestChannel: vmm.ChannelSerial,
+		MultiConn:    false,
+	}
+}
+
+// accelerator resolves Options.Accel once, warning once about TCG.
+func (v *VMM) accelerator() string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.accel != "" {
+		return v.accel
+	}
+	v.accel = v.opts.Accel
+	if v.accel == "" {
+		st := vmm.DetectKVM()
+		v.accel = st.Accelerator()
+		if v.accel == "tcg" {
+			warnTCG(v.opts.Logger, st.Reason)
+		}
+	}
+	return v.accel
+}
+
+var tcgWarned sync.Once
+
+func warnTCG(log *slog.Logger, reason string) {
+	tcgWarned.Do(func() {
+		log.Warn("qemu: using TCG software emulation, guests are slow; " + reason)
+	})
+}
+
+// Start checks that QEMU can run here. QEMU's machine is fixed on its
+// command line, so the process itself starts in Create or Restore.
+func (v *VMM) Start(ctx context.Context) error {
+	if v.opts.Binary == "" {
+		b, err := FindBinary()
+		if err != nil {
+			return err
+		}
+		v.opts.Binary = b
+	}
+	if err := os.MkdirAll(v.opts.RunDir.Path(), 0o700); err != nil {
+		return fmt.Errorf("start qemu: %w", err)
+	}
+	v.accelerator()
+	return nil
+}
+
+// Create starts QEMU with the VM defined and its vCPUs stopped (-S).
+func (v *VMM) Create(ctx context.Context, cfg vmm.Config) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("create vm: %w", err)
+	}
+	if err := v.checkNoVM("create"); err != nil {
+		return err
+	}
+	if err := v.launch(ctx, cfg, false); err != nil {
+		return fmt.Errorf("create vm: %w", err)
+	}
+	return nil
+}
+
+// checkNoVM fails when this VMM already runs a VM.
+func (v *VMM) checkNoVM(op string) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.proc != nil && v.proc.Alive() {
+		return fmt.Errorf("%s vm: qemu already has a vm (pid %d): %w", op, v.proc.PID(), vmm.ErrInvalidState)
+	}
+	return nil
+}
+
+// launch starts the QEMU process for cfg and waits until QMP answers.
+func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
+	for _, d := range cfg.Disks {
+		if _, err := os.Stat(d.Path); err != nil {
+			return fmt.Errorf("disk %q: %w", d.ID, err)
+		}
+	}
+	for _, p := range []string{cfg.Kernel, cfg.Initramfs} {
+		if p == "" {
+			continue
+		}
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("boot file: %w", err)
+		}
+	}
+	rd := v.opts.RunDir
+	for _, p := range []string{rd.APISocket(), rd.AgentSocket()} {
+		_ = os.Remove(p)
+	}
+	if err := fsutil.WriteJSONAtomic(rd.ConfigFile(), cfg, 0o600); err != nil {
+		return err
+	}
+	args := buildArgs(cfg, rd, v.accelerator(), incoming)
+	proc, err := vmm.StartProcess(vmm.ProcessSpec{
+		Binary:  v.opts.Binary,
+		Args:    args,
+		Log:     rd.Log(),
+		PIDFile: rd.PIDFile(),
+		Dir:     rd.Path(),
+	})
+	if err != nil {
+		return err
+	}
+	v.mu.Lock()
+	v.proc, v.cfg, v.booted = proc, &cfg, false
+	v.mu.Unlock()
+	if err := v.waitQMP(ctx, proc); err != nil {
+		_ = proc.Stop(2 * time.Second)
+		return err
+	}
+	return nil
+}
+
+// waitQMP waits, bounded by ctx, for the QMP socket to answer.
+func (v *VMM) waitQMP(ctx context.Context, proc *vmm.Process) error {
+	ctx, cancel := vmm.WithDefaultTimeout(ctx)
+	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		q, err := dialQMP(ctx, v.opts.RunDir.APISocket())
+		if err == nil {
+			q.close()
+			return nil
+		}
+		select {
+		case <-proc.Exited():
+			return fmt.Errorf("qemu exited during start: %s (log %s)", vmm.TailFile(v.opts.RunDir.Log(), 600), v.opts.RunDir.Log())
+		case <-ctx.Done():
+			return fmt.Errorf("qemu qmp socket %s did not answer: %w (log %s: %s)", v.opts.RunDir.APISocket(), ctx.Err(), v.opts.RunDir.Log(), vmm.TailFile(v.opts.RunDir.Log(), 300))
+		case <-tick.C:
+		}
+	}
+}
+
+// call runs one QMP command in a session of its own, bounded by ctx (or
+// vmm.DefaultCallTimeout), and turns a dead process into ErrNotRunning.
+func (v *VMM) call(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+	v.mu.Lock()
+	proc := v.proc
+	v.mu.Unlock()
+	if proc == nil || !proc.Alive() {
+		return nil, v.notRunning(cmd)
+	}
+	ctx, cancel := vmm.WithDefaultTimeout(ctx)
+	defer cancel()
+	q, err := dialQMP(ctx, v.opts.RunDir.APISocket())
+	if err != nil {
+		if !proc.Alive() {
+			return nil, v.notRunning(cmd)
+		}
+		return nil, fmt.Errorf("qmp %s: %w", cmd, err)
+	}
+	defer q.close()
+	ret, err := q.execute(ctx, cmd, args)
+	if err != nil && !proc.Alive() {
+		return nil, v.notRunning(cmd)
+	}
+	return ret, err
+}
+
+func (v *VMM) notRunning(op string) error {
+	return fmt.Errorf("qemu %s: %w (log %s: %s)", op, vmm.ErrNotRunning, v.opts.RunDir.Log(), vmm.TailFile(v.opts.RunDir.Log(), 300))
+}
+
+// Boot runs the created VM's vCPUs.
+func (v *VMM) Boot(ctx context.Context) error {
+	if err := v.transition(ctx, "boot"); err != nil {
+		return err
+	}
+	if _, err := v.call(ctx, "cont", nil); err != nil {
+		return fmt.Errorf("boot vm: %w", err)
+	}
+	v.mu.Lock()
+	v.booted = true
+	v.mu.Unlock()
+	return nil
+}
+
+// Pause stops the vCPUs.
+func (v *VMM) Pause(ctx context.Context) error {
+	if err := v.transition(ctx, "pause"); err != nil {
+		return err
+	}
+	if _, err := v.call(ctx, "stop", nil); err != nil {
+		return fmt.Errorf("pause vm: %w", err)
+	}
+	return nil
+}
+
+// Resume runs the vCPUs of a paused VM.
+func (v *VMM) Resume(ctx context.Context) error {
+	if err := v.transition(ctx, "resume"); err != nil {
+		return err
+	}
+	if _, err := v.call(ctx, "cont", nil); err != nil {
+		return fmt.Errorf("resume vm: %w", err)
+	}
+	v.mu.Lock()
+	v.booted = true
+	v.mu.Unlock()
+	return nil
+}
+
+// transition checks op against the VM's current state.
+func (v *VMM) transition(ctx context.Context, op string) error {
+	info, err := v.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("%s vm: %w", op, err)
+	}
+	if err := vmm.CheckTransition(op, info.State); err != nil {
+		return fmt.Errorf("%s vm: %w", op, err)
+	}
+	return nil
+}
+
+// Info maps QEMU's run state onto vmm.State.
+func (v *VMM) Info(ctx context.Context) (vmm.Info, error) {
+	v.mu.Lock()
+	proc, cfg, booted := v.proc, v.cfg, v.booted
+	v.mu.Unlock()
+	if proc == nil {
+		return vmm.Info{State: vmm.StateNotCreated}, nil
+	}
+	if !proc.Alive() {
+		return vmm.Info{State: vmm.StateShutdown, PID: proc.PID()}, nil
+	}
+	ret, err := v.call(ctx, "query-status", nil)
+	if err != nil {
+		return vmm.Info{}, fmt.Errorf("vm info: %w", err)
+	}
+	var st struct {
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(ret, &st); err != nil {
+		return vmm.Info{}, fmt.Errorf("vm info: %w", err)
+	}
+	info := vmm.Info{PID: proc.PID(), State: mapStatus(st.Status, booted)}
+	if cfg != nil {
+		info.CPUs, info.MemoryBytes = cfg.CPUs, cfg.MemoryBytes
+	}
+	return info, nil
+}
+
+// mapStatus turns a QEMU RunState into a vmm.State.
+func mapStatus(status string, booted bool) vmm.State {
+	switch status {
+	case "running":
+		return vmm.StateRunning
+	case "prelaunch":
+		return vmm.StateCreated
+	case "paused", "postmigrate", "finish-migrate", "save-vm", "restore-vm", "suspended", "debug", "watchdog":
+		if booted {
+			return vmm.StatePaused
+		}
+		return vmm.StateCreated
+	case "inmigrate":
+		return vmm.StateNotCreated
+	case "shutdown", "guest-panicked", "internal-error", "io-error":
+		return vmm.StateShutdown
+	}
+	return vmm.State(status)
+}
+
+// Shutdown quits QEMU and waits until the process is gone. The guest
+// gets no notice: ask its agent to power off first for a clean
+// filesystem.
+func (v *VMM) Shutdown(ctx context.Context) error {
+	v.mu.Lock()
+	proc := v.proc
+	v.mu.Unlock()
+	if proc == nil || !proc.Alive() {
+		return nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	_, _ = v.call(qctx, "quit", nil)
+	cancel()
+	select {
+	case <-proc.Exited():
+	case <-time.After(3 * time.Second):
+	}
+	if err := proc.Stop(5 * time.Second); err != nil {
+		return fmt.Errorf("shutdown qemu: %w", err)
+	}
+	return nil
+}
+
+// DialGuest connects to the agent's virtio-serial port. There is one
+// stream per VM: a second dial waits until the first connection closes.
+// After a Restore, dial again.
+func (v *VMM) DialGuest(ctx context.Context, port uint32) (net.Conn, error) {
+	v.mu.Lock()
+	proc := v.proc
+	v.mu.Unlock()
+	if proc == nil || !proc.Alive() {
+		return nil, v.notRunning("dial guest")
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", v.opts.RunDir.AgentSocket())
+	if err != nil {
+		return nil, fmt.Errorf("dial guest agent: %w", err)
+	}
+	return conn, nil
+}
+
+// Exited is closed when the QEMU process exits (never, before Create).
+func (v *VMM) Exited() <-chan struct{} {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.proc == nil {
+		return nil
+	}
+	return v.proc.Exited()
+}
+
+// ExitErr says how the process exited.
+func (v *VMM) ExitErr() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.proc == nil {
+		return nil
+	}
+	return v.proc.Err()
+}
+
+// PID is the QEMU process id, 0 before Create or Restore.
+func (v *VMM) PID() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.proc == nil {
+		return 0
+	}
+	return v.proc.PID()
+}
+
+// Adopt re-attaches to a QEMU process that an earlier driver started in
+// opts.RunDir (after a daemon restart), checking that QMP answers.
+func Adopt(ctx context.Context, opts Options) (*VMM, error) {
+	v := New(opts)
+	proc, err := vmm.AdoptProcess(opts.RunDir.PIDFile())
+	if err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(opts.RunDir.ConfigFile())
+	if err != nil {
+		return nil, fmt.Errorf("adopt qemu: %w", err)
+	}
+	var cfg vmm.Config
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return nil, fmt.Errorf("adopt qemu: config: %w", err)
+	}
+	v.proc, v.cfg, v.booted = proc, &cfg, true
+	if opts.Accel != "" {
+		v.accel = opts.Accel
+	}
+	if _, err := v.call(ctx, "query-status", nil); err != nil {
+		return nil, fmt.Errorf("adopt qemu: %w", err)
+	}
+	return v, nil
+}

@@ -1,0 +1,217 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/vmm"
+)
+
+// Files of a QEMU snapshot directory.
+const (
+	snapState  = "state"       // device state (migration stream, RAM excluded)
+	snapMemory = "memory"      // copy of the guest RAM file (sparse)
+	snapConfig = "config.json" // the vmm.Config the VM ran with
+	snapMeta   = "qemu.json"   // driver, version, accelerator
+)
+
+// snapshotMeta records what a snapshot needs to be restored.
+type snapshotMeta struct {
+	Driver  string `json:"driver"`
+	Version string `json:"version"`
+	Accel   string `json:"accel"`
+}
+
+// Snapshot saves a paused VM into dir: device state by migration with
+// x-ignore-shared (RAM is not streamed), then a sparse copy of the RAM
+// file. The VM stays paused.
+func (v *VMM) Snapshot(ctx context.Context, dir string) error {
+	if err := v.transition(ctx, "snapshot"); err != nil {
+		return err
+	}
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return fmt.Errorf("snapshot vm: destination %s is not a directory", dir)
+	}
+	state := filepath.Join(dir, snapState)
+	if err := v.setIgnoreShared(ctx); err != nil {
+		return fmt.Errorf("snapshot vm: %w", err)
+	}
+	if _, err := v.call(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(state)}); err != nil {
+		return fmt.Errorf("snapshot vm: %w", err)
+	}
+	if err := v.waitMigration(ctx); err != nil {
+		return fmt.Errorf("snapshot vm: %w", err)
+	}
+	if err := fsutil.CopySparse(v.opts.RunDir.MemoryFile(), filepath.Join(dir, snapMemory)); err != nil {
+		return fmt.Errorf("snapshot vm: memory: %w", err)
+	}
+	v.mu.Lock()
+	cfg := *v.cfg
+	v.mu.Unlock()
+	if err := fsutil.WriteJSONAtomic(filepath.Join(dir, snapConfig), cfg, 0o600); err != nil {
+		return fmt.Errorf("snapshot vm: %w", err)
+	}
+	caps := v.Capabilities()
+	meta := snapshotMeta{Driver: "qemu", Version: caps.Version, Accel: caps.Accelerator}
+	if err := fsutil.WriteJSONAtomic(filepath.Join(dir, snapMeta), meta, 0o600); err != nil {
+		return fmt.Errorf("snapshot vm: %w", err)
+	}
+	return nil
+}
+
+// Restore starts a fresh QEMU on a copy of the snapshot's RAM file and
+// loads the device state into it (-incoming defer, x-ignore-shared,
+// migrate-incoming). The VM resumes when opts.Resume says so. QEMU has no
+// lazy restore: opts.OnDemand is ignored (Capabilities.OnDemandRestore is
+// false) and the cost is the sparse copy of the RAM the guest had used.
+func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) error {
+	if err := v.checkNoVM("restore"); err != nil {
+		return err
+	}
+	cfg, err := readSnapshot(dir, v.accelerator())
+	if err != nil {
+		return fmt.Errorf("restore vm from %s: %w", dir, err)
+	}
+	if opts.Config != nil {
+		if opts.Config.CPUs != cfg.CPUs || opts.Config.MemoryBytes != cfg.MemoryBytes {
+			return fmt.Errorf("restore vm from %s: sizes differ from the snapshot (%d cpus, %d bytes)", dir, cfg.CPUs, cfg.MemoryBytes)
+		}
+		cfg = *opts.Config
+	}
+	if err := os.MkdirAll(v.opts.RunDir.Path(), 0o700); err != nil {
+		return fmt.Errorf("restore vm: %w", err)
+	}
+	if err := fsutil.CopySparse(filepath.Join(dir, snapMemory), v.opts.RunDir.MemoryFile()); err != nil {
+		return fmt.Errorf("restore vm: memory: %w", err)
+	}
+	if err := v.launch(ctx, cfg, true); err != nil {
+		return fmt.Errorf("restore vm: %w", err)
+	}
+	fail := func(err error) error {
+		_ = v.Shutdown(context.Background())
+		return fmt.Errorf("restore vm from %s: %w", dir, err)
+	}
+	if err := v.setIgnoreShared(ctx); err != nil {
+		return fail(err)
+	}
+	if _, err := v.call(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(filepath.Join(dir, snapState))}); err != nil {
+		return fail(err)
+	}
+	if err := v.waitIncoming(ctx); err != nil {
+		return fail(err)
+	}
+	v.mu.Lock()
+	v.booted = true
+	v.mu.Unlock()
+	if opts.Resume {
+		if _, err := v.call(ctx, "cont", nil); err != nil {
+			return fail(err)
+		}
+	}
+	return nil
+}
+
+// readSnapshot checks a snapshot directory and returns its config.
+func readSnapshot(dir, accel string) (vmm.Config, error) {
+	var cfg vmm.Config
+	var meta snapshotMeta
+	for name, dst := range map[string]any{snapConfig: &cfg, snapMeta: &meta} {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return cfg, fmt.Errorf("not a qemu snapshot: %w", err)
+		}
+		if err := json.Unmarshal(data, dst); err != nil {
+			return cfg, fmt.Errorf("corrupt snapshot file %s: %w", name, err)
+		}
+	}
+	if meta.Driver != "qemu" {
+		return cfg, fmt.Errorf("snapshot was taken by %q, not qemu", meta.Driver)
+	}
+	if meta.Accel != accel {
+		return cfg, fmt.Errorf("snapshot was taken under %s, this host uses %s", meta.Accel, accel)
+	}
+	for _, name := range []string{snapState, snapMemory} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return cfg, fmt.Errorf("incomplete snapshot: %w", err)
+		}
+	}
+	return cfg, nil
+}
+
+func (v *VMM) setIgnoreShared(ctx context.Context) error {
+	_, err := v.call(ctx, "migrate-set-capabilities", map[string]any{
+		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}},
+	})
+	return err
+}
+
+// waitMigration polls query-migrate until the outgoing migration ends.
+func (v *VMM) waitMigration(ctx context.Context) error {
+	return v.poll(ctx, func() (bool, error) {
+		ret, err := v.call(ctx, "query-migrate", nil)
+		if err != nil {
+			return false, err
+		}
+		var m struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		if err := json.Unmarshal(ret, &m); err != nil {
+			return false, err
+		}
+		switch m.Status {
+		case "completed":
+			return true, nil
+		case "failed", "cancelled":
+			return false, fmt.Errorf("migration %s: %s (log %s)", m.Status, m.ErrorDesc, v.opts.RunDir.Log())
+		}
+		return false, nil
+	})
+}
+
+// waitIncoming polls query-status until the incoming migration is loaded.
+func (v *VMM) waitIncoming(ctx context.Context) error {
+	return v.poll(ctx, func() (bool, error) {
+		ret, err := v.call(ctx, "query-status", nil)
+		if err != nil {
+			return false, err
+		}
+		var st struct {
+			Status string `json:"status"`
+		}
+		if err := json.Unmarshal(ret, &st); err != nil {
+			return false, err
+		}
+		return st.Status != "inmigrate", nil
+	})
+}
+
+// poll calls f every 5 ms until it is done, fails, or ctx (or
+// vmm.DefaultCallTimeout) ends.
+func (v *VMM) poll(ctx context.Context, f func() (bool, error)) error {
+	ctx, cancel := vmm.WithDefaultTimeout(ctx)
+	defer cancel()
+	for {
+		done, err := f()
+		if err != nil || done {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(errors.New("timed out waiting for qemu"), ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// shellQuote quotes s for /bin/sh, which runs QEMU's exec: migration.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
