@@ -1,0 +1,244 @@
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// Client talks to a den daemon over its unix socket.
+type Client struct {
+	socket string
+	http   *http.Client
+}
+
+// NewClient returns a client for the daemon at socket ($DEN_SOCKET or
+// DefaultSocket when empty).
+func NewClient(socket string) *Client {
+	if socket == "" {
+		socket = os.Getenv("DEN_SOCKET")
+	}
+	if socket == "" {
+		socket = DefaultSocket
+	}
+	c := &Client{socket: socket}
+	c.http = &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return c.dial(ctx)
+		},
+		MaxIdleConns: 4,
+	}}
+	return c
+}
+
+// Socket is the daemon socket this client uses.
+func (c *Client) Socket() string { return c.socket }
+
+func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", c.socket)
+	if err != nil {
+		return nil, fmt.Errorf("connect to den daemon at %s (is `den daemon` running? set DEN_SOCKET): %w", c.socket, errors.Join(ErrNoDaemon, err))
+	}
+	return conn, nil
+}
+
+// do sends a JSON request and decodes a JSON answer into out (if not nil).
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	resp, err := c.send(ctx, method, path, in)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: bad answer: %w", method, path, err)
+	}
+	return nil
+}
+
+// send performs a request and turns an error answer into *Error.
+func (c *Client) send(ctx context.Context, method, path string, in any) (*http.Response, error) {
+	var body io.Reader
+	if in != nil {
+		data, err := json.Marshal(in)
+		if err != nil {
+			return nil, err
+		}
+		body = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://den"+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, err
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	return resp, nil
+}
+
+func decodeError(resp *http.Response) error {
+	var eb ErrorBody
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if json.Unmarshal(data, &eb) != nil || eb.Error == "" {
+		eb.Error = fmt.Sprintf("daemon answered %s: %s", resp.Status, strings.TrimSpace(string(data)))
+	}
+	return &Error{Status: resp.StatusCode, Code: eb.Code, Message: eb.Error}
+}
+
+// Info describes the daemon.
+func (c *Client) Info(ctx context.Context) (DaemonInfo, error) {
+	var info DaemonInfo
+	err := c.do(ctx, http.MethodGet, "/v1/info", nil, &info)
+	return info, err
+}
+
+// CreateVM creates a VM, calling progress (if not nil) for each step.
+func (c *Client) CreateVM(ctx context.Context, req CreateRequest, progress func(Event)) (VM, error) {
+	return c.stream(ctx, http.MethodPost, "/v1/vms", req, progress)
+}
+
+// stream sends a request whose answer is a stream of Events.
+func (c *Client) stream(ctx context.Context, method, path string, in any, progress func(Event)) (VM, error) {
+	resp, err := c.send(ctx, method, path, in)
+	if err != nil {
+		return VM{}, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var ev Event
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return VM{}, fmt.Errorf("bad event from daemon: %w", err)
+		}
+		switch {
+		case ev.Error != "":
+			return VM{}, &Error{Code: ev.Code, Message: ev.Error}
+		case ev.VM != nil:
+			return *ev.VM, nil
+		case progress != nil:
+			progress(ev)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return VM{}, fmt.Errorf("daemon stream: %w", err)
+	}
+	return VM{}, errors.New("daemon stream ended without a result")
+}
+
+// ListVMs lists the VMs.
+func (c *Client) ListVMs(ctx context.Context) ([]VM, error) {
+	var vms []VM
+	err := c.do(ctx, http.MethodGet, "/v1/vms", nil, &vms)
+	return vms, err
+}
+
+// GetVM returns one VM.
+func (c *Client) GetVM(ctx context.Context, name string) (VM, error) {
+	var vm VM
+	err := c.do(ctx, http.MethodGet, "/v1/vms/"+url.PathEscape(name), nil, &vm)
+	return vm, err
+}
+
+// RemoveVM deletes a VM and its disk; force stops a running one.
+func (c *Client) RemoveVM(ctx context.Context, name string, force bool) error {
+	q := ""
+	if force {
+		q = "?force=1"
+	}
+	return c.do(ctx, http.MethodDelete, "/v1/vms/"+url.PathEscape(name)+q, nil, nil)
+}
+
+// Logs returns the VMM and console logs of a VM.
+func (c *Client) Logs(ctx context.Context, name string, w io.Writer) error {
+	resp, err := c.send(ctx, http.MethodGet, "/v1/vms/"+url.PathEscape(name)+"/logs", nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(w, resp.Body)
+	return err
+}
+
+// SSH opens an SSH connection to a VM through the daemon: the daemon
+// relays its sessions, port forwards and sftp to the VM's guest agent,
+// waking the VM first if it sleeps.
+func (c *Client) SSH(ctx context.Context, name string) (*ssh.Client, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	} else {
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Minute))
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://den/v1/vms/"+url.PathEscape(name)+"/ssh", nil)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", UpgradeSSH)
+	if err := req.Write(conn); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("ssh %s: %w", name, err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, req)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("ssh %s: %w", name, err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		defer conn.Close()
+		return nil, decodeError(resp)
+	}
+	bc := &bufferedConn{Conn: conn, r: br}
+	sc, chans, reqs, err := ssh.NewClientConn(bc, "den/"+name, &ssh.ClientConfig{
+		User:            name,
+		HostKeyCallback: ssh.InsecureIgnoreHostKey(), // the daemon's own socket, root-only
+		Timeout:         time.Minute,
+	})
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("ssh %s: %w", name, err)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return ssh.NewClient(sc, chans, reqs), nil
+}
+
+// UpgradeSSH is the Upgrade protocol of POST /v1/vms/NAME/ssh.
+const UpgradeSSH = "den-ssh"
+
+// bufferedConn reads first what the HTTP reader buffered.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (b *bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }

@@ -1,0 +1,115 @@
+// Package api is den's HTTP+JSON API over the daemon's unix socket: the
+// wire types and the Go client that the CLI uses and that agent frameworks
+// can import. docs/api.md describes the endpoints.
+package api
+
+import (
+	"errors"
+	"time"
+)
+
+// DefaultSocket is where the daemon listens unless told otherwise; the
+// CLI also reads $DEN_SOCKET.
+const DefaultSocket = "/run/den/den.sock"
+
+// VM is a VM as the API shows it.
+type VM struct {
+	Name        string    `json:"name"`
+	Owner       string    `json:"owner"`
+	State       string    `json:"state"` // creating, running, stopped, sleeping
+	Reason      string    `json:"reason,omitempty"`
+	Image       string    `json:"image"`
+	CPUs        int       `json:"cpus"`
+	MemoryBytes int64     `json:"memory_bytes"`
+	DiskBytes   int64     `json:"disk_bytes"`
+	DiskUsed    int64     `json:"disk_used_bytes"`
+	VMM         string    `json:"vmm"`
+	Accel       string    `json:"accel"`
+	PID         int       `json:"pid,omitempty"`
+	IdleTimeout string    `json:"idle_timeout"`
+	CreatedAt   time.Time `json:"created_at"`
+	LastActive  time.Time `json:"last_active"`
+}
+
+// CreateRequest asks for a new VM. Zero fields take the daemon's defaults.
+type CreateRequest struct {
+	Name        string `json:"name"`
+	Owner       string `json:"owner,omitempty"`
+	Image       string `json:"image,omitempty"`
+	CPUs        int    `json:"cpus,omitempty"`
+	MemoryBytes int64  `json:"memory_bytes,omitempty"`
+	DiskBytes   int64  `json:"disk_bytes,omitempty"`
+	// IdleTimeout is a Go duration ("10m"); "0" never sleeps.
+	IdleTimeout string `json:"idle_timeout,omitempty"`
+}
+
+// Event is one line of a streamed long operation: progress lines, then
+// exactly one of VM or Error.
+type Event struct {
+	Progress string `json:"progress,omitempty"`
+	Elapsed  string `json:"elapsed,omitempty"`
+	VM       *VM    `json:"vm,omitempty"`
+	Error    string `json:"error,omitempty"`
+	Code     string `json:"code,omitempty"`
+}
+
+// ErrorBody is the body of every non-2xx answer.
+type ErrorBody struct {
+	Error string `json:"error"`
+	// Code names the kind: not_found, exists, invalid, conflict,
+	// no_space, internal.
+	Code string `json:"code"`
+}
+
+// DaemonInfo describes the daemon and its host.
+type DaemonInfo struct {
+	Version   string `json:"version"`
+	VMM       string `json:"vmm"`
+	Accel     string `json:"accel"`
+	AccelNote string `json:"accel_note,omitempty"`
+	StateDir  string `json:"state_dir"`
+	Volume    string `json:"volume"`
+	Network   string `json:"network"`
+}
+
+// Errors a client can test for with errors.Is; the daemon maps its
+// errors onto HTTP status codes and the client maps them back.
+var (
+	ErrNotFound = errors.New("not found")
+	ErrExists   = errors.New("already exists")
+	ErrInvalid  = errors.New("invalid request")
+	ErrConflict = errors.New("conflicts with the vm's state")
+	ErrNoSpace  = errors.New("no space")
+	ErrDaemon   = errors.New("daemon error")
+	ErrNoDaemon = errors.New("daemon not reachable")
+)
+
+// Codes maps ErrorBody.Code to the errors above and their HTTP status.
+var Codes = map[string]struct {
+	Err    error
+	Status int
+}{
+	"not_found": {ErrNotFound, 404},
+	"exists":    {ErrExists, 409},
+	"invalid":   {ErrInvalid, 400},
+	"conflict":  {ErrConflict, 409},
+	"no_space":  {ErrNoSpace, 507},
+	"internal":  {ErrDaemon, 500},
+}
+
+// Error is an error answer of the daemon.
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Unwrap gives the sentinel of e's code, for errors.Is.
+func (e *Error) Unwrap() error {
+	if c, ok := Codes[e.Code]; ok {
+		return c.Err
+	}
+	return ErrDaemon
+}

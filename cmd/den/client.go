@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+	"golang.org/x/term"
+
+	"github.com/denhq/den/api"
+)
+
+// socketFlag is the daemon socket flag shared by every client verb.
+var socketFlag = &cli.StringFlag{
+	Name:    "socket",
+	Usage:   "the den daemon's unix socket",
+	EnvVars: []string{"DEN_SOCKET"},
+	Value:   api.DefaultSocket,
+}
+
+var jsonFlag = &cli.BoolFlag{Name: "json", Usage: "print JSON for scripts"}
+
+func newClient(c *cli.Context) *api.Client {
+	return api.NewClient(c.String("socket"))
+}
+
+// withSignals returns a context cancelled by SIGINT/SIGTERM.
+func withSignals(c *cli.Context) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// needName returns the first argument, the VM name, or a usage error.
+func needName(c *cli.Context) (string, error) {
+	if c.NArg() < 1 {
+		return "", cli.Exit("den "+c.Command.Name+": missing VM name (see den "+c.Command.Name+" --help)", 2)
+	}
+	return c.Args().First(), nil
+}
+
+// isTerminal says whether stdin is a terminal.
+func isTerminal() bool { return term.IsTerminal(int(os.Stdin.Fd())) }

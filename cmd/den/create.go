@@ -1,0 +1,68 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/denhq/den/api"
+	"github.com/denhq/den/machine"
+)
+
+func createCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "create",
+		Usage:     "create a VM and boot it",
+		ArgsUsage: "NAME",
+		UsageText: "den create NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--idle-timeout D]",
+		Description: `NAME is a DNS label (a-z, 0-9, '-'). Sizes take K, M, G, T (powers of 1024).
+The disk is a clone of the image's base disk on the storage volume.
+
+Examples:
+   den create box
+   den create big --cpus 2 --memory 2G --disk 20G --image debian`,
+		Flags: []cli.Flag{
+			socketFlag, jsonFlag,
+			&cli.IntFlag{Name: "cpus", Usage: "vCPUs", Value: machine.DefaultCPUs},
+			&cli.StringFlag{Name: "memory", Usage: "guest RAM", Value: machine.FormatSize(machine.DefaultMemory)},
+			&cli.StringFlag{Name: "disk", Usage: "disk size (sparse)", Value: machine.FormatSize(machine.DefaultDisk)},
+			&cli.StringFlag{Name: "image", Usage: "root filesystem: debian or minimal (default: the daemon's)"},
+			&cli.StringFlag{Name: "idle-timeout", Usage: "sleep after this long idle; 0 never", Value: machine.DefaultIdleTimeout.String()},
+		},
+		Action: func(c *cli.Context) error {
+			name, err := needName(c)
+			if err != nil {
+				return err
+			}
+			mem, err := machine.ParseSize(c.String("memory"))
+			if err != nil {
+				return fmt.Errorf("--memory: %w", err)
+			}
+			disk, err := machine.ParseSize(c.String("disk"))
+			if err != nil {
+				return fmt.Errorf("--disk: %w", err)
+			}
+			ctx, cancel := withSignals(c)
+			defer cancel()
+			start := time.Now()
+			vm, err := newClient(c).CreateVM(ctx, api.CreateRequest{
+				Name: name, Image: c.String("image"), CPUs: c.Int("cpus"), MemoryBytes: mem, DiskBytes: disk,
+				IdleTimeout: c.String("idle-timeout"),
+			}, func(ev api.Event) {
+				if !c.Bool("json") {
+					fmt.Fprintf(os.Stderr, "  %-8s %s\n", ev.Elapsed, ev.Progress)
+				}
+			})
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(vm)
+			}
+			fmt.Printf("created %s (%s, %s) in %s\n", vm.Name, vm.VMM, vm.Accel, time.Since(start).Round(time.Millisecond))
+			return nil
+		},
+	}
+}

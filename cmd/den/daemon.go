@@ -1,0 +1,57 @@
+package main
+
+import (
+	"log/slog"
+	"os"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/denhq/den/api"
+	"github.com/denhq/den/daemon"
+	"github.com/denhq/den/image"
+)
+
+func daemonCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "daemon",
+		Usage:     "run the den daemon in the foreground (root)",
+		UsageText: "den daemon [--state-dir DIR] [--socket PATH] [--volume-config FILE] [--images DIR]",
+		Description: `Serves the API on a unix socket (mode 0600). VMs keep running when the
+daemon stops; the next daemon adopts them. See docs/api.md and den.service.
+
+Examples:
+   den daemon
+   den daemon --state-dir /tmp/den --socket /tmp/den/den.sock --default-image minimal`,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "state-dir", Value: "/var/lib/den", Usage: "den's local state"},
+			&cli.StringFlag{Name: "socket", Value: api.DefaultSocket, EnvVars: []string{"DEN_SOCKET"}, Usage: "API unix socket"},
+			&cli.StringFlag{Name: "volume-config", Usage: "storage config (JSON); default: embedded JuiceFS volume under the state dir"},
+			&cli.StringFlag{Name: "images", EnvVars: []string{image.EnvDir}, Usage: "guest image directory (make image)"},
+			&cli.StringFlag{Name: "default-image", Value: image.Debian, Usage: "root filesystem for VMs created without --image"},
+			&cli.StringFlag{Name: "vmm", Usage: "force a VMM: qemu or cloud-hypervisor (default: choose)"},
+			&cli.BoolFlag{Name: "debug", Usage: "log debug messages"},
+		},
+		Action: func(c *cli.Context) error {
+			level := slog.LevelInfo
+			if c.Bool("debug") {
+				level = slog.LevelDebug
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			slog.SetDefault(log)
+			imgs := image.Dir(c.String("images"))
+			if imgs == "" {
+				d, err := image.DefaultDir()
+				if err != nil {
+					return err
+				}
+				imgs = d
+			}
+			ctx, cancel := withSignals(c)
+			defer cancel()
+			return daemon.Run(ctx, daemon.Options{
+				StateDir: c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"),
+				Images: imgs, DefaultImage: c.String("default-image"), VMM: c.String("vmm"), Version: version, Logger: log,
+			})
+		},
+	}
+}

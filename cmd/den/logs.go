@@ -1,0 +1,26 @@
+package main
+
+import (
+	"os"
+
+	"github.com/urfave/cli/v2"
+)
+
+func logsCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "logs",
+		Usage:     "print a VM's VMM log and guest console",
+		ArgsUsage: "NAME",
+		UsageText: "den logs NAME",
+		Description: `Examples:
+   den logs box | less`,
+		Flags: []cli.Flag{socketFlag},
+		Action: func(c *cli.Context) error {
+			name, err := needName(c)
+			if err != nil {
+				return err
+			}
+			return newClient(c).Logs(c.Context, name, os.Stdout)
+		},
+	}
+}

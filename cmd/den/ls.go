@@ -1,0 +1,60 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/denhq/den/machine"
+)
+
+func lsCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "ls",
+		Usage:     "list VMs",
+		UsageText: "den ls [--json]",
+		Description: `Examples:
+   den ls
+   den ls --json | jq -r '.[] | select(.state == "running") | .name'`,
+		Flags: []cli.Flag{socketFlag, jsonFlag},
+		Action: func(c *cli.Context) error {
+			vms, err := newClient(c).ListVMs(c.Context)
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(vms)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSTATE\tCPUS\tMEMORY\tDISK\tIMAGE\tVMM\tLAST ACTIVE")
+			for _, vm := range vms {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s/%s\t%s\t%s\t%s\n", vm.Name, vm.State, vm.CPUs,
+					machine.FormatSize(vm.MemoryBytes), machine.FormatSize(vm.DiskUsed), machine.FormatSize(vm.DiskBytes),
+					vm.Image, vm.VMM+"/"+vm.Accel, ago(vm.LastActive))
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+// ago prints a past time as "3m ago".
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := time.Since(t)
+	switch {
+	case d < 5*time.Second:
+		return "now"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds ago", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm ago", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh ago", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd ago", int(d.Hours()/24))
+}

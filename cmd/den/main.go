@@ -1,0 +1,52 @@
+// Command den manages long-lived microVMs that keep their disk and memory,
+// sleep when idle and wake when reached.
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/urfave/cli/v2"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	app := &cli.App{
+		Name:    "den",
+		Usage:   "long-lived microVMs that keep their disk and memory",
+		Version: version,
+		Description: `den runs each VM as a real computer that keeps its disk and memory,
+sleeps when idle and wakes when reached.
+
+Examples:
+   den daemon &                 # as root; see den daemon --help
+   den create box
+   den exec box -- uname -a
+   den ssh box
+   den ls
+   den rm box
+   den doctor                   # what this host offers den`,
+		Commands: []*cli.Command{
+			createCommand(), lsCommand(), infoCommand(), execCommand(), sshCommand(), logsCommand(), rmCommand(),
+			daemonCommand(), doctorCommand(),
+		},
+		HideHelpCommand: true,
+	}
+	if err := app.Run(os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "den: "+err.Error())
+		os.Exit(exitCode(err))
+	}
+}
+
+// exitCode passes through an exit status that a verb asked for (den exec)
+// and is 1 for any other error.
+func exitCode(err error) int {
+	if ec, ok := err.(cli.ExitCoder); ok && ec.ExitCode() != 0 {
+		return ec.ExitCode()
+	}
+	return 1
+}

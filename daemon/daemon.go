@@ -1,0 +1,140 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/denhq/den/agent"
+	"github.com/denhq/den/api"
+	"github.com/denhq/den/image"
+	"github.com/denhq/den/machine"
+	"github.com/denhq/den/storage"
+)
+
+// Options configures a daemon.
+type Options struct {
+	// StateDir is den's local state (default /var/lib/den).
+	StateDir string
+	// Socket is the API's unix socket (default api.DefaultSocket).
+	Socket string
+	// VolumeConfig is a storage config file (JSON); empty uses the
+	// embedded volume under the state dir.
+	VolumeConfig string
+	// Images is the guest image directory.
+	Images image.Dir
+	// DefaultImage is the root filesystem of VMs created without one.
+	DefaultImage string
+	// VMM forces a VMM; empty chooses.
+	VMM string
+	// Version is den's version, reported by /v1/info.
+	Version string
+	// Ready, if set, is called once the API socket accepts requests.
+	Ready func()
+	Logger *slog.Logger
+}
+
+// Run runs the daemon until ctx ends. VMs keep running when it returns:
+// the next daemon adopts them.
+func Run(ctx context.Context, o Options) error {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.StateDir == "" {
+		o.StateDir = "/var/lib/den"
+	}
+	if o.Socket == "" {
+		o.Socket = api.DefaultSocket
+	}
+	state := machine.StateDir(o.StateDir)
+	if err := os.MkdirAll(state.Path(), 0o700); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	if err := o.Images.Check(); err != nil {
+		return fmt.Errorf("daemon: %w (build them with `make image`)", err)
+	}
+	vcfg := storage.Config{StateDir: state.VolumeState()}
+	if o.VolumeConfig != "" {
+		c, err := storage.LoadConfig(o.VolumeConfig)
+		if err != nil {
+			return fmt.Errorf("daemon: %w", err)
+		}
+		vcfg = c
+	}
+	o.Logger.Info("den: opening volume", "state", vcfg.StateDir)
+	vol, err := storage.Open(ctx, vcfg)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	defer vol.Close()
+
+	m, err := machine.New(ctx, machine.Config{
+		State: state, Volume: vol, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
+	})
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	defer m.Close()
+
+	hostKey, err := agent.LoadOrCreateHostKey(state.GatewayKey())
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	accel, note := m.Accel()
+	info := api.DaemonInfo{Version: o.Version, VMM: m.VMMName(), Accel: accel, AccelNote: note,
+		StateDir: state.Path(), Volume: vol.Root(), Network: m.Network()}
+	srv := &http.Server{Handler: NewServer(m, info, hostKey, o.Logger), ReadHeaderTimeout: 10 * time.Second}
+
+	ln, err := listenUnix(o.Socket)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	o.Logger.Info("den: serving", "socket", o.Socket, "vmm", info.VMM, "accel", accel)
+	if o.Ready != nil {
+		o.Ready()
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return fmt.Errorf("daemon: serve: %w", err)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	_ = os.Remove(o.Socket)
+	return nil
+}
+
+// listenUnix listens on a 0600 unix socket, replacing a stale socket file
+// but refusing to take over one that a live daemon answers on.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("another den daemon is listening on %s", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	old := umask(0o177)
+	ln, err := net.Listen("unix", path)
+	umask(old)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}

@@ -1,0 +1,185 @@
+// Package daemon serves den's HTTP+JSON API on a unix socket, backed by
+// the machine manager, and runs the daemon's life: volume, manager,
+// socket, shutdown.
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/denhq/den/api"
+	"github.com/denhq/den/machine"
+)
+
+// Server answers API requests.
+type Server struct {
+	m       *machine.Manager
+	info    api.DaemonInfo
+	hostKey ssh.Signer
+	log     *slog.Logger
+	mux     *http.ServeMux
+	conns   sync.WaitGroup
+}
+
+// NewServer returns the API handler for m.
+func NewServer(m *machine.Manager, info api.DaemonInfo, hostKey ssh.Signer, log *slog.Logger) *Server {
+	s := &Server{m: m, info: info, hostKey: hostKey, log: log, mux: http.NewServeMux()}
+	s.mux.HandleFunc("GET /v1/info", s.getInfo)
+	s.mux.HandleFunc("GET /v1/vms", s.listVMs)
+	s.mux.HandleFunc("POST /v1/vms", s.createVM)
+	s.mux.HandleFunc("GET /v1/vms/{name}", s.getVM)
+	s.mux.HandleFunc("DELETE /v1/vms/{name}", s.removeVM)
+	s.mux.HandleFunc("GET /v1/vms/{name}/logs", s.logs)
+	s.mux.HandleFunc("POST /v1/vms/{name}/ssh", s.sshUpgrade)
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// writeJSON answers v with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// errorCode maps a machine error onto an API error code.
+func errorCode(err error) string {
+	switch {
+	case errors.Is(err, machine.ErrNotFound):
+		return "not_found"
+	case errors.Is(err, machine.ErrExists):
+		return "exists"
+	case errors.Is(err, machine.ErrInvalid):
+		return "invalid"
+	case errors.Is(err, machine.ErrConflict):
+		return "conflict"
+	case errors.Is(err, machine.ErrNoSpace):
+		return "no_space"
+	}
+	return "internal"
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	code := errorCode(err)
+	writeJSON(w, api.Codes[code].Status, api.ErrorBody{Error: err.Error(), Code: code})
+}
+
+func (s *Server) getInfo(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.info)
+}
+
+func toAPI(st machine.Status) api.VM {
+	return api.VM{
+		Name: st.Name, Owner: st.Owner, State: string(st.State), Reason: st.Reason, Image: st.Image,
+		CPUs: st.CPUs, MemoryBytes: st.MemoryBytes, DiskBytes: st.DiskBytes, DiskUsed: st.DiskUsed,
+		VMM: st.VMM, Accel: st.Accel, PID: st.PID, IdleTimeout: st.IdleTimeout.String(),
+		CreatedAt: st.CreatedAt, LastActive: st.LastActive,
+	}
+}
+
+func (s *Server) listVMs(w http.ResponseWriter, r *http.Request) {
+	sts, err := s.m.List(r.Context(), r.URL.Query().Get("owner"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := make([]api.VM, 0, len(sts))
+	for _, st := range sts {
+		out = append(out, toAPI(st))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getVM(w http.ResponseWriter, r *http.Request) {
+	st, err := s.m.Get(r.Context(), r.PathValue("name"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toAPI(st))
+}
+
+func (s *Server) removeVM(w http.ResponseWriter, r *http.Request) {
+	if err := s.m.Remove(r.Context(), r.PathValue("name"), r.URL.Query().Get("force") == "1"); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if _, err := s.m.Get(r.Context(), r.PathValue("name")); err != nil {
+		writeError(w, err)
+		return
+	}
+	_ = s.m.Logs(r.Context(), r.PathValue("name"), w)
+}
+
+// createVM streams progress events, then the VM or the error. The work
+// goes on if the client goes away: a VM is never left half-made by a
+// dropped connection (and is rolled back if creation fails).
+func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
+	var req api.CreateRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, api.ErrorBody{Error: "bad request body: " + err.Error(), Code: "invalid"})
+		return
+	}
+	opts := machine.CreateOptions{Name: req.Name, Owner: req.Owner, Image: req.Image, CPUs: req.CPUs,
+		MemoryBytes: req.MemoryBytes, DiskBytes: req.DiskBytes, IdleTimeout: -1}
+	if req.IdleTimeout != "" {
+		d, err := time.ParseDuration(req.IdleTimeout)
+		if req.IdleTimeout == "0" {
+			d, err = 0, nil
+		}
+		if err != nil || d < 0 {
+			writeJSON(w, http.StatusBadRequest, api.ErrorBody{Error: fmt.Sprintf("bad idle timeout %q: use a duration like 10m, or 0 for never", req.IdleTimeout), Code: "invalid"})
+			return
+		}
+		opts.IdleTimeout = d
+	}
+	s.stream(w, r, func(ctx context.Context, progress machine.Progress) (machine.Status, error) {
+		vm, err := s.m.Create(ctx, opts, progress)
+		if err != nil {
+			return machine.Status{}, err
+		}
+		return s.m.Get(ctx, vm.Name)
+	})
+}
+
+// stream runs a long operation detached from the request's context,
+// writing one JSON event per line as it goes.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, op func(context.Context, machine.Progress) (machine.Status, error)) {
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	fl, _ := w.(http.Flusher)
+	enc := json.NewEncoder(w)
+	var mu sync.Mutex
+	start := time.Now()
+	emit := func(ev api.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		ev.Elapsed = time.Since(start).Round(time.Millisecond).String()
+		_ = enc.Encode(ev)
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	ctx := context.WithoutCancel(r.Context())
+	st, err := op(ctx, func(step string) { emit(api.Event{Progress: step}) })
+	if err != nil {
+		emit(api.Event{Error: err.Error(), Code: errorCode(err)})
+		return
+	}
+	vm := toAPI(st)
+	emit(api.Event{VM: &vm})
+}

@@ -1,0 +1,76 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"net/http"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/denhq/den/api"
+	"github.com/denhq/den/sshproxy"
+)
+
+// sshUpgrade turns the request's connection into an SSH connection whose
+// channels are relayed to the VM's agent: how `den exec` and `den ssh`
+// reach a VM. The socket is root's only, so there is no SSH auth here.
+func (s *Server) sshUpgrade(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if r.Header.Get("Upgrade") != api.UpgradeSSH {
+		writeJSON(w, http.StatusBadRequest, api.ErrorBody{Error: "missing Upgrade: " + api.UpgradeSSH, Code: "invalid"})
+		return
+	}
+	// Wake or start the VM first, so errors come back as HTTP answers.
+	sess, err := s.m.Open(r.Context(), name, "")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer sess.Release()
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		writeJSON(w, http.StatusInternalServerError, api.ErrorBody{Error: "connection cannot be upgraded", Code: "internal"})
+		return
+	}
+	conn, brw, err := hj.Hijack()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + api.UpgradeSSH + "\r\nConnection: Upgrade\r\n\r\n")
+	if err := brw.Flush(); err != nil {
+		return
+	}
+	cfg := &ssh.ServerConfig{NoClientAuth: true}
+	cfg.AddHostKey(s.hostKey)
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	sc, chans, reqs, err := ssh.NewServerConn(&readerConn{Conn: conn, r: brw.Reader}, cfg)
+	if err != nil {
+		s.log.Debug("den: ssh handshake on api socket", "vm", name, "err", err)
+		return
+	}
+	_ = conn.SetDeadline(time.Time{})
+	defer sc.Close()
+	go ssh.DiscardRequests(reqs)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The agent connection dying (VM stopped) ends the client's too.
+	go func() {
+		select {
+		case <-sess.Done:
+			sc.Close()
+		case <-ctx.Done():
+		}
+	}()
+	sshproxy.Serve(ctx, chans, sess.Conn, sshproxy.Hooks{Logger: s.log})
+}
+
+// readerConn reads first what the HTTP server buffered.
+type readerConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *readerConn) Read(p []byte) (int, error) { return c.r.Read(p) }

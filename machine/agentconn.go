@@ -1,0 +1,72 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/denhq/den/agent"
+)
+
+// connectAgent dials the guest agent until it answers ready, bounded by
+// timeout and ctx, and keeps the connection on the instance.
+func (m *Manager) connectAgent(ctx context.Context, in *instance, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	dial := func(ctx context.Context) (net.Conn, error) {
+		select {
+		case <-in.hv.Exited():
+			return nil, fmt.Errorf("vmm exited: %v", in.hv.ExitErr())
+		default:
+		}
+		return in.hv.DialGuest(ctx, agent.Port)
+	}
+	type result struct {
+		c   *agent.Client
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, _, err := agent.WaitReady(ctx, dial, m.signer)
+		done <- result{c, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			return fmt.Errorf("guest agent: %w", r.err)
+		}
+		in.agentMu.Lock()
+		if in.agent != nil {
+			in.agent.Close()
+		}
+		in.agent = r.c
+		in.agentMu.Unlock()
+		return nil
+	case <-in.hv.Exited():
+		cancel()
+		<-done
+		return fmt.Errorf("vmm exited before the guest agent answered: %v", in.hv.ExitErr())
+	}
+}
+
+// agentClient returns the instance's agent connection, redialing it when
+// it broke (the agent restarted, a restore reset the channel).
+func (m *Manager) agentClient(ctx context.Context, in *instance) (*agent.Client, error) {
+	in.agentMu.Lock()
+	c := in.agent
+	in.agentMu.Unlock()
+	if c != nil {
+		select {
+		case <-c.Done():
+		default:
+			return c, nil
+		}
+	}
+	if err := m.connectAgent(ctx, in, 30*time.Second); err != nil {
+		return nil, err
+	}
+	in.agentMu.Lock()
+	defer in.agentMu.Unlock()
+	return in.agent, nil
+}

@@ -1,0 +1,13 @@
+package machine
+
+import "errors"
+
+// Errors the API layer maps onto answers; every error the Manager returns
+// for bad input or state wraps one of them.
+var (
+	ErrNotFound = errors.New("not found")
+	ErrExists   = errors.New("already exists")
+	ErrInvalid  = errors.New("invalid")
+	ErrConflict = errors.New("not possible in this state")
+	ErrNoSpace  = errors.New("not enough space")
+)

@@ -1,0 +1,34 @@
+package machine
+
+import (
+	"path/filepath"
+
+	"github.com/denhq/den/vmm"
+)
+
+// StateDir is den's local state directory (default /var/lib/den): the
+// state database, keys, VM runtime directories and the volume's local
+// parts. VM disks and snapshots live on the volume, not here.
+type StateDir string
+
+// Path is the directory itself.
+func (s StateDir) Path() string { return string(s) }
+
+// DB is the SQLite state database.
+func (s StateDir) DB() string { return filepath.Join(string(s), "den.db") }
+
+// HostKey is the daemon's private key, the one guest agents accept.
+func (s StateDir) HostKey() string { return filepath.Join(string(s), "keys", "host_ed25519") }
+
+// GatewayKey is the SSH gateway's host key.
+func (s StateDir) GatewayKey() string { return filepath.Join(string(s), "keys", "gateway_ed25519") }
+
+// Run is the runtime directory of one VM's VMM (sockets, logs, RAM file).
+func (s StateDir) Run(vm string) vmm.RunDir { return vmm.RunDir(filepath.Join(string(s), "run", vm)) }
+
+// Lock is the lock file of one VM.
+func (s StateDir) Lock(vm string) string { return filepath.Join(string(s), "locks", vm+".lock") }
+
+// VolumeState holds the volume's local parts: JuiceFS cache, metadata,
+// mount point and, for the embedded default, its object store.
+func (s StateDir) VolumeState() string { return filepath.Join(string(s), "juicefs") }

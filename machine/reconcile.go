@@ -1,0 +1,153 @@
+package machine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/denhq/den/registry"
+	"github.com/denhq/den/storage"
+	"github.com/denhq/den/vmm"
+)
+
+// reconcile matches the registry against reality after a (re)start:
+// running VMs are adopted or, when their VMM is gone, marked stopped with
+// the reason; half-created or half-deleted VMs are rolled back or
+// finished.
+func (m *Manager) reconcile(ctx context.Context) error {
+	vms, err := m.db.ListVMs(ctx, "")
+	if err != nil {
+		return err
+	}
+	for _, vm := range vms {
+		switch vm.State {
+		case registry.StateRunning:
+			m.adopt(ctx, vm)
+		case registry.StateCreating:
+			m.log.Warn("den: rolling back a vm whose creation was interrupted", "vm", vm.Name)
+			m.destroy(ctx, vm.Name, vm.VMM)
+			_ = m.db.DeleteVM(ctx, vm.Name)
+		case registry.StateDeleting:
+			m.destroy(ctx, vm.Name, vm.VMM)
+			_ = m.db.DeleteVM(ctx, vm.Name)
+		}
+	}
+	return nil
+}
+
+// adopt re-attaches to a running VM's VMM, or records that it is gone.
+func (m *Manager) adopt(ctx context.Context, vm registry.VM) {
+	rd := m.state.Run(vm.Name)
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	hv, err := m.adoptHypervisor(actx, vm.VMM, rd)
+	if err != nil {
+		m.markStopped(vm.Name, fmt.Sprintf("vmm gone while den was not running: %v", err))
+		m.stopRecorded(vm.Name)
+		return
+	}
+	in := &instance{name: vm.Name, hv: hv, stopping: make(chan struct{}), lastAct: time.Now()}
+	m.setInstance(in)
+	go m.watch(in)
+}
+
+// stopRecorded kills a VMM that its PID file names but that den could
+// not adopt (it does not answer): it must not run on unsupervised.
+func (m *Manager) stopRecorded(name string) {
+	if p, err := vmm.AdoptProcess(m.state.Run(name).PIDFile()); err == nil {
+		_ = p.Stop(3 * time.Second)
+	}
+	m.discardRuntime(name)
+}
+
+// watch waits for the VMM to exit and, unless den stopped it, marks the
+// VM stopped with the reason and the console's last words.
+func (m *Manager) watch(in *instance) {
+	select {
+	case <-in.hv.Exited():
+	case <-m.closed:
+		return
+	}
+	select {
+	case <-in.stopping:
+		return // den stopped it and records the new state itself
+	case <-m.closed:
+		return
+	default:
+	}
+	in.closeAgent()
+	m.dropInstance(in.name)
+	reason := "vmm exited"
+	if err := in.hv.ExitErr(); err != nil {
+		reason = "vmm exited: " + err.Error()
+	}
+	reason += consoleHint(m.state.Run(in.name))
+	m.log.Warn("den: vm stopped unexpectedly", "vm", in.name, "reason", reason)
+	m.markStopped(in.name, reason)
+}
+
+func (m *Manager) markStopped(name, reason string) {
+	_, err := m.db.UpdateVM(context.Background(), name, func(v *registry.VM) error {
+		if v.State == registry.StateStopped || v.State == registry.StateDeleting {
+			return nil
+		}
+		v.State = registry.StateStopped
+		v.Reason = reason
+		return nil
+	})
+	if err != nil {
+		m.log.Warn("den: record stopped vm", "vm", name, "err", err)
+	}
+}
+
+// destroy stops whatever VMM a VM has and removes its disk, checkpoints
+// and runtime files. Best effort: used for rollback and deletion.
+func (m *Manager) destroy(ctx context.Context, name, vmmName string) {
+	if in := m.instance(name); in != nil {
+		m.stopInstance(ctx, in, false)
+	} else {
+		m.stopRecorded(name)
+	}
+	if err := m.vol.Remove(ctx, storage.VMDir(name)); err != nil {
+		m.log.Warn("den: remove vm files", "vm", name, "err", err)
+	}
+}
+
+// stopInstance stops a VM's VMM: politely through the agent when
+// graceful (so the guest unmounts its disk), then the VMM itself.
+func (m *Manager) stopInstance(ctx context.Context, in *instance, graceful bool) {
+	select {
+	case <-in.stopping:
+	default:
+		close(in.stopping)
+	}
+	if graceful {
+		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if c, err := m.agentClient(gctx, in); err == nil {
+			if c.Poweroff(gctx) == nil {
+				select {
+				case <-in.hv.Exited():
+				case <-gctx.Done():
+				}
+			}
+		}
+		cancel()
+	}
+	in.closeAgent()
+	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := in.hv.Shutdown(sctx); err != nil {
+		m.log.Warn("den: stop vmm", "vm", in.name, "err", err)
+	}
+	m.dropInstance(in.name)
+	m.discardRuntime(in.name)
+}
+
+func decodeSpec(vm registry.VM) (spec, error) {
+	var sp spec
+	if err := json.Unmarshal([]byte(vm.SpecJSON), &sp); err != nil {
+		return sp, fmt.Errorf("vm %q: corrupt spec: %w", vm.Name, err)
+	}
+	return sp, nil
+}

@@ -1,0 +1,143 @@
+// Package sshproxy relays SSH channels, with their requests and exit
+// status, from a client-facing SSH connection to a guest agent's SSH
+// connection.
+//
+// den uses it twice: the CLI's exec and ssh verbs speak SSH to the daemon
+// over its unix socket, and the SSH gateway speaks SSH to the world; both
+// end in the one agent connection the daemon keeps per VM.
+package sshproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// Opener opens channels on the upstream (agent) connection; *ssh.Client
+// and ssh.Conn satisfy it.
+type Opener interface {
+	OpenChannel(name string, data []byte) (ssh.Channel, <-chan *ssh.Request, error)
+}
+
+// Hooks lets the caller observe proxied channels (all optional).
+type Hooks struct {
+	// Allow vets a channel before it is opened upstream (e.g. refuse
+	// port forwards); a non-nil error rejects it with that message.
+	Allow func(channelType string, extra []byte) error
+	// Begin is called when a channel is open, End when it closed: the
+	// idle policy counts them as activity.
+	Begin, End func(channelType string)
+	// Logger for failures (nil: slog.Default()).
+	Logger *slog.Logger
+}
+
+// Serve relays every channel arriving on chans to upstream until chans is
+// closed (the client disconnected) or ctx ends. Global requests of the
+// client are declined: callers handle their own.
+func Serve(ctx context.Context, chans <-chan ssh.NewChannel, upstream Opener, h Hooks) {
+	if h.Logger == nil {
+		h.Logger = slog.Default()
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case nc, ok := <-chans:
+			if !ok {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				relayNew(nc, upstream, h)
+			}()
+		}
+	}
+}
+
+// relayNew opens nc's twin upstream and relays between them.
+func relayNew(nc ssh.NewChannel, upstream Opener, h Hooks) {
+	typ := nc.ChannelType()
+	if h.Allow != nil {
+		if err := h.Allow(typ, nc.ExtraData()); err != nil {
+			_ = nc.Reject(ssh.Prohibited, err.Error())
+			return
+		}
+	}
+	up, upReqs, err := upstream.OpenChannel(typ, nc.ExtraData())
+	if err != nil {
+		var oce *ssh.OpenChannelError
+		if errors.As(err, &oce) {
+			_ = nc.Reject(oce.Reason, oce.Message)
+		} else {
+			_ = nc.Reject(ssh.ConnectionFailed, fmt.Sprintf("vm unreachable: %v", err))
+		}
+		return
+	}
+	down, downReqs, err := nc.Accept()
+	if err != nil {
+		up.Close()
+		return
+	}
+	if h.Begin != nil {
+		h.Begin(typ)
+	}
+	if h.End != nil {
+		defer h.End(typ)
+	}
+	Relay(down, downReqs, up, upReqs)
+}
+
+// Relay copies data and requests between two open channels in both
+// directions and closes both when done. The downstream side is closed
+// only after every upstream request (exit-status above all) has been
+// passed on, so a client always sees the exit status before the close.
+func Relay(down ssh.Channel, downReqs <-chan *ssh.Request, up ssh.Channel, upReqs <-chan *ssh.Request) {
+	var upDone sync.WaitGroup // what must finish before down is closed
+	upDone.Add(3)
+	go func() { // upstream requests -> downstream (exit-status, eow...)
+		defer upDone.Done()
+		forwardRequests(upReqs, down)
+	}()
+	go func() { // upstream stdout -> downstream
+		defer upDone.Done()
+		_, _ = io.Copy(down, up)
+		_ = down.CloseWrite()
+	}()
+	go func() { // upstream stderr -> downstream
+		defer upDone.Done()
+		_, _ = io.Copy(down.Stderr(), up.Stderr())
+	}()
+	go func() { // downstream requests -> upstream (pty-req, exec, window-change...)
+		forwardRequests(downReqs, up)
+		// The client closed its side of the channel.
+		_ = up.Close()
+	}()
+	go func() { // downstream stdin -> upstream
+		_, _ = io.Copy(up, down)
+		_ = up.CloseWrite()
+	}()
+	upDone.Wait()
+	_ = down.Close()
+	_ = up.Close()
+}
+
+// forwardRequests passes each request on to dst, with dst's reply.
+func forwardRequests(reqs <-chan *ssh.Request, dst ssh.Channel) {
+	for req := range reqs {
+		ok, err := dst.SendRequest(req.Type, req.WantReply, req.Payload)
+		if err != nil {
+			ok = false
+		}
+		if req.WantReply {
+			_ = req.Reply(ok, nil)
+		}
+	}
+}

@@ -1,0 +1,147 @@
+package cloudhypervisor
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/denhq/den/vmm"
+)
+
+// TestRealBinaryLifecycle runs a real cloud-hypervisor (DEN_CH_BINARY)
+// through start, create, boot, info, pause, resume, snapshot, restore into
+// fresh processes with Copy and OnDemand memory, and shutdown. It needs a
+// guest kernel: DEN_TEST_KERNEL (and DEN_TEST_INITRAMFS), or vmlinux and
+// initramfs.img in $DEN_IMAGE_DIR. Where the host refuses an operation
+// (PVM /dev/kvm, no nested state, no userfaultfd) it skips saying which
+// and why.
+func TestRealBinaryLifecycle(t *testing.T) {
+	bin := os.Getenv(BinaryEnv)
+	if bin == "" {
+		t.Skipf("%s does not name a cloud-hypervisor binary; this test needs one (the replay tests cover the API without it)", BinaryEnv)
+	}
+	kernel, initramfs, missing := testKernel()
+	if kernel == "" {
+		t.Skip(missing)
+	}
+	if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err != nil {
+		t.Skipf("cloud-hypervisor needs /dev/kvm: %v", err)
+	} else {
+		f.Close()
+	}
+	ctx := testCtx(t, 3*time.Minute)
+
+	v := New(Options{Binary: bin, RunDir: vmm.RunDir(shortDir(t)), Logger: testLogger(t), Verbosity: 1})
+	t.Cleanup(func() { stopLeftover(t, v) })
+	must(t, "start", v.Start(ctx))
+	if ver := v.Capabilities().Version; !IsPinned(ver) {
+		t.Logf("binary reports %s, den pins %s", ver, PinnedVersion)
+	}
+	cfg := vmm.Config{
+		CPUs:        1,
+		MemoryBytes: 256 << 20,
+		Kernel:      kernel,
+		Initramfs:   initramfs,
+		Cmdline:     "console=ttyS0 panic=-1",
+	}
+	must(t, "create", v.Create(ctx, cfg))
+	wantState(t, ctx, v, vmm.StateCreated)
+	hostRefused(t, v, "boot", v.Boot(ctx))
+	time.Sleep(time.Second) // let the guest get going
+	info, err := v.Info(ctx)
+	if err == nil && info.State != vmm.StateRunning {
+		err = fmt.Errorf("state %s after boot", info.State)
+	}
+	if err != nil {
+		err = fmt.Errorf("%w; console: %s", err, vmm.TailFile(v.opts.RunDir.ConsoleLog(), 300))
+	}
+	hostRefused(t, v, "running the guest", err)
+	if info.MemoryBytes != cfg.MemoryBytes || info.CPUs != 1 {
+		t.Errorf("info %+v", info)
+	}
+	hostRefused(t, v, "pause", v.Pause(ctx))
+	wantState(t, ctx, v, vmm.StatePaused)
+	snap := filepath.Join(shortDir(t), "cp1")
+	must(t, "mkdir", os.Mkdir(snap, 0o755))
+	hostRefused(t, v, "snapshot", v.Snapshot(ctx, snap))
+	for _, f := range []string{"config.json", "state.json", "memory-ranges"} {
+		if _, err := os.Stat(filepath.Join(snap, f)); err != nil {
+			t.Errorf("snapshot: %v", err)
+		}
+	}
+	must(t, "resume", v.Resume(ctx))
+	wantState(t, ctx, v, vmm.StateRunning)
+	must(t, "shutdown", v.Shutdown(ctx))
+	waitExited(t, v, 10*time.Second)
+
+	for _, onDemand := range []bool{false, true} {
+		name := map[bool]string{false: "copy", true: "ondemand"}[onDemand]
+		t.Run(name, func(t *testing.T) {
+			r := New(Options{Binary: bin, RunDir: vmm.RunDir(shortDir(t)), Logger: testLogger(t)})
+			t.Cleanup(func() { stopLeftover(t, r) })
+			must(t, "start", r.Start(ctx))
+			wantState(t, ctx, r, vmm.StateNotCreated)
+			start := time.Now()
+			hostRefused(t, r, "restore ("+name+")", r.Restore(ctx, snap, vmm.RestoreOptions{OnDemand: onDemand}))
+			t.Logf("restore %s: %s", name, time.Since(start).Round(time.Millisecond))
+			wantState(t, ctx, r, vmm.StatePaused)
+			must(t, "resume", r.Resume(ctx))
+			wantState(t, ctx, r, vmm.StateRunning)
+			must(t, "shutdown", r.Shutdown(ctx))
+			waitExited(t, r, 10*time.Second)
+		})
+	}
+}
+
+// testKernel finds the guest kernel and initramfs, or says what is missing.
+func testKernel() (kernel, initramfs, missing string) {
+	if k := os.Getenv("DEN_TEST_KERNEL"); k != "" {
+		if _, err := os.Stat(k); err != nil {
+			return "", "", "DEN_TEST_KERNEL: " + err.Error()
+		}
+		return k, os.Getenv("DEN_TEST_INITRAMFS"), ""
+	}
+	dir := os.Getenv("DEN_IMAGE_DIR")
+	if dir == "" {
+		return "", "", "no guest kernel: set DEN_TEST_KERNEL (and DEN_TEST_INITRAMFS) or DEN_IMAGE_DIR (make image builds vmlinux and initramfs.img there)"
+	}
+	k, i := filepath.Join(dir, "vmlinux"), filepath.Join(dir, "initramfs.img")
+	for _, f := range []string{k, i} {
+		if _, err := os.Stat(f); err != nil {
+			return "", "", "no guest kernel: " + err.Error() + " (make image builds it)"
+		}
+	}
+	return k, i, ""
+}
+
+// hostRefused skips the test when err is this host refusing op, fails it
+// on any other error, and does nothing without one.
+func hostRefused(t *testing.T, v *VMM, op string, err error) {
+	t.Helper()
+	if err == nil {
+		return
+	}
+	msg := err.Error()
+	reason := ""
+	switch {
+	case strings.Contains(msg, "GetNestedState"):
+		reason = "its KVM does not return nested vCPU state (GetNestedState)"
+	case strings.Contains(strings.ToLower(msg), "userfaultfd") || strings.Contains(msg, "uffd"):
+		reason = "userfaultfd is not available to cloud-hypervisor (OnDemand restore needs it; see /proc/sys/vm/unprivileged_userfaultfd)"
+	case fileExists("/sys/module/kvm_pvm"):
+		reason = "/dev/kvm is PVM (kvm_pvm loaded), which runs only PVM-built guest kernels"
+	}
+	if reason == "" {
+		t.Fatalf("%s: %v", op, err)
+	}
+	_ = v.Shutdown(testCtx(t, 30*time.Second))
+	t.Skipf("host refuses %s: %s: %v", op, reason, err)
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
