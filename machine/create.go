@@ -332,7 +332,7 @@ func (m *Manager) baseImage(ctx context.Context, name string, progress Progress)
 	if err := m.vol.MkdirAll(ctx, storage.ImageDir(name)); err != nil {
 		return "", 0, err
 	}
-	tmp := storage.ImageFile(name, ".import-"+key)
+	tmp := storage.ImageFile(name, "import-"+key+".tmp")
 	tmpHost, err := m.vol.Path(tmp)
 	if err != nil {
 		return "", 0, err

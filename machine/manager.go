@@ -181,7 +181,7 @@ func (m *Manager) newHypervisor(vmmName string, rd vmm.RunDir) vmm.Hypervisor {
 	if vmmName == VMMCloudHypervisor {
 		return cloudhypervisor.New(cloudhypervisor.Options{Binary: m.chBin, RunDir: rd, Logger: m.log})
 	}
-	return qemu.New(qemu.Options{RunDir: rd, Logger: m.log})
+	return qemu.New(qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log})
 }
 
 // adoptHypervisor re-attaches to a VM's running VMM.
@@ -189,7 +189,7 @@ func (m *Manager) adoptHypervisor(ctx context.Context, vmmName string, rd vmm.Ru
 	if vmmName == VMMCloudHypervisor {
 		return cloudhypervisor.Adopt(ctx, cloudhypervisor.Options{Binary: m.chBin, RunDir: rd, Logger: m.log})
 	}
-	return qemu.Adopt(ctx, qemu.Options{RunDir: rd, Logger: m.log})
+	return qemu.Adopt(ctx, qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log})
 }
 
 // Close stops watching the VMs and closes agent connections and the

@@ -3,6 +3,7 @@ package main
 import (
 	"log/slog"
 	"os"
+	"path/filepath"
 
 	"github.com/urfave/cli/v2"
 
@@ -39,7 +40,13 @@ Examples:
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			slog.SetDefault(log)
 			imgs := image.Dir(c.String("images"))
-			if imgs == "" {
+			if imgs != "" {
+				abs, err := filepath.Abs(imgs.Path())
+				if err != nil {
+					return err
+				}
+				imgs = image.Dir(abs)
+			} else {
 				d, err := image.DefaultDir()
 				if err != nil {
 					return err

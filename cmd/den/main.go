@@ -36,7 +36,7 @@ Examples:
 		},
 		HideHelpCommand: true,
 	}
-	if err := app.Run(os.Args); err != nil {
+	if err := app.Run(hoistFlags(app, os.Args)); err != nil {
 		fmt.Fprintln(os.Stderr, "den: "+err.Error())
 		os.Exit(exitCode(err))
 	}

@@ -1,0 +1,252 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/denhq/den/image"
+	"github.com/denhq/den/storage"
+)
+
+// repoRoot is the den checkout the tests run in.
+func repoRoot(t testing.TB) string {
+	wd, _ := os.Getwd()
+	for d := wd; d != "/"; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+	}
+	t.Fatal("no go.mod above " + wd)
+	return ""
+}
+
+// requireHost skips under -short and fails (not skips) when what `make
+// test` provides is missing: root, the images, juicefs.
+func requireHost(t testing.TB) (den string, images image.Dir) {
+	if testing.Short() {
+		t.Skip("end-to-end test: needs root, images and QEMU (run without -short)")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("end-to-end test: needs root (FUSE, VMs)")
+	}
+	root := repoRoot(t)
+	images, err := image.DefaultDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := images.Check(image.Minimal); err != nil {
+		t.Fatalf("guest images not built (make image): %v", err)
+	}
+	den = filepath.Join(t.TempDir(), "den")
+	build := exec.Command("go", "build", "-o", den, "./cmd/den")
+	build.Dir = root
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build den: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(root, "bin", "juicefs")); err == nil {
+		os.Setenv("DEN_JUICEFS", filepath.Join(root, "bin", "juicefs"))
+	}
+	return den, images
+}
+
+// daemon is a den daemon run by a test.
+type daemon struct {
+	t       testing.TB
+	den     string
+	images  image.Dir
+	state   string
+	socket  string
+	cmd     *exec.Cmd
+	logPath string
+}
+
+// startDaemon starts a daemon on a fresh state dir (short path: unix
+// sockets live under it) and waits until its socket answers.
+func startDaemon(t testing.TB) *daemon {
+	den, images := requireHost(t)
+	dir, err := os.MkdirTemp("/tmp", "den-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{t: t, den: den, images: images, state: filepath.Join(dir, "state"), socket: filepath.Join(dir, "den.sock"), logPath: filepath.Join(dir, "daemon.log")}
+	t.Cleanup(func() { d.teardown(dir) })
+	d.start()
+	return d
+}
+
+func (d *daemon) start() {
+	d.t.Helper()
+	logf, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer logf.Close()
+	d.cmd = exec.Command(d.den, "daemon", "--state-dir", d.state, "--socket", d.socket,
+		"--images", d.images.Path(), "--default-image", image.Minimal)
+	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := d.cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.Dial("unix", d.socket); err == nil {
+			c.Close()
+			return
+		}
+		if d.cmd.ProcessState != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	log, _ := os.ReadFile(d.logPath)
+	d.t.Fatalf("daemon did not come up within 60s:\n%s", log)
+}
+
+// kill stops the daemon with SIGKILL, as a crash would.
+func (d *daemon) kill() {
+	_ = d.cmd.Process.Kill()
+	_, _ = d.cmd.Process.Wait()
+}
+
+// teardown removes every VM, stops the daemon and unmounts the volume.
+func (d *daemon) teardown(dir string) {
+	if out, err := d.run("ls", "--json"); err == nil {
+		var vms []struct{ Name string }
+		_ = json.Unmarshal([]byte(out), &vms)
+		for _, vm := range vms {
+			_, _ = d.run("rm", "--force", vm.Name)
+		}
+	}
+	if d.cmd.Process != nil {
+		_ = d.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _, _ = d.cmd.Process.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			d.kill()
+		}
+	}
+	// Any VMM left over (a test that failed half-way) must not outlive it.
+	killUnder(d.state)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if v, err := storage.Open(ctx, storage.Config{StateDir: filepath.Join(d.state, "juicefs")}); err == nil {
+		_ = v.Unmount(ctx)
+	}
+	if d.t.Failed() {
+		log, _ := os.ReadFile(d.logPath)
+		d.t.Logf("daemon log:\n%s", log)
+		return // keep the state dir for a post-mortem
+	}
+	_ = os.RemoveAll(dir)
+}
+
+// killUnder SIGKILLs QEMU processes whose command line mentions dir.
+func killUnder(dir string) {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if bytes.Contains(cmdline, []byte("qemu")) && bytes.Contains(cmdline, []byte(dir)) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// run runs a den client verb and returns its stdout; err carries stderr
+// and the exit status.
+func (d *daemon) run(args ...string) (string, error) {
+	return d.runIn(nil, args...)
+}
+
+func (d *daemon) runIn(stdin []byte, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, d.den, args...)
+	cmd.Env = append(os.Environ(), "DEN_SOCKET="+d.socket)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if err != nil {
+		return stdout.String(), &runError{args: args, err: err, stderr: strings.TrimSpace(stderr.String())}
+	}
+	return stdout.String(), nil
+}
+
+// must runs a verb that must succeed.
+func (d *daemon) must(args ...string) string {
+	d.t.Helper()
+	out, err := d.run(args...)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return out
+}
+
+type runError struct {
+	args   []string
+	err    error
+	stderr string
+}
+
+func (e *runError) Error() string {
+	return fmt.Sprintf("den %s: %v: %s", strings.Join(e.args, " "), e.err, e.stderr)
+}
+
+// exitCode of a run error (0 for nil).
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	if re, ok := err.(*runError); ok {
+		if ee, ok := re.err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+	}
+	return -1
+}
+
+// stderrOf is the stderr of a failed run.
+func stderrOf(err error) string {
+	if re, ok := err.(*runError); ok {
+		return re.stderr
+	}
+	return ""
+}
+
+// vmJSON is the part of `den info --json` the tests read.
+type vmJSON struct {
+	Name   string `json:"name"`
+	State  string `json:"state"`
+	Reason string `json:"reason"`
+	PID    int    `json:"pid"`
+	VMM    string `json:"vmm"`
+}
+
+func (d *daemon) info(name string) vmJSON {
+	d.t.Helper()
+	var vm vmJSON
+	if err := json.Unmarshal([]byte(d.must("info", name, "--json")), &vm); err != nil {
+		d.t.Fatal(err)
+	}
+	return vm
+}
