@@ -36,7 +36,7 @@ type Options struct {
 	// Version is den's version, reported by /v1/info.
 	Version string
 	// Ready, if set, is called once the API socket accepts requests.
-	Ready func()
+	Ready  func()
 	Logger *slog.Logger
 }
 
