@@ -21,6 +21,7 @@ import (
 // Client talks to a den daemon over its unix socket.
 type Client struct {
 	socket string
+	owner  string
 	http   *http.Client
 }
 
@@ -33,7 +34,7 @@ func NewClient(socket string) *Client {
 	if socket == "" {
 		socket = DefaultSocket
 	}
-	c := &Client{socket: socket}
+	c := &Client{socket: socket, owner: os.Getenv("DEN_OWNER")}
 	c.http = &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return c.dial(ctx)
@@ -41,6 +42,13 @@ func NewClient(socket string) *Client {
 		MaxIdleConns: 4,
 	}}
 	return c
+}
+
+// WithOwner returns a client whose requests act for owner only.
+func (c *Client) WithOwner(owner string) *Client {
+	cc := *c
+	cc.owner = owner
+	return &cc
 }
 
 // Socket is the daemon socket this client uses.
@@ -88,6 +96,9 @@ func (c *Client) send(ctx context.Context, method, path string, in any) (*http.R
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.owner != "" {
+		req.Header.Set(OwnerHeader, c.owner)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -204,6 +215,9 @@ func (c *Client) SSH(ctx context.Context, name string) (*ssh.Client, error) {
 	req, _ := http.NewRequest(http.MethodPost, "http://den/v1/vms/"+url.PathEscape(name)+"/ssh", nil)
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", UpgradeSSH)
+	if c.owner != "" {
+		req.Header.Set(OwnerHeader, c.owner)
+	}
 	if err := req.Write(conn); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("ssh %s: %w", name, err)

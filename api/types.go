@@ -8,6 +8,11 @@ import (
 	"time"
 )
 
+// OwnerHeader scopes a request to one user's VMs: the SSH gateway sets
+// it for the key's user; the CLI sets it from $DEN_OWNER. Without it a
+// request acts for root (the socket is root's only) and sees every VM.
+const OwnerHeader = "X-Den-Owner"
+
 // DefaultSocket is where the daemon listens unless told otherwise; the
 // CLI also reads $DEN_SOCKET.
 const DefaultSocket = "/run/den/den.sock"

@@ -86,8 +86,21 @@ func toAPI(st machine.Status) api.VM {
 	}
 }
 
+// owner is the user a request acts for ("" for root: every VM).
+func owner(r *http.Request) string { return r.Header.Get(api.OwnerHeader) }
+
+// getOwned reads a VM that the request's owner may see: another user's
+// VM is "not found", with no hint that it exists.
+func (s *Server) getOwned(r *http.Request, name string) (machine.Status, error) {
+	st, err := s.m.Get(r.Context(), name)
+	if err == nil && owner(r) != "" && st.Owner != owner(r) {
+		return machine.Status{}, fmt.Errorf("no vm named %q: %w", name, machine.ErrNotFound)
+	}
+	return st, err
+}
+
 func (s *Server) listVMs(w http.ResponseWriter, r *http.Request) {
-	sts, err := s.m.List(r.Context(), r.URL.Query().Get("owner"))
+	sts, err := s.m.List(r.Context(), owner(r))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -100,7 +113,7 @@ func (s *Server) listVMs(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getVM(w http.ResponseWriter, r *http.Request) {
-	st, err := s.m.Get(r.Context(), r.PathValue("name"))
+	st, err := s.getOwned(r, r.PathValue("name"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -109,6 +122,10 @@ func (s *Server) getVM(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) removeVM(w http.ResponseWriter, r *http.Request) {
+	if _, err := s.getOwned(r, r.PathValue("name")); err != nil {
+		writeError(w, err)
+		return
+	}
 	if err := s.m.Remove(r.Context(), r.PathValue("name"), r.URL.Query().Get("force") == "1"); err != nil {
 		writeError(w, err)
 		return
@@ -118,7 +135,7 @@ func (s *Server) removeVM(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if _, err := s.m.Get(r.Context(), r.PathValue("name")); err != nil {
+	if _, err := s.getOwned(r, r.PathValue("name")); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -133,6 +150,9 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 		writeJSON(w, http.StatusBadRequest, api.ErrorBody{Error: "bad request body: " + err.Error(), Code: "invalid"})
 		return
+	}
+	if owner(r) != "" {
+		req.Owner = owner(r)
 	}
 	opts := machine.CreateOptions{Name: req.Name, Owner: req.Owner, Image: req.Image, CPUs: req.CPUs,
 		MemoryBytes: req.MemoryBytes, DiskBytes: req.DiskBytes, IdleTimeout: -1}

@@ -23,7 +23,7 @@ func (s *Server) sshUpgrade(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Wake or start the VM first, so errors come back as HTTP answers.
-	sess, err := s.m.Open(r.Context(), name, "")
+	sess, err := s.m.Open(r.Context(), name, owner(r))
 	if err != nil {
 		writeError(w, err)
 		return

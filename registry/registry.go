@@ -45,6 +45,26 @@ var schema = []string{
 		last_active  INTEGER NOT NULL,
 		spec_json    TEXT NOT NULL DEFAULT '{}'
 	)`,
+	`CREATE TABLE checkpoints (
+		vm          TEXT NOT NULL,
+		id          TEXT NOT NULL,
+		seq         INTEGER NOT NULL,
+		parent      TEXT NOT NULL DEFAULT '',
+		kind        TEXT NOT NULL,
+		comment     TEXT NOT NULL DEFAULT '',
+		created_at  INTEGER NOT NULL,
+		memory_bytes INTEGER NOT NULL DEFAULT 0,
+		disk_bytes  INTEGER NOT NULL DEFAULT 0,
+		vmm         TEXT NOT NULL DEFAULT '',
+		PRIMARY KEY (vm, id)
+	)`,
+	`CREATE TABLE keys (
+		fingerprint TEXT PRIMARY KEY,
+		user        TEXT NOT NULL,
+		name        TEXT NOT NULL DEFAULT '',
+		public_key  TEXT NOT NULL,
+		created_at  INTEGER NOT NULL
+	)`,
 }
 
 // Open opens (creating if needed) the database at path and brings its

@@ -56,15 +56,19 @@ func Serve(ctx context.Context, chans <-chan ssh.NewChannel, upstream Opener, h 
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				relayNew(nc, upstream, h)
+				RelayChannel(nc, upstream, h)
 			}()
 		}
 	}
 }
 
-// relayNew opens nc's twin upstream and relays between them.
-func relayNew(nc ssh.NewChannel, upstream Opener, h Hooks) {
+// RelayChannel opens nc's twin upstream, accepts nc, and relays between
+// them until both are closed; a refusal upstream is passed back to nc.
+func RelayChannel(nc ssh.NewChannel, upstream Opener, h Hooks) {
 	typ := nc.ChannelType()
+	if h.Logger == nil {
+		h.Logger = slog.Default()
+	}
 	if h.Allow != nil {
 		if err := h.Allow(typ, nc.ExtraData()); err != nil {
 			_ = nc.Reject(ssh.Prohibited, err.Error())
