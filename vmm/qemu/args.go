@@ -16,7 +16,7 @@ func buildArgs(cfg vmm.Config, rd vmm.RunDir, accel string, incoming bool) []str
 	memMiB := cfg.MemoryBytes >> 20
 	args := []string{
 		"-name", "den",
-		"-nodefaults", "-no-user-config", "-nographic",
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-machine", "microvm,memory-backend=mem,rtc=on,x-option-roms=off",
 		"-m", fmt.Sprintf("%dM", memMiB),
 		"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=on", memMiB, rd.MemoryFile()),

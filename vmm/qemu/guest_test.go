@@ -1,0 +1,329 @@
+package qemu_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/denhq/den/agent"
+	"github.com/denhq/den/image"
+	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/vmm"
+	"github.com/denhq/den/vmm/qemu"
+)
+
+// guestEnv is what a real-guest test needs: images, a writable copy of
+// the minimal root disk, and the host key the agent accepts.
+type guestEnv struct {
+	images image.Dir
+	disk   string
+	signer ssh.Signer
+	dir    string
+}
+
+func newGuestEnv(t testing.TB) *guestEnv {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("real guest test: boots QEMU (run without -short)")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("real guest test: needs root")
+	}
+	if _, err := qemu.FindBinary(); err != nil {
+		t.Fatal(err)
+	}
+	images, err := image.DefaultDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := images.Check(image.Minimal); err != nil {
+		t.Fatalf("guest images not built (make image): %v", err)
+	}
+	// Short paths: unix sockets live in the run dirs.
+	dir, err := os.MkdirTemp("/tmp", "qg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	disk := filepath.Join(dir, "disk.raw")
+	if err := fsutil.CopySparse(images.RootDisk(image.Minimal), disk); err != nil {
+		t.Fatal(err)
+	}
+	_, signer, err := agent.NewEd25519Key("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &guestEnv{images: images, disk: disk, signer: signer, dir: dir}
+}
+
+func (e *guestEnv) config() vmm.Config {
+	return vmm.Config{
+		CPUs: 1, MemoryBytes: 256 << 20,
+		Kernel: e.images.BzImage(), Initramfs: e.images.Initramfs(),
+		Cmdline: "console=ttyS0 panic=-1 " + agent.AuthorizedKeyArg(e.signer.PublicKey()) + " den.hostname=guest",
+		Disks:   []vmm.Disk{{ID: "root", Path: e.disk}},
+		Net:     []vmm.Net{{ID: "net0"}},
+	}
+}
+
+// newVMM returns a driver in a fresh run dir, shut down at cleanup.
+func (e *guestEnv) newVMM(t testing.TB, name string) *qemu.VMM {
+	v := qemu.New(qemu.Options{RunDir: vmm.RunDir(filepath.Join(e.dir, name))})
+	if err := v.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = v.Shutdown(context.Background()) })
+	return v
+}
+
+// boot creates and boots a VM and returns its agent client.
+func (e *guestEnv) boot(t testing.TB, v *qemu.VMM) *agent.Client {
+	t.Helper()
+	ctx := context.Background()
+	if err := v.Create(ctx, e.config()); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Boot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return e.connect(t, v)
+}
+
+func (e *guestEnv) connect(t testing.TB, v *qemu.VMM) *agent.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, _, err := agent.WaitReady(ctx, func(ctx context.Context) (net.Conn, error) {
+		return v.DialGuest(ctx, agent.Port)
+	}, e.signer)
+	if err != nil {
+		t.Fatalf("agent: %v\nconsole: %s", err, vmm.TailFile(filepath.Join(e.dir, "console.log"), 2000))
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// run runs a shell command line in the guest and returns its stdout.
+func run(t testing.TB, c *agent.Client, line string) (string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	code, err := c.Exec(ctx, agent.ExecRequest{CmdLine: line, Stdout: &out, Stderr: &errb})
+	if err != nil {
+		t.Fatalf("exec %q: %v (stderr %q)", line, err, errb.String())
+	}
+	return out.String(), code
+}
+
+func TestGuestExecSFTPAndForward(t *testing.T) {
+	e := newGuestEnv(t)
+	v := e.newVMM(t, "a")
+	c := e.boot(t, v)
+
+	if out, code := run(t, c, "uname -a"); code != 0 || !strings.HasPrefix(out, "Linux guest ") {
+		t.Fatalf("uname -a: %q (exit %d)", out, code)
+	}
+	if _, code := run(t, c, "ls /nonexistent"); code == 0 {
+		t.Fatal("ls of a missing file exited 0")
+	}
+	if _, code := run(t, c, "exit 42"); code != 42 {
+		t.Fatalf("exit 42 gave %d", code)
+	}
+
+	// sftp: a file in and back out, checked by checksum.
+	sc, err := c.SFTP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	data := make([]byte, 3<<20+123)
+	rand.Read(data)
+	f, err := sc.Create("/root/blob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	want := fmt.Sprintf("%x", sha256.Sum256(data))
+	if out, _ := run(t, c, "sha256sum /root/blob"); !strings.HasPrefix(out, want) {
+		t.Fatalf("guest checksum %q, want %s", out, want)
+	}
+	run(t, c, "cp /root/blob /root/blob2")
+	g, err := sc.Open("/root/blob2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := io.ReadAll(g)
+	g.Close()
+	if err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("sftp get: %d bytes, err %v", len(back), err)
+	}
+
+	// A forwarded port reaches a server inside the guest.
+	run(t, c, "mkdir -p /tmp/www && echo served-from-guest > /tmp/www/index.html && httpd -p 127.0.0.1:8080 -h /tmp/www")
+	var body string
+	for i := 0; i < 50; i++ {
+		body, err = httpGet(c, "127.0.0.1:8080")
+		if err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !strings.Contains(body, "served-from-guest") {
+		t.Fatalf("forwarded GET: %q, %v", body, err)
+	}
+}
+
+func httpGet(c *agent.Client, addr string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := c.DialTCP(ctx, addr)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	io.WriteString(conn, "GET /index.html HTTP/1.0\r\nHost: guest\r\n\r\n")
+	b, err := io.ReadAll(bufio.NewReader(conn))
+	return string(b), err
+}
+
+func TestGuestSnapshotRestore(t *testing.T) {
+	e := newGuestEnv(t)
+	v := e.newVMM(t, "a")
+	c := e.boot(t, v)
+	ctx := context.Background()
+
+	// A process and a file that live only in memory (tmpfs).
+	run(t, c, "echo in-memory > /tmp/note; sleep 100000 & echo $! > /tmp/pid")
+	pid, _ := run(t, c, "cat /tmp/pid")
+	c.Close() // the guest channel does not survive a restore: redial after
+
+	if err := v.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(e.dir, "snap")
+	os.Mkdir(snap, 0o700)
+	if err := v.Snapshot(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // the restored guest's clock is now stale
+
+	w := e.newVMM(t, "b")
+	if err := w.Restore(ctx, snap, vmm.RestoreOptions{Resume: true}); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := w.Info(ctx); err != nil || info.State != vmm.StateRunning {
+		t.Fatalf("restored vm: %+v %v", info, err)
+	}
+	c2 := e.connect(t, w)
+	if out, code := run(t, c2, "cat /tmp/note; kill -0 $(cat /tmp/pid) && echo alive"); code != 0 || out != "in-memory\nalive\n" {
+		t.Fatalf("after restore: %q (exit %d); pid was %s", out, code, pid)
+	}
+	reply, err := c2.SetClock(ctx, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reply.Step < 2*time.Second {
+		t.Fatalf("clock step %v: the restored guest should have been >= 2s behind", reply.Step)
+	}
+	out, _ := run(t, c2, "date +%s")
+	guest, _ := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+	if d := time.Now().Unix() - guest; d < -2 || d > 2 {
+		t.Fatalf("guest clock off by %ds after set", d)
+	}
+}
+
+func TestGuestBadInput(t *testing.T) {
+	e := newGuestEnv(t)
+	ctx := context.Background()
+
+	t.Run("missing kernel", func(t *testing.T) {
+		v := e.newVMM(t, "k")
+		cfg := e.config()
+		cfg.Kernel = filepath.Join(e.dir, "no-such-kernel")
+		err := v.Create(ctx, cfg)
+		if err == nil || !strings.Contains(err.Error(), "no-such-kernel") {
+			t.Fatalf("create with a missing kernel: %v", err)
+		}
+		if v.PID() != 0 {
+			t.Fatalf("a vmm process was started: %d", v.PID())
+		}
+	})
+
+	t.Run("corrupt image", func(t *testing.T) {
+		bad := filepath.Join(e.dir, "bad.raw")
+		junk := make([]byte, 8<<20)
+		rand.Read(junk)
+		os.WriteFile(bad, junk, 0o600)
+		v := e.newVMM(t, "c")
+		cfg := e.config()
+		cfg.Disks[0].Path = bad
+		if err := v.Create(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := v.Boot(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-v.Exited():
+		case <-time.After(2 * time.Minute):
+			t.Fatal("vm with a corrupt disk still runs after 2 min")
+		}
+		console, _ := os.ReadFile(filepath.Join(e.dir, "c", "console.log"))
+		if !bytes.Contains(console, []byte(image.FatalMarker)) {
+			t.Fatalf("console lacks %q:\n%s", image.FatalMarker, console)
+		}
+	})
+
+	t.Run("vmm killed mid-boot", func(t *testing.T) {
+		v := e.newVMM(t, "m")
+		if err := v.Create(ctx, e.config()); err != nil {
+			t.Fatal(err)
+		}
+		if err := v.Boot(ctx); err != nil {
+			t.Fatal(err)
+		}
+		pid := v.PID()
+		syscall.Kill(pid, syscall.SIGKILL)
+		select {
+		case <-v.Exited():
+		case <-time.After(10 * time.Second):
+			t.Fatal("exit not noticed")
+		}
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if _, err := v.DialGuest(dctx, agent.Port); !errors.Is(err, vmm.ErrNotRunning) {
+			t.Fatalf("dial after kill: %v", err)
+		}
+		if info, err := v.Info(ctx); err != nil || info.State != vmm.StateShutdown {
+			t.Fatalf("info after kill: %+v %v", info, err)
+		}
+		if err := v.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if syscall.Kill(pid, 0) == nil {
+			t.Fatalf("process %d left running", pid)
+		}
+	})
+}
