@@ -136,11 +136,25 @@ func (c *Client) CreateVM(ctx context.Context, req CreateRequest, progress func(
 	return c.stream(ctx, http.MethodPost, "/v1/vms", req, progress)
 }
 
-// stream sends a request whose answer is a stream of Events.
+// stream sends a request whose answer is a stream of Events, and returns
+// the VM of the final event.
 func (c *Client) stream(ctx context.Context, method, path string, in any, progress func(Event)) (VM, error) {
-	resp, err := c.send(ctx, method, path, in)
+	ev, err := c.streamEvent(ctx, method, path, in, progress)
 	if err != nil {
 		return VM{}, err
+	}
+	if ev.VM == nil {
+		return VM{}, errors.New("daemon stream ended without a vm")
+	}
+	return *ev.VM, nil
+}
+
+// streamEvent returns the final event (with a VM or a Checkpoint) of a
+// streamed answer, passing progress events on.
+func (c *Client) streamEvent(ctx context.Context, method, path string, in any, progress func(Event)) (Event, error) {
+	resp, err := c.send(ctx, method, path, in)
+	if err != nil {
+		return Event{}, err
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
@@ -148,21 +162,21 @@ func (c *Client) stream(ctx context.Context, method, path string, in any, progre
 	for sc.Scan() {
 		var ev Event
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return VM{}, fmt.Errorf("bad event from daemon: %w", err)
+			return Event{}, fmt.Errorf("bad event from daemon: %w", err)
 		}
 		switch {
 		case ev.Error != "":
-			return VM{}, &Error{Code: ev.Code, Message: ev.Error}
-		case ev.VM != nil:
-			return *ev.VM, nil
+			return Event{}, &Error{Code: ev.Code, Message: ev.Error}
+		case ev.VM != nil || ev.Checkpoint != nil:
+			return ev, nil
 		case progress != nil:
 			progress(ev)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return VM{}, fmt.Errorf("daemon stream: %w", err)
+		return Event{}, fmt.Errorf("daemon stream: %w", err)
 	}
-	return VM{}, errors.New("daemon stream ended without a result")
+	return Event{}, errors.New("daemon stream ended without a result")
 }
 
 // ListVMs lists the VMs.

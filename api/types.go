@@ -53,8 +53,9 @@ type CreateRequest struct {
 type Event struct {
 	Progress string `json:"progress,omitempty"`
 	Elapsed  string `json:"elapsed,omitempty"`
-	VM       *VM    `json:"vm,omitempty"`
-	Error    string `json:"error,omitempty"`
+	VM         *VM         `json:"vm,omitempty"`
+	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
+	Error      string      `json:"error,omitempty"`
 	Code     string `json:"code,omitempty"`
 }
 

@@ -39,6 +39,13 @@ func NewServer(m *machine.Manager, info api.DaemonInfo, hostKey ssh.Signer, log 
 	s.mux.HandleFunc("DELETE /v1/vms/{name}", s.removeVM)
 	s.mux.HandleFunc("GET /v1/vms/{name}/logs", s.logs)
 	s.mux.HandleFunc("POST /v1/vms/{name}/ssh", s.sshUpgrade)
+	s.mux.HandleFunc("GET /v1/vms/{name}/checkpoints", s.listCheckpoints)
+	s.mux.HandleFunc("POST /v1/vms/{name}/checkpoints", s.createCheckpoint)
+	s.mux.HandleFunc("DELETE /v1/vms/{name}/checkpoints/{id}", s.deleteCheckpoint)
+	s.mux.HandleFunc("POST /v1/vms/{name}/restore", s.restore)
+	s.mux.HandleFunc("POST /v1/vms/{name}/fork", s.fork)
+	s.mux.HandleFunc("POST /v1/vms/{name}/sleep", s.sleep)
+	s.mux.HandleFunc("POST /v1/vms/{name}/wake", s.wake)
 	return s
 }
 
@@ -167,18 +174,18 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 		}
 		opts.IdleTimeout = d
 	}
-	s.stream(w, r, func(ctx context.Context, progress machine.Progress) (machine.Status, error) {
+	s.stream(w, r, func(ctx context.Context, progress machine.Progress) (api.Event, error) {
 		vm, err := s.m.Create(ctx, opts, progress)
 		if err != nil {
-			return machine.Status{}, err
+			return api.Event{}, err
 		}
-		return s.m.Get(ctx, vm.Name)
+		return s.vmEvent(ctx, vm.Name)
 	})
 }
 
 // stream runs a long operation detached from the request's context,
 // writing one JSON event per line as it goes.
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, op func(context.Context, machine.Progress) (machine.Status, error)) {
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, op func(context.Context, machine.Progress) (api.Event, error)) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
@@ -195,11 +202,20 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, op func(context.
 		}
 	}
 	ctx := context.WithoutCancel(r.Context())
-	st, err := op(ctx, func(step string) { emit(api.Event{Progress: step}) })
+	ev, err := op(ctx, func(step string) { emit(api.Event{Progress: step}) })
 	if err != nil {
 		emit(api.Event{Error: err.Error(), Code: errorCode(err)})
 		return
 	}
+	emit(ev)
+}
+
+// vmEvent is the final event of an operation that leaves a VM.
+func (s *Server) vmEvent(ctx context.Context, name string) (api.Event, error) {
+	st, err := s.m.Get(ctx, name)
+	if err != nil {
+		return api.Event{}, err
+	}
 	vm := toAPI(st)
-	emit(api.Event{VM: &vm})
+	return api.Event{VM: &vm}, nil
 }

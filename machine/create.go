@@ -40,6 +40,14 @@ type spec struct {
 	Initramfs string `json:"initramfs"`
 	Cmdline   string `json:"cmdline"`
 	BaseImage string `json:"base_image"` // volume path of the disk it was cloned from
+	// Head is the checkpoint the VM's state descends from (the parent
+	// of its next checkpoint).
+	Head string `json:"head,omitempty"`
+	// Restoring is the checkpoint a restore in progress brings back; a
+	// crash leaves it set, and the restore is finished on the next start.
+	Restoring string `json:"restoring,omitempty"`
+	// ForkedFrom is "vm@checkpoint" for a VM made by den fork.
+	ForkedFrom string `json:"forked_from,omitempty"`
 }
 
 // MaxDisk bounds a VM disk (the disk is sparse: it takes what is written).

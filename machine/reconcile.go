@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/denhq/den/registry"
@@ -21,6 +22,10 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		return err
 	}
 	for _, vm := range vms {
+		if vm.State != registry.StateCreating && vm.State != registry.StateDeleting {
+			m.sweepCheckpoints(ctx, vm.Name)
+			m.sweepSuspend(ctx, vm)
+		}
 		switch vm.State {
 		case registry.StateRunning:
 			m.adopt(ctx, vm)
@@ -48,8 +53,37 @@ func (m *Manager) adopt(ctx context.Context, vm registry.VM) {
 		return
 	}
 	in := &instance{name: vm.Name, hv: hv, stopping: make(chan struct{}), lastAct: time.Now()}
+	// den never leaves a VM paused between operations: one found paused
+	// was caught by a crash in the middle of a checkpoint or sleep.
+	if info, err := hv.Info(actx); err == nil && info.State == vmm.StatePaused {
+		m.log.Warn("den: resuming a vm left paused by an interrupted operation", "vm", vm.Name)
+		if err := hv.Resume(actx); err != nil {
+			m.log.Warn("den: resume", "vm", vm.Name, "err", err)
+		}
+	}
 	m.setInstance(in)
 	go m.watch(in)
+}
+
+// sweepSuspend finishes or drops a suspend snapshot a crash interrupted:
+// a sleeping VM whose slot swap was cut short gets the new snapshot; any
+// other leftover is removed.
+func (m *Manager) sweepSuspend(ctx context.Context, vm registry.VM) {
+	tmp, err := m.vol.Path(suspendNew(vm.Name))
+	if err != nil {
+		return
+	}
+	if _, err := os.Stat(tmp); err != nil {
+		return
+	}
+	slot, _ := m.vol.Path(storage.SuspendDir(vm.Name))
+	if _, err := os.Stat(slot); vm.State == registry.StateSleeping && err != nil {
+		if err := m.swapSuspend(ctx, vm.Name); err != nil {
+			m.log.Warn("den: finish suspend", "vm", vm.Name, "err", err)
+		}
+		return
+	}
+	_ = m.vol.Remove(ctx, suspendNew(vm.Name))
 }
 
 // stopRecorded kills a VMM that its PID file names but that den could

@@ -81,6 +81,10 @@ func (m *Manager) ensureRunning(ctx context.Context, name, owner string) (*insta
 		if err := m.start(ctx, vm); err != nil {
 			return nil, err
 		}
+	case registry.StateSleeping:
+		if err := m.wakeLocked(ctx, vm); err != nil {
+			return nil, err
+		}
 	default:
 		return nil, fmt.Errorf("vm %q is %s: %w", name, vm.State, ErrConflict)
 	}
@@ -99,6 +103,13 @@ func (m *Manager) start(ctx context.Context, vm registry.VM) error {
 	}
 	if vm.State == registry.StateRunning {
 		m.markStopped(vm.Name, "vmm process not found")
+	}
+	if sp.Restoring != "" {
+		cp, err := m.getCheckpoint(ctx, vm.Name, sp.Restoring)
+		if err != nil {
+			return fmt.Errorf("finish the interrupted restore of vm %q: %w", vm.Name, err)
+		}
+		return m.finishRestore(ctx, vm, cp, func(string) {})
 	}
 	if err := m.boot(ctx, vm, sp); err != nil {
 		return fmt.Errorf("start vm %q: %w", vm.Name, err)

@@ -114,6 +114,9 @@ func (m *Manager) Remove(ctx context.Context, name string, force bool) error {
 	m.destroy(ctx, name, vm.VMM)
 	_ = os.RemoveAll(m.state.Run(name).Path())
 	_ = os.Remove(m.state.Lock(name))
+	if err := m.db.DeleteCheckpoints(ctx, name); err != nil {
+		return fmt.Errorf("remove vm %q: %w", name, err)
+	}
 	if err := m.db.DeleteVM(ctx, name); err != nil {
 		return fmt.Errorf("remove vm %q: %w", name, err)
 	}

@@ -27,11 +27,16 @@ Examples:
    den create box
    den exec box -- uname -a
    den ssh box
+   den checkpoint box -m "deps installed"
+   den restore box cp-1
+   den fork box@cp-1 box2
+   den sleep box
    den ls
    den rm box
    den doctor                   # what this host offers den`,
 		Commands: []*cli.Command{
 			createCommand(), lsCommand(), infoCommand(), execCommand(), sshCommand(), logsCommand(), rmCommand(),
+			checkpointCommand(), checkpointsCommand(), restoreCommand(), forkCommand(), sleepCommand(), wakeCommand(),
 			daemonCommand(), doctorCommand(),
 		},
 		HideHelpCommand: true,

@@ -1,0 +1,114 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// Ready asks the agent whether it is up and who it is.
+func (c *Client) Ready(ctx context.Context) (ReadyInfo, error) {
+	var r ReadyInfo
+	err := c.call(ctx, ReqReady, struct{}{}, &r)
+	return r, err
+}
+
+// SetClock steps the guest's wall clock to t (after a restore or wake the
+// guest clock is stale).
+func (c *Client) SetClock(ctx context.Context, t time.Time) (ClockReply, error) {
+	var r ClockReply
+	err := c.call(ctx, ReqClock, ClockRequest{UnixNano: t.UnixNano()}, &r)
+	return r, err
+}
+
+// Freeze freezes the guest's filesystems; the agent thaws them by itself
+// after timeout (default 30 s), or when this connection ends.
+func (c *Client) Freeze(ctx context.Context, timeout time.Duration) (FreezeReply, error) {
+	var r FreezeReply
+	err := c.call(ctx, ReqFreeze, FreezeRequest{TimeoutMS: timeout.Milliseconds()}, &r)
+	return r, err
+}
+
+// Thaw thaws what Freeze froze.
+func (c *Client) Thaw(ctx context.Context) (ThawReply, error) {
+	var r ThawReply
+	err := c.call(ctx, ReqThaw, struct{}{}, &r)
+	return r, err
+}
+
+// NewIdentity gives a forked guest a new identity: the hostname (empty
+// keeps it), a new machine-id, and a kernel RNG reseeded with fresh random
+// bytes from the host.
+func (c *Client) NewIdentity(ctx context.Context, hostname string) (IdentityReply, error) {
+	entropy := make([]byte, 64)
+	if _, err := rand.Read(entropy); err != nil {
+		return IdentityReply{}, fmt.Errorf("agent identity: %w", err)
+	}
+	var r IdentityReply
+	err := c.call(ctx, ReqIdentity, IdentityRequest{Hostname: hostname, Entropy: entropy}, &r)
+	return r, err
+}
+
+// Activity reports the guest's activity for the idle policy.
+func (c *Client) Activity(ctx context.Context) (Activity, error) {
+	var r Activity
+	err := c.call(ctx, ReqActivity, struct{}{}, &r)
+	return r, err
+}
+
+// Poweroff asks the guest to stop its processes, unmount and power off.
+// It returns once the agent has accepted; the VM stops shortly after.
+func (c *Client) Poweroff(ctx context.Context) error {
+	return c.call(ctx, ReqPoweroff, PoweroffRequest{}, nil)
+}
+
+// DialFunc opens a stream on the guest channel (vmm.VMM.DialGuest with the
+// agent's port).
+type DialFunc func(ctx context.Context) (net.Conn, error)
+
+// WaitReady dials and handshakes until the agent answers Ready, retrying
+// with a short backoff, bounded by ctx. It returns the connected client.
+func WaitReady(ctx context.Context, dial DialFunc, signer ssh.Signer, opts ...DialOption) (*Client, ReadyInfo, error) {
+	backoff := 20 * time.Millisecond
+	var last error
+	for {
+		c, info, err := tryReady(ctx, dial, signer, opts)
+		if err == nil {
+			return c, info, nil
+		}
+		last = err
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ReadyInfo{}, fmt.Errorf("agent not ready: %w (last error: %w)", ctx.Err(), last)
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 500*time.Millisecond)
+	}
+}
+
+func tryReady(ctx context.Context, dial DialFunc, signer ssh.Signer, opts []DialOption) (*Client, ReadyInfo, error) {
+	conn, err := dial(ctx)
+	if err != nil {
+		return nil, ReadyInfo{}, fmt.Errorf("dial: %w", err)
+	}
+	c, err := Dial(ctx, conn, signer, opts...)
+	if err != nil {
+		return nil, ReadyInfo{}, err
+	}
+	info, err := c.Ready(ctx)
+	if err != nil {
+		c.Close()
+		if errors.Is(err, ErrUnsupported) {
+			return nil, ReadyInfo{}, fmt.Errorf("agent does not answer %s: %w", ReqReady, err)
+		}
+		return nil, ReadyInfo{}, err
+	}
+	return c, info, nil
+}

@@ -1,0 +1,92 @@
+//go:build linux
+
+package guest
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// System is the guest's privileged operations, replaceable in tests.
+type System struct {
+	// SetClock steps the wall clock.
+	SetClock func(time.Time) error
+	// Freezer freezes and thaws filesystems.
+	Freezer Freezer
+	// SetHostname sets the kernel's hostname.
+	SetHostname func(string) error
+	// Reseed mixes host randomness into the kernel RNG and reseeds it.
+	Reseed func(entropy []byte) error
+	// Poweroff stops the guest; nil refuses poweroff requests. It is
+	// called in its own goroutine after the reply has been sent.
+	Poweroff func(reboot bool)
+	// EtcDir holds passwd, group, hostname, hosts and machine-id.
+	EtcDir string
+	// ProcDir is procfs.
+	ProcDir string
+	// PID1 says the agent is init.
+	PID1 bool
+}
+
+// DefaultSystem is the real guest: Linux syscalls, /etc and /proc.
+func DefaultSystem() *System {
+	return &System{
+		SetClock:    setRealtime,
+		Freezer:     NewFSFreezer("/proc/self/mountinfo"),
+		SetHostname: func(h string) error { return unix.Sethostname([]byte(h)) },
+		Reseed:      reseedKernelRNG,
+		EtcDir:      "/etc",
+		ProcDir:     "/proc",
+		PID1:        os.Getpid() == 1,
+	}
+}
+
+func setRealtime(t time.Time) error {
+	ts := unix.NsecToTimespec(t.UnixNano())
+	if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
+		return fmt.Errorf("clock_settime: %w", err)
+	}
+	return nil
+}
+
+// reseedKernelRNG credits entropy to the kernel's input pool
+// (RNDADDENTROPY), writes it to /dev/urandom as well, and forces the CRNG
+// to reseed (RNDRESEEDCRNG), so that user space reading random numbers
+// after this point, the vDSO getrandom included, diverges from any other
+// copy of this VM.
+func reseedKernelRNG(entropy []byte) error {
+	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("reseed rng: %w", err)
+	}
+	defer f.Close()
+	// struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+	info := make([]byte, 8+len(entropy)+3)
+	binary.NativeEndian.PutUint32(info[0:], uint32(8*len(entropy)))
+	binary.NativeEndian.PutUint32(info[4:], uint32(len(entropy)))
+	copy(info[8:], entropy)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&info[0]))); e != 0 {
+		return fmt.Errorf("reseed rng: RNDADDENTROPY: %w", e)
+	}
+	if _, err := f.Write(entropy); err != nil {
+		return fmt.Errorf("reseed rng: write /dev/urandom: %w", err)
+	}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDRESEEDCRNG, 0); e != 0 {
+		return fmt.Errorf("reseed rng: RNDRESEEDCRNG: %w", e)
+	}
+	return nil
+}
+
+// uptime is the time since boot (CLOCK_BOOTTIME).
+func uptime() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
+}

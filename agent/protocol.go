@@ -1,0 +1,180 @@
+package agent
+
+import "time"
+
+// Version of the agent protocol and binary; set at build time with
+// -ldflags "-X github.com/denhq/den/agent.Version=...".
+var Version = "0.1.0"
+
+const (
+	// Port is the vsock port the agent listens on.
+	Port = 1024
+	// SerialPortName is the name of the virtio-serial port the agent
+	// serves (/sys/class/virtio-ports/vport*/name).
+	SerialPortName = "org.den.agent"
+	// EnvWorkdir, sent in an "env" request, is the working directory of
+	// the session's command. The agent does not pass it on.
+	EnvWorkdir = "DEN_WORKDIR"
+	// ExitSetupFailed is the exit status of a session whose command could
+	// not be set up (unknown user, missing working directory, exec
+	// failure); the reason is on stderr.
+	ExitSetupFailed = 126
+	// LeaseSocket is the agent's unix socket inside the guest for
+	// keep-awake leases.
+	LeaseSocket = "/run/den-agent.sock"
+	// DefaultUser is the guest account the client logs in as.
+	DefaultUser = "root"
+)
+
+// Control request names (SSH global requests).
+const (
+	ReqReady    = "den-ready@den"
+	ReqClock    = "den-clock@den"
+	ReqFreeze   = "den-freeze@den"
+	ReqThaw     = "den-thaw@den"
+	ReqIdentity = "den-identity@den"
+	ReqActivity = "den-activity@den"
+	ReqPoweroff = "den-poweroff@den"
+)
+
+// ReadyInfo is the reply to ReqReady.
+type ReadyInfo struct {
+	// Version is the agent's version.
+	Version string `json:"version"`
+	// BootID is /proc/sys/kernel/random/boot_id: it changes on reboot,
+	// not on a snapshot restore.
+	BootID string `json:"boot_id"`
+	// Uptime is the time since the guest kernel booted (CLOCK_BOOTTIME).
+	Uptime time.Duration `json:"uptime_ns"`
+	// Time is the guest's wall clock when it answered.
+	Time time.Time `json:"time"`
+	// Hostname is the guest's hostname.
+	Hostname string `json:"hostname"`
+	// PID1 says the agent runs as init.
+	PID1 bool `json:"pid1"`
+	// Frozen says filesystems are frozen.
+	Frozen bool `json:"frozen,omitempty"`
+}
+
+// ClockRequest sets the guest's wall clock.
+type ClockRequest struct {
+	UnixNano int64 `json:"unix_nano"`
+}
+
+// ClockReply says what the clock read before it was set.
+type ClockReply struct {
+	// Previous is the guest time just before the step.
+	Previous time.Time `json:"previous"`
+	// Step is the new time minus Previous.
+	Step time.Duration `json:"step_ns"`
+}
+
+// FreezeRequest freezes the guest's filesystems until a thaw, or Timeout.
+type FreezeRequest struct {
+	TimeoutMS int64 `json:"timeout_ms"`
+}
+
+// FreezeReply lists the mount points frozen.
+type FreezeReply struct {
+	Frozen []string `json:"frozen"`
+	// Until is when the agent thaws them by itself.
+	Until time.Time `json:"until"`
+}
+
+// ThawReply lists the mount points thawed.
+type ThawReply struct {
+	Thawed []string `json:"thawed"`
+}
+
+// IdentityRequest gives a forked guest a new identity.
+type IdentityRequest struct {
+	// Hostname to set; empty keeps the current one.
+	Hostname string `json:"hostname,omitempty"`
+	// Entropy is random bytes from the host (at least MinEntropy) mixed
+	// into the guest's kernel RNG, which is then reseeded.
+	Entropy []byte `json:"entropy"`
+	// MachineID, 32 lowercase hex digits, or empty for a random one.
+	MachineID string `json:"machine_id,omitempty"`
+}
+
+// MinEntropy is the least number of random bytes in an IdentityRequest.
+const MinEntropy = 32
+
+// IdentityReply is the guest's new identity.
+type IdentityReply struct {
+	Hostname  string `json:"hostname"`
+	MachineID string `json:"machine_id"`
+}
+
+// Activity is what the guest reports for the idle policy. The CPU
+// counters are cumulative since boot: the host takes differences.
+type Activity struct {
+	Time time.Time `json:"time"`
+	// CPUBusy is the CPU time spent not idle (not idle, not iowait),
+	// summed over all CPUs, from /proc/stat.
+	CPUBusy time.Duration `json:"cpu_busy_ns"`
+	// CPUTotal is all CPU time, summed over all CPUs.
+	CPUTotal time.Duration `json:"cpu_total_ns"`
+	// CPUs is the number of CPUs.
+	CPUs int `json:"cpus"`
+	// Load1 is the one-minute load average.
+	Load1 float64 `json:"load1"`
+	// ProcsRunning is the number of runnable tasks now.
+	ProcsRunning int `json:"procs_running"`
+	// Processes is the number of user-space processes (no kernel
+	// threads); -1 while unknown (procfs reads hang on a stuck task).
+	Processes int `json:"processes"`
+	// TCPEstablished counts established TCP connections (IPv4 and IPv6);
+	// TCPRemote counts those whose peer is not a loopback address.
+	TCPEstablished int `json:"tcp_established"`
+	TCPRemote      int `json:"tcp_remote"`
+	// Sessions is the number of open SSH sessions on the agent (shell,
+	// exec, sftp); Forwards the number of open direct-tcpip channels.
+	Sessions int `json:"sessions"`
+	Forwards int `json:"forwards"`
+	// Leases are the keep-awake leases held in the guest.
+	Leases []Lease `json:"leases,omitempty"`
+}
+
+// Held says whether a keep-awake lease is in force at t.
+func (a Activity) Held(t time.Time) bool {
+	for _, l := range a.Leases {
+		if l.Until.IsZero() || l.Until.After(t) {
+			return true
+		}
+	}
+	return false
+}
+
+// Lease is a keep-awake lease taken with `den-agent hold`.
+type Lease struct {
+	Name string `json:"name"`
+	// Until is when it ends; zero means until released.
+	Until time.Time `json:"until,omitempty"`
+}
+
+// PoweroffRequest stops the guest.
+type PoweroffRequest struct {
+	Reboot bool `json:"reboot,omitempty"`
+}
+
+// WindowSize is a terminal size in characters.
+type WindowSize struct {
+	Rows int
+	Cols int
+}
+
+// LeaseRequest is one request on LeaseSocket (one JSON object per line).
+type LeaseRequest struct {
+	// Op is "hold", "release" or "list".
+	Op   string `json:"op"`
+	Name string `json:"name,omitempty"`
+	// ForMS is the lease duration; 0 holds until released.
+	ForMS int64 `json:"for_ms,omitempty"`
+}
+
+// LeaseReply answers a LeaseRequest.
+type LeaseReply struct {
+	Error  string  `json:"error,omitempty"`
+	Leases []Lease `json:"leases,omitempty"`
+}

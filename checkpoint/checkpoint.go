@@ -1,0 +1,159 @@
+// Package checkpoint keeps VM checkpoints on the storage volume: their
+// layout, the write-then-rename that makes a checkpoint appear only when
+// complete, their lineage and their retention.
+package checkpoint
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+
+	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/registry"
+	"github.com/denhq/den/storage"
+)
+
+// Kinds of checkpoint.
+const (
+	// KindMemoryDisk holds the VMM's memory and device snapshot and a
+	// clone of the disk, taken at one paused instant.
+	KindMemoryDisk = "memory+disk"
+	// KindDiskOnly holds a clone of the disk taken with the guest's
+	// filesystems frozen; restoring it boots.
+	KindDiskOnly = "disk-only"
+)
+
+// Files of a checkpoint directory.
+const (
+	DiskFile = "disk"      // clone of the VM's disk
+	VMMDir   = "vmm"       // the VMM's snapshot directory (memory+disk only)
+	MetaFile = "meta.json" // the catalog row, written last
+)
+
+var idRE = regexp.MustCompile(`^cp-[1-9][0-9]*$`)
+
+// ID is the id of a VM's seq'th checkpoint: cp-1, cp-2...
+func ID(seq int) string { return fmt.Sprintf("cp-%d", seq) }
+
+// ValidateID checks a checkpoint id typed by a user.
+func ValidateID(id string) error {
+	if !idRE.MatchString(id) {
+		return fmt.Errorf("bad checkpoint id %q: ids look like cp-3 (see den checkpoints NAME)", id)
+	}
+	return nil
+}
+
+// Dir is the volume directory of a complete checkpoint.
+func Dir(vm, id string) storage.Path { return storage.CheckpointDir(vm, id) }
+
+func tmpName(id string) string { return "tmp-" + id }
+
+// Store writes and reads checkpoints on a volume.
+type Store struct {
+	Vol storage.Volume
+}
+
+// Pending is a checkpoint being written in a temporary directory.
+type Pending struct {
+	s   Store
+	vm  string
+	id  string
+	dir storage.Path
+}
+
+// Begin starts a checkpoint: an empty temporary directory beside the
+// complete ones (a leftover of a crash is removed first).
+func (s Store) Begin(ctx context.Context, vm, id string) (*Pending, error) {
+	dir := storage.CheckpointsDir(vm).Join(tmpName(id))
+	if err := s.Vol.Remove(ctx, dir); err != nil {
+		return nil, err
+	}
+	if err := s.Vol.MkdirAll(ctx, dir); err != nil {
+		return nil, fmt.Errorf("begin checkpoint %s of %q: %w", id, vm, err)
+	}
+	return &Pending{s: s, vm: vm, id: id, dir: dir}, nil
+}
+
+// Path is a file of the pending checkpoint, on the volume.
+func (p *Pending) Path(file string) storage.Path { return p.dir.Join(file) }
+
+// HostPath is a file of the pending checkpoint on the host.
+func (p *Pending) HostPath(file string) (string, error) { return p.s.Vol.Path(p.dir.Join(file)) }
+
+// Commit writes the catalog row into the directory and renames it into
+// place: only now does the checkpoint exist.
+func (p *Pending) Commit(ctx context.Context, row registry.Checkpoint) error {
+	meta, err := p.HostPath(MetaFile)
+	if err != nil {
+		return err
+	}
+	if err := fsutil.WriteJSONAtomic(meta, row, 0o600); err != nil {
+		return fmt.Errorf("commit checkpoint %s of %q: %w", p.id, p.vm, err)
+	}
+	if err := p.s.Vol.Rename(ctx, p.dir, Dir(p.vm, p.id)); err != nil {
+		return fmt.Errorf("commit checkpoint %s of %q: %w", p.id, p.vm, err)
+	}
+	return nil
+}
+
+// Abort removes the pending checkpoint.
+func (p *Pending) Abort() {
+	_ = p.s.Vol.Remove(context.Background(), p.dir)
+}
+
+// Sweep removes a VM's unfinished checkpoint directories (a crash in the
+// middle of one) and returns the rows of complete checkpoint directories,
+// from their meta.json, so that a catalog can be checked against them.
+func (s Store) Sweep(ctx context.Context, vm string) ([]registry.Checkpoint, error) {
+	root, err := s.Vol.Path(storage.CheckpointsDir(vm))
+	if err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sweep checkpoints of %q: %w", vm, err)
+	}
+	var out []registry.Checkpoint
+	for _, e := range ents {
+		p := storage.CheckpointsDir(vm).Join(e.Name())
+		if strings.HasPrefix(e.Name(), "tmp-") {
+			_ = s.Vol.Remove(ctx, p)
+			continue
+		}
+		row, err := s.Meta(vm, e.Name())
+		if err != nil {
+			continue
+		}
+		out = append(out, row)
+	}
+	return out, nil
+}
+
+// Meta reads a complete checkpoint's meta.json.
+func (s Store) Meta(vm, id string) (registry.Checkpoint, error) {
+	var row registry.Checkpoint
+	host, err := s.Vol.Path(Dir(vm, id).Join(MetaFile))
+	if err != nil {
+		return row, err
+	}
+	data, err := os.ReadFile(host)
+	if err != nil {
+		return row, fmt.Errorf("checkpoint %s of %q is incomplete: %w", id, vm, err)
+	}
+	if err := json.Unmarshal(data, &row); err != nil {
+		return row, fmt.Errorf("checkpoint %s of %q: corrupt %s: %w", id, vm, MetaFile, err)
+	}
+	return row, nil
+}
+
+// Remove deletes a checkpoint's directory.
+func (s Store) Remove(ctx context.Context, vm, id string) error {
+	return s.Vol.Remove(ctx, Dir(vm, id))
+}

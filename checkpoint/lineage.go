@@ -1,0 +1,71 @@
+package checkpoint
+
+import (
+	"sort"
+
+	"github.com/denhq/den/registry"
+)
+
+// Line is one row of a lineage tree: the checkpoint and the tree drawing
+// that goes before it.
+type Line struct {
+	Prefix string
+	registry.Checkpoint
+}
+
+// Tree orders checkpoints as a lineage tree (children under their parent,
+// oldest first) with box-drawing prefixes. A checkpoint whose parent is
+// unknown is a root.
+func Tree(cps []registry.Checkpoint) []Line {
+	byID := map[string]bool{}
+	for _, c := range cps {
+		byID[c.ID] = true
+	}
+	children := map[string][]registry.Checkpoint{}
+	for _, c := range cps {
+		parent := c.Parent
+		if !byID[parent] {
+			parent = ""
+		}
+		children[parent] = append(children[parent], c)
+	}
+	for _, cs := range children {
+		sort.Slice(cs, func(i, j int) bool { return cs[i].Seq < cs[j].Seq })
+	}
+	var out []Line
+	var walk func(parent, indent string, root bool)
+	walk = func(parent, indent string, root bool) {
+		cs := children[parent]
+		for i, c := range cs {
+			last := i == len(cs)-1
+			prefix, next := "", ""
+			if !root {
+				prefix, next = indent+"├─ ", indent+"│  "
+				if last {
+					prefix, next = indent+"└─ ", indent+"   "
+				}
+			}
+			out = append(out, Line{Prefix: prefix, Checkpoint: c})
+			walk(c.ID, next, false)
+		}
+	}
+	walk("", "", true)
+	return out
+}
+
+// Prune chooses what a retention of keep checkpoints deletes: the oldest
+// ones beyond the newest keep, never one in protect (the VM's head).
+func Prune(cps []registry.Checkpoint, keep int, protect map[string]bool) []string {
+	if keep < 0 || len(cps) <= keep {
+		return nil
+	}
+	sorted := append([]registry.Checkpoint(nil), cps...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Seq > sorted[j].Seq })
+	var out []string
+	for _, c := range sorted[keep:] {
+		if !protect[c.ID] {
+			out = append(out, c.ID)
+		}
+	}
+	return out
+}

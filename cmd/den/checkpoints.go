@@ -1,0 +1,58 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"text/tabwriter"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/denhq/den/machine"
+)
+
+func checkpointsCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "checkpoints",
+		Usage:     "list a VM's checkpoints as a lineage tree",
+		ArgsUsage: "NAME",
+		UsageText: "den checkpoints NAME [--json]",
+		Description: `The * marks the checkpoint the VM's current state descends from.
+
+Examples:
+   den checkpoints box
+   den checkpoints box --json | jq -r '.[].id'`,
+		Flags: []cli.Flag{socketFlag, jsonFlag},
+		Action: func(c *cli.Context) error {
+			name, err := needName(c)
+			if err != nil {
+				return err
+			}
+			cps, err := newClient(c).Checkpoints(c.Context, name)
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(cps)
+			}
+			if len(cps) == 0 {
+				fmt.Printf("%s has no checkpoints (den checkpoint %s)\n", name, name)
+				return nil
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tPARENT\tCREATED\tKIND\tMEMORY\tDISK\tCOMMENT")
+			for _, cp := range cps {
+				mark := " "
+				if cp.Head {
+					mark = "*"
+				}
+				parent := cp.Parent
+				if parent == "" {
+					parent = "-"
+				}
+				fmt.Fprintf(tw, "%s%s%s\t%s\t%s\t%s\t%s\t%s\t%s\n", mark, cp.Tree, cp.ID, parent, ago(cp.CreatedAt), cp.Kind,
+					machine.FormatSize(cp.MemoryBytes), machine.FormatSize(cp.DiskBytes), cp.Comment)
+			}
+			return tw.Flush()
+		},
+	}
+}

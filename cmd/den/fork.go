@@ -1,0 +1,47 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/denhq/den/api"
+)
+
+func forkCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "fork",
+		Usage:     "make a new VM from a checkpoint of another (or from its current state)",
+		ArgsUsage: "NAME[@CHECKPOINT] NEWNAME",
+		UsageText: "den fork NAME[@CHECKPOINT] NEWNAME",
+		Description: `The new VM resumes where the checkpoint was taken, with its own hostname,
+machine-id and reseeded random number generator. Without @CHECKPOINT the
+source is checkpointed first.
+
+Examples:
+   den fork box@cp-3 experiment
+   den fork box box2`,
+		Flags: []cli.Flag{socketFlag, jsonFlag},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 2 {
+				return cli.Exit("den fork: give a source and a new name (den fork box@cp-3 box2)", 2)
+			}
+			src, id, _ := strings.Cut(c.Args().Get(0), "@")
+			name := c.Args().Get(1)
+			ctx, cancel := withSignals(c)
+			defer cancel()
+			start := time.Now()
+			vm, err := newClient(c).Fork(ctx, src, api.ForkRequest{Checkpoint: id, Name: name}, progressPrinter(c))
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(vm)
+			}
+			fmt.Printf("forked %s to %s in %s\n", c.Args().Get(0), vm.Name, time.Since(start).Round(time.Millisecond))
+			return nil
+		},
+	}
+}

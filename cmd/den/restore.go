@@ -1,0 +1,49 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/denhq/den/api"
+)
+
+func restoreCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "restore",
+		Usage:     "bring a VM back to a checkpoint: memory, processes and disk",
+		ArgsUsage: "NAME CHECKPOINT",
+		UsageText: "den restore NAME CHECKPOINT [--no-save] [--force]",
+		Description: `What the VM did after the checkpoint is gone, unless saved: by default the
+current state is checkpointed first (its id is printed). The guest clock is
+corrected. A restore refuses while exec or ssh sessions are open; --force ends them.
+
+Examples:
+   den restore box cp-3
+   den restore box cp-3 --no-save`,
+		Flags: []cli.Flag{
+			socketFlag, jsonFlag,
+			&cli.BoolFlag{Name: "no-save", Usage: "do not checkpoint the current state first"},
+			&cli.BoolFlag{Name: "force", Usage: "end open sessions"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 2 {
+				return cli.Exit("den restore: give a VM name and a checkpoint (den restore box cp-3)", 2)
+			}
+			name, id := c.Args().Get(0), c.Args().Get(1)
+			ctx, cancel := withSignals(c)
+			defer cancel()
+			start := time.Now()
+			vm, err := newClient(c).Restore(ctx, name, api.RestoreRequest{Checkpoint: id, NoSave: c.Bool("no-save"), Force: c.Bool("force")}, progressPrinter(c))
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(vm)
+			}
+			fmt.Printf("restored %s to %s in %s\n", name, id, time.Since(start).Round(time.Millisecond))
+			return nil
+		},
+	}
+}

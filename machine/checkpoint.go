@@ -1,0 +1,294 @@
+package machine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/registry"
+	"github.com/denhq/den/storage"
+)
+
+// CheckpointOptions tunes Checkpoint.
+type CheckpointOptions struct {
+	Comment string
+	// DiskOnly freezes the guest's filesystems and clones the disk,
+	// without memory: restoring it boots.
+	DiskOnly bool
+	// Keep, when > 0, deletes the oldest checkpoints beyond the newest
+	// Keep afterwards (never the VM's head).
+	Keep int
+}
+
+func (m *Manager) store() checkpoint.Store { return checkpoint.Store{Vol: m.vol} }
+
+// Checkpoint saves a VM's memory and disk at one paused instant (or its
+// disk only) as a new checkpoint and returns it. A sleeping VM is
+// checkpointed from its suspend slot, a stopped one disk-only.
+func (m *Manager) Checkpoint(ctx context.Context, name string, o CheckpointOptions, progress Progress) (registry.Checkpoint, error) {
+	if progress == nil {
+		progress = func(string) {}
+	}
+	if _, err := m.get(ctx, name); err != nil {
+		return registry.Checkpoint{}, err
+	}
+	unlock, err := m.lockVM(ctx, name)
+	if err != nil {
+		return registry.Checkpoint{}, err
+	}
+	defer unlock()
+	vm, err := m.get(ctx, name)
+	if err != nil {
+		return registry.Checkpoint{}, err
+	}
+	cp, err := m.checkpointLocked(ctx, vm, o, progress)
+	if err != nil {
+		return cp, err
+	}
+	if o.Keep > 0 {
+		if err := m.prune(ctx, vm.Name, o.Keep); err != nil {
+			m.log.Warn("den: retention", "vm", name, "err", err)
+		}
+	}
+	return cp, nil
+}
+
+// checkpointLocked takes a checkpoint; the caller holds the VM's lock.
+func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o CheckpointOptions, progress Progress) (registry.Checkpoint, error) {
+	sp, err := decodeSpec(vm)
+	if err != nil {
+		return registry.Checkpoint{}, err
+	}
+	seq, err := m.db.NextCheckpointSeq(ctx, vm.Name)
+	if err != nil {
+		return registry.Checkpoint{}, err
+	}
+	id := checkpoint.ID(seq)
+	row := registry.Checkpoint{VM: vm.Name, ID: id, Seq: seq, Parent: sp.Head, Comment: o.Comment, VMM: vm.VMM, Kind: checkpoint.KindMemoryDisk}
+	p, err := m.store().Begin(ctx, vm.Name, id)
+	if err != nil {
+		return row, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			p.Abort()
+		}
+	}()
+	in := m.instance(vm.Name)
+	running := vm.State == registry.StateRunning && in != nil && alive(in)
+	switch {
+	case running && o.DiskOnly:
+		row.Kind = checkpoint.KindDiskOnly
+		progress("freezing guest filesystems and cloning the disk")
+		if err := m.diskOnly(ctx, in, vm.Name, p); err != nil {
+			return row, fmt.Errorf("checkpoint vm %q: %w", vm.Name, err)
+		}
+	case running:
+		progress("pausing, saving memory and cloning the disk")
+		if err := m.snapshotRunning(ctx, in, vm.Name, p); err != nil {
+			return row, fmt.Errorf("checkpoint vm %q: %w", vm.Name, err)
+		}
+	case vm.State == registry.StateSleeping && !o.DiskOnly:
+		progress("copying the suspend slot (metadata only)")
+		if err := m.vol.Clone(ctx, storage.SuspendDir(vm.Name), p.Path(checkpoint.VMMDir)); err != nil {
+			return row, fmt.Errorf("checkpoint sleeping vm %q: %w", vm.Name, err)
+		}
+		if err := m.vol.Clone(ctx, storage.VMDisk(vm.Name), p.Path(checkpoint.DiskFile)); err != nil {
+			return row, fmt.Errorf("checkpoint vm %q: %w", vm.Name, err)
+		}
+	default:
+		// Stopped (or sleeping, disk-only): the disk is at rest.
+		row.Kind = checkpoint.KindDiskOnly
+		progress("cloning the disk")
+		if err := m.vol.Clone(ctx, storage.VMDisk(vm.Name), p.Path(checkpoint.DiskFile)); err != nil {
+			return row, fmt.Errorf("checkpoint vm %q: %w", vm.Name, err)
+		}
+	}
+	if u, err := m.vol.Usage(ctx, p.Path(checkpoint.VMMDir)); err == nil {
+		row.MemoryBytes = u.Data
+	}
+	if u, err := m.vol.Usage(ctx, p.Path(checkpoint.DiskFile)); err == nil {
+		row.DiskBytes = u.Data
+	}
+	row.CreatedAt = time.Now().UTC()
+	crashpoint("checkpoint-before-commit")
+	if err := p.Commit(ctx, row); err != nil {
+		return row, err
+	}
+	ok = true
+	if err := m.db.AddCheckpoint(ctx, row); err != nil {
+		return row, err
+	}
+	if err := m.setHead(ctx, vm.Name, id); err != nil {
+		return row, err
+	}
+	return row, nil
+}
+
+// snapshotRunning pauses the VM, writes the VMM snapshot into the
+// pending checkpoint, clones the disk (the VMM flushed it, the guest
+// cannot write), and resumes: memory and disk of one instant.
+func (m *Manager) snapshotRunning(ctx context.Context, in *instance, name string, p *checkpoint.Pending) error {
+	if err := m.vol.MkdirAll(ctx, p.Path(checkpoint.VMMDir)); err != nil {
+		return err
+	}
+	dir, err := p.HostPath(checkpoint.VMMDir)
+	if err != nil {
+		return err
+	}
+	if err := in.hv.Pause(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		if err := in.hv.Resume(context.WithoutCancel(ctx)); err != nil {
+			m.log.Warn("den: resume after checkpoint", "vm", name, "err", err)
+		}
+	}()
+	if err := in.hv.Snapshot(ctx, dir); err != nil {
+		return err
+	}
+	crashpoint("checkpoint-after-snapshot")
+	return m.vol.Clone(ctx, storage.VMDisk(name), p.Path(checkpoint.DiskFile))
+}
+
+// diskOnly clones the disk with the guest's filesystems frozen, so the
+// clone is consistent without pausing the VM.
+func (m *Manager) diskOnly(ctx context.Context, in *instance, name string, p *checkpoint.Pending) error {
+	c, err := m.agentClient(ctx, in)
+	if err != nil {
+		return err
+	}
+	if _, err := c.Freeze(ctx, 30*time.Second); err != nil {
+		return fmt.Errorf("freeze guest filesystems: %w", err)
+	}
+	defer func() {
+		if _, err := c.Thaw(context.WithoutCancel(ctx)); err != nil {
+			m.log.Warn("den: thaw guest filesystems (the agent thaws by itself after 30s)", "vm", name, "err", err)
+		}
+	}()
+	return m.vol.Clone(ctx, storage.VMDisk(name), p.Path(checkpoint.DiskFile))
+}
+
+// setHead records the checkpoint a VM's state now descends from.
+func (m *Manager) setHead(ctx context.Context, name, id string) error {
+	_, err := m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
+		sp, err := decodeSpec(*v)
+		if err != nil {
+			return err
+		}
+		sp.Head = id
+		v.SpecJSON = mustJSON(sp)
+		return nil
+	})
+	return err
+}
+
+// Checkpoints lists a VM's checkpoints (oldest first) and its head.
+func (m *Manager) Checkpoints(ctx context.Context, name string) ([]registry.Checkpoint, string, error) {
+	vm, err := m.get(ctx, name)
+	if err != nil {
+		return nil, "", err
+	}
+	sp, err := decodeSpec(vm)
+	if err != nil {
+		return nil, "", err
+	}
+	cps, err := m.db.ListCheckpoints(ctx, name)
+	return cps, sp.Head, err
+}
+
+// getCheckpoint reads a checkpoint's row and checks its directory is
+// complete on the volume.
+func (m *Manager) getCheckpoint(ctx context.Context, vm, id string) (registry.Checkpoint, error) {
+	if err := checkpoint.ValidateID(id); err != nil {
+		return registry.Checkpoint{}, fmt.Errorf("%w: %w", err, ErrInvalid)
+	}
+	cp, err := m.db.GetCheckpoint(ctx, vm, id)
+	if errors.Is(err, registry.ErrNotFound) {
+		return cp, fmt.Errorf("vm %q has no checkpoint %s (see den checkpoints %s): %w", vm, id, vm, ErrNotFound)
+	}
+	if err != nil {
+		return cp, err
+	}
+	if _, err := m.store().Meta(vm, id); err != nil {
+		return cp, fmt.Errorf("%w: %w", err, ErrConflict)
+	}
+	return cp, nil
+}
+
+// DeleteCheckpoint removes a checkpoint and reclaims its space.
+func (m *Manager) DeleteCheckpoint(ctx context.Context, name, id string) error {
+	if _, err := m.get(ctx, name); err != nil {
+		return err
+	}
+	unlock, err := m.lockVM(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := checkpoint.ValidateID(id); err != nil {
+		return fmt.Errorf("%w: %w", err, ErrInvalid)
+	}
+	if _, err := m.db.GetCheckpoint(ctx, name, id); errors.Is(err, registry.ErrNotFound) {
+		return fmt.Errorf("vm %q has no checkpoint %s: %w", name, id, ErrNotFound)
+	}
+	return m.deleteCheckpoint(ctx, name, id)
+}
+
+func (m *Manager) deleteCheckpoint(ctx context.Context, name, id string) error {
+	// The row goes first: a crash then leaves an orphan directory that
+	// the next start removes, never a row without its files.
+	if err := m.db.DeleteCheckpoint(ctx, name, id); err != nil {
+		return err
+	}
+	if err := m.store().Remove(ctx, name, id); err != nil {
+		return fmt.Errorf("delete checkpoint %s of %q: %w", id, name, err)
+	}
+	return nil
+}
+
+// prune applies a retention of keep checkpoints.
+func (m *Manager) prune(ctx context.Context, name string, keep int) error {
+	cps, head, err := m.Checkpoints(ctx, name)
+	if err != nil {
+		return err
+	}
+	for _, id := range checkpoint.Prune(cps, keep, map[string]bool{head: true}) {
+		if err := m.deleteCheckpoint(ctx, name, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sweepCheckpoints matches a VM's checkpoint directories with its catalog
+// after a restart: unfinished directories go, complete directories whose
+// row a crash lost are recorded again.
+func (m *Manager) sweepCheckpoints(ctx context.Context, name string) {
+	rows, err := m.store().Sweep(ctx, name)
+	if err != nil {
+		m.log.Warn("den: sweep checkpoints", "vm", name, "err", err)
+		return
+	}
+	for _, row := range rows {
+		if _, err := m.db.GetCheckpoint(ctx, name, row.ID); errors.Is(err, registry.ErrNotFound) {
+			if err := m.db.AddCheckpoint(ctx, row); err == nil {
+				_ = m.setHead(ctx, name, row.ID)
+			}
+		}
+	}
+}
+
+// crashpoint kills the daemon at a named step when DEN_CRASHPOINT names
+// it: how the tests crash den in the middle of an operation.
+func crashpoint(name string) {
+	if os.Getenv("DEN_CRASHPOINT") == name {
+		p, _ := os.FindProcess(os.Getpid())
+		_ = p.Kill()
+		select {}
+	}
+}

@@ -1,0 +1,279 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/registry"
+	"github.com/denhq/den/storage"
+	"github.com/denhq/den/vmm"
+)
+
+// restoreInto starts a fresh VMM for vm from the VMM snapshot in snapDir
+// (a volume path), with the VM's own disk and sockets, and waits for its
+// agent; the guest clock is set, since it stopped when the snapshot was
+// taken.
+func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snapDir storage.Path) (*instance, error) {
+	cfg, err := m.vmmConfig(vm, sp)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := m.vol.Path(snapDir)
+	if err != nil {
+		return nil, err
+	}
+	rd := m.state.Run(vm.Name)
+	m.discardRuntime(vm.Name)
+	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
+		return nil, err
+	}
+	hv := m.newHypervisor(vm.VMM, rd)
+	if err := hv.Start(ctx); err != nil {
+		return nil, err
+	}
+	in := &instance{name: vm.Name, hv: hv, stopping: make(chan struct{}), lastAct: time.Now()}
+	fail := func(err error) (*instance, error) {
+		close(in.stopping)
+		in.closeAgent()
+		_ = hv.Shutdown(context.Background())
+		m.discardRuntime(vm.Name)
+		return nil, err
+	}
+	if err := hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: true, Config: &cfg}); err != nil {
+		return fail(err)
+	}
+	if err := m.connectAgent(ctx, in, time.Minute); err != nil {
+		return fail(err)
+	}
+	c, err := m.agentClient(ctx, in)
+	if err != nil {
+		return fail(err)
+	}
+	if _, err := c.SetClock(ctx, time.Now()); err != nil {
+		return fail(fmt.Errorf("set guest clock: %w", err))
+	}
+	m.setInstance(in)
+	go m.watch(in)
+	return in, nil
+}
+
+// RestoreOptions tunes Restore.
+type RestoreOptions struct {
+	// NoSave skips checkpointing the current state first.
+	NoSave bool
+	// Force ends open sessions (exec, ssh) instead of refusing.
+	Force bool
+}
+
+// Restore brings a VM back to a checkpoint: its disk, and for a
+// memory+disk checkpoint its memory and processes. Unless NoSave, the
+// current state is checkpointed first, and its id returned. The current
+// disk is replaced atomically only once the checkpoint's clone is whole.
+func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions, progress Progress) (saved string, err error) {
+	if progress == nil {
+		progress = func(string) {}
+	}
+	if _, err := m.get(ctx, name); err != nil {
+		return "", err
+	}
+	unlock, err := m.lockVM(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	vm, err := m.get(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	cp, err := m.getCheckpoint(ctx, name, id)
+	if err != nil {
+		return "", err
+	}
+	in := m.instance(name)
+	if in != nil && !o.Force {
+		in.actMu.Lock()
+		n := in.sessions
+		in.actMu.Unlock()
+		if n > 0 {
+			return "", fmt.Errorf("restore vm %q: %d session(s) open (exec, ssh): retry when they end, or use --force to end them: %w", name, n, ErrConflict)
+		}
+	}
+	if !o.NoSave && vm.State != registry.StateStopped {
+		progress("saving the current state first (--no-save skips this)")
+		row, err := m.checkpointLocked(ctx, vm, CheckpointOptions{Comment: "auto: before restore to " + id}, func(string) {})
+		if err != nil {
+			return "", fmt.Errorf("restore vm %q: save current state: %w", name, err)
+		}
+		saved = row.ID
+	}
+	if in != nil {
+		progress("stopping the vm")
+		m.stopInstance(ctx, in, false)
+	}
+	// From here the VM is stopped with the restore recorded: a crash
+	// anywhere after leaves it to be finished when the VM is next reached.
+	vm, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
+		sp, err := decodeSpec(*v)
+		if err != nil {
+			return err
+		}
+		sp.Head, sp.Restoring = id, id
+		v.SpecJSON = mustJSON(sp)
+		if v.State != registry.StateStopped {
+			v.State = registry.StateStopped
+		}
+		v.Reason = "restoring " + id
+		return nil
+	})
+	if err != nil {
+		return saved, err
+	}
+	crashpoint("restore-after-stop")
+	return saved, m.finishRestore(ctx, vm, cp, progress)
+}
+
+// finishRestore puts a checkpoint's disk in place of the VM's and brings
+// the VM up from it: its memory, or a boot for a disk-only checkpoint. It
+// is idempotent, so a restore a crash interrupted is finished by running
+// it again.
+func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry.Checkpoint, progress Progress) error {
+	name, id := vm.Name, cp.ID
+	progress("cloning the checkpoint's disk over the vm's disk")
+	if err := m.vol.CloneOver(ctx, checkpoint.Dir(name, id).Join(checkpoint.DiskFile), storage.VMDisk(name)); err != nil {
+		return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
+	}
+	crashpoint("restore-after-disk")
+	_ = m.vol.Remove(ctx, storage.SuspendDir(name)) // a sleeping VM's old memory is obsolete
+	sp, err := decodeSpec(vm)
+	if err != nil {
+		return err
+	}
+	if cp.Kind == checkpoint.KindMemoryDisk {
+		progress("restoring memory")
+		if _, err := m.restoreInto(ctx, vm, sp, checkpoint.Dir(name, id).Join(checkpoint.VMMDir)); err != nil {
+			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
+		}
+	} else {
+		progress("booting from the checkpoint's disk")
+		if err := m.boot(ctx, vm, sp); err != nil {
+			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
+		}
+	}
+	_, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
+		sp, err := decodeSpec(*v)
+		if err != nil {
+			return err
+		}
+		sp.Restoring = ""
+		v.SpecJSON = mustJSON(sp)
+		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
+		return nil
+	})
+	return err
+}
+
+// Fork makes a new VM from a checkpoint of another (from its current
+// state when id is empty: a checkpoint is taken first). The new VM gets a
+// new identity: hostname, machine-id and a reseeded RNG, so that two
+// forks never share random state.
+func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progress) (registry.VM, error) {
+	if progress == nil {
+		progress = func(string) {}
+	}
+	if err := ValidateName(name); err != nil {
+		return registry.VM{}, err
+	}
+	if _, err := m.get(ctx, src); err != nil {
+		return registry.VM{}, err
+	}
+	if id == "" {
+		progress("checkpointing " + src)
+		cp, err := m.Checkpoint(ctx, src, CheckpointOptions{Comment: "auto: fork to " + name}, nil)
+		if err != nil {
+			return registry.VM{}, err
+		}
+		id = cp.ID
+	}
+	unlockSrc, err := m.lockVM(ctx, src)
+	if err != nil {
+		return registry.VM{}, err
+	}
+	srcVM, err := m.get(ctx, src)
+	if err != nil {
+		unlockSrc()
+		return registry.VM{}, err
+	}
+	cp, err := m.getCheckpoint(ctx, src, id)
+	unlockSrc()
+	if err != nil {
+		return registry.VM{}, err
+	}
+	unlock, err := m.lockVM(ctx, name)
+	if err != nil {
+		return registry.VM{}, err
+	}
+	defer unlock()
+
+	srcSpec, err := decodeSpec(srcVM)
+	if err != nil {
+		return registry.VM{}, err
+	}
+	sp := srcSpec
+	sp.Head, sp.ForkedFrom, sp.Cmdline = "", src+"@"+id, m.cmdline(name)
+	now := time.Now().UTC()
+	vm := srcVM
+	vm.Name, vm.State, vm.Reason, vm.CreatedAt, vm.LastActive, vm.SpecJSON = name, registry.StateCreating, "", now, now, mustJSON(sp)
+	if err := m.db.CreateVM(ctx, vm); err != nil {
+		return registry.VM{}, fmt.Errorf("fork to %q: a vm of that name exists: %w", name, ErrExists)
+	}
+	var undo cleanups
+	defer undo.run()
+	undo.push(func() { _ = m.db.DeleteVM(context.Background(), name) })
+	undo.push(func() { _ = m.vol.Remove(context.Background(), storage.VMDir(name)) })
+	progress("cloning " + src + "@" + id + "'s disk")
+	if err := m.vol.Clone(ctx, checkpoint.Dir(src, id).Join(checkpoint.DiskFile), storage.VMDisk(name)); err != nil {
+		return registry.VM{}, fmt.Errorf("fork to %q: %w", name, err)
+	}
+	undo.push(func() { m.destroy(context.Background(), name, vm.VMM) })
+	if cp.Kind == checkpoint.KindMemoryDisk {
+		progress("restoring memory into a new vmm")
+		in, err := m.restoreInto(ctx, vm, sp, checkpoint.Dir(src, id).Join(checkpoint.VMMDir))
+		if err != nil {
+			return registry.VM{}, fmt.Errorf("fork to %q: %w", name, err)
+		}
+		progress("new identity")
+		if err := m.newIdentity(ctx, in, name); err != nil {
+			return registry.VM{}, fmt.Errorf("fork to %q: %w", name, err)
+		}
+	} else {
+		progress("booting from the checkpoint's disk")
+		if err := m.boot(ctx, vm, sp); err != nil {
+			return registry.VM{}, fmt.Errorf("fork to %q: %w", name, err)
+		}
+	}
+	vm, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
+		v.State, v.LastActive = registry.StateRunning, time.Now().UTC()
+		return nil
+	})
+	if err != nil {
+		return registry.VM{}, err
+	}
+	undo.release()
+	return vm, nil
+}
+
+// newIdentity gives a restored copy of a VM its own hostname, machine-id
+// and random state.
+func (m *Manager) newIdentity(ctx context.Context, in *instance, hostname string) error {
+	c, err := m.agentClient(ctx, in)
+	if err != nil {
+		return err
+	}
+	if _, err := c.NewIdentity(ctx, hostname); err != nil {
+		return fmt.Errorf("new identity: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,114 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/denhq/den/registry"
+	"github.com/denhq/den/storage"
+)
+
+// suspendNew is where a new suspend snapshot is written before it
+// replaces the VM's suspend slot.
+func suspendNew(name string) storage.Path { return storage.VMDir(name).Join("suspend-new") }
+
+// Sleep saves a running VM's memory into its suspend slot and stops its
+// VMM: no process, no guest RAM held. Anything that reaches the VM later
+// wakes it. Open sessions make it refuse unless force.
+func (m *Manager) Sleep(ctx context.Context, name string, force bool) error {
+	if _, err := m.get(ctx, name); err != nil {
+		return err
+	}
+	unlock, err := m.lockVM(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return m.sleepLocked(ctx, name, force)
+}
+
+func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) error {
+	vm, err := m.get(ctx, name)
+	if err != nil {
+		return err
+	}
+	if vm.State == registry.StateSleeping {
+		return nil
+	}
+	in := m.instance(name)
+	if vm.State != registry.StateRunning || in == nil || !alive(in) {
+		return fmt.Errorf("sleep vm %q: it is %s, not running: %w", name, vm.State, ErrConflict)
+	}
+	if !force {
+		in.actMu.Lock()
+		n := in.sessions
+		in.actMu.Unlock()
+		if n > 0 {
+			return fmt.Errorf("sleep vm %q: %d session(s) open (exec, ssh): %w", name, n, ErrConflict)
+		}
+	}
+	tmp := suspendNew(name)
+	if err := m.vol.Remove(ctx, tmp); err != nil {
+		return err
+	}
+	if err := m.vol.MkdirAll(ctx, tmp); err != nil {
+		return err
+	}
+	dir, err := m.vol.Path(tmp)
+	if err != nil {
+		return err
+	}
+	if err := in.hv.Pause(ctx); err != nil {
+		return fmt.Errorf("sleep vm %q: %w", name, err)
+	}
+	if err := in.hv.Snapshot(ctx, dir); err != nil {
+		_ = in.hv.Resume(context.WithoutCancel(ctx))
+		_ = m.vol.Remove(ctx, tmp)
+		return fmt.Errorf("sleep vm %q: %w", name, err)
+	}
+	m.stopInstance(ctx, in, false)
+	// The new snapshot is whole: now it replaces the old slot.
+	if err := m.swapSuspend(ctx, name); err != nil {
+		m.markStopped(name, "sleep failed after the vmm stopped: "+err.Error())
+		return fmt.Errorf("sleep vm %q: %w", name, err)
+	}
+	_, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
+		v.State, v.Reason = registry.StateSleeping, ""
+		return nil
+	})
+	return err
+}
+
+// swapSuspend moves a complete suspend-new into the suspend slot.
+func (m *Manager) swapSuspend(ctx context.Context, name string) error {
+	if err := m.vol.Remove(ctx, storage.SuspendDir(name)); err != nil {
+		return err
+	}
+	return m.vol.Rename(ctx, suspendNew(name), storage.SuspendDir(name))
+}
+
+// Wake restores a sleeping VM from its suspend slot and waits for its
+// agent; a running VM is left as it is.
+func (m *Manager) Wake(ctx context.Context, name string) error {
+	_, err := m.ensureRunning(ctx, name, "")
+	return err
+}
+
+// wakeLocked restores a sleeping VM; the caller holds its lock. The
+// suspend slot stays until the next sleep replaces it (a VMM restoring
+// memory lazily reads it for as long as the VM runs).
+func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
+	sp, err := decodeSpec(vm)
+	if err != nil {
+		return err
+	}
+	if _, err := m.restoreInto(ctx, vm, sp, storage.SuspendDir(vm.Name)); err != nil {
+		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
+	}
+	_, err = m.db.UpdateVM(ctx, vm.Name, func(v *registry.VM) error {
+		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
+		return nil
+	})
+	return err
+}

@@ -1,0 +1,114 @@
+package registry
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Checkpoint is one checkpoint's catalog row.
+type Checkpoint struct {
+	VM          string    `json:"vm"`
+	ID          string    `json:"id"`
+	Seq         int       `json:"seq"`
+	Parent      string    `json:"parent,omitempty"`
+	Kind        string    `json:"kind"`
+	Comment     string    `json:"comment,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
+	MemoryBytes int64     `json:"memory_bytes"`
+	DiskBytes   int64     `json:"disk_bytes"`
+	VMM         string    `json:"vmm,omitempty"`
+}
+
+const cpColumns = `vm, id, seq, parent, kind, comment, created_at, memory_bytes, disk_bytes, vmm`
+
+func scanCheckpoint(s scanner) (Checkpoint, error) {
+	var c Checkpoint
+	var created int64
+	err := s.Scan(&c.VM, &c.ID, &c.Seq, &c.Parent, &c.Kind, &c.Comment, &created, &c.MemoryBytes, &c.DiskBytes, &c.VMM)
+	c.CreatedAt = time.UnixMilli(created).UTC()
+	return c, err
+}
+
+// NextCheckpointSeq is one more than the highest sequence number a VM's
+// checkpoints ever had (ids are never reused, even after deletion).
+func (d *DB) NextCheckpointSeq(ctx context.Context, vm string) (int, error) {
+	var n sql.NullInt64
+	if err := d.db.QueryRowContext(ctx, `SELECT MAX(seq) FROM checkpoints WHERE vm = ?`, vm).Scan(&n); err != nil {
+		return 0, fmt.Errorf("next checkpoint of %q: %w", vm, err)
+	}
+	return int(n.Int64) + 1, nil
+}
+
+// AddCheckpoint records a checkpoint.
+func (d *DB) AddCheckpoint(ctx context.Context, c Checkpoint) error {
+	_, err := d.db.ExecContext(ctx, `INSERT INTO checkpoints (`+cpColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?)`,
+		c.VM, c.ID, c.Seq, c.Parent, c.Kind, c.Comment, c.CreatedAt.UnixMilli(), c.MemoryBytes, c.DiskBytes, c.VMM)
+	if err != nil {
+		if strings.Contains(err.Error(), "UNIQUE constraint") {
+			return fmt.Errorf("checkpoint %s of %q: %w", c.ID, c.VM, ErrExists)
+		}
+		return fmt.Errorf("record checkpoint %s of %q: %w", c.ID, c.VM, err)
+	}
+	return nil
+}
+
+// GetCheckpoint returns one checkpoint; ErrNotFound when there is none.
+func (d *DB) GetCheckpoint(ctx context.Context, vm, id string) (Checkpoint, error) {
+	c, err := scanCheckpoint(d.db.QueryRowContext(ctx, `SELECT `+cpColumns+` FROM checkpoints WHERE vm = ? AND id = ?`, vm, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return c, fmt.Errorf("checkpoint %q of vm %q: %w", id, vm, ErrNotFound)
+	}
+	return c, err
+}
+
+// ListCheckpoints returns a VM's checkpoints, oldest first.
+func (d *DB) ListCheckpoints(ctx context.Context, vm string) ([]Checkpoint, error) {
+	rows, err := d.db.QueryContext(ctx, `SELECT `+cpColumns+` FROM checkpoints WHERE vm = ? ORDER BY seq`, vm)
+	if err != nil {
+		return nil, fmt.Errorf("list checkpoints of %q: %w", vm, err)
+	}
+	defer rows.Close()
+	var out []Checkpoint
+	for rows.Next() {
+		c, err := scanCheckpoint(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// DeleteCheckpoint removes a checkpoint's row; its children take its
+// parent, so the lineage stays connected.
+func (d *DB) DeleteCheckpoint(ctx context.Context, vm, id string) error {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	c, err := scanCheckpoint(tx.QueryRowContext(ctx, `SELECT `+cpColumns+` FROM checkpoints WHERE vm = ? AND id = ?`, vm, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("checkpoint %q of vm %q: %w", id, vm, ErrNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE checkpoints SET parent = ? WHERE vm = ? AND parent = ?`, c.Parent, vm, id); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM checkpoints WHERE vm = ? AND id = ?`, vm, id); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// DeleteCheckpoints removes every checkpoint row of a VM.
+func (d *DB) DeleteCheckpoints(ctx context.Context, vm string) error {
+	_, err := d.db.ExecContext(ctx, `DELETE FROM checkpoints WHERE vm = ?`, vm)
+	return err
+}

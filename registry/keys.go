@@ -1,0 +1,147 @@
+package registry
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// ErrAmbiguous is wrapped when a key name matches more than one key.
+var ErrAmbiguous = errors.New("ambiguous")
+
+// Key is one user's SSH public key: it logs the user in to the SSH
+// gateway.
+type Key struct {
+	// Fingerprint is the key's SHA256 fingerprint ("SHA256:..."), unique.
+	Fingerprint string `json:"fingerprint"`
+	User        string `json:"user"`
+	// Name is a label (by default the key's comment); not unique.
+	Name string `json:"name"`
+	// PublicKey is the key in authorized_keys form, without options.
+	PublicKey string    `json:"public_key"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+const keyColumns = `fingerprint, user, name, public_key, created_at`
+
+func scanKey(s scanner) (Key, error) {
+	var k Key
+	var created int64
+	err := s.Scan(&k.Fingerprint, &k.User, &k.Name, &k.PublicKey, &created)
+	k.CreatedAt = time.UnixMilli(created).UTC()
+	return k, err
+}
+
+// AddKey records a key; ErrExists when its fingerprint is recorded
+// already (for any user).
+func (d *DB) AddKey(ctx context.Context, k Key) error {
+	if k.CreatedAt.IsZero() {
+		k.CreatedAt = time.Now().UTC()
+	}
+	_, err := d.db.ExecContext(ctx, `INSERT INTO keys (`+keyColumns+`) VALUES (?,?,?,?,?)`,
+		k.Fingerprint, k.User, k.Name, k.PublicKey, k.CreatedAt.UnixMilli())
+	if err != nil {
+		if strings.Contains(err.Error(), "UNIQUE constraint") {
+			return fmt.Errorf("key %s: %w", k.Fingerprint, ErrExists)
+		}
+		return fmt.Errorf("record key %s: %w", k.Fingerprint, err)
+	}
+	return nil
+}
+
+// ListKeys returns the keys ordered by user, then date; of one user when
+// user is set.
+func (d *DB) ListKeys(ctx context.Context, user string) ([]Key, error) {
+	q := `SELECT ` + keyColumns + ` FROM keys`
+	var args []any
+	if user != "" {
+		q += ` WHERE user = ?`
+		args = append(args, user)
+	}
+	rows, err := d.db.QueryContext(ctx, q+` ORDER BY user, created_at, fingerprint`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", err)
+	}
+	defer rows.Close()
+	var keys []Key
+	for rows.Next() {
+		k, err := scanKey(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list keys: %w", err)
+		}
+		keys = append(keys, k)
+	}
+	return keys, rows.Err()
+}
+
+// RemoveKey deletes the key whose fingerprint or name is ref (of user
+// only, when user is set) and returns it: ErrNotFound when none matches,
+// ErrAmbiguous when a name matches several keys.
+func (d *DB) RemoveKey(ctx context.Context, user, ref string) (Key, error) {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return Key{}, fmt.Errorf("remove key %q: %w", ref, err)
+	}
+	defer tx.Rollback()
+	q := `SELECT ` + keyColumns + ` FROM keys WHERE (fingerprint = ? OR name = ?)`
+	args := []any{ref, ref}
+	if user != "" {
+		q += ` AND user = ?`
+		args = append(args, user)
+	}
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return Key{}, fmt.Errorf("remove key %q: %w", ref, err)
+	}
+	var found []Key
+	for rows.Next() {
+		k, err := scanKey(rows)
+		if err != nil {
+			rows.Close()
+			return Key{}, fmt.Errorf("remove key %q: %w", ref, err)
+		}
+		found = append(found, k)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return Key{}, fmt.Errorf("remove key %q: %w", ref, err)
+	}
+	// A fingerprint is unique; prefer it over names that happen to match.
+	for _, k := range found {
+		if k.Fingerprint == ref {
+			found = []Key{k}
+			break
+		}
+	}
+	switch len(found) {
+	case 0:
+		return Key{}, fmt.Errorf("no key %q: %w", ref, ErrNotFound)
+	case 1:
+	default:
+		return Key{}, fmt.Errorf("key name %q matches %d keys, remove one by its fingerprint: %w", ref, len(found), ErrAmbiguous)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM keys WHERE fingerprint = ?`, found[0].Fingerprint); err != nil {
+		return Key{}, fmt.Errorf("remove key %q: %w", ref, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return Key{}, fmt.Errorf("remove key %q: %w", ref, err)
+	}
+	return found[0], nil
+}
+
+// UserForKey returns the user whose key has this fingerprint;
+// ErrNotFound when no user has it.
+func (d *DB) UserForKey(ctx context.Context, fingerprint string) (string, error) {
+	var user string
+	err := d.db.QueryRowContext(ctx, `SELECT user FROM keys WHERE fingerprint = ?`, fingerprint).Scan(&user)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("key %s: %w", fingerprint, ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("look up key %s: %w", fingerprint, err)
+	}
+	return user, nil
+}
