@@ -13,6 +13,7 @@ import (
 
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/idle"
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/storage"
@@ -35,6 +36,9 @@ type Options struct {
 	VMM string
 	// Version is den's version, reported by /v1/info.
 	Version string
+	// IdleCheck is how often the idle monitor looks at the VMs
+	// (default 5 s).
+	IdleCheck time.Duration
 	// Ready, if set, is called once the API socket accepts requests.
 	Ready  func()
 	Logger *slog.Logger
@@ -99,6 +103,10 @@ func Run(ctx context.Context, o Options) error {
 	if o.Ready != nil {
 		o.Ready()
 	}
+	mon := idle.New(m.IdleTarget(), idle.Policy{Interval: o.IdleCheck}, o.Logger)
+	monCtx, stopMon := context.WithCancel(ctx)
+	defer stopMon()
+	go mon.Run(monCtx)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

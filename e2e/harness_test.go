@@ -69,6 +69,8 @@ type daemon struct {
 	socket  string
 	cmd     *exec.Cmd
 	logPath string
+	// env is added to the daemon's environment at its next start.
+	env []string
 }
 
 // startDaemon starts a daemon on a fresh state dir (short path: unix
@@ -93,7 +95,8 @@ func (d *daemon) start() {
 	}
 	defer logf.Close()
 	d.cmd = exec.Command(d.den, "daemon", "--state-dir", d.state, "--socket", d.socket,
-		"--images", d.images.Path(), "--default-image", image.Minimal)
+		"--images", d.images.Path(), "--default-image", image.Minimal, "--idle-check", "1s")
+	d.cmd.Env = append(os.Environ(), d.env...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {
@@ -112,6 +115,18 @@ func (d *daemon) start() {
 	}
 	log, _ := os.ReadFile(d.logPath)
 	d.t.Fatalf("daemon did not come up within 60s:\n%s", log)
+}
+
+// waitExit waits (bounded) for a daemon that is expected to die by
+// itself, as at a crash point.
+func (d *daemon) waitExit() {
+	done := make(chan struct{})
+	go func() { _, _ = d.cmd.Process.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		d.t.Fatal("daemon did not crash at its crash point")
+	}
 }
 
 // kill stops the daemon with SIGKILL, as a crash would.

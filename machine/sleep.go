@@ -67,6 +67,9 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 		_ = m.vol.Remove(ctx, tmp)
 		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
+	in.actMu.Lock()
+	lastAct := in.lastAct
+	in.actMu.Unlock()
 	m.stopInstance(ctx, in, false)
 	// The new snapshot is whole: now it replaces the old slot.
 	if err := m.swapSuspend(ctx, name); err != nil {
@@ -75,6 +78,9 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	}
 	_, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
 		v.State, v.Reason = registry.StateSleeping, ""
+		if lastAct.After(v.LastActive) {
+			v.LastActive = lastAct.UTC()
+		}
 		return nil
 	})
 	return err

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -30,6 +31,7 @@ Examples:
 			&cli.StringFlag{Name: "images", EnvVars: []string{image.EnvDir}, Usage: "guest image directory (make image)"},
 			&cli.StringFlag{Name: "default-image", Value: image.Debian, Usage: "root filesystem for VMs created without --image"},
 			&cli.StringFlag{Name: "vmm", Usage: "force a VMM: qemu or cloud-hypervisor (default: choose)"},
+			&cli.DurationFlag{Name: "idle-check", Value: 5 * time.Second, Usage: "how often idle VMs are looked for"},
 			&cli.BoolFlag{Name: "debug", Usage: "log debug messages"},
 		},
 		Action: func(c *cli.Context) error {
@@ -58,6 +60,7 @@ Examples:
 			return daemon.Run(ctx, daemon.Options{
 				StateDir: c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"),
 				Images: imgs, DefaultImage: c.String("default-image"), VMM: c.String("vmm"), Version: version, Logger: log,
+				IdleCheck: c.Duration("idle-check"),
 			})
 		},
 	}
