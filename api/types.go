@@ -51,12 +51,12 @@ type CreateRequest struct {
 // Event is one line of a streamed long operation: progress lines, then
 // exactly one of VM or Error.
 type Event struct {
-	Progress string `json:"progress,omitempty"`
-	Elapsed  string `json:"elapsed,omitempty"`
+	Progress   string      `json:"progress,omitempty"`
+	Elapsed    string      `json:"elapsed,omitempty"`
 	VM         *VM         `json:"vm,omitempty"`
 	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
 	Error      string      `json:"error,omitempty"`
-	Code     string `json:"code,omitempty"`
+	Code       string      `json:"code,omitempty"`
 }
 
 // ErrorBody is the body of every non-2xx answer.
