@@ -46,6 +46,8 @@ type CreateRequest struct {
 	DiskBytes   int64  `json:"disk_bytes,omitempty"`
 	// IdleTimeout is a Go duration ("10m"); "0" never sleeps.
 	IdleTimeout string `json:"idle_timeout,omitempty"`
+	// Cold boots instead of restoring the image's warm base snapshot.
+	Cold bool `json:"cold,omitempty"`
 }
 
 // Event is one line of a streamed long operation: progress lines, then

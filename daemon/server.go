@@ -162,7 +162,7 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 		req.Owner = owner(r)
 	}
 	opts := machine.CreateOptions{Name: req.Name, Owner: req.Owner, Image: req.Image, CPUs: req.CPUs,
-		MemoryBytes: req.MemoryBytes, DiskBytes: req.DiskBytes, IdleTimeout: -1}
+		MemoryBytes: req.MemoryBytes, DiskBytes: req.DiskBytes, IdleTimeout: -1, Cold: req.Cold}
 	if req.IdleTimeout != "" {
 		d, err := time.ParseDuration(req.IdleTimeout)
 		if req.IdleTimeout == "0" {

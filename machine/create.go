@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/denhq/den/agent"
+	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/fsutil"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
@@ -29,6 +30,9 @@ type CreateOptions struct {
 	DiskBytes   int64
 	// IdleTimeout < 0 takes the default; 0 never sleeps.
 	IdleTimeout time.Duration
+	// Cold boots the VM instead of restoring the image's warm base
+	// snapshot.
+	Cold bool
 }
 
 // Progress receives one line per step of a long operation.
@@ -160,18 +164,42 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	defer undo.run()
 	undo.push(func() { _ = m.db.DeleteVM(context.Background(), o.Name) })
 
-	progress("cloning disk from image " + o.Image)
-	undo.push(func() { _ = m.vol.Remove(context.Background(), storage.VMDir(o.Name)) })
-	if err := m.vol.Clone(ctx, base, storage.VMDisk(o.Name)); err != nil {
+	undo.push(func() { m.destroy(context.Background(), o.Name, vm.VMM) })
+	warm := storage.Path("")
+	if !o.Cold {
+		if warm, err = m.warmBase(ctx, vm, sp, progress); err != nil {
+			m.log.Warn("den: no warm base snapshot, booting instead", "image", o.Image, "err", err)
+			warm = ""
+		}
+	}
+	if warm != "" {
+		progress("cloning the warm base of image " + o.Image)
+		err = m.vol.Clone(ctx, warm.Join(checkpoint.DiskFile), storage.VMDisk(o.Name))
+	} else {
+		progress("cloning disk from image " + o.Image)
+		err = m.vol.Clone(ctx, base, storage.VMDisk(o.Name))
+	}
+	if err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: clone disk: %w", o.Name, err)
 	}
 	if err := m.growDisk(o.Name, o.DiskBytes); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
-	progress("booting (" + m.vmmName + ", " + accel + ")")
-	undo.push(func() { m.discardRuntime(o.Name) })
-	if err := m.boot(ctx, vm, sp); err != nil {
-		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
+	if warm != "" {
+		progress("restoring the warm base (" + m.vmmName + ", " + accel + ")")
+		in, err := m.restoreInto(ctx, vm, sp, warm.Join(checkpoint.VMMDir))
+		if err != nil {
+			return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
+		}
+		progress("new identity")
+		if err := m.newIdentity(ctx, in, o.Name); err != nil {
+			return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
+		}
+	} else {
+		progress("booting (" + m.vmmName + ", " + accel + ")")
+		if err := m.boot(ctx, vm, sp); err != nil {
+			return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
+		}
 	}
 	vm, err = m.db.UpdateVM(ctx, o.Name, func(v *registry.VM) error {
 		v.State = registry.StateRunning
@@ -237,7 +265,12 @@ func (m *Manager) growDisk(name string, size int64) error {
 
 // vmmConfig is the VMM config of a VM.
 func (m *Manager) vmmConfig(vm registry.VM, sp spec) (vmm.Config, error) {
-	disk, err := m.vol.Path(storage.VMDisk(vm.Name))
+	return m.vmmConfigDisk(vm, sp, storage.VMDisk(vm.Name))
+}
+
+// vmmConfigDisk is the VMM config of a VM booting from diskPath.
+func (m *Manager) vmmConfigDisk(vm registry.VM, sp spec, diskPath storage.Path) (vmm.Config, error) {
+	disk, err := m.vol.Path(diskPath)
 	if err != nil {
 		return vmm.Config{}, err
 	}

@@ -16,9 +16,12 @@ func createCommand() *cli.Command {
 		Name:      "create",
 		Usage:     "create a VM and boot it",
 		ArgsUsage: "NAME",
-		UsageText: "den create NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--idle-timeout D]",
+		UsageText: "den create NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--idle-timeout D] [--cold]",
 		Description: `NAME is a DNS label (a-z, 0-9, '-'). Sizes take K, M, G, T (powers of 1024).
-The disk is a clone of the image's base disk on the storage volume.
+The disk is a clone of the image's base disk on the storage volume. The VM is
+restored from the image's warm base snapshot (booted once per image and size,
+then reused) with a new identity, so create costs a restore, not a boot;
+--cold boots it instead.
 
 Examples:
    den create box
@@ -29,6 +32,7 @@ Examples:
 			&cli.StringFlag{Name: "memory", Usage: "guest RAM", Value: machine.FormatSize(machine.DefaultMemory)},
 			&cli.StringFlag{Name: "disk", Usage: "disk size (sparse)", Value: machine.FormatSize(machine.DefaultDisk)},
 			&cli.StringFlag{Name: "image", Usage: "root filesystem: debian or minimal (default: the daemon's)"},
+			&cli.BoolFlag{Name: "cold", Usage: "boot instead of restoring the image's warm base snapshot"},
 			&cli.StringFlag{Name: "idle-timeout", Usage: "sleep after this long idle; 0 never", Value: machine.DefaultIdleTimeout.String()},
 		},
 		Action: func(c *cli.Context) error {
@@ -49,7 +53,7 @@ Examples:
 			start := time.Now()
 			vm, err := newClient(c).CreateVM(ctx, api.CreateRequest{
 				Name: name, Image: c.String("image"), CPUs: c.Int("cpus"), MemoryBytes: mem, DiskBytes: disk,
-				IdleTimeout: c.String("idle-timeout"),
+				IdleTimeout: c.String("idle-timeout"), Cold: c.Bool("cold"),
 			}, func(ev api.Event) {
 				if !c.Bool("json") {
 					fmt.Fprintf(os.Stderr, "  %-8s %s\n", ev.Elapsed, ev.Progress)

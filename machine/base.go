@@ -1,0 +1,158 @@
+package machine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/denhq/den/agent"
+	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/registry"
+	"github.com/denhq/den/storage"
+)
+
+// baseMeta is the meta.json of a warm base snapshot.
+type baseMeta struct {
+	Image   string    `json:"image"`
+	Key     string    `json:"key"`
+	CPUs    int       `json:"cpus"`
+	Memory  int64     `json:"memory_bytes"`
+	VMM     string    `json:"vmm"`
+	Created time.Time `json:"created"`
+	BootMS  int64     `json:"boot_ms"`
+}
+
+// baseKey names a warm base: everything the snapshot depends on (image,
+// kernel and initramfs builds, sizes, VMM and accelerator, and the key
+// the guest agent was told to accept).
+func (m *Manager) baseKey(vm registry.VM, sp spec) (string, error) {
+	man, err := m.cfg.Images.Manifest()
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%s\n%d\n%d\n%s\n%s\n", sp.BaseImage, sp.Kernel, vm.CPUs, vm.MemoryBytes, vm.VMM, vm.Accel)
+	for _, a := range man.Artifacts {
+		fmt.Fprintf(h, "%s=%s\n", a.Name, a.Key)
+	}
+	h.Write([]byte(ssh.FingerprintSHA256(m.signer.PublicKey())))
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// warmBase returns the warm base snapshot for a VM's image and sizes,
+// booting and snapshotting it once if there is none: a directory on the
+// volume holding a disk and a VMM snapshot, laid out like a checkpoint.
+// Create then costs a restore, not a boot.
+func (m *Manager) warmBase(ctx context.Context, vm registry.VM, sp spec, progress Progress) (storage.Path, error) {
+	key, err := m.baseKey(vm, sp)
+	if err != nil {
+		return "", err
+	}
+	dir := storage.ImageDir(vm.Image).Join("base-" + key)
+	meta, err := m.vol.Path(dir.Join(checkpoint.MetaFile))
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(meta); err == nil {
+		return dir, nil
+	}
+	m.imageMu.Lock()
+	defer m.imageMu.Unlock()
+	if _, err := os.Stat(meta); err == nil {
+		return dir, nil
+	}
+	progress("warming a base snapshot of image " + vm.Image + " (once per image and size)")
+	start := time.Now()
+	tmp := storage.ImageDir(vm.Image).Join("tmp-base-" + key)
+	if err := m.vol.Remove(ctx, tmp); err != nil {
+		return "", err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = m.vol.Remove(context.Background(), tmp)
+		}
+	}()
+	if err := m.vol.MkdirAll(ctx, tmp.Join(checkpoint.VMMDir)); err != nil {
+		return "", err
+	}
+	if err := m.vol.Clone(ctx, storage.Path(sp.BaseImage), tmp.Join(checkpoint.DiskFile)); err != nil {
+		return "", err
+	}
+	if err := m.snapshotBase(ctx, vm, sp, tmp); err != nil {
+		return "", fmt.Errorf("warm base of image %q: %w", vm.Image, err)
+	}
+	bm := baseMeta{Image: vm.Image, Key: key, CPUs: vm.CPUs, Memory: vm.MemoryBytes, VMM: vm.VMM,
+		Created: time.Now().UTC(), BootMS: time.Since(start).Milliseconds()}
+	tmpMeta, err := m.vol.Path(tmp.Join(checkpoint.MetaFile))
+	if err != nil {
+		return "", err
+	}
+	if err := fsutil.WriteJSONAtomic(tmpMeta, bm, 0o600); err != nil {
+		return "", err
+	}
+	if err := m.vol.Rename(ctx, tmp, dir); err != nil {
+		return "", err
+	}
+	ok = true
+	return dir, nil
+}
+
+// snapshotBase boots a throwaway VM on the base disk in dir, waits for
+// its agent, flushes, and snapshots it into dir/vmm.
+func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir storage.Path) error {
+	bvm := vm
+	bvm.Name = "_base-" + dir.Base()
+	bsp := sp
+	bsp.Cmdline = m.cmdline("den")
+	cfg, err := m.vmmConfigDisk(bvm, bsp, dir.Join(checkpoint.DiskFile))
+	if err != nil {
+		return err
+	}
+	rd := m.state.Run(bvm.Name)
+	m.stopRecorded(bvm.Name)
+	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
+		return err
+	}
+	defer os.RemoveAll(rd.Path())
+	hv := m.newHypervisor(vm.VMM, rd)
+	if err := hv.Start(ctx); err != nil {
+		return err
+	}
+	in := &instance{name: bvm.Name, hv: hv, stopping: make(chan struct{})}
+	defer func() {
+		in.closeAgent()
+		_ = hv.Shutdown(context.Background())
+	}()
+	if err := hv.Create(ctx, cfg); err != nil {
+		return err
+	}
+	if err := hv.Boot(ctx); err != nil {
+		return err
+	}
+	if err := m.connectAgent(ctx, in, m.cfg.BootTimeout); err != nil {
+		return fmt.Errorf("%w%s", err, consoleHint(rd))
+	}
+	c, err := m.agentClient(ctx, in)
+	if err != nil {
+		return err
+	}
+	if code, err := c.Exec(ctx, agent.ExecRequest{CmdLine: "sync"}); err != nil || code != 0 {
+		return fmt.Errorf("sync the base guest: exit %d: %v", code, err)
+	}
+	in.closeAgent()
+	snap, err := m.vol.Path(dir.Join(checkpoint.VMMDir))
+	if err != nil {
+		return err
+	}
+	if err := hv.Pause(ctx); err != nil {
+		return err
+	}
+	return hv.Snapshot(ctx, snap)
+}
