@@ -39,6 +39,9 @@ type Options struct {
 	// IdleCheck is how often the idle monitor looks at the VMs
 	// (default 5 s).
 	IdleCheck time.Duration
+	// SSHListen is the SSH gateway's address (host:port); "" or "off"
+	// runs no gateway.
+	SSHListen string
 	// Ready, if set, is called once the API socket accepts requests.
 	Ready  func()
 	Logger *slog.Logger
@@ -90,9 +93,14 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
+	gw, err := startGateway(o, m, hostKey)
+	if err != nil {
+		return fmt.Errorf("daemon: ssh gateway: %w", err)
+	}
+	defer gw.close()
 	accel, note := m.Accel()
 	info := api.DaemonInfo{Version: o.Version, VMM: m.VMMName(), Accel: accel, AccelNote: note,
-		StateDir: state.Path(), Volume: vol.Root(), Network: m.Network()}
+		StateDir: state.Path(), Volume: vol.Root(), Network: m.Network(), Gateway: gw.addr, GatewayFingerprint: gw.fingerprint}
 	srv := &http.Server{Handler: NewServer(m, info, hostKey, o.Logger), ReadHeaderTimeout: 10 * time.Second}
 
 	ln, err := listenUnix(o.Socket)
@@ -118,6 +126,17 @@ func Run(ctx context.Context, o Options) error {
 	defer cancel()
 	_ = srv.Shutdown(sctx)
 	_ = os.Remove(o.Socket)
+	// Running VMs keep the volume mounted (their disks are on it) and the
+	// next daemon adopts both; with none, the volume is unmounted cleanly.
+	if n := m.Running(); n > 0 {
+		o.Logger.Info("den: stopping; vms keep running and the volume stays mounted", "running", n)
+		return nil
+	}
+	uctx, ucancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer ucancel()
+	if err := vol.Unmount(uctx); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
 	return nil
 }
 

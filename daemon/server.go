@@ -46,6 +46,9 @@ func NewServer(m *machine.Manager, info api.DaemonInfo, hostKey ssh.Signer, log 
 	s.mux.HandleFunc("POST /v1/vms/{name}/fork", s.fork)
 	s.mux.HandleFunc("POST /v1/vms/{name}/sleep", s.sleep)
 	s.mux.HandleFunc("POST /v1/vms/{name}/wake", s.wake)
+	s.mux.HandleFunc("GET /v1/keys", s.listKeys)
+	s.mux.HandleFunc("POST /v1/keys", s.addKey)
+	s.mux.HandleFunc("DELETE /v1/keys", s.removeKey)
 	return s
 }
 

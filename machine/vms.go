@@ -144,3 +144,16 @@ func (m *Manager) Logs(ctx context.Context, name string, w io.Writer) error {
 	}
 	return nil
 }
+
+// Running is the number of VMs with a live VMM process.
+func (m *Manager) Running() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, in := range m.instances {
+		if alive(in) {
+			n++
+		}
+	}
+	return n
+}

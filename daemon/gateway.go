@@ -1,0 +1,83 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/denhq/den/machine"
+	"github.com/denhq/den/sshgw"
+)
+
+// DefaultSSHListen is where the SSH gateway listens unless told
+// otherwise.
+const DefaultSSHListen = "0.0.0.0:2222"
+
+// gateway is the daemon's SSH gateway, if it runs.
+type gateway struct {
+	srv         *sshgw.Server
+	addr        string // "" when off
+	fingerprint string
+}
+
+// startGateway starts the SSH gateway on o.SSHListen ("" or "off": none)
+// with the daemon's gateway host key, backed by m; `ssh den@host` runs
+// this very binary against the API socket.
+func startGateway(o Options, m *machine.Manager, hostKey ssh.Signer) (*gateway, error) {
+	if o.SSHListen == "" || o.SSHListen == "off" {
+		o.Logger.Info("den: ssh gateway off")
+		return &gateway{}, nil
+	}
+	cfg := sshgw.Config{HostKey: hostKey, Backend: gatewayBackend{m}, Logger: o.Logger}
+	den, err := os.Executable()
+	if err == nil {
+		var sock string
+		if sock, err = filepath.Abs(o.Socket); err == nil {
+			cfg.Den = &sshgw.DenCommand{Binary: den, Socket: sock}
+		}
+	}
+	if err != nil {
+		o.Logger.Warn("den: ssh gateway: den@ commands off", "err", err)
+	}
+	srv, err := sshgw.Listen(o.SSHListen, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w (choose another with --ssh-listen ADDR, or off)", err)
+	}
+	g := &gateway{srv: srv, addr: srv.Addr().String(), fingerprint: srv.Fingerprint()}
+	o.Logger.Info("den: ssh gateway", "addr", g.addr, "fingerprint", g.fingerprint)
+	return g, nil
+}
+
+// close stops the gateway and ends its connections.
+func (g *gateway) close() {
+	if g.srv != nil {
+		_ = g.srv.Close()
+	}
+}
+
+// gatewayBackend gives the gateway the registry's keys and the
+// manager's VMs.
+type gatewayBackend struct{ m *machine.Manager }
+
+func (b gatewayBackend) UserForKey(ctx context.Context, fingerprint string) (string, error) {
+	u, err := b.m.UserForKey(ctx, fingerprint)
+	if errors.Is(err, machine.ErrNotFound) {
+		return "", fmt.Errorf("%w: %w", err, sshgw.ErrUnknownKey)
+	}
+	return u, err
+}
+
+func (b gatewayBackend) Open(ctx context.Context, vm, user string) (*sshgw.Upstream, error) {
+	s, err := b.m.Open(ctx, vm, user)
+	if errors.Is(err, machine.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %w", err, sshgw.ErrNoVM)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &sshgw.Upstream{Conn: s.Conn, Done: s.Done, Release: s.Release}, nil
+}

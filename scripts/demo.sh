@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# den's main job, end to end, on a temporary state dir: start a daemon with
+# the embedded volume, create a VM, use it, wreck it and roll it back, fork
+# it, let it sleep and wake it, reach it through the SSH gateway, clean up.
+# Prints what each step took. Run by `make demo` after deps, build, image.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "demo: den needs root (FUSE, VMs): run make demo as root" >&2
+	exit 1
+fi
+IMAGE=${DEN_DEMO_IMAGE:-debian}
+work=$(mktemp -d /tmp/den-demo-XXXXXX)
+export DEN_SOCKET=$work/den.sock
+den=$PWD/bin/den
+daemon_pid=
+key=$work/id_ed25519
+
+cleanup() {
+	status=$?
+	set +e
+	if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
+		for vm in $("$den" ls --json 2>/dev/null | sed -n 's/^    "name": "\(.*\)",$/\1/p'); do
+			"$den" rm --force "$vm" >/dev/null 2>&1
+		done
+		kill -TERM "$daemon_pid"
+		for _ in $(seq 1 100); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.1; done
+	fi
+	if [ $status -eq 0 ]; then
+		rm -rf "$work"
+	else
+		echo "demo: failed; daemon log: $work/daemon.log" >&2
+		tail -n 20 "$work/daemon.log" >&2
+	fi
+	exit $status
+}
+trap cleanup EXIT
+
+# step TITLE CMD...: run a step, show its output indented, and its time.
+step() {
+	local title=$1
+	shift
+	printf '\n\033[1m== %s\033[0m\n   $ %s\n' "$title" "$*"
+	local start end
+	start=$(date +%s%N)
+	"$@" 2>&1 | sed 's/^/   /'
+	end=$(date +%s%N)
+	printf '   (%d ms)\n' $(((end - start) / 1000000))
+	timings+=("$(printf '%-44s %6d ms' "$title" $(((end - start) / 1000000)))")
+}
+timings=()
+
+ssh_port=$((20000 + RANDOM % 20000))
+gateway=
+if "$den" daemon --help 2>&1 | grep -q -- '--ssh-listen'; then
+	gateway="--ssh-listen 127.0.0.1:$ssh_port"
+fi
+# start_daemon: den daemon in the background, waiting for its socket.
+start_daemon() {
+	"$den" daemon --state-dir "$work/state" --socket "$DEN_SOCKET" --images "$PWD/build/images" \
+		--default-image "$IMAGE" $gateway >"$work/daemon.log" 2>&1 &
+	echo $! >"$work/daemon.pid"
+	for _ in $(seq 1 300); do
+		[ -S "$DEN_SOCKET" ] && return 0
+		sleep 0.1
+	done
+	echo "daemon did not start"
+	return 1
+}
+step "start the daemon (embedded JuiceFS volume)" start_daemon
+daemon_pid=$(cat "$work/daemon.pid")
+"$den" info | sed 's/^/   /'
+
+step "create a VM (first: warms the image's base)" "$den" create box
+step "run a command in it" "$den" exec box -- sh -c 'uname -sr; grep -s PRETTY_NAME /etc/os-release || true'
+step "exit status passes through" bash -c "'$den' exec box -- sh -c 'exit 3' || echo \"exit status \$?\""
+step "create a second VM (restores the warm base)" "$den" create box2
+step "write a file and start a process" "$den" exec box -- sh -c 'echo precious > /root/work.txt; sleep 100000 >/dev/null 2>&1 & echo $! > /tmp/worker.pid'
+step "checkpoint memory and disk" "$den" checkpoint box -m "work in progress"
+step "wreck it" "$den" exec box -- sh -c 'rm -f /root/work.txt; kill $(cat /tmp/worker.pid); echo wrecked'
+step "restore the checkpoint" "$den" restore box cp-1
+step "file and process are back" "$den" exec box -- sh -c 'cat /root/work.txt; kill -0 $(cat /tmp/worker.pid) && echo "worker alive"'
+step "fork it" "$den" fork box@cp-1 experiment
+step "the fork has its own identity" "$den" exec experiment -- sh -c 'hostname; cat /root/work.txt'
+step "lineage" "$den" checkpoints box
+step "sleep (no VMM process, no RAM held)" "$den" sleep box
+step "list VMs" "$den" ls
+step "exec wakes it" "$den" exec box -- sh -c 'cat /root/work.txt; kill -0 $(cat /tmp/worker.pid) && echo "worker alive"'
+
+if [ -n "$gateway" ]; then
+	ssh-keygen -q -t ed25519 -N '' -f "$key"
+	"$den" keys add "$key.pub" >/dev/null
+	step "ssh through the gateway (plain OpenSSH)" ssh -p "$ssh_port" -i "$key" -o BatchMode=yes \
+		-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR box@127.0.0.1 'echo hello from $(hostname)'
+fi
+step "remove the VMs" "$den" rm box box2 experiment
+
+printf '\n\033[1m== what each step took (%s, %s)\033[0m\n' "$("$den" info --json | sed -n 's/.*"vmm": "\(.*\)",/\1/p')" "$("$den" info --json | sed -n 's/.*"accel": "\(.*\)",/\1/p')"
+printf '   %s\n' "${timings[@]}"
