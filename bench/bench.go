@@ -1,0 +1,210 @@
+// Package bench measures den's headline numbers the same way every time:
+// it starts a den daemon of its own on a temporary state dir, drives it
+// through the API client, and reports medians with min and max over
+// several runs, per VMM and accelerator.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Options configures a run.
+type Options struct {
+	// Den is the den binary that runs the daemon.
+	Den string
+	// Images is the guest image directory.
+	Images string
+	// Image is the root filesystem benchmarked (default "minimal": under
+	// TCG the Debian image's systemd dominates every figure).
+	Image string
+	// Runs per figure after a warm-up (default 5; quick: 3).
+	Runs int
+	// Quick skips the 2 GiB ratios and the gateway.
+	Quick bool
+	// VMMs to benchmark ("qemu", "cloud-hypervisor"); default: every one
+	// present.
+	VMMs []string
+	// Progress receives a line per step (nil: none).
+	Progress func(string)
+}
+
+// Figure is one measured quantity.
+type Figure struct {
+	Name    string    `json:"name"`
+	VMM     string    `json:"vmm"`
+	Accel   string    `json:"accel"`
+	Memory  string    `json:"memory"`
+	Unit    string    `json:"unit"`
+	Samples []float64 `json:"samples"`
+	Median  float64   `json:"median"`
+	Min     float64   `json:"min"`
+	Max     float64   `json:"max"`
+	Note    string    `json:"note,omitempty"`
+}
+
+// Result is a whole run.
+type Result struct {
+	Host    string             `json:"host"`
+	Date    time.Time          `json:"date"`
+	Machine Machine            `json:"machine"`
+	VMMs    map[string]string  `json:"vmm_versions"`
+	Image   string             `json:"image"`
+	Runs    int                `json:"runs"`
+	Quick   bool               `json:"quick"`
+	Figures []Figure           `json:"figures"`
+	Ratios  map[string]float64 `json:"ratios"`
+	Took    string             `json:"took"`
+}
+
+// Machine describes the host.
+type Machine struct {
+	CPU    string `json:"cpu"`
+	Cores  int    `json:"cores"`
+	Memory string `json:"memory"`
+	Kernel string `json:"kernel"`
+	KVM    string `json:"kvm"`
+}
+
+// figure builds a Figure from durations.
+func figure(name, vmmName, accel, mem string, ds []time.Duration) Figure {
+	f := Figure{Name: name, VMM: vmmName, Accel: accel, Memory: mem, Unit: "ms"}
+	for _, d := range ds {
+		f.Samples = append(f.Samples, float64(d.Microseconds())/1000)
+	}
+	f.Median, f.Min, f.Max = stats(f.Samples)
+	return f
+}
+
+// stats is the median, min and max of xs.
+func stats(xs []float64) (med, lo, hi float64) {
+	if len(xs) == 0 {
+		return 0, 0, 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	n := len(s)
+	med = s[n/2]
+	if n%2 == 0 {
+		med = (s[n/2-1] + s[n/2]) / 2
+	}
+	return med, s[0], s[n-1]
+}
+
+// find returns the median of a figure, 0 if absent.
+func (r *Result) find(name, vmmName, mem string) float64 {
+	for _, f := range r.Figures {
+		if f.Name == name && f.VMM == vmmName && (mem == "" || f.Memory == mem) {
+			return f.Median
+		}
+	}
+	return 0
+}
+
+// ratios computes the machine-independent ratios per VMM.
+func (r *Result) ratios() {
+	r.Ratios = map[string]float64{}
+	for v := range r.VMMs {
+		put := func(name string, a, b float64) {
+			if a > 0 && b > 0 {
+				r.Ratios[v+": "+name] = a / b
+			}
+		}
+		put("wake / cold boot", r.find("wake to running", v, "512M"), r.find("create to exec-ready (cold boot)", v, "512M"))
+		put("checkpoint(2 GiB) / checkpoint(512 MiB)", r.find("checkpoint (memory+disk)", v, "2G"), r.find("checkpoint (memory+disk)", v, "512M"))
+		put("wake(2 GiB) / wake(512 MiB)", r.find("wake to running", v, "2G"), r.find("wake to running", v, "512M"))
+	}
+}
+
+// timed runs f and returns how long it took.
+func timed(f func() error) (time.Duration, error) {
+	start := time.Now()
+	err := f()
+	return time.Since(start), err
+}
+
+// machineInfo reads the host's description.
+func machineInfo(kvm string) Machine {
+	m := Machine{KVM: kvm}
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				m.Cores++
+			}
+		}
+	}
+	if data, err := os.ReadFile("/proc/meminfo"); err == nil {
+		m.Memory = strings.TrimSpace(strings.TrimPrefix(strings.SplitN(string(data), "\n", 2)[0], "MemTotal:"))
+	}
+	if out, err := exec.Command("uname", "-r").Output(); err == nil {
+		m.Kernel = strings.TrimSpace(string(out))
+	}
+	return m
+}
+
+// Run runs every benchmark and returns the figures.
+func Run(ctx context.Context, o Options) (Result, error) {
+	if o.Image == "" {
+		o.Image = "minimal"
+	}
+	if o.Runs <= 0 {
+		o.Runs = 5
+		if o.Quick {
+			o.Runs = 3
+		}
+	}
+	if o.Progress == nil {
+		o.Progress = func(string) {}
+	}
+	host, _ := os.Hostname()
+	res := Result{Host: host, Date: time.Now().UTC(), VMMs: map[string]string{}, Image: o.Image, Runs: o.Runs, Quick: o.Quick}
+	start := time.Now()
+	vmms := o.VMMs
+	if len(vmms) == 0 {
+		vmms = available()
+	}
+	for _, v := range vmms {
+		d, err := startDaemon(ctx, o, v)
+		if err != nil {
+			return res, fmt.Errorf("bench %s: %w", v, err)
+		}
+		info, err := d.client.Info(ctx)
+		if err == nil {
+			res.Machine = machineInfo(info.Accel + ": " + info.AccelNote)
+			res.VMMs[v] = d.version
+		}
+		figs, err := d.runAll(ctx, o, info.Accel)
+		res.Figures = append(res.Figures, figs...)
+		d.stop()
+		if err != nil {
+			return res, fmt.Errorf("bench %s: %w", v, err)
+		}
+	}
+	res.ratios()
+	res.Took = time.Since(start).Round(time.Second).String()
+	return res, nil
+}
+
+// available lists the VMMs present on this host: QEMU always, Cloud
+// Hypervisor when DEN_CH_BINARY or PATH has it.
+func available() []string {
+	out := []string{"qemu"}
+	if b := os.Getenv("DEN_CH_BINARY"); b != "" {
+		out = append(out, "cloud-hypervisor")
+	} else if _, err := exec.LookPath("cloud-hypervisor"); err == nil {
+		out = append(out, "cloud-hypervisor")
+	}
+	return out
+}
+
+// ResultsPath is where a result is kept: bench/results/<host>-<date>.
+func ResultsPath(dir string, r Result) string {
+	return filepath.Join(dir, fmt.Sprintf("%s-%s", r.Host, r.Date.Format("2006-01-02T150405")))
+}

@@ -1,0 +1,418 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/denhq/den/api"
+)
+
+// daemon is the den daemon a benchmark runs against.
+type daemon struct {
+	dir     string
+	cmd     *exec.Cmd
+	client  *api.Client
+	version string
+	vmm     string
+}
+
+// startDaemon starts `den daemon` for one VMM on a fresh state dir, with
+// the gateway on a free loopback port.
+func startDaemon(ctx context.Context, o Options, vmmName string) (*daemon, error) {
+	dir, err := os.MkdirTemp("/tmp", "den-bench-")
+	if err != nil {
+		return nil, err
+	}
+	d := &daemon{dir: dir, vmm: vmmName}
+	sock := filepath.Join(dir, "den.sock")
+	logf, err := os.Create(filepath.Join(dir, "daemon.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	d.cmd = exec.Command(o.Den, "daemon", "--state-dir", filepath.Join(dir, "state"), "--socket", sock,
+		"--images", o.Images, "--default-image", o.Image, "--vmm", vmmName, "--ssh-listen", fmt.Sprintf("127.0.0.1:%d", port))
+	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := d.cmd.Start(); err != nil {
+		return nil, err
+	}
+	d.client = api.NewClient(sock)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if _, err := d.client.Info(ctx); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			d.stop()
+			log, _ := os.ReadFile(filepath.Join(dir, "daemon.log"))
+			return nil, fmt.Errorf("daemon did not start: %s", log)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	d.version = vmmVersion(vmmName)
+	return d, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// vmmVersion is the first line of the VMM's --version.
+func vmmVersion(vmmName string) string {
+	bin := "qemu-system-x86_64"
+	if vmmName == "cloud-hypervisor" {
+		bin = "cloud-hypervisor"
+		if b := os.Getenv("DEN_CH_BINARY"); b != "" {
+			bin = b
+		}
+	}
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+}
+
+// stop removes every VM and stops the daemon (which unmounts the volume).
+func (d *daemon) stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if vms, err := d.client.ListVMs(ctx); err == nil {
+		for _, vm := range vms {
+			_ = d.client.RemoveVM(ctx, vm.Name, true)
+		}
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _, _ = d.cmd.Process.Wait(); close(done) }()
+	select {
+	case <-done:
+		_ = os.RemoveAll(d.dir)
+	case <-time.After(time.Minute):
+		_ = d.cmd.Process.Kill()
+	}
+}
+
+// exec runs a command in a VM through the daemon and returns its stdout.
+func (d *daemon) exec(ctx context.Context, name, cmd string) (string, error) {
+	sc, err := d.client.SSH(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	defer sc.Close()
+	sess, err := sc.NewSession()
+	if err != nil {
+		return "", err
+	}
+	defer sess.Close()
+	var out bytes.Buffer
+	sess.Stdout = &out
+	err = sess.Run(cmd)
+	return out.String(), err
+}
+
+// firstOutput times a command until its first byte of output.
+func (d *daemon) firstOutput(ctx context.Context, name string) (time.Duration, error) {
+	start := time.Now()
+	sc, err := d.client.SSH(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	defer sc.Close()
+	sess, err := sc.NewSession()
+	if err != nil {
+		return 0, err
+	}
+	defer sess.Close()
+	out, err := sess.StdoutPipe()
+	if err != nil {
+		return 0, err
+	}
+	if err := sess.Start("echo ready"); err != nil {
+		return 0, err
+	}
+	b := make([]byte, 1)
+	if _, err := io.ReadFull(out, b); err != nil {
+		return 0, err
+	}
+	took := time.Since(start)
+	_ = sess.Wait()
+	return took, nil
+}
+
+// runAll measures every figure for the daemon's VMM.
+func (d *daemon) runAll(ctx context.Context, o Options, accel string) ([]Figure, error) {
+	var figs []Figure
+	add := func(name, mem string, ds []time.Duration) {
+		if len(ds) > 0 {
+			figs = append(figs, figure(name, d.vmm, accel, mem, ds))
+		}
+	}
+	say := func(s string) { o.Progress(d.vmm + ": " + s) }
+
+	say("warm-up (imports the image, warms its base snapshot)")
+	if _, err := d.client.CreateVM(ctx, api.CreateRequest{Name: "warmup", IdleTimeout: "0"}, nil); err != nil {
+		return figs, err
+	}
+	if _, err := d.exec(ctx, "warmup", "true"); err != nil {
+		return figs, err
+	}
+	_ = d.client.RemoveVM(ctx, "warmup", true)
+
+	var cold, warm []time.Duration
+	for i := 0; i < o.Runs; i++ {
+		say(fmt.Sprintf("create, cold and warm (%d/%d)", i+1, o.Runs))
+		for _, c := range []struct {
+			cold bool
+			ds   *[]time.Duration
+		}{{true, &cold}, {false, &warm}} {
+			name := fmt.Sprintf("c%d-%v", i, c.cold)
+			name = strings.ReplaceAll(name, "true", "cold")
+			name = strings.ReplaceAll(name, "false", "warm")
+			t, err := timed(func() error {
+				if _, err := d.client.CreateVM(ctx, api.CreateRequest{Name: name, Cold: c.cold, IdleTimeout: "0"}, nil); err != nil {
+					return err
+				}
+				_, err := d.firstOutput(ctx, name)
+				return err
+			})
+			if err != nil {
+				return figs, fmt.Errorf("create %s: %w", name, err)
+			}
+			*c.ds = append(*c.ds, t)
+			_ = d.client.RemoveVM(ctx, name, true)
+		}
+	}
+	add("create to exec-ready (cold boot)", "512M", cold)
+	add("create to exec-ready (warm base)", "512M", warm)
+
+	mems := []struct {
+		label string
+		bytes int64
+	}{{"512M", 512 << 20}}
+	if !o.Quick {
+		mems = append(mems, struct {
+			label string
+			bytes int64
+		}{"2G", 2 << 30})
+	}
+	for _, m := range mems {
+		f, err := d.lifecycle(ctx, o, accel, m.label, m.bytes, say)
+		figs = append(figs, f...)
+		if err != nil {
+			return figs, err
+		}
+	}
+	return figs, nil
+}
+
+// lifecycle measures checkpoint, restore, sleep, wake and the gateway on
+// one VM of the given memory size.
+func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, mem int64, say func(string)) ([]Figure, error) {
+	name := "b" + strings.ToLower(label)
+	if _, err := d.client.CreateVM(ctx, api.CreateRequest{Name: name, MemoryBytes: mem, IdleTimeout: "0"}, nil); err != nil {
+		return nil, err
+	}
+	// Give the guest something in memory, as a working VM has.
+	if _, err := d.exec(ctx, name, "dd if=/dev/urandom of=/tmp/ballast bs=1M count=64 2>/dev/null; sync"); err != nil {
+		return nil, err
+	}
+	var cpMem, cpDisk, restore, sleep, wake, wakeExec, clone []time.Duration
+	var sleepingRSS []float64
+	for i := 0; i < o.Runs; i++ {
+		say(fmt.Sprintf("%s: checkpoint, restore, sleep, wake (%d/%d)", label, i+1, o.Runs))
+		var id string
+		t, err := timed(func() error {
+			cp, err := d.client.Checkpoint(ctx, name, api.CheckpointRequest{}, nil)
+			id = cp.ID
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: %w", err)
+		}
+		cpMem = append(cpMem, t)
+		if t, err = timed(func() error {
+			_, err := d.client.Checkpoint(ctx, name, api.CheckpointRequest{DiskOnly: true}, nil)
+			return err
+		}); err != nil {
+			return nil, fmt.Errorf("disk-only checkpoint: %w", err)
+		}
+		cpDisk = append(cpDisk, t)
+		if t, err = timed(func() error {
+			_, err := d.client.Restore(ctx, name, api.RestoreRequest{Checkpoint: id, NoSave: true}, nil)
+			return err
+		}); err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+		restore = append(restore, t)
+		if t, err = timed(func() error { _, err := d.client.Sleep(ctx, name, api.SleepRequest{}); return err }); err != nil {
+			return nil, fmt.Errorf("sleep: %w", err)
+		}
+		sleep = append(sleep, t)
+		rss, err := d.vmmRSS(name)
+		if err != nil {
+			return nil, err
+		}
+		sleepingRSS = append(sleepingRSS, float64(rss))
+		if t, err = timed(func() error { _, err := d.client.Wake(ctx, name); return err }); err != nil {
+			return nil, fmt.Errorf("wake: %w", err)
+		}
+		wake = append(wake, t)
+		if _, err := d.client.Sleep(ctx, name, api.SleepRequest{}); err != nil {
+			return nil, err
+		}
+		if t, err = d.firstOutput(ctx, name); err != nil {
+			return nil, fmt.Errorf("wake by exec: %w", err)
+		}
+		wakeExec = append(wakeExec, t)
+		if t, err = d.cloneDisk(ctx, name, i); err == nil {
+			clone = append(clone, t)
+		}
+	}
+	figs := []Figure{
+		figure("checkpoint (memory+disk)", d.vmm, accel, label, cpMem),
+		figure("checkpoint (disk-only)", d.vmm, accel, label, cpDisk),
+		figure("restore (memory+disk, to running)", d.vmm, accel, label, restore),
+		figure("sleep", d.vmm, accel, label, sleep),
+		figure("wake to running", d.vmm, accel, label, wake),
+		figure("wake to first exec output", d.vmm, accel, label, wakeExec),
+	}
+	if len(clone) > 0 {
+		figs = append(figs, figure("clone of the VM disk (juicefs clone)", d.vmm, accel, label, clone))
+	}
+	rss := Figure{Name: "host memory held by the sleeping VM's VMM", VMM: d.vmm, Accel: accel, Memory: label,
+		Unit: "bytes", Samples: sleepingRSS, Note: "resident memory of processes for the VM while it sleeps"}
+	rss.Median, rss.Min, rss.Max = stats(rss.Samples)
+	figs = append(figs, rss)
+	if !o.Quick {
+		g, err := d.gateway(ctx, o, accel, label, name, say)
+		if err != nil {
+			return figs, err
+		}
+		figs = append(figs, g...)
+	}
+	_ = d.client.RemoveVM(ctx, name, true)
+	return figs, nil
+}
+
+// vmmRSS sums the resident memory of processes whose command line names
+// the VM's runtime directory: while it sleeps there must be none.
+func (d *daemon) vmmRSS(name string) (int64, error) {
+	run := filepath.Join(d.dir, "state", "run", name)
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, e := range ents {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !bytes.Contains(cmdline, []byte(run+"/")) {
+			continue
+		}
+		status, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		for _, line := range strings.Split(string(status), "\n") {
+			var kb int64
+			if _, err := fmt.Sscanf(line, "VmRSS: %d kB", &kb); err == nil {
+				total += kb << 10
+			}
+		}
+	}
+	return total, nil
+}
+
+// cloneDisk times a metadata-only clone of the VM's disk on the volume.
+func (d *daemon) cloneDisk(ctx context.Context, name string, i int) (time.Duration, error) {
+	info, err := d.client.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	juicefs := os.Getenv("DEN_JUICEFS")
+	if juicefs == "" {
+		juicefs = filepath.Join(filepath.Dir(os.Args[0]), "juicefs")
+	}
+	src := filepath.Join(info.Volume, "vms", name, "disk")
+	dst := filepath.Join(info.Volume, "vms", name, fmt.Sprintf("bench-clone-%d", i))
+	t, err := timed(func() error { return exec.CommandContext(ctx, juicefs, "clone", src, dst).Run() })
+	_ = os.Remove(dst)
+	return t, err
+}
+
+// gateway times ssh connect to first output through the SSH gateway,
+// for the VM running and asleep.
+func (d *daemon) gateway(ctx context.Context, o Options, accel, label, name string, say func(string)) ([]Figure, error) {
+	info, err := d.client.Info(ctx)
+	if err != nil || info.Gateway == "" {
+		return nil, nil
+	}
+	if _, err := exec.LookPath("ssh"); err != nil {
+		return nil, nil
+	}
+	key := filepath.Join(d.dir, "id_ed25519")
+	if _, err := os.Stat(key); err != nil {
+		if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("ssh-keygen: %v: %s", err, out)
+		}
+		pub, _ := os.ReadFile(key + ".pub")
+		if _, err := d.client.AddKey(ctx, api.AddKeyRequest{PublicKey: string(pub)}); err != nil {
+			return nil, err
+		}
+	}
+	host, port, _ := net.SplitHostPort(info.Gateway)
+	sshRun := func() (time.Duration, error) {
+		cmd := exec.CommandContext(ctx, "ssh", "-p", port, "-i", key, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+			"-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", name+"@"+host, "echo ready")
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		b := make([]byte, 1)
+		_, rerr := io.ReadFull(out, b)
+		took := time.Since(start)
+		werr := cmd.Wait()
+		return took, errors.Join(rerr, werr)
+	}
+	var running, sleeping []time.Duration
+	for i := 0; i < o.Runs; i++ {
+		say(fmt.Sprintf("%s: ssh through the gateway (%d/%d)", label, i+1, o.Runs))
+		t, err := sshRun()
+		if err != nil {
+			return nil, fmt.Errorf("ssh to a running vm: %w", err)
+		}
+		running = append(running, t)
+		if _, err := d.client.Sleep(ctx, name, api.SleepRequest{}); err != nil {
+			return nil, err
+		}
+		if t, err = sshRun(); err != nil {
+			return nil, fmt.Errorf("ssh to a sleeping vm: %w", err)
+		}
+		sleeping = append(sleeping, t)
+	}
+	return []Figure{
+		figure("ssh connect to first output (running)", d.vmm, accel, label, running),
+		figure("ssh connect to first output (sleeping)", d.vmm, accel, label, sleeping),
+	}, nil
+}

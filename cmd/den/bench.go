@@ -1,0 +1,73 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/denhq/den/bench"
+	"github.com/denhq/den/image"
+)
+
+func benchCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "bench",
+		Usage:     "measure den's headline numbers (medians over several runs)",
+		UsageText: "den bench [--quick] [--runs N] [--image NAME] [--vmm NAME]... [--json] [--out DIR]",
+		Description: `Starts a den daemon of its own on a temporary state dir (root), and measures
+create (cold and from the warm base), checkpoint, restore, sleep, wake, ssh
+through the gateway and disk clones, for each VMM present. Writes the figures
+to DIR as JSON and Markdown (docs/benchmarks.md explains them).
+
+Examples:
+   den bench --quick
+   den bench --runs 7 --json > result.json`,
+		Flags: []cli.Flag{
+			jsonFlag,
+			&cli.BoolFlag{Name: "quick", Usage: "3 runs, no 2 GiB ratios, no gateway (about 3 minutes)"},
+			&cli.IntFlag{Name: "runs", Usage: "runs per figure after a warm-up (default 5, quick 3)"},
+			&cli.StringFlag{Name: "image", Value: image.Minimal, Usage: "guest image"},
+			&cli.StringSliceFlag{Name: "vmm", Usage: "VMMs to measure (default: every one present)"},
+			&cli.StringFlag{Name: "images", EnvVars: []string{image.EnvDir}, Usage: "guest image directory"},
+			&cli.StringFlag{Name: "out", Value: "bench/results", Usage: "where results are written"},
+		},
+		Action: func(c *cli.Context) error {
+			self, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			imgs := c.String("images")
+			if imgs == "" {
+				d, err := image.DefaultDir()
+				if err != nil {
+					return err
+				}
+				imgs = d.Path()
+			}
+			if imgs, err = filepath.Abs(imgs); err != nil {
+				return err
+			}
+			ctx, cancel := withSignals(c)
+			defer cancel()
+			res, err := bench.Run(ctx, bench.Options{
+				Den: self, Images: imgs, Image: c.String("image"), Runs: c.Int("runs"), Quick: c.Bool("quick"),
+				VMMs: c.StringSlice("vmm"),
+				Progress: func(s string) { fmt.Fprintln(os.Stderr, "bench: "+s) },
+			})
+			if err != nil {
+				return err
+			}
+			path, err := bench.Save(c.String("out"), res)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(os.Stderr, "bench: results in "+path+" (and .md)")
+			if c.Bool("json") {
+				return printJSON(res)
+			}
+			return bench.WriteTable(os.Stdout, res)
+		},
+	}
+}

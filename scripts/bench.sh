@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# make bench: den's headline figures (den bench), then the storage
+# figures. BENCH_ARGS passes options to den bench (e.g. --quick).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" -ne 0 ]; then
+	echo "bench: den needs root (FUSE, VMs): run make bench as root" >&2
+	exit 1
+fi
+export DEN_JUICEFS="$PWD/bin/juicefs"
+# shellcheck disable=SC2086
+bin/den bench ${BENCH_ARGS:-}
+if [ -x scripts/bench-storage.sh ]; then
+	scripts/bench-storage.sh
+fi
