@@ -53,7 +53,7 @@ Examples:
 			defer cancel()
 			res, err := bench.Run(ctx, bench.Options{
 				Den: self, Images: imgs, Image: c.String("image"), Runs: c.Int("runs"), Quick: c.Bool("quick"),
-				VMMs: c.StringSlice("vmm"),
+				VMMs:     c.StringSlice("vmm"),
 				Progress: func(s string) { fmt.Fprintln(os.Stderr, "bench: "+s) },
 			})
 			if err != nil {
