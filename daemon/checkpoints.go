@@ -27,8 +27,7 @@ func toAPICheckpoint(c registry.Checkpoint) api.Checkpoint {
 
 func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if _, err := s.getOwned(r, name); err != nil {
-		writeError(w, err)
+	if !s.owned(w, r, name) {
 		return
 	}
 	cps, head, err := s.m.Checkpoints(r.Context(), name)
@@ -51,8 +50,7 @@ func (s *Server) createCheckpoint(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	if _, err := s.getOwned(r, name); err != nil {
-		writeError(w, err)
+	if !s.owned(w, r, name) {
 		return
 	}
 	s.stream(w, r, func(ctx context.Context, progress machine.Progress) (api.Event, error) {
@@ -68,8 +66,7 @@ func (s *Server) createCheckpoint(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) deleteCheckpoint(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if _, err := s.getOwned(r, name); err != nil {
-		writeError(w, err)
+	if !s.owned(w, r, name) {
 		return
 	}
 	if err := s.m.DeleteCheckpoint(r.Context(), name, r.PathValue("id")); err != nil {
@@ -85,8 +82,7 @@ func (s *Server) restore(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	if _, err := s.getOwned(r, name); err != nil {
-		writeError(w, err)
+	if !s.owned(w, r, name) {
 		return
 	}
 	s.stream(w, r, func(ctx context.Context, progress machine.Progress) (api.Event, error) {
@@ -107,8 +103,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	if _, err := s.getOwned(r, src); err != nil {
-		writeError(w, err)
+	if !s.owned(w, r, src) {
 		return
 	}
 	s.stream(w, r, func(ctx context.Context, progress machine.Progress) (api.Event, error) {
@@ -126,8 +121,7 @@ func (s *Server) sleep(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	if _, err := s.getOwned(r, name); err != nil {
-		writeError(w, err)
+	if !s.owned(w, r, name) {
 		return
 	}
 	if err := s.m.Sleep(context.WithoutCancel(r.Context()), name, req.Force); err != nil {
@@ -139,8 +133,7 @@ func (s *Server) sleep(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) wake(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if _, err := s.getOwned(r, name); err != nil {
-		writeError(w, err)
+	if !s.owned(w, r, name) {
 		return
 	}
 	if err := s.m.Wake(context.WithoutCancel(r.Context()), name); err != nil {
