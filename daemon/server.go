@@ -109,6 +109,16 @@ func (s *Server) getOwned(r *http.Request, name string) (machine.Status, error) 
 	return st, err
 }
 
+// owned answers "not found" itself (true: go on) unless the request's
+// owner may use the VM.
+func (s *Server) owned(w http.ResponseWriter, r *http.Request, name string) bool {
+	if _, err := s.getOwned(r, name); err != nil {
+		writeError(w, err)
+		return false
+	}
+	return true
+}
+
 func (s *Server) listVMs(w http.ResponseWriter, r *http.Request) {
 	sts, err := s.m.List(r.Context(), owner(r))
 	if err != nil {
@@ -132,8 +142,7 @@ func (s *Server) getVM(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) removeVM(w http.ResponseWriter, r *http.Request) {
-	if _, err := s.getOwned(r, r.PathValue("name")); err != nil {
-		writeError(w, err)
+	if !s.owned(w, r, r.PathValue("name")) {
 		return
 	}
 	if err := s.m.Remove(r.Context(), r.PathValue("name"), r.URL.Query().Get("force") == "1"); err != nil {
@@ -145,8 +154,7 @@ func (s *Server) removeVM(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if _, err := s.getOwned(r, r.PathValue("name")); err != nil {
-		writeError(w, err)
+	if !s.owned(w, r, r.PathValue("name")) {
 		return
 	}
 	_ = s.m.Logs(r.Context(), r.PathValue("name"), w)
