@@ -120,6 +120,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		db.Close()
 		return nil, err
 	}
+	go m.watchVolume()
 	return m, nil
 }
 

@@ -157,3 +157,32 @@ func (m *Manager) Running() int {
 	}
 	return n
 }
+
+// watchVolume tells the log which VMs a volume outage touches: their
+// disks are files on it, and a VMM's open disk does not survive the mount
+// process dying (the supervisor remounts the volume for new opens).
+func (m *Manager) watchVolume() {
+	events, stop := m.vol.Subscribe()
+	defer stop()
+	for {
+		select {
+		case <-m.closed:
+			return
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			if ev.Kind != storage.EventLost && ev.Kind != storage.EventRemounted {
+				continue
+			}
+			var names []string
+			m.mu.Lock()
+			for name := range m.instances {
+				names = append(names, name)
+			}
+			m.mu.Unlock()
+			m.log.Warn("den: storage volume "+string(ev.Kind)+"; running vms may see disk errors until they are restarted",
+				"vms", strings.Join(names, ","), "detail", ev.Detail, "err", ev.Err)
+		}
+	}
+}
