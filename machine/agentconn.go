@@ -53,6 +53,10 @@ func (m *Manager) connectAgent(ctx context.Context, in *instance, timeout time.D
 // agentClient returns the instance's agent connection, redialing it when
 // it broke (the agent restarted, a restore reset the channel).
 func (m *Manager) agentClient(ctx context.Context, in *instance) (*agent.Client, error) {
+	// One redial at a time: a QEMU guest channel takes one connection,
+	// and a second dial would wait for the first, then replace it.
+	in.dialMu.Lock()
+	defer in.dialMu.Unlock()
 	in.agentMu.Lock()
 	c := in.agent
 	in.agentMu.Unlock()

@@ -24,7 +24,9 @@ func (m *Manager) lockVM(ctx context.Context, name string) (func(), error) {
 	for {
 		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
+			m.setBusy(name, 1)
 			return func() {
+				m.setBusy(name, -1)
 				_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
 				f.Close()
 			}, nil
@@ -40,4 +42,22 @@ func (m *Manager) lockVM(ctx context.Context, name string) (func(), error) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// setBusy counts operations holding a VM's lock.
+func (m *Manager) setBusy(name string, d int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.busy[name] += d
+	if m.busy[name] <= 0 {
+		delete(m.busy, name)
+	}
+}
+
+// isBusy says whether an operation holds the VM's lock: its record and
+// processes are then in flux, and only that operation may reconcile them.
+func (m *Manager) isBusy(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.busy[name] > 0
 }

@@ -79,6 +79,7 @@ type Manager struct {
 
 	mu        sync.Mutex
 	instances map[string]*instance
+	busy      map[string]int // VMs an operation holds the lock of
 	closed    chan struct{}
 }
 
@@ -110,7 +111,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m := &Manager{
 		cfg: cfg, state: cfg.State, db: db, vol: cfg.Volume, signer: signer, log: cfg.Logger,
-		kvm: vmm.DetectKVM(), instances: map[string]*instance{}, closed: make(chan struct{}),
+		kvm: vmm.DetectKVM(), instances: map[string]*instance{}, busy: map[string]int{}, closed: make(chan struct{}),
 	}
 	if err := m.chooseVMM(); err != nil {
 		db.Close()
@@ -219,6 +220,7 @@ type instance struct {
 	hv       vmm.Hypervisor
 	stopping chan struct{} // closed when den itself stops the VMM
 
+	dialMu  sync.Mutex // serialises redials of the agent
 	agentMu sync.Mutex
 	agent   *agent.Client
 

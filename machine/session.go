@@ -40,15 +40,19 @@ func (m *Manager) Open(ctx context.Context, name, owner string) (*Session, error
 	if err != nil {
 		return nil, err
 	}
-	c, err := m.agentClient(ctx, in)
-	if err != nil {
-		return nil, fmt.Errorf("vm %q: %w", name, err)
-	}
+	// Counted before the dial, so that a sleep starting now refuses.
 	in.actMu.Lock()
 	in.sessions++
 	in.lastAct = time.Now()
 	in.actMu.Unlock()
-	return &Session{Conn: c.SSH(), Done: c.Done(), in: in}, nil
+	s := &Session{in: in}
+	c, err := m.agentClient(ctx, in)
+	if err != nil {
+		s.Release()
+		return nil, fmt.Errorf("vm %q: %w", name, err)
+	}
+	s.Conn, s.Done = c.SSH(), c.Done()
+	return s, nil
 }
 
 // ensureRunning returns the running instance of a VM, booting a stopped
@@ -61,7 +65,8 @@ func (m *Manager) ensureRunning(ctx context.Context, name, owner string) (*insta
 	if owner != "" && vm.Owner != owner {
 		return nil, fmt.Errorf("no vm named %q: %w", name, ErrNotFound)
 	}
-	if in := m.instance(name); in != nil && alive(in) {
+	// The fast path: running, and no operation (sleep, restore) under way.
+	if in := m.instance(name); in != nil && alive(in) && !m.isBusy(name) {
 		return in, nil
 	}
 	unlock, err := m.lockVM(ctx, name)

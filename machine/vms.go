@@ -59,7 +59,7 @@ func (m *Manager) status(ctx context.Context, vm registry.VM) Status {
 		st.DiskUsed = u.Data
 	}
 	in := m.instance(vm.Name)
-	if vm.State == registry.StateRunning {
+	if vm.State == registry.StateRunning && !m.isBusy(vm.Name) {
 		if in == nil || !alive(in) {
 			reason := "vmm process not found"
 			if in != nil && in.hv.ExitErr() != nil {
@@ -69,6 +69,8 @@ func (m *Manager) status(ctx context.Context, vm registry.VM) Status {
 			st.State, st.Reason = registry.StateStopped, reason
 			return st
 		}
+	}
+	if vm.State == registry.StateRunning && in != nil {
 		st.PID = in.hv.PID()
 		in.actMu.Lock()
 		if in.sessions > 0 {
