@@ -78,6 +78,10 @@ type DaemonInfo struct {
 	StateDir  string `json:"state_dir"`
 	Volume    string `json:"volume"`
 	Network   string `json:"network"`
+	// Gateway is the SSH gateway's address ("" when it is off);
+	// GatewayFingerprint its host key's SHA256 fingerprint.
+	Gateway            string `json:"gateway,omitempty"`
+	GatewayFingerprint string `json:"gateway_fingerprint,omitempty"`
 }
 
 // Errors a client can test for with errors.Is; the daemon maps its

@@ -95,7 +95,8 @@ func (d *daemon) start() {
 	}
 	defer logf.Close()
 	d.cmd = exec.Command(d.den, "daemon", "--state-dir", d.state, "--socket", d.socket,
-		"--images", d.images.Path(), "--default-image", image.Minimal, "--idle-check", "1s")
+		"--images", d.images.Path(), "--default-image", image.Minimal, "--idle-check", "1s",
+		"--ssh-listen", "127.0.0.1:0") // a port of its own: tests run side by side
 	d.cmd.Env = append(os.Environ(), d.env...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -11,13 +11,19 @@ var dnsLabel = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
 // ValidateName checks that a VM name is a DNS label: 1 to 63 lower-case
 // letters, digits and hyphens, not starting or ending with a hyphen. VM
-// names become hostnames and SSH user names.
+// names become hostnames and SSH user names; "den" is reserved.
 func ValidateName(name string) error {
 	if !dnsLabel.MatchString(name) {
 		return fmt.Errorf("bad vm name %q: use 1-63 lower-case letters, digits and '-', starting and ending with a letter or digit: %w", name, ErrInvalid)
 	}
+	if reserved[name] {
+		return fmt.Errorf("vm name %q is reserved (ssh den@host runs den verbs): %w", name, ErrInvalid)
+	}
 	return nil
 }
+
+// reserved names mean something else to the SSH gateway.
+var reserved = map[string]bool{"den": true}
 
 // ParseSize reads a size such as "512M", "2G", "1.5GiB" or "1073741824"
 // (bytes); units are powers of 1024.

@@ -105,19 +105,23 @@ func RelayChannel(nc ssh.NewChannel, upstream Opener, h Hooks) {
 // passed on, so a client always sees the exit status before the close.
 func Relay(down ssh.Channel, downReqs <-chan *ssh.Request, up ssh.Channel, upReqs <-chan *ssh.Request) {
 	var upDone sync.WaitGroup // what must finish before down is closed
-	upDone.Add(3)
+	upDone.Add(2)
 	go func() { // upstream requests -> downstream (exit-status, eow...)
 		defer upDone.Done()
 		forwardRequests(upReqs, down)
 	}()
-	go func() { // upstream stdout -> downstream
+	go func() { // upstream stdout and stderr -> downstream, then EOF
 		defer upDone.Done()
+		var outs sync.WaitGroup
+		outs.Add(1)
+		go func() {
+			defer outs.Done()
+			_, _ = io.Copy(down.Stderr(), up.Stderr())
+		}()
 		_, _ = io.Copy(down, up)
+		// Not before stderr is through: nothing is sent after an EOF.
+		outs.Wait()
 		_ = down.CloseWrite()
-	}()
-	go func() { // upstream stderr -> downstream
-		defer upDone.Done()
-		_, _ = io.Copy(down.Stderr(), up.Stderr())
 	}()
 	go func() { // downstream requests -> upstream (pty-req, exec, window-change...)
 		forwardRequests(downReqs, up)

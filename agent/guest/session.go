@@ -279,8 +279,9 @@ func (ss *session) runSFTP() exitInfo {
 	if err != nil {
 		return ss.fail("sftp: %v", err)
 	}
+	// Not srv.Close(): it closes the channel, and the exit status that
+	// exit sends next would be lost (scp and sftp then fail).
 	err = srv.Serve()
-	srv.Close()
 	if err != nil && err != io.EOF {
 		ss.log.Info("sftp session ended", "err", err)
 		return exitInfo{code: 1}

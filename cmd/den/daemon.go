@@ -17,13 +17,16 @@ func daemonCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "daemon",
 		Usage:     "run the den daemon in the foreground (root)",
-		UsageText: "den daemon [--state-dir DIR] [--socket PATH] [--volume-config FILE] [--images DIR]",
-		Description: `Serves the API on a unix socket (mode 0600). VMs keep running when the
+		UsageText: "den daemon [--state-dir DIR] [--socket PATH] [--volume-config FILE] [--images DIR] [--ssh-listen ADDR|off]",
+		Description: `Serves the API on a unix socket (mode 0600) and the SSH gateway on
+--ssh-listen (public-key logins: den keys add). VMs keep running when the
 daemon stops; the next daemon adopts them. See docs/api.md and den.service.
 
 Examples:
    den daemon
-   den daemon --state-dir /tmp/den --socket /tmp/den/den.sock --default-image minimal`,
+   den daemon --state-dir /tmp/den --socket /tmp/den/den.sock --default-image minimal
+   den daemon --ssh-listen 127.0.0.1:2222     # the SSH gateway on loopback only
+   den daemon --ssh-listen off`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "state-dir", Value: "/var/lib/den", Usage: "den's local state"},
 			&cli.StringFlag{Name: "socket", Value: api.DefaultSocket, EnvVars: []string{"DEN_SOCKET"}, Usage: "API unix socket"},
@@ -32,6 +35,7 @@ Examples:
 			&cli.StringFlag{Name: "default-image", Value: image.Debian, Usage: "root filesystem for VMs created without --image"},
 			&cli.StringFlag{Name: "vmm", Usage: "force a VMM: qemu or cloud-hypervisor (default: choose)"},
 			&cli.DurationFlag{Name: "idle-check", Value: 5 * time.Second, Usage: "how often idle VMs are looked for"},
+			&cli.StringFlag{Name: "ssh-listen", Value: daemon.DefaultSSHListen, Usage: "SSH gateway address (ssh -p 2222 VM@host); off: no gateway"},
 			&cli.BoolFlag{Name: "debug", Usage: "log debug messages"},
 		},
 		Action: func(c *cli.Context) error {
@@ -60,7 +64,7 @@ Examples:
 			return daemon.Run(ctx, daemon.Options{
 				StateDir: c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"),
 				Images: imgs, DefaultImage: c.String("default-image"), VMM: c.String("vmm"), Version: version, Logger: log,
-				IdleCheck: c.Duration("idle-check"),
+				IdleCheck: c.Duration("idle-check"), SSHListen: c.String("ssh-listen"),
 			})
 		},
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/denhq/den/api"
 	"github.com/denhq/den/machine"
 )
 
@@ -13,12 +14,14 @@ func infoCommand() *cli.Command {
 		Name:      "info",
 		Usage:     "show a VM, or the daemon when no name is given",
 		ArgsUsage: "[NAME]",
-		UsageText: "den info [NAME] [--json]",
+		UsageText: "den info [NAME] [--json] | den info --gateway",
 		Description: `Examples:
    den info box
-   den info            # the daemon: VMM, accelerator, volume, network
-   den info box --json`,
-		Flags: []cli.Flag{socketFlag, jsonFlag},
+   den info            # the daemon: VMM, accelerator, volume, network, gateway
+   den info box --json
+   den info --gateway  # the SSH gateway's address and host key fingerprint`,
+		Flags: []cli.Flag{socketFlag, jsonFlag,
+			&cli.BoolFlag{Name: "gateway", Usage: "print the SSH gateway's address and host key fingerprint"}},
 		Action: func(c *cli.Context) error {
 			cl := newClient(c)
 			if c.NArg() == 0 {
@@ -26,12 +29,18 @@ func infoCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
+				if c.Bool("gateway") {
+					return printGateway(info, c.Bool("json"))
+				}
 				if c.Bool("json") {
 					return printJSON(info)
 				}
 				fmt.Printf("version:  %s\nvmm:      %s\naccel:    %s (%s)\nstate:    %s\nvolume:   %s\nnetwork:  %s\n",
 					info.Version, info.VMM, info.Accel, info.AccelNote, info.StateDir, info.Volume, info.Network)
-				return nil
+				return printGateway(info, false)
+			}
+			if c.Bool("gateway") {
+				return cli.Exit("den info: --gateway takes no VM name", 2)
 			}
 			vm, err := cl.GetVM(c.Context, c.Args().First())
 			if err != nil {
@@ -55,4 +64,20 @@ func infoCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// printGateway prints the SSH gateway's address and host key.
+func printGateway(info api.DaemonInfo, asJSON bool) error {
+	if asJSON {
+		return printJSON(struct {
+			Gateway     string `json:"gateway"`
+			Fingerprint string `json:"fingerprint"`
+		}{info.Gateway, info.GatewayFingerprint})
+	}
+	if info.Gateway == "" {
+		fmt.Println("gateway:  off (den daemon --ssh-listen ADDR)")
+		return nil
+	}
+	fmt.Printf("gateway:  %s\nhost key: %s\n", info.Gateway, info.GatewayFingerprint)
+	return nil
 }

@@ -31,13 +31,15 @@ Examples:
    den restore box cp-1
    den fork box@cp-1 box2
    den sleep box
+   den keys add ~/.ssh/id_ed25519.pub   # then: ssh -p 2222 box@host
    den ls
    den rm box
    den doctor                   # what this host offers den`,
 		Commands: []*cli.Command{
 			createCommand(), lsCommand(), infoCommand(), execCommand(), sshCommand(), logsCommand(), rmCommand(),
 			checkpointCommand(), checkpointsCommand(), restoreCommand(), forkCommand(), sleepCommand(), wakeCommand(),
-			daemonCommand(), doctorCommand(),
+			keysCommand(),
+			daemonCommand(), doctorCommand(), benchCommand(),
 		},
 		HideHelpCommand: true,
 	}

@@ -1,0 +1,30 @@
+// Package sshgw is den's SSH gateway: an SSH server (gliderlabs/ssh) on a
+// port of its own through which plain OpenSSH clients reach their VMs
+// with no den client installed.
+//
+//	ssh -p 2222 box@host          a shell in the VM "box" (woken if asleep)
+//	ssh -p 2222 box@host make     exec, with its exit status
+//	sftp -P 2222 box@host         sftp (and scp, which speaks sftp)
+//	ssh -p 2222 -L 8080:localhost:80 box@host
+//	ssh -p 2222 den@host ls       den's own verbs, for the key's user
+//
+// Authentication is by public key only; every registered key belongs to
+// one user (Backend.UserForKey), and the SSH user name is the VM to reach.
+// After authentication the connection claims the VM once, lazily at its
+// first channel (Backend.Open starts or wakes it and keeps it counted as
+// active until the connection ends), and relays each "session" and
+// "direct-tcpip" channel, with its requests and exit status, to the VM's
+// guest agent (sshproxy.RelayChannel).
+//
+// A VM that does not exist and a VM of another user give the same one
+// line, so the gateway tells nobody what other users have. Unknown keys
+// get OpenSSH's own "Permission denied (publickey)". Agent forwarding
+// (-A) is refused with a message: the guest agent opens its agent
+// channels on the one connection the daemon shares between every
+// session of a VM, with nothing that says which client they belong to.
+//
+// The user name "den" is not a VM: `ssh den@host VERB ARGS` runs the den
+// binary itself with VERB ARGS (split shell-like, no shell) against the
+// daemon's socket, scoped to the key's user, so its output is the CLI's.
+// Only verbs that act through the API are allowed (DefaultDenVerbs).
+package sshgw

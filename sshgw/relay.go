@@ -1,0 +1,198 @@
+package sshgw
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	gliderssh "github.com/gliderlabs/ssh"
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/denhq/den/sshproxy"
+)
+
+// connState is one client connection's: its handshake, the keys looked up
+// for it, and its claim on the VM.
+type connState struct {
+	authed      atomic.Bool
+	timer       *time.Timer
+	releaseSlot func()
+
+	mu     sync.Mutex
+	keys   map[string]string // fingerprint -> user, for this handshake
+	once   sync.Once
+	up     *Upstream
+	err    error
+	closed bool
+}
+
+// open claims the VM once per connection, at its first channel; first
+// says whether this call made the claim.
+func (st *connState) open(ctx context.Context, b Backend, vm, user string) (up *Upstream, first bool, err error) {
+	st.once.Do(func() {
+		first = true
+		up, err := b.Open(ctx, vm, user)
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		switch {
+		case err != nil:
+			st.err = err
+		case st.closed: // the client left while the VM woke
+			up.Release()
+			st.err = errors.New("connection closed")
+		default:
+			st.up = up
+		}
+	})
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.err == nil && st.up == nil {
+		return nil, first, errors.New("connection closed")
+	}
+	return st.up, first, st.err
+}
+
+// close releases the VM claim when the connection has ended.
+func (st *connState) close() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.closed = true
+	if st.up != nil {
+		st.up.Release()
+		st.up = nil
+	}
+}
+
+// channel handles a session or direct-tcpip channel of an authenticated
+// connection.
+func (s *Server) channel(_ *gliderssh.Server, conn *gossh.ServerConn, nc gossh.NewChannel, ctx gliderssh.Context) {
+	st := state(ctx)
+	user := ""
+	if conn.Permissions != nil {
+		user = conn.Permissions.Extensions[extUser]
+	}
+	if st == nil || user == "" {
+		_ = nc.Reject(gossh.Prohibited, "not authenticated")
+		return
+	}
+	vm := conn.User()
+	if vm == DenUser {
+		if nc.ChannelType() != "session" || s.cfg.Den == nil {
+			_ = nc.Reject(gossh.Prohibited, "den: "+DenUser+"@ runs den commands only (ssh "+DenUser+"@HOST ls)")
+			return
+		}
+		s.cfg.Den.serve(ctx, nc, user, s.log)
+		return
+	}
+	start := time.Now()
+	up, first, err := st.open(ctx, s.cfg.Backend, vm, user)
+	if err != nil {
+		msg := "den: " + err.Error()
+		if errors.Is(err, ErrNoVM) {
+			msg = fmt.Sprintf("den: no vm named %q for user %q", vm, user)
+		}
+		if first {
+			s.log.Info("den: gateway refused", "vm", vm, "user", user, "remote", conn.RemoteAddr().String(), "err", err)
+		}
+		refuse(nc, msg)
+		return
+	}
+	if first {
+		s.log.Info("den: gateway session", "vm", vm, "user", user, "key", conn.Permissions.Extensions[extKey],
+			"remote", conn.RemoteAddr().String(), "open", time.Since(start).Round(time.Millisecond))
+		// The VM stopping ends the client's connection too.
+		go func() {
+			select {
+			case <-up.Done:
+				conn.Close()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	if nc.ChannelType() == "session" {
+		nc = noAgentForwarding{nc}
+	}
+	sshproxy.RelayChannel(nc, up.Conn, sshproxy.Hooks{Logger: s.log})
+}
+
+// refuse answers a channel with msg: a session gets it on stderr and exit
+// status 255 (what OpenSSH shows as one line, as it does for its own
+// errors), a forward gets it as the open failure.
+func refuse(nc gossh.NewChannel, msg string) {
+	if nc.ChannelType() != "session" {
+		_ = nc.Reject(gossh.ConnectionFailed, msg)
+		return
+	}
+	ch, reqs, err := nc.Accept()
+	if err != nil {
+		return
+	}
+	defer ch.Close()
+	// Take the session's setup (pty, env) until it asks for a shell,
+	// command or subsystem, so that the client sets up quietly and shows
+	// the message, not a complaint about a refused pty.
+	tty := false
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+wait:
+	for {
+		select {
+		case req, ok := <-reqs:
+			if !ok {
+				return
+			}
+			started := req.Type == "shell" || req.Type == "exec" || req.Type == "subsystem"
+			tty = tty || req.Type == "pty-req"
+			if req.WantReply {
+				_ = req.Reply(req.Type != "auth-agent-req@openssh.com", nil)
+			}
+			if started {
+				break wait
+			}
+		case <-timeout.C:
+			break wait
+		}
+	}
+	go gossh.DiscardRequests(reqs)
+	eol := "\n"
+	if tty {
+		eol = "\r\n"
+	}
+	_, _ = io.WriteString(ch.Stderr(), msg+eol)
+	_, _ = ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{255}))
+	_ = ch.CloseWrite()
+}
+
+// agentRefused is what a client asking for agent forwarding is told.
+const agentRefused = "den: agent forwarding (-A) is not available through the gateway; going on without it"
+
+// noAgentForwarding refuses a session's agent forwarding request (with a
+// line on the client's stderr: OpenSSH asks without wanting a reply, so it
+// would never know) and passes every other request on.
+type noAgentForwarding struct{ gossh.NewChannel }
+
+func (n noAgentForwarding) Accept() (gossh.Channel, <-chan *gossh.Request, error) {
+	ch, reqs, err := n.NewChannel.Accept()
+	if err != nil {
+		return ch, reqs, err
+	}
+	out := make(chan *gossh.Request)
+	go func() {
+		defer close(out)
+		for req := range reqs {
+			if req.Type == "auth-agent-req@openssh.com" {
+				if req.WantReply {
+					_ = req.Reply(false, nil)
+				}
+				_, _ = io.WriteString(ch.Stderr(), agentRefused+"\r\n")
+				continue
+			}
+			out <- req
+		}
+	}()
+	return ch, out, nil
+}
