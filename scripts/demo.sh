@@ -52,10 +52,7 @@ step() {
 timings=()
 
 ssh_port=$((20000 + RANDOM % 20000))
-gateway=
-if "$den" daemon --help 2>&1 | grep -q -- '--ssh-listen'; then
-	gateway="--ssh-listen 127.0.0.1:$ssh_port"
-fi
+gateway="--ssh-listen 127.0.0.1:$ssh_port"
 # start_daemon: den daemon in the background, waiting for its socket.
 start_daemon() {
 	"$den" daemon --state-dir "$work/state" --socket "$DEN_SOCKET" --images "$PWD/build/images" \
@@ -88,12 +85,15 @@ step "sleep (no VMM process, no RAM held)" "$den" sleep box
 step "list VMs" "$den" ls
 step "exec wakes it" "$den" exec box -- sh -c 'cat /root/work.txt; kill -0 $(cat /tmp/worker.pid) && echo "worker alive"'
 
-if [ -n "$gateway" ]; then
-	ssh-keygen -q -t ed25519 -N '' -f "$key"
-	"$den" keys add "$key.pub" >/dev/null
-	step "ssh through the gateway (plain OpenSSH)" ssh -p "$ssh_port" -i "$key" -o BatchMode=yes \
-		-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR box@127.0.0.1 'echo hello from $(hostname)'
-fi
+ssh-keygen -q -t ed25519 -N '' -f "$key"
+step "add an ssh key for the gateway" "$den" keys add "$key.pub"
+sshgw() {
+	ssh -p "$ssh_port" -i "$key" -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+		-o LogLevel=ERROR "$@"
+}
+step "sleep it again" "$den" sleep box
+step "ssh through the gateway wakes it (plain OpenSSH)" sshgw box@127.0.0.1 'echo hello from $(hostname); cat /root/work.txt'
+step "den verbs over ssh" sshgw den@127.0.0.1 ls
 step "remove the VMs" "$den" rm box box2 experiment
 
 printf '\n\033[1m== what each step took (%s, %s)\033[0m\n' "$("$den" info --json | sed -n 's/.*"vmm": "\(.*\)",/\1/p')" "$("$den" info --json | sed -n 's/.*"accel": "\(.*\)",/\1/p')"
