@@ -1,0 +1,273 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const (
+	testDiskSize = 256 << 20
+	mib          = 1 << 20
+)
+
+// exercise runs the clone contract on an open volume: a disk image with
+// data, a clone, writes to the clone, the source untouched, before and
+// after a remount (reopen returns the remounted volume).
+func exercise(t *testing.T, v Volume, reopen func() Volume) {
+	ctx := context.Background()
+	disk := VMDisk("box")
+	cp := CheckpointFile("box", "cp-1", "disk")
+	if err := v.CreateDisk(ctx, disk, testDiskSize); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.CreateDisk(ctx, disk, testDiskSize); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("create over an existing disk: got %v, want ErrExist", err)
+	}
+	src, _ := v.Path(disk)
+	writeAt(t, src, 0, 4*mib, 1)
+	writeAt(t, src, 100*mib, 4*mib, 2)
+	writeAt(t, src, testDiskSize-mib, mib, 3)
+	srcSum := sha(t, src)
+
+	start := time.Now()
+	if err := v.Clone(ctx, disk, cp); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("clone of a %d MiB disk with 9 MiB of data: %s", testDiskSize/mib, time.Since(start))
+	if err := v.Clone(ctx, disk, cp); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("clone onto an existing file: got %v, want ErrExist", err)
+	}
+	dst, _ := v.Path(cp)
+	if got := sha(t, dst); got != srcSum {
+		t.Fatalf("clone differs from its source")
+	}
+	writeAt(t, dst, 0, mib, 9)
+	writeAt(t, dst, 200*mib, mib, 9)
+	cloneSum := sha(t, dst)
+	if cloneSum == srcSum {
+		t.Fatal("writes to the clone did not change it")
+	}
+	if got := sha(t, src); got != srcSum {
+		t.Fatal("writes to the clone changed the source")
+	}
+	u, err := v.Usage(ctx, disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("usage of the disk: %+v", u)
+	if u.Logical != testDiskSize || u.Files != 1 || u.Data < 9*mib || u.Data > 16*mib {
+		t.Fatalf("usage %+v: want logical %d and about 9 MiB of data", u, testDiskSize)
+	}
+	// A directory clone (a whole checkpoint) and an atomic replace (restore).
+	if err := v.Clone(ctx, CheckpointDir("box", "cp-1"), CheckpointDir("box2", "cp-1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.CloneOver(ctx, cp, disk); err != nil {
+		t.Fatal(err)
+	}
+	if got := sha(t, src); got != cloneSum {
+		t.Fatal("CloneOver did not put the clone's content in place")
+	}
+	if err := v.Rename(ctx, VMDir("box2"), VMDir("box3")); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Clone(ctx, disk, Path("../escape")); err == nil {
+		t.Fatal("a path out of the volume was accepted")
+	}
+	if err := v.Health(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	v = reopen()
+	src, _ = v.Path(disk)
+	dst, _ = v.Path(cp)
+	moved, _ := v.Path(CheckpointFile("box3", "cp-1", "disk"))
+	if got := sha(t, src); got != cloneSum {
+		t.Fatal("after remount: the disk changed")
+	}
+	if got := sha(t, dst); got != cloneSum {
+		t.Fatal("after remount: the clone changed")
+	}
+	if got := sha(t, moved); got != cloneSum {
+		t.Fatal("after remount: the cloned checkpoint directory changed")
+	}
+	if err := v.Remove(ctx, VMDir("box3")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(moved); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("remove left %s: %v", moved, err)
+	}
+}
+
+func TestEmbeddedVolume(t *testing.T) {
+	needIntegration(t)
+	cfg := Config{StateDir: t.TempDir()}
+	v := openVolume(t, cfg)
+	if v.cfg.Shape() != Embedded {
+		t.Fatalf("shape %s", v.cfg.Shape())
+	}
+	exercise(t, v, func() Volume {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := v.Unmount(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return openVolume(t, cfg)
+	})
+}
+
+func TestMinIOVolume(t *testing.T) {
+	needIntegration(t)
+	m := startMinIO(t)
+	cfg := Config{
+		StateDir: t.TempDir(),
+		S3:       &S3Config{Endpoint: m.Endpoint(), Bucket: "den-vol", CreateBucket: true},
+		Secrets:  Secrets{AccessKey: m.user, SecretKey: m.password},
+	}
+	v := openVolume(t, cfg)
+	exercise(t, v, func() Volume {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := v.Unmount(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// A fresh cache: what is read back comes from MinIO.
+		cfg.CacheDir = t.TempDir()
+		return openVolume(t, cfg)
+	})
+}
+
+// TestSharedVolume is the scale-out shape: data in MinIO, metadata in
+// PostgreSQL with its password passed through the environment, mounted by
+// two "hosts" (two mounts) at once.
+func TestSharedVolume(t *testing.T) {
+	needIntegration(t)
+	m := startMinIO(t)
+	pg := startPostgres(t)
+	secrets := t.TempDir() + "/secrets.json"
+	if err := os.WriteFile(secrets, []byte(`{"access_key":"`+m.user+`","secret_key":"`+m.password+`","meta_password":"`+pg.Password+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	conf := t.TempDir() + "/storage.json"
+	if err := os.WriteFile(conf, []byte(`{"state_dir":"a","meta_url":"`+pg.URL+`","secrets_file":"`+secrets+`",
+		"s3":{"endpoint":"`+m.Endpoint()+`","bucket":"den-shared","create_bucket":true}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := LoadConfig(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := openVolume(t, cfg)
+	// The password reached juicefs, and not through its command line.
+	svc, sup, err := a.MountPIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range []int{svc, sup} {
+		b, _ := os.ReadFile("/proc/" + itoa(pid) + "/cmdline")
+		for _, secret := range []string{pg.Password, m.password} {
+			if containsBytes(b, secret) {
+				t.Fatalf("a secret is on the command line of pid %d: %q", pid, b)
+			}
+		}
+	}
+	cfgB := cfg
+	cfgB.StateDir = t.TempDir()
+	cfgB.MountPoint, cfgB.CacheDir = "", ""
+	b := openVolume(t, cfgB)
+
+	ctx := context.Background()
+	if err := a.CreateDisk(ctx, VMDisk("box"), 64*mib); err != nil {
+		t.Fatal(err)
+	}
+	pa, _ := a.Path(VMDisk("box"))
+	writeAt(t, pa, 10*mib, 2*mib, 5)
+	if err := a.Clone(ctx, VMDisk("box"), CheckpointFile("box", "cp-1", "disk")); err != nil {
+		t.Fatal(err)
+	}
+	// The other host sees the clone with the same content (attribute
+	// caches last a second).
+	pb, _ := b.Path(CheckpointFile("box", "cp-1", "disk"))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(pb); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the clone did not appear on the second mount")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if sha(t, pb) != sha(t, pa) {
+		t.Fatal("the second mount reads different data")
+	}
+}
+
+// TestAdoptAfterDaemonRestart: a daemon that stops (Close) leaves the mount
+// serving; the next one adopts it without remounting, and still supervises
+// it although the juicefs processes are not its children.
+func TestAdoptAfterDaemonRestart(t *testing.T) {
+	needIntegration(t)
+	cfg := Config{StateDir: t.TempDir()}
+	v := openVolume(t, cfg)
+	path, sum := diskWithData(t, v, "box")
+	f, err := os.Open(path) // a running VM holds its disk open
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	svc, sup, err := v.MountPIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.Close()
+
+	v2 := openVolume(t, cfg)
+	svc2, sup2, err := v2.MountPIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svc2 != svc || sup2 != sup {
+		t.Fatalf("remounted (pids %d/%d -> %d/%d) instead of adopting", svc, sup, svc2, sup2)
+	}
+	if got := sha(t, path); got != sum {
+		t.Fatal("data changed across the daemon restart")
+	}
+	buf := make([]byte, 4096)
+	if _, err := f.ReadAt(buf, 0); err != nil {
+		t.Fatalf("a file opened before the restart: %v", err)
+	}
+
+	fastSupervision(v2)
+	events, unsubscribe := v2.Subscribe()
+	defer unsubscribe()
+	syscall.Kill(sup, syscall.SIGKILL)
+	syscall.Kill(svc, syscall.SIGKILL)
+	waitEvent(t, events, EventLost, 20*time.Second)
+	waitEvent(t, events, EventRemounted, 60*time.Second)
+	if got := sha(t, path); got != sum {
+		t.Fatal("data changed after the adopted mount was replaced")
+	}
+
+	// A daemon that finds a dead mount (its processes killed while no
+	// daemon ran) replaces it.
+	svc, sup, err = v2.MountPIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2.Close()
+	syscall.Kill(sup, syscall.SIGKILL)
+	syscall.Kill(svc, syscall.SIGKILL)
+	v3 := openVolume(t, cfg)
+	if svc3, _, err := v3.MountPIDs(); err != nil || svc3 == svc {
+		t.Fatalf("dead mount not replaced: %v", err)
+	}
+	if got := sha(t, path); got != sum {
+		t.Fatal("data changed after a dead mount was replaced at open")
+	}
+}
