@@ -1,7 +1,6 @@
 package storage
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"net"
@@ -191,27 +190,5 @@ func TestS3ErrorMessages(t *testing.T) {
 	err = s3Error(s3, "list bucket", &net.DNSError{Name: "minio.invalid", Err: "no such host"})
 	if !strings.Contains(err.Error(), `host "minio.invalid" not found`) {
 		t.Errorf("dns: %v", err)
-	}
-}
-
-// TestDirVolume runs the clone contract on the plain-directory Volume.
-func TestDirVolume(t *testing.T) {
-	root := t.TempDir()
-	d, err := NewDir(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	exercise(t, d, func() Volume {
-		d2, err := NewDir(root)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d2
-	})
-	if _, err := d.Path(VMDisk("x")); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Remove(context.Background(), VMDir("nothing")); err != nil {
-		t.Fatalf("remove of an absent path: %v", err)
 	}
 }
