@@ -1,0 +1,62 @@
+package fsutil
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+)
+
+func TestWriteFileAtomic(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "state.json")
+	if err := WriteFileAtomic(p, []byte("one"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteJSONAtomic(p, map[string]int{"two": 2}, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(p)
+	if string(data) != "{\n  \"two\": 2\n}\n" {
+		t.Fatalf("content %q", data)
+	}
+	st, _ := os.Stat(p)
+	if st.Mode().Perm() != 0o640 {
+		t.Fatalf("mode %v", st.Mode())
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 1 {
+		t.Fatalf("temporary files left: %v", ents)
+	}
+	if err := WriteFileAtomic(filepath.Join(dir, "missing", "x"), nil, 0o600); err == nil {
+		t.Fatal("write into a missing directory succeeded")
+	}
+}
+
+func TestCopySparseKeepsHoles(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	f, _ := os.Create(src)
+	f.Truncate(64 << 20)
+	chunk := bytes.Repeat([]byte{0xab}, 1<<20)
+	f.WriteAt(chunk, 10<<20)
+	f.WriteAt(chunk, 50<<20)
+	f.Close()
+	dst := filepath.Join(dir, "dst")
+	if err := CopySparse(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(src)
+	b, _ := os.ReadFile(dst)
+	if !bytes.Equal(a, b) {
+		t.Fatal("copy differs")
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(dst, &st); err != nil {
+		t.Fatal(err)
+	}
+	if used := st.Blocks * 512; used > 8<<20 {
+		t.Fatalf("copy of 2 MiB of data in a 64 MiB file uses %d bytes: holes were filled", used)
+	}
+}
