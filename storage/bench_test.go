@@ -3,8 +3,10 @@ package storage
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -115,6 +117,10 @@ func TestBenchStorage(t *testing.T) {
 			f.Close()
 			return mbps(seqSize, time.Since(start))
 		})
+		// With writeback, acknowledged blocks may still be only in the
+		// cache's staging area: they must reach the object store before
+		// the cache is thrown away, or the cold read finds them missing.
+		waitStagingEmpty(t, cfg.CacheDir)
 		uctx, cancel := context.WithTimeout(ctx, time.Minute)
 		if err := v.Unmount(uctx); err != nil {
 			t.Fatal(err)
@@ -145,6 +151,28 @@ func TestBenchStorage(t *testing.T) {
 		if err := os.WriteFile(out, []byte(b.String()), 0o644); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// waitStagingEmpty waits (bounded) until no block waits for upload in a
+// juicefs cache dir (<cache>/<uuid>/rawstaging).
+func waitStagingEmpty(t *testing.T, cacheDir string) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		staged := 0
+		_ = filepath.WalkDir(cacheDir, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && strings.Contains(p, "/rawstaging/") {
+				staged++
+			}
+			return nil
+		})
+		if staged == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d blocks still staged for upload after 2 minutes", staged)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
