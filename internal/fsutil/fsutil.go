@@ -71,30 +71,76 @@ func SyncDir(dir string) error {
 // RAM file whose untouched pages are holes copies in proportion to what the
 // guest used, not to its size. dst is fsynced.
 func CopySparse(src, dst string) error {
+	_, err := CopySparseExtents(src, dst)
+	return err
+}
+
+// CopySparseExtents is CopySparse that also returns the data ranges it
+// copied: kept beside a copy on a filesystem that cannot tell holes
+// (FUSE), they let CopyExtents copy it back without reading the holes.
+func CopySparseExtents(src, dst string) ([]Extent, error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return nil, fmt.Errorf("copy %s: %w", src, err)
+	}
+	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("copy %s: %w", src, err)
+	}
+	var ext []Extent
+	err = writeSynced(dst, st.Size(), st.Mode().Perm(), func(out *os.File) error {
+		ext, err = copyRanges(in, out, st.Size())
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("copy %s to %s: %w", src, dst, err)
+	}
+	return ext, nil
+}
+
+// CopyExtents copies only the given data ranges of src into dst (created
+// or truncated to size); the rest of dst is holes. dst is fsynced.
+func CopyExtents(src, dst string, size int64, ext []Extent) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return fmt.Errorf("copy %s: %w", src, err)
 	}
 	defer in.Close()
-	st, err := in.Stat()
+	err = writeSynced(dst, size, 0o600, func(out *os.File) error {
+		for _, e := range ext {
+			if e.Off < 0 || e.Len < 0 || e.Off+e.Len > size {
+				return fmt.Errorf("extent %d+%d outside a file of %d bytes", e.Off, e.Len, size)
+			}
+			if err := copyRange(in, out, e.Off, e.Len); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("copy %s: %w", src, err)
-	}
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, st.Mode().Perm())
-	if err != nil {
-		return fmt.Errorf("copy to %s: %w", dst, err)
-	}
-	if err := copyRanges(in, out, st.Size()); err != nil {
-		out.Close()
 		return fmt.Errorf("copy %s to %s: %w", src, dst, err)
 	}
-	if err := out.Truncate(st.Size()); err != nil {
+	return nil
+}
+
+// writeSynced creates dst, lets fill write it, sets its size and fsyncs.
+func writeSynced(dst string, size int64, perm os.FileMode, fill func(*os.File) error) error {
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, perm)
+	if err != nil {
+		return err
+	}
+	if err := fill(out); err != nil {
 		out.Close()
-		return fmt.Errorf("copy to %s: %w", dst, err)
+		return err
+	}
+	if err := out.Truncate(size); err != nil {
+		out.Close()
+		return err
 	}
 	if err := out.Sync(); err != nil {
 		out.Close()
-		return fmt.Errorf("copy to %s: %w", dst, err)
+		return err
 	}
 	return out.Close()
 }

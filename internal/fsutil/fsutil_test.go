@@ -60,3 +60,33 @@ func TestCopySparseKeepsHoles(t *testing.T) {
 		t.Fatalf("copy of 2 MiB of data in a 64 MiB file uses %d bytes: holes were filled", used)
 	}
 }
+
+func TestCopyExtentsRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	f, _ := os.Create(src)
+	f.Truncate(32 << 20)
+	f.WriteAt(bytes.Repeat([]byte{1}, 3<<20), 4<<20)
+	f.WriteAt([]byte("tail"), 32<<20-4)
+	f.Close()
+	mid := filepath.Join(dir, "mid")
+	ext, err := CopySparseExtents(src, mid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ext) != 2 {
+		t.Fatalf("extents %v, want 2", ext)
+	}
+	back := filepath.Join(dir, "back")
+	if err := CopyExtents(mid, back, 32<<20, ext); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(src)
+	b, _ := os.ReadFile(back)
+	if !bytes.Equal(a, b) {
+		t.Fatal("round trip differs")
+	}
+	if err := CopyExtents(mid, back, 1<<20, ext); err == nil {
+		t.Fatal("an extent past the end was accepted")
+	}
+}

@@ -11,29 +11,50 @@ import (
 
 const copyBlock = 1 << 20
 
+// Extent is a range of data in a sparse file.
+type Extent struct {
+	Off int64 `json:"off"`
+	Len int64 `json:"len"`
+}
+
+// addExtent appends a range, merging it with the last one when adjacent.
+func addExtent(ext []Extent, off, n int64) []Extent {
+	if k := len(ext); k > 0 && ext[k-1].Off+ext[k-1].Len == off {
+		ext[k-1].Len += n
+		return ext
+	}
+	return append(ext, Extent{off, n})
+}
+
 // copyRanges copies the data ranges of in (size bytes) to the same offsets
-// of out.
-func copyRanges(in, out *os.File, size int64) error {
+// of out and returns them.
+func copyRanges(in, out *os.File, size int64) ([]Extent, error) {
 	var off int64
+	var ext []Extent
 	for off < size {
 		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
-			return nil // only a hole remains
+			return ext, nil // only a hole remains
 		}
 		if err != nil {
 			// The filesystem cannot tell holes: copy, skipping zeros.
-			return copySkippingZeros(in, out, off, size)
+			more, err := copySkippingZeros(in, out, off, size)
+			for _, e := range more {
+				ext = addExtent(ext, e.Off, e.Len)
+			}
+			return ext, err
 		}
 		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
 		if err != nil {
 			hole = size
 		}
 		if err := copyRange(in, out, data, hole-data); err != nil {
-			return err
+			return nil, err
 		}
+		ext = addExtent(ext, data, hole-data)
 		off = hole
 	}
-	return nil
+	return ext, nil
 }
 
 // copyRange copies n bytes at off, by copy_file_range where possible.
@@ -42,7 +63,8 @@ func copyRange(in, out *os.File, off, n int64) error {
 		roff, woff := off, off
 		c, err := unix.CopyFileRange(int(in.Fd()), &roff, int(out.Fd()), &woff, int(min(n, 1<<30)), 0)
 		if err != nil || c == 0 {
-			return copySkippingZeros(in, out, off, off+n)
+			_, err := copySkippingZeros(in, out, off, off+n)
+			return err
 		}
 		off += int64(c)
 		n -= int64(c)
@@ -51,25 +73,27 @@ func copyRange(in, out *os.File, off, n int64) error {
 }
 
 // copySkippingZeros copies [off, end) block by block, leaving all-zero
-// blocks as holes in out.
-func copySkippingZeros(in, out *os.File, off, end int64) error {
+// blocks as holes in out, and returns the blocks it wrote.
+func copySkippingZeros(in, out *os.File, off, end int64) ([]Extent, error) {
 	buf := make([]byte, copyBlock)
 	zero := make([]byte, copyBlock)
+	var ext []Extent
 	for off < end {
 		n := int(min(int64(len(buf)), end-off))
 		r, err := in.ReadAt(buf[:n], off)
 		if r > 0 && !bytes.Equal(buf[:r], zero[:r]) {
 			if _, werr := out.WriteAt(buf[:r], off); werr != nil {
-				return werr
+				return nil, werr
 			}
+			ext = addExtent(ext, off, int64(r))
 		}
 		off += int64(r)
 		if err == io.EOF {
-			return nil
+			return ext, nil
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return ext, nil
 }

@@ -18,6 +18,7 @@ import (
 const (
 	snapState  = "state"       // device state (migration stream, RAM excluded)
 	snapMemory = "memory"      // copy of the guest RAM file (sparse)
+	snapExtent = "memory.map"  // its data ranges, for filesystems that cannot tell holes
 	snapConfig = "config.json" // the vmm.Config the VM ran with
 	snapMeta   = "qemu.json"   // driver, version, accelerator
 )
@@ -49,8 +50,14 @@ func (v *VMM) Snapshot(ctx context.Context, dir string) error {
 	if err := v.waitMigration(ctx); err != nil {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
-	if err := fsutil.CopySparse(v.opts.RunDir.MemoryFile(), filepath.Join(dir, snapMemory)); err != nil {
+	ext, err := fsutil.CopySparseExtents(v.opts.RunDir.MemoryFile(), filepath.Join(dir, snapMemory))
+	if err != nil {
 		return fmt.Errorf("snapshot vm: memory: %w", err)
+	}
+	// The snapshot usually lands on a FUSE volume, where SEEK_DATA does
+	// not work: the map lets a restore read the data, not the holes.
+	if err := fsutil.WriteJSONAtomic(filepath.Join(dir, snapExtent), ext, 0o600); err != nil {
+		return fmt.Errorf("snapshot vm: %w", err)
 	}
 	v.mu.Lock()
 	cfg := *v.cfg
@@ -88,7 +95,7 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	if err := os.MkdirAll(v.opts.RunDir.Path(), 0o700); err != nil {
 		return fmt.Errorf("restore vm: %w", err)
 	}
-	if err := fsutil.CopySparse(filepath.Join(dir, snapMemory), v.opts.RunDir.MemoryFile()); err != nil {
+	if err := copyMemory(dir, v.opts.RunDir.MemoryFile()); err != nil {
 		return fmt.Errorf("restore vm: memory: %w", err)
 	}
 	if err := v.launch(ctx, cfg, true); err != nil {
@@ -116,6 +123,25 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 		}
 	}
 	return nil
+}
+
+// copyMemory copies a snapshot's RAM file into place: only its recorded
+// data ranges when the snapshot has a map, else a sparse copy.
+func copyMemory(dir, dst string) error {
+	src := filepath.Join(dir, snapMemory)
+	data, err := os.ReadFile(filepath.Join(dir, snapExtent))
+	if err != nil {
+		return fsutil.CopySparse(src, dst)
+	}
+	var ext []fsutil.Extent
+	if err := json.Unmarshal(data, &ext); err != nil {
+		return fmt.Errorf("corrupt %s: %w", snapExtent, err)
+	}
+	st, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	return fsutil.CopyExtents(src, dst, st.Size(), ext)
 }
 
 // readSnapshot checks a snapshot directory and returns its config.
