@@ -118,15 +118,21 @@ func TestBenchStorage(t *testing.T) {
 			return mbps(seqSize, time.Since(start))
 		})
 		// With writeback, acknowledged blocks may still be only in the
-		// cache's staging area: they must reach the object store before
-		// the cache is thrown away, or the cold read finds them missing.
-		waitStagingEmpty(t, cfg.CacheDir)
+		// local cache, waiting for upload: that cache is the data, and
+		// throwing it away loses writes (the reason den leaves writeback
+		// off). The writeback shape is remounted on the same cache, so
+		// its "cold" read is one after a remount, not from the store.
+		if cfg.Writeback {
+			waitStagingEmpty(t, cfg.CacheDir)
+		}
 		uctx, cancel := context.WithTimeout(ctx, time.Minute)
 		if err := v.Unmount(uctx); err != nil {
 			t.Fatal(err)
 		}
 		cancel()
-		cfg.CacheDir = t.TempDir()
+		if !cfg.Writeback {
+			cfg.CacheDir = t.TempDir()
+		}
 		v = openVolume(t, cfg)
 		row("seq read 1M O_DIRECT, cold", "MB/s", func(i int) float64 { return seqRead(t, seqFile(i), seqSize) })
 		row("seq read 1M O_DIRECT, warm", "MB/s", func(i int) float64 { return seqRead(t, seqFile(i), seqSize) })
