@@ -130,6 +130,23 @@ func TestCheckpointRestoreFork(t *testing.T) {
 			t.Fatalf("restore during an exec: %v", err)
 		}
 	})
+
+	t.Run("retention", func(t *testing.T) {
+		for i := 0; i < 3; i++ {
+			d.must("checkpoint", "box", "--disk-only", "--keep", "2")
+		}
+		cps := d.checkpoints("box")
+		if len(cps) != 2 {
+			t.Fatalf("--keep 2 left %d checkpoints: %+v", len(cps), cps)
+		}
+		var head bool
+		for _, cp := range cps {
+			head = head || cp.Head
+		}
+		if !head {
+			t.Fatalf("retention dropped the head: %+v", cps)
+		}
+	})
 }
 
 func TestIdleSleepAndWake(t *testing.T) {
@@ -162,7 +179,23 @@ func TestIdleSleepAndWake(t *testing.T) {
 	if d.info("nap").State != "running" {
 		t.Fatal("not running after exec")
 	}
+	// A keep-awake lease taken inside the guest keeps it up past its idle
+	// timeout; once released, the VM falls asleep again.
+	d.must("exec", "nap", "--", "den-agent", "hold", "--name", "build")
+	time.Sleep(8 * time.Second) // well past the 3s timeout and 1s checks
+	if vm := d.info("nap"); vm.State != "running" {
+		t.Fatalf("vm with a lease held: %+v", vm)
+	}
+	d.must("exec", "nap", "--", "den-agent", "release", "--name", "build")
+	deadline = time.Now().Add(90 * time.Second)
+	for d.info("nap").State != "sleeping" {
+		if time.Now().After(deadline) {
+			t.Fatalf("vm did not sleep after the lease was released: %+v", d.info("nap"))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 	// Explicit sleep and wake.
+	d.must("wake", "nap")
 	d.must("sleep", "nap")
 	d.must("wake", "nap")
 	if out := d.must("exec", "nap", "--", "sh", "-c", checkWork); out != "v1\nalive\n" {
