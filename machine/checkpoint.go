@@ -132,7 +132,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 // snapshotRunning pauses the VM, writes the VMM snapshot into the
 // pending checkpoint, clones the disk (the VMM flushed it, the guest
 // cannot write), and resumes: memory and disk of one instant.
-func (m *Manager) snapshotRunning(ctx context.Context, in *instance, name string, p *checkpoint.Pending) error {
+func (m *Manager) snapshotRunning(ctx context.Context, in *instance, name string, p *checkpoint.Pending) (err error) {
 	if err := m.vol.MkdirAll(ctx, p.Path(checkpoint.VMMDir)); err != nil {
 		return err
 	}
@@ -144,8 +144,8 @@ func (m *Manager) snapshotRunning(ctx context.Context, in *instance, name string
 		return err
 	}
 	defer func() {
-		if err := in.hv.Resume(context.WithoutCancel(ctx)); err != nil {
-			m.log.Warn("den: resume after checkpoint", "vm", name, "err", err)
+		if rerr := m.resume(context.WithoutCancel(ctx), in); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("the vm is left paused: %w", rerr))
 		}
 	}()
 	if err := in.hv.Snapshot(ctx, dir); err != nil {
@@ -153,6 +153,20 @@ func (m *Manager) snapshotRunning(ctx context.Context, in *instance, name string
 	}
 	crashpoint("checkpoint-after-snapshot")
 	return m.vol.Clone(ctx, storage.VMDisk(name), p.Path(checkpoint.DiskFile))
+}
+
+// resume runs a paused VM again, retrying briefly: a VM must never stay
+// paused behind an operation that said it was done.
+func (m *Manager) resume(ctx context.Context, in *instance) error {
+	var err error
+	for i := 0; i < 3; i++ {
+		if err = in.hv.Resume(ctx); err == nil {
+			return nil
+		}
+		m.log.Warn("den: resume", "vm", in.name, "attempt", i+1, "err", err)
+		time.Sleep(200 * time.Millisecond)
+	}
+	return err
 }
 
 // diskOnly clones the disk with the guest's filesystems frozen, so the

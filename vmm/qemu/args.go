@@ -45,7 +45,10 @@ func buildArgs(cfg vmm.Config, rd vmm.RunDir, accel string, incoming bool) []str
 		if id == "" {
 			id = fmt.Sprintf("disk%d", i)
 		}
-		drive := fmt.Sprintf("id=%s,file=%s,format=raw,if=none,discard=unmap,cache=writeback", id, d.Path)
+		// No image locking: den runs one VMM per disk (a lock per VM),
+		// and QEMU's OFD locks on a FUSE volume can outlive a migration's
+		// release and refuse the resume ("Failed to get shared write lock").
+		drive := fmt.Sprintf("id=%s,file=%s,format=raw,if=none,discard=unmap,cache=writeback,file.locking=off", id, d.Path)
 		if d.ReadOnly {
 			drive += ",readonly=on"
 		}

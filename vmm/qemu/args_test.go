@@ -15,7 +15,7 @@ func TestBuildArgs(t *testing.T) {
 		"-machine microvm,memory-backend=mem",
 		"memory-backend-file,id=mem,size=512M,mem-path=/run/x/memory,share=on",
 		"-smp 2", "-accel tcg,thread=multi -cpu max", "-initrd /i", "-S", "-incoming defer", "-no-reboot",
-		"id=ro,file=/r,format=raw,if=none,discard=unmap,cache=writeback,readonly=on",
+		"id=ro,file=/r,format=raw,if=none,discard=unmap,cache=writeback,file.locking=off,readonly=on",
 		"-netdev user,id=n -device virtio-net-device,netdev=n,mac=52:54:00:00:00:01",
 		"virtserialport,chardev=agent,name=org.den.agent",
 		"-qmp unix:/run/x/api.sock,server=on,wait=off",
