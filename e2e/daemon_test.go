@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"encoding/json"
 	"io"
 	"os"
@@ -56,35 +55,7 @@ func TestVMLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ptmx.Close()
-		lines := make(chan string, 100)
-		go func() {
-			r := bufio.NewReader(ptmx)
-			for {
-				line, err := r.ReadString('\n')
-				lines <- strings.TrimSpace(line)
-				if err != nil {
-					close(lines)
-					return
-				}
-			}
-		}()
-		expect := func(want string) {
-			t.Helper()
-			deadline := time.After(60 * time.Second)
-			for {
-				select {
-				case line, ok := <-lines:
-					if !ok {
-						t.Fatalf("session ended before %q", want)
-					}
-					if line == want {
-						return
-					}
-				case <-deadline:
-					t.Fatalf("no line %q within 60s", want)
-				}
-			}
-		}
+		expect := lineReader(t, ptmx)
 		io.WriteString(ptmx, "tty | sed 's/^/TTY:/'; stty size\n")
 		expect("TTY:/dev/pts/0")
 		expect("40 100")
