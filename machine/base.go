@@ -143,8 +143,11 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 	if err != nil {
 		return err
 	}
-	if code, err := c.Exec(ctx, agent.ExecRequest{CmdLine: "sync"}); err != nil || code != 0 {
-		return fmt.Errorf("sync the base guest: exit %d: %v", code, err)
+	// Snapshot a settled system: with systemd, once its boot is over, so
+	// that every VM created from the base does not redo the boot's work.
+	settle := "if command -v systemctl >/dev/null; then timeout 120 systemctl is-system-running --wait >/dev/null 2>&1; fi; sync"
+	if code, err := c.Exec(ctx, agent.ExecRequest{CmdLine: settle}); err != nil || code != 0 {
+		return fmt.Errorf("settle the base guest: exit %d: %v", code, err)
 	}
 	in.closeAgent()
 	snap, err := m.vol.Path(dir.Join(checkpoint.VMMDir))
