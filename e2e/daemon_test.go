@@ -2,15 +2,12 @@ package e2e
 
 import (
 	"encoding/json"
-	"io"
 	"os"
 	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/creack/pty"
 )
 
 // TestVMLifecycle creates a VM and uses it through every client verb.
@@ -50,27 +47,7 @@ func TestVMLifecycle(t *testing.T) {
 	t.Run("ssh with a pty", func(t *testing.T) {
 		cmd := exec.Command(d.den, "ssh", "box")
 		cmd.Env = append(os.Environ(), "DEN_SOCKET="+d.socket, "TERM=xterm")
-		ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 100})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ptmx.Close()
-		expect := lineReader(t, ptmx)
-		io.WriteString(ptmx, "tty | sed 's/^/TTY:/'; stty size\n")
-		expect("TTY:/dev/pts/0")
-		expect("40 100")
-		// A resize of our terminal reaches the guest's.
-		if err := pty.Setsize(ptmx, &pty.Winsize{Rows: 50, Cols: 120}); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(500 * time.Millisecond) // SIGWINCH -> window-change -> guest
-		io.WriteString(ptmx, "stty size\n")
-		expect("50 120")
-		io.WriteString(ptmx, "exit 3\n")
-		err = waitCmd(cmd, 60*time.Second)
-		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 3 {
-			t.Fatalf("den ssh exit: %v, want status 3", err)
-		}
+		checkPTYSession(t, cmd)
 	})
 
 	t.Run("ls and info", func(t *testing.T) {

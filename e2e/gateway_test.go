@@ -17,8 +17,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/creack/pty"
 )
 
 // TestGateway reaches VMs with plain OpenSSH through the gateway.
@@ -60,25 +58,7 @@ func TestGateway(t *testing.T) {
 		defer cancel()
 		cmd := g.sshCmd(ctx, alice, vm)
 		cmd.Env = append(os.Environ(), "TERM=xterm")
-		ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 100})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ptmx.Close()
-		expect := lineReader(t, ptmx)
-		io.WriteString(ptmx, "tty | sed 's/^/TTY:/'; stty size\n")
-		expect("TTY:/dev/pts/")
-		expect("40 100")
-		if err := pty.Setsize(ptmx, &pty.Winsize{Rows: 50, Cols: 120}); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(500 * time.Millisecond) // SIGWINCH -> window-change -> guest
-		io.WriteString(ptmx, "stty size\n")
-		expect("50 120")
-		io.WriteString(ptmx, "exit 3\n")
-		if err := waitCmd(cmd, time.Minute); exitOf(err) != 3 {
-			t.Fatalf("ssh exit: %v, want status 3", err)
-		}
+		checkPTYSession(t, cmd)
 	})
 
 	t.Run("scp and sftp", func(t *testing.T) {

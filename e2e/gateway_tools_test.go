@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/creack/pty"
 )
 
 // gw reaches a test daemon's SSH gateway with the real OpenSSH tools.
@@ -127,6 +129,32 @@ func lineReader(t *testing.T, r io.Reader) func(string) {
 				t.Fatalf("no line %q within 60s", want)
 			}
 		}
+	}
+}
+
+// checkPTYSession drives an interactive shell started by cmd on a
+// pseudo-terminal: the guest side is a pts of the terminal's size, a
+// resize reaches it, and the shell's exit status becomes cmd's.
+func checkPTYSession(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	expect := lineReader(t, ptmx)
+	io.WriteString(ptmx, "tty | sed 's/^/TTY:/'; stty size\n")
+	expect("TTY:/dev/pts/")
+	expect("40 100")
+	if err := pty.Setsize(ptmx, &pty.Winsize{Rows: 50, Cols: 120}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // SIGWINCH -> window-change -> guest
+	io.WriteString(ptmx, "stty size\n")
+	expect("50 120")
+	io.WriteString(ptmx, "exit 3\n")
+	if err := waitCmd(cmd, time.Minute); exitOf(err) != 3 {
+		t.Fatalf("%s exit: %v, want status 3", cmd.Path, err)
 	}
 }
 
