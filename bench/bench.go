@@ -117,6 +117,8 @@ func (r *Result) ratios() {
 			}
 		}
 		put("wake / cold boot", r.find("wake to running", v, "512M"), r.find("create to exec-ready (cold boot)", v, "512M"))
+		put("checkpoint(1 GiB) / checkpoint(512 MiB)", r.find("checkpoint (memory+disk)", v, "1G"), r.find("checkpoint (memory+disk)", v, "512M"))
+		put("wake(1 GiB) / wake(512 MiB)", r.find("wake to running", v, "1G"), r.find("wake to running", v, "512M"))
 		put("checkpoint(2 GiB) / checkpoint(512 MiB)", r.find("checkpoint (memory+disk)", v, "2G"), r.find("checkpoint (memory+disk)", v, "512M"))
 		put("wake(2 GiB) / wake(512 MiB)", r.find("wake to running", v, "2G"), r.find("wake to running", v, "512M"))
 	}
@@ -170,26 +172,57 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if len(vmms) == 0 {
 		vmms = available()
 	}
-	for _, v := range vmms {
+	for _, v := range variants(vmms, o.Quick) {
 		d, err := startDaemon(ctx, o, v)
 		if err != nil {
-			return res, fmt.Errorf("bench %s: %w", v, err)
+			return res, fmt.Errorf("bench %s: %w", v.name, err)
 		}
 		info, err := d.client.Info(ctx)
 		if err == nil {
 			res.Machine = machineInfo(info.Accel + ": " + info.AccelNote)
-			res.VMMs[v] = d.version
+			res.VMMs[v.name] = d.version
 		}
-		figs, err := d.runAll(ctx, o, info.Accel)
+		figs, err := d.runAll(ctx, o, v, info.Accel)
 		res.Figures = append(res.Figures, figs...)
 		d.stop()
 		if err != nil {
-			return res, fmt.Errorf("bench %s: %w", v, err)
+			return res, fmt.Errorf("bench %s: %w", v.name, err)
 		}
 	}
 	res.ratios()
 	res.Took = time.Since(start).Round(time.Second).String()
 	return res, nil
+}
+
+// variant is a daemon configuration measured: a VMM, and for the
+// comparison runs the knob that turns off what makes it fast.
+type variant struct {
+	name  string   // as the figures show it
+	vmm   string   // den daemon --vmm
+	flags []string // extra daemon flags
+	// compare: only the memory-size figures (checkpoint, restore, sleep,
+	// wake), to set beside the main run's.
+	compare bool
+}
+
+// variants are the runs for the given VMMs: each VMM as den runs it, and
+// (unless quick) without x-ignore-shared (QEMU) or with Copy restores
+// (Cloud Hypervisor).
+func variants(vmms []string, quick bool) []variant {
+	var out []variant
+	for _, v := range vmms {
+		out = append(out, variant{name: v, vmm: v})
+		if quick {
+			continue
+		}
+		switch v {
+		case "qemu":
+			out = append(out, variant{name: "qemu, RAM in the stream (no x-ignore-shared)", vmm: v, flags: []string{"--qemu-stream-ram"}, compare: true})
+		case "cloud-hypervisor":
+			out = append(out, variant{name: "cloud-hypervisor, Copy restore", vmm: v, flags: []string{"--restore-copy"}, compare: true})
+		}
+	}
+	return out
 }
 
 // available lists the VMMs present on this host: QEMU always, Cloud

@@ -28,12 +28,12 @@ type daemon struct {
 
 // startDaemon starts `den daemon` for one VMM on a fresh state dir, with
 // the gateway on a free loopback port.
-func startDaemon(ctx context.Context, o Options, vmmName string) (*daemon, error) {
+func startDaemon(ctx context.Context, o Options, v variant) (*daemon, error) {
 	dir, err := os.MkdirTemp("/tmp", "den-bench-")
 	if err != nil {
 		return nil, err
 	}
-	d := &daemon{dir: dir, vmm: vmmName}
+	d := &daemon{dir: dir, vmm: v.name}
 	sock := filepath.Join(dir, "den.sock")
 	logf, err := os.Create(filepath.Join(dir, "daemon.log"))
 	if err != nil {
@@ -44,8 +44,9 @@ func startDaemon(ctx context.Context, o Options, vmmName string) (*daemon, error
 	if err != nil {
 		return nil, err
 	}
-	d.cmd = exec.Command(o.Den, "daemon", "--state-dir", filepath.Join(dir, "state"), "--socket", sock,
-		"--images", o.Images, "--default-image", o.Image, "--vmm", vmmName, "--ssh-listen", fmt.Sprintf("127.0.0.1:%d", port))
+	args := []string{"daemon", "--state-dir", filepath.Join(dir, "state"), "--socket", sock,
+		"--images", o.Images, "--default-image", o.Image, "--vmm", v.vmm, "--ssh-listen", fmt.Sprintf("127.0.0.1:%d", port)}
+	d.cmd = exec.Command(o.Den, append(args, v.flags...)...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {
@@ -64,7 +65,7 @@ func startDaemon(ctx context.Context, o Options, vmmName string) (*daemon, error
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	d.version = vmmVersion(vmmName)
+	d.version = vmmVersion(v.vmm)
 	return d, nil
 }
 
@@ -160,8 +161,9 @@ func (d *daemon) firstOutput(ctx context.Context, name string) (time.Duration, e
 	return took, nil
 }
 
-// runAll measures every figure for the daemon's VMM.
-func (d *daemon) runAll(ctx context.Context, o Options, accel string) ([]Figure, error) {
+// runAll measures every figure for the daemon's VMM (a comparison
+// variant: the memory-size figures only).
+func (d *daemon) runAll(ctx context.Context, o Options, v variant, accel string) ([]Figure, error) {
 	var figs []Figure
 	add := func(name, mem string, ds []time.Duration) {
 		if len(ds) > 0 {
@@ -180,7 +182,7 @@ func (d *daemon) runAll(ctx context.Context, o Options, accel string) ([]Figure,
 	_ = d.client.RemoveVM(ctx, "warmup", true)
 
 	var cold, warm []time.Duration
-	for i := 0; i < o.Runs; i++ {
+	for i := 0; i < o.Runs && !v.compare; i++ {
 		say(fmt.Sprintf("create, cold and warm (%d/%d)", i+1, o.Runs))
 		for _, c := range []struct {
 			cold bool
@@ -206,18 +208,16 @@ func (d *daemon) runAll(ctx context.Context, o Options, accel string) ([]Figure,
 	add("create to exec-ready (cold boot)", "512M", cold)
 	add("create to exec-ready (warm base)", "512M", warm)
 
-	mems := []struct {
+	type size struct {
 		label string
 		bytes int64
-	}{{"512M", 512 << 20}}
+	}
+	mems := []size{{"512M", 512 << 20}}
 	if !o.Quick {
-		mems = append(mems, struct {
-			label string
-			bytes int64
-		}{"2G", 2 << 30})
+		mems = append(mems, size{"1G", 1 << 30}, size{"2G", 2 << 30})
 	}
 	for _, m := range mems {
-		f, err := d.lifecycle(ctx, o, accel, m.label, m.bytes, say)
+		f, err := d.lifecycle(ctx, o, accel, m.label, m.bytes, !v.compare, say)
 		figs = append(figs, f...)
 		if err != nil {
 			return figs, err
@@ -228,7 +228,7 @@ func (d *daemon) runAll(ctx context.Context, o Options, accel string) ([]Figure,
 
 // lifecycle measures checkpoint, restore, sleep, wake and the gateway on
 // one VM of the given memory size.
-func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, mem int64, say func(string)) ([]Figure, error) {
+func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, mem int64, gateway bool, say func(string)) ([]Figure, error) {
 	name := "b" + strings.ToLower(label)
 	if _, err := d.client.CreateVM(ctx, api.CreateRequest{Name: name, MemoryBytes: mem, IdleTimeout: "0"}, nil); err != nil {
 		return nil, err
@@ -304,7 +304,7 @@ func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, 
 		Unit: "bytes", Samples: sleepingRSS, Note: "resident memory of processes for the VM while it sleeps"}
 	rss.Median, rss.Min, rss.Max = stats(rss.Samples)
 	figs = append(figs, rss)
-	if !o.Quick {
+	if !o.Quick && gateway {
 		g, err := d.gateway(ctx, o, accel, label, name, say)
 		if err != nil {
 			return figs, err

@@ -36,6 +36,9 @@ type Options struct {
 	VMM string
 	// Version is den's version, reported by /v1/info.
 	Version string
+	// QEMUStreamRAM and RestoreCopy are comparison knobs for den bench
+	// (see machine.Config).
+	QEMUStreamRAM, RestoreCopy bool
 	// IdleCheck is how often the idle monitor looks at the VMs
 	// (default 5 s).
 	IdleCheck time.Duration
@@ -83,6 +86,7 @@ func Run(ctx context.Context, o Options) error {
 
 	m, err := machine.New(ctx, machine.Config{
 		State: state, Volume: vol, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
+		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy,
 	})
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)

@@ -45,6 +45,11 @@ type Config struct {
 	// Cloud Hypervisor when its binary is found and KVM boots guests,
 	// else QEMU.
 	VMM string
+	// QEMUStreamRAM and RestoreCopy switch off, for comparison (den
+	// bench), what makes snapshots and restores cheap: QEMU's
+	// x-ignore-shared, Cloud Hypervisor's OnDemand memory.
+	QEMUStreamRAM bool
+	RestoreCopy   bool
 	// BootTimeout bounds a boot until the agent answers (default 3 min:
 	// TCG is slow).
 	BootTimeout time.Duration
@@ -183,7 +188,7 @@ func (m *Manager) newHypervisor(vmmName string, rd vmm.RunDir) vmm.Hypervisor {
 	if vmmName == VMMCloudHypervisor {
 		return cloudhypervisor.New(cloudhypervisor.Options{Binary: m.chBin, RunDir: rd, Logger: m.log})
 	}
-	return qemu.New(qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log})
+	return qemu.New(qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log, StreamRAM: m.cfg.QEMUStreamRAM})
 }
 
 // adoptHypervisor re-attaches to a VM's running VMM.
@@ -191,7 +196,7 @@ func (m *Manager) adoptHypervisor(ctx context.Context, vmmName string, rd vmm.Ru
 	if vmmName == VMMCloudHypervisor {
 		return cloudhypervisor.Adopt(ctx, cloudhypervisor.Options{Binary: m.chBin, RunDir: rd, Logger: m.log})
 	}
-	return qemu.Adopt(ctx, qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log})
+	return qemu.Adopt(ctx, qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log, StreamRAM: m.cfg.QEMUStreamRAM})
 }
 
 // Close stops watching the VMs and closes agent connections and the

@@ -42,7 +42,7 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 		m.discardRuntime(vm.Name)
 		return nil, err
 	}
-	if err := hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: true, Config: &cfg}); err != nil {
+	if err := hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg}); err != nil {
 		return fail(err)
 	}
 	if err := m.connectAgent(ctx, in, time.Minute); err != nil {

@@ -36,6 +36,8 @@ Examples:
 			&cli.StringFlag{Name: "vmm", Usage: "force a VMM: qemu or cloud-hypervisor (default: choose)"},
 			&cli.DurationFlag{Name: "idle-check", Value: 5 * time.Second, Usage: "how often idle VMs are looked for"},
 			&cli.StringFlag{Name: "ssh-listen", Value: daemon.DefaultSSHListen, Usage: "SSH gateway address (ssh -p 2222 VM@host); off: no gateway"},
+			&cli.BoolFlag{Name: "qemu-stream-ram", Usage: "for comparison: snapshot QEMU RAM through the migration stream, without x-ignore-shared"},
+			&cli.BoolFlag{Name: "restore-copy", Usage: "for comparison: Cloud Hypervisor restores copy memory instead of OnDemand"},
 			&cli.BoolFlag{Name: "debug", Usage: "log debug messages"},
 		},
 		Action: func(c *cli.Context) error {
@@ -64,7 +66,7 @@ Examples:
 			return daemon.Run(ctx, daemon.Options{
 				StateDir: c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"),
 				Images: imgs, DefaultImage: c.String("default-image"), VMM: c.String("vmm"), Version: version, Logger: log,
-				IdleCheck: c.Duration("idle-check"), SSHListen: c.String("ssh-listen"),
+				IdleCheck: c.Duration("idle-check"), QEMUStreamRAM: c.Bool("qemu-stream-ram"), RestoreCopy: c.Bool("restore-copy"), SSHListen: c.String("ssh-listen"),
 			})
 		},
 	}

@@ -40,6 +40,10 @@ type Options struct {
 	Accel string
 	// Logger receives warnings (nil: slog.Default()).
 	Logger *slog.Logger
+	// StreamRAM snapshots without x-ignore-shared: the RAM goes through
+	// the migration stream instead of a copy of the RAM file. Slower; it
+	// exists to measure what x-ignore-shared saves (den bench).
+	StreamRAM bool
 }
 
 // VMM is one QEMU process and its VM.

@@ -28,6 +28,9 @@ type snapshotMeta struct {
 	Driver  string `json:"driver"`
 	Version string `json:"version"`
 	Accel   string `json:"accel"`
+	// RAMInStream: the RAM went into the state stream (StreamRAM), there
+	// is no memory file.
+	RAMInStream bool `json:"ram_in_stream,omitempty"`
 }
 
 // Snapshot saves a paused VM into dir: device state by migration with
@@ -41,7 +44,7 @@ func (v *VMM) Snapshot(ctx context.Context, dir string) error {
 		return fmt.Errorf("snapshot vm: destination %s is not a directory", dir)
 	}
 	state := filepath.Join(dir, snapState)
-	if err := v.setIgnoreShared(ctx); err != nil {
+	if err := v.setIgnoreShared(ctx, !v.opts.StreamRAM); err != nil {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
 	if _, err := v.call(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(state)}); err != nil {
@@ -50,14 +53,17 @@ func (v *VMM) Snapshot(ctx context.Context, dir string) error {
 	if err := v.waitMigration(ctx); err != nil {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
-	ext, err := fsutil.CopySparseExtents(v.opts.RunDir.MemoryFile(), filepath.Join(dir, snapMemory))
-	if err != nil {
-		return fmt.Errorf("snapshot vm: memory: %w", err)
-	}
-	// The snapshot usually lands on a FUSE volume, where SEEK_DATA does
-	// not work: the map lets a restore read the data, not the holes.
-	if err := fsutil.WriteJSONAtomic(filepath.Join(dir, snapExtent), ext, 0o600); err != nil {
-		return fmt.Errorf("snapshot vm: %w", err)
+	if !v.opts.StreamRAM {
+		ext, err := fsutil.CopySparseExtents(v.opts.RunDir.MemoryFile(), filepath.Join(dir, snapMemory))
+		if err != nil {
+			return fmt.Errorf("snapshot vm: memory: %w", err)
+		}
+		// The snapshot usually lands on a FUSE volume, where SEEK_DATA
+		// does not work: the map lets a restore read the data, not the
+		// holes.
+		if err := fsutil.WriteJSONAtomic(filepath.Join(dir, snapExtent), ext, 0o600); err != nil {
+			return fmt.Errorf("snapshot vm: %w", err)
+		}
 	}
 	v.mu.Lock()
 	cfg := *v.cfg
@@ -66,7 +72,7 @@ func (v *VMM) Snapshot(ctx context.Context, dir string) error {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
 	caps := v.Capabilities()
-	meta := snapshotMeta{Driver: "qemu", Version: caps.Version, Accel: caps.Accelerator}
+	meta := snapshotMeta{Driver: "qemu", Version: caps.Version, Accel: caps.Accelerator, RAMInStream: v.opts.StreamRAM}
 	if err := fsutil.WriteJSONAtomic(filepath.Join(dir, snapMeta), meta, 0o600); err != nil {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
@@ -82,7 +88,7 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	if err := v.checkNoVM("restore"); err != nil {
 		return err
 	}
-	cfg, err := readSnapshot(dir, v.accelerator())
+	cfg, meta, err := readSnapshot(dir, v.accelerator())
 	if err != nil {
 		return fmt.Errorf("restore vm from %s: %w", dir, err)
 	}
@@ -95,7 +101,10 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	if err := os.MkdirAll(v.opts.RunDir.Path(), 0o700); err != nil {
 		return fmt.Errorf("restore vm: %w", err)
 	}
-	if err := copyMemory(dir, v.opts.RunDir.MemoryFile()); err != nil {
+	if meta.RAMInStream {
+		// The stream fills a fresh RAM file.
+		_ = os.Remove(v.opts.RunDir.MemoryFile())
+	} else if err := copyMemory(dir, v.opts.RunDir.MemoryFile()); err != nil {
 		return fmt.Errorf("restore vm: memory: %w", err)
 	}
 	if err := v.launch(ctx, cfg, true); err != nil {
@@ -105,7 +114,7 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 		_ = v.Shutdown(context.Background())
 		return fmt.Errorf("restore vm from %s: %w", dir, err)
 	}
-	if err := v.setIgnoreShared(ctx); err != nil {
+	if err := v.setIgnoreShared(ctx, !meta.RAMInStream); err != nil {
 		return fail(err)
 	}
 	if _, err := v.call(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(filepath.Join(dir, snapState))}); err != nil {
@@ -144,36 +153,43 @@ func copyMemory(dir, dst string) error {
 	return fsutil.CopyExtents(src, dst, st.Size(), ext)
 }
 
-// readSnapshot checks a snapshot directory and returns its config.
-func readSnapshot(dir, accel string) (vmm.Config, error) {
+// readSnapshot checks a snapshot directory and returns its config and
+// metadata.
+func readSnapshot(dir, accel string) (vmm.Config, snapshotMeta, error) {
 	var cfg vmm.Config
 	var meta snapshotMeta
 	for name, dst := range map[string]any{snapConfig: &cfg, snapMeta: &meta} {
 		data, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
-			return cfg, fmt.Errorf("not a qemu snapshot: %w", err)
+			return cfg, meta, fmt.Errorf("not a qemu snapshot: %w", err)
 		}
 		if err := json.Unmarshal(data, dst); err != nil {
-			return cfg, fmt.Errorf("corrupt snapshot file %s: %w", name, err)
+			return cfg, meta, fmt.Errorf("corrupt snapshot file %s: %w", name, err)
 		}
 	}
 	if meta.Driver != "qemu" {
-		return cfg, fmt.Errorf("snapshot was taken by %q, not qemu", meta.Driver)
+		return cfg, meta, fmt.Errorf("snapshot was taken by %q, not qemu", meta.Driver)
 	}
 	if meta.Accel != accel {
-		return cfg, fmt.Errorf("snapshot was taken under %s, this host uses %s", meta.Accel, accel)
+		return cfg, meta, fmt.Errorf("snapshot was taken under %s, this host uses %s", meta.Accel, accel)
 	}
-	for _, name := range []string{snapState, snapMemory} {
+	files := []string{snapState}
+	if !meta.RAMInStream {
+		files = append(files, snapMemory)
+	}
+	for _, name := range files {
 		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
-			return cfg, fmt.Errorf("incomplete snapshot: %w", err)
+			return cfg, meta, fmt.Errorf("incomplete snapshot: %w", err)
 		}
 	}
-	return cfg, nil
+	return cfg, meta, nil
 }
 
-func (v *VMM) setIgnoreShared(ctx context.Context) error {
+// setIgnoreShared sets the x-ignore-shared migration capability: on, RAM
+// (a shared file) stays out of the state stream.
+func (v *VMM) setIgnoreShared(ctx context.Context, on bool) error {
 	_, err := v.call(ctx, "migrate-set-capabilities", map[string]any{
-		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}},
+		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": on}},
 	})
 	return err
 }
