@@ -11,6 +11,14 @@ import (
 	"github.com/denhq/den/registry"
 )
 
+// ownedRequest reads the JSON body into req and checks that the request's
+// owner may use the VM of the path, answering the error itself; it
+// returns the VM's name.
+func (s *Server) ownedRequest(w http.ResponseWriter, r *http.Request, req any) (string, bool) {
+	name := r.PathValue("name")
+	return name, decode(w, r, req) && s.owned(w, r, name)
+}
+
 // decode reads a JSON body, answering 400 itself on failure.
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	if err := json.NewDecoder(r.Body).Decode(v); err != nil {
@@ -45,12 +53,9 @@ func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) createCheckpoint(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
 	var req api.CheckpointRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	if !s.owned(w, r, name) {
+	name, ok := s.ownedRequest(w, r, &req)
+	if !ok {
 		return
 	}
 	s.stream(w, r, func(ctx context.Context, progress machine.Progress) (api.Event, error) {
@@ -77,12 +82,9 @@ func (s *Server) deleteCheckpoint(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) restore(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
 	var req api.RestoreRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	if !s.owned(w, r, name) {
+	name, ok := s.ownedRequest(w, r, &req)
+	if !ok {
 		return
 	}
 	s.stream(w, r, func(ctx context.Context, progress machine.Progress) (api.Event, error) {
@@ -98,12 +100,9 @@ func (s *Server) restore(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
-	src := r.PathValue("name")
 	var req api.ForkRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	if !s.owned(w, r, src) {
+	src, ok := s.ownedRequest(w, r, &req)
+	if !ok {
 		return
 	}
 	s.stream(w, r, func(ctx context.Context, progress machine.Progress) (api.Event, error) {
@@ -116,12 +115,9 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) sleep(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
 	var req api.SleepRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	if !s.owned(w, r, name) {
+	name, ok := s.ownedRequest(w, r, &req)
+	if !ok {
 		return
 	}
 	if err := s.m.Sleep(context.WithoutCancel(r.Context()), name, req.Force); err != nil {

@@ -43,9 +43,13 @@ func TestUnknownCommand(t *testing.T) {
 // touches nothing of the host: host key creation, the unix listener, the
 // lease socket with `den-agent hold`, exec and activity through the
 // client, and a clean stop on SIGTERM.
-func TestBinarySmoke(t *testing.T) {
+// namespaceAgent skips unless the test can run den-agent in namespaces
+// (root, unshare(1), not -short), and builds it: a context bounding the
+// test, a temporary directory and the binary.
+func namespaceAgent(t *testing.T) (context.Context, string, string) {
+	t.Helper()
 	if os.Getuid() != 0 {
-		t.Skip("needs root for a mount namespace")
+		t.Skip("needs root for namespaces")
 	}
 	if _, err := exec.LookPath("unshare"); err != nil {
 		t.Skip("needs unshare(1)")
@@ -54,9 +58,13 @@ func TestBinarySmoke(t *testing.T) {
 		t.Skip("builds the binary")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	dir := t.TempDir()
-	bin := buildAgent(ctx, t, dir)
+	return ctx, dir, buildAgent(ctx, t, dir)
+}
+
+func TestBinarySmoke(t *testing.T) {
+	ctx, dir, bin := namespaceAgent(t)
 	_, signer, err := agent.NewEd25519Key("test-host")
 	if err != nil {
 		t.Fatal(err)

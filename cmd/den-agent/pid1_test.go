@@ -24,19 +24,7 @@ import (
 // the API mounts, serving, orphan reaping, and the poweroff sequence,
 // whose reboot(2) in a PID namespace ends just that namespace.
 func TestPID1InNamespaces(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root for namespaces")
-	}
-	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("needs unshare(1)")
-	}
-	if testing.Short() {
-		t.Skip("builds the binary")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
-	dir := t.TempDir()
-	bin := buildAgent(ctx, t, dir)
+	ctx, dir, bin := namespaceAgent(t)
 	_, signer, _ := agent.NewEd25519Key("test-host")
 	os.WriteFile(filepath.Join(dir, "authorized_keys"), gossh.MarshalAuthorizedKey(signer.PublicKey()), 0o644)
 	sockDir := filepath.Join(dir, "sock")
