@@ -41,16 +41,38 @@ func (c *Client) Thaw(ctx context.Context) (ThawReply, error) {
 	return r, err
 }
 
-// NewIdentity gives a forked guest a new identity: the hostname (empty
-// keeps it), a new machine-id, and a kernel RNG reseeded with fresh random
-// bytes from the host.
+// NewIdentity is NewIdentityToken without a token: the guest's
+// /etc/den/identity is left alone, so its next cold boot makes yet another
+// identity.
 func (c *Client) NewIdentity(ctx context.Context, hostname string) (IdentityReply, error) {
+	return c.NewIdentityToken(ctx, hostname, "")
+}
+
+// NewIdentityToken gives a running forked guest a new identity: a kernel
+// RNG reseeded with fresh random bytes from the host (first), the hostname
+// (empty keeps it), a new machine-id and new SSH host keys (the agent's own
+// key, which new connections then see; OpenSSH's are removed or
+// regenerated). token is the VM's den.identity (32 lowercase hex digits):
+// the guest records it so that a cold boot with the same den.identity on
+// its kernel command line keeps this identity.
+func (c *Client) NewIdentityToken(ctx context.Context, hostname, token string) (IdentityReply, error) {
 	entropy := make([]byte, 64)
 	if _, err := rand.Read(entropy); err != nil {
 		return IdentityReply{}, fmt.Errorf("agent identity: %w", err)
 	}
 	var r IdentityReply
-	err := c.call(ctx, ReqIdentity, IdentityRequest{Hostname: hostname, Entropy: entropy}, &r)
+	err := c.call(ctx, ReqIdentity, IdentityRequest{Hostname: hostname, Entropy: entropy, Token: token}, &r)
+	return r, err
+}
+
+// GrowRoot grows the guest's root filesystem (ext4, online) to the size
+// of its block device. minDeviceBytes, when above 0, is the size the host
+// just gave the disk: the agent first waits, briefly, for the guest kernel
+// to see it. Growing a filesystem that already fills its device changes
+// nothing; the agent refuses while filesystems are frozen.
+func (c *Client) GrowRoot(ctx context.Context, minDeviceBytes int64) (GrowReply, error) {
+	var r GrowReply
+	err := c.call(ctx, ReqGrowRoot, GrowRequest{MinDeviceBytes: minDeviceBytes}, &r)
 	return r, err
 }
 

@@ -35,6 +35,7 @@ const (
 	ReqIdentity = "den-identity@den"
 	ReqActivity = "den-activity@den"
 	ReqPoweroff = "den-poweroff@den"
+	ReqGrowRoot = "den-growroot@den"
 )
 
 // ReadyInfo is the reply to ReqReady.
@@ -95,6 +96,11 @@ type IdentityRequest struct {
 	Entropy []byte `json:"entropy"`
 	// MachineID, 32 lowercase hex digits, or empty for a random one.
 	MachineID string `json:"machine_id,omitempty"`
+	// Token is the VM's den.identity (32 lowercase hex digits), written
+	// to /etc/den/identity so that a later cold boot with the same
+	// den.identity keeps this identity; empty leaves the file alone (a
+	// cold boot then makes yet another identity).
+	Token string `json:"token,omitempty"`
 }
 
 // MinEntropy is the least number of random bytes in an IdentityRequest.
@@ -104,6 +110,9 @@ const MinEntropy = 32
 type IdentityReply struct {
 	Hostname  string `json:"hostname"`
 	MachineID string `json:"machine_id"`
+	// HostKey is the agent's new SSH host key (authorized_keys format):
+	// new connections see it; open ones keep the old.
+	HostKey string `json:"host_key,omitempty"`
 }
 
 // Activity is what the guest reports for the idle policy. The CPU
@@ -151,6 +160,29 @@ type Lease struct {
 	Name string `json:"name"`
 	// Until is when it ends; zero means until released.
 	Until time.Time `json:"until,omitempty"`
+}
+
+// GrowRequest grows the guest's root filesystem to the size of its block
+// device.
+type GrowRequest struct {
+	// MinDeviceBytes, when set, is the device size the host just gave the
+	// disk: the agent waits (a few seconds at most) for the guest kernel
+	// to see at least that much before it grows, and fails if it does not.
+	MinDeviceBytes int64 `json:"min_device_bytes,omitempty"`
+}
+
+// GrowReply says what the grow did; OldBytes == NewBytes when the
+// filesystem already filled its device.
+type GrowReply struct {
+	// Device is the root block device ("/dev/vda").
+	Device string `json:"device"`
+	// DeviceBytes is the device's size as the guest kernel sees it.
+	DeviceBytes int64 `json:"device_bytes"`
+	// OldBytes and NewBytes are the filesystem's size (block count times
+	// block size, from its superblock) before and after. df shows a little
+	// less: it leaves out the filesystem's own metadata.
+	OldBytes int64 `json:"old_bytes"`
+	NewBytes int64 `json:"new_bytes"`
 }
 
 // PoweroffRequest stops the guest.

@@ -92,6 +92,7 @@ var (
 	ErrInvalid  = errors.New("invalid request")
 	ErrConflict = errors.New("conflicts with the vm's state")
 	ErrNoSpace  = errors.New("no space")
+	ErrBusy     = errors.New("vm busy")
 	ErrDaemon   = errors.New("daemon error")
 	ErrNoDaemon = errors.New("daemon not reachable")
 )
@@ -106,6 +107,7 @@ var Codes = map[string]struct {
 	"invalid":   {ErrInvalid, 400},
 	"conflict":  {ErrConflict, 409},
 	"no_space":  {ErrNoSpace, 507},
+	"busy":      {ErrBusy, 409},
 	"internal":  {ErrDaemon, 500},
 }
 

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 
@@ -83,6 +84,27 @@ func (p *Pending) Path(file string) storage.Path { return p.dir.Join(file) }
 
 // HostPath is a file of the pending checkpoint on the host.
 func (p *Pending) HostPath(file string) (string, error) { return p.s.Vol.Path(p.dir.Join(file)) }
+
+// Sync checks that the pending checkpoint is whole (a disk, and for a
+// memory+disk checkpoint a non-empty VMM snapshot) and flushes every file
+// to stable storage: a checkpoint is never reported done before its data
+// is durable.
+func (p *Pending) Sync() error {
+	dir, err := p.s.Vol.Path(p.dir)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(dir, DiskFile)); err != nil {
+		return fmt.Errorf("checkpoint %s of %q has no disk: %w", p.id, p.vm, err)
+	}
+	if ents, err := os.ReadDir(filepath.Join(dir, VMMDir)); err == nil && len(ents) == 0 {
+		return fmt.Errorf("checkpoint %s of %q: the vmm wrote no snapshot", p.id, p.vm)
+	}
+	if err := fsutil.SyncTree(dir); err != nil {
+		return fmt.Errorf("checkpoint %s of %q: %w", p.id, p.vm, err)
+	}
+	return nil
+}
 
 // Commit writes the catalog row into the directory and renames it into
 // place: only now does the checkpoint exist.

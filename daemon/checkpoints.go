@@ -74,7 +74,9 @@ func (s *Server) deleteCheckpoint(w http.ResponseWriter, r *http.Request) {
 	if !s.owned(w, r, name) {
 		return
 	}
-	if err := s.m.DeleteCheckpoint(r.Context(), name, r.PathValue("id")); err != nil {
+	ctx, cancel := opContext(r)
+	defer cancel()
+	if err := s.m.DeleteCheckpoint(ctx, name, r.PathValue("id")); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -120,7 +122,9 @@ func (s *Server) sleep(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if err := s.m.Sleep(context.WithoutCancel(r.Context()), name, req.Force); err != nil {
+	ctx, cancel := opContext(r)
+	defer cancel()
+	if err := s.m.Sleep(ctx, name, req.Force); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -132,7 +136,9 @@ func (s *Server) wake(w http.ResponseWriter, r *http.Request) {
 	if !s.owned(w, r, name) {
 		return
 	}
-	if err := s.m.Wake(context.WithoutCancel(r.Context()), name); err != nil {
+	ctx, cancel := opContext(r)
+	defer cancel()
+	if err := s.m.Wake(ctx, name); err != nil {
 		writeError(w, err)
 		return
 	}

@@ -63,9 +63,11 @@ func Run(ctx context.Context, o Options) error {
 		o.Socket = api.DefaultSocket
 	}
 	state := machine.StateDir(o.StateDir)
-	if err := os.MkdirAll(state.Path(), 0o700); err != nil {
+	unlockState, err := machine.LockStateDir(state)
+	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
+	defer unlockState()
 	if err := o.Images.Check(); err != nil {
 		return fmt.Errorf("daemon: %w (build them with `make image`)", err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/machine"
+	"github.com/denhq/den/registry"
 )
 
 // Server answers API requests.
@@ -70,7 +71,9 @@ func errorCode(err error) string {
 		return "exists"
 	case errors.Is(err, machine.ErrInvalid):
 		return "invalid"
-	case errors.Is(err, machine.ErrConflict):
+	case errors.Is(err, machine.ErrBusy):
+		return "busy"
+	case errors.Is(err, machine.ErrConflict), errors.Is(err, registry.ErrIllegalTransition), errors.Is(err, registry.ErrStale):
 		return "conflict"
 	case errors.Is(err, machine.ErrNoSpace):
 		return "no_space"
@@ -99,20 +102,32 @@ func toAPI(st machine.Status) api.VM {
 // owner is the user a request acts for ("" for root: every VM).
 func owner(r *http.Request) string { return r.Header.Get(api.OwnerHeader) }
 
-// getOwned reads a VM that the request's owner may see: another user's
+// authorize checks, from the VM's record alone and before anything looks
+// at the VM itself, that the request's owner may use it: another user's
 // VM is "not found", with no hint that it exists.
-func (s *Server) getOwned(r *http.Request, name string) (machine.Status, error) {
-	st, err := s.m.Get(r.Context(), name)
-	if err == nil && owner(r) != "" && st.Owner != owner(r) {
-		return machine.Status{}, fmt.Errorf("no vm named %q: %w", name, machine.ErrNotFound)
+func (s *Server) authorize(r *http.Request, name string) error {
+	rec, err := s.m.Record(r.Context(), name)
+	if err != nil {
+		return err
 	}
-	return st, err
+	if owner(r) != "" && rec.Owner != owner(r) {
+		return fmt.Errorf("no vm named %q: %w", name, machine.ErrNotFound)
+	}
+	return nil
+}
+
+// getOwned reads a VM that the request's owner may see.
+func (s *Server) getOwned(r *http.Request, name string) (machine.Status, error) {
+	if err := s.authorize(r, name); err != nil {
+		return machine.Status{}, err
+	}
+	return s.m.Get(r.Context(), name)
 }
 
 // owned answers "not found" itself (true: go on) unless the request's
 // owner may use the VM.
 func (s *Server) owned(w http.ResponseWriter, r *http.Request, name string) bool {
-	if _, err := s.getOwned(r, name); err != nil {
+	if err := s.authorize(r, name); err != nil {
 		writeError(w, err)
 		return false
 	}
@@ -145,7 +160,9 @@ func (s *Server) removeVM(w http.ResponseWriter, r *http.Request) {
 	if !s.owned(w, r, r.PathValue("name")) {
 		return
 	}
-	if err := s.m.Remove(r.Context(), r.PathValue("name"), r.URL.Query().Get("force") == "1"); err != nil {
+	ctx, cancel := opContext(r)
+	defer cancel()
+	if err := s.m.Remove(ctx, r.PathValue("name"), r.URL.Query().Get("force") == "1"); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -212,13 +229,26 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, op func(context.
 			fl.Flush()
 		}
 	}
-	ctx := context.WithoutCancel(r.Context())
+	ctx, cancel := opContext(r)
+	defer cancel()
 	ev, err := op(ctx, func(step string) { emit(api.Event{Progress: step}) })
 	if err != nil {
 		emit(api.Event{Error: err.Error(), Code: errorCode(err)})
 		return
 	}
 	emit(ev)
+}
+
+// OpTimeout bounds one API operation (create, checkpoint, restore, fork,
+// sleep, wake): it then fails and rolls back.
+const OpTimeout = 15 * time.Minute
+
+// opContext is the context of an operation a request asked for: detached
+// from the request (a dropped connection never leaves a VM half-made),
+// bounded by OpTimeout, and telling lock waits when the client left.
+func opContext(r *http.Request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), OpTimeout)
+	return machine.WithClient(ctx, r.Context()), cancel
 }
 
 // vmEvent is the final event of an operation that leaves a VM.

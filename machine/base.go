@@ -110,7 +110,7 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 	bvm := vm
 	bvm.Name = "_base-" + dir.Base()
 	bsp := sp
-	bsp.Cmdline = m.cmdline("den")
+	bsp.Cmdline = m.cmdline("den", "")
 	cfg, err := m.vmmConfigDisk(bvm, bsp, dir.Join(checkpoint.DiskFile))
 	if err != nil {
 		return err
@@ -121,11 +121,14 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 		return err
 	}
 	defer os.RemoveAll(rd.Path())
-	hv := m.newHypervisor(vm.VMM, rd)
+	hv, err := m.newHypervisor(vm.VMM, rd)
+	if err != nil {
+		return err
+	}
 	if err := hv.Start(ctx); err != nil {
 		return err
 	}
-	in := &instance{name: bvm.Name, hv: hv, stopping: make(chan struct{})}
+	in := newInstance(bvm.Name, hv)
 	defer func() {
 		in.closeAgent()
 		_ = hv.Shutdown(context.Background())

@@ -35,12 +35,12 @@ func (m *Manager) Checkpoint(ctx context.Context, name string, o CheckpointOptio
 	if _, err := m.get(ctx, name); err != nil {
 		return registry.Checkpoint{}, err
 	}
-	unlock, err := m.lockVM(ctx, name)
+	unlock, err := m.lockVM(ctx, name, "checkpoint")
 	if err != nil {
 		return registry.Checkpoint{}, err
 	}
 	defer unlock()
-	vm, err := m.get(ctx, name)
+	vm, err := m.reconcileLocked(ctx, name)
 	if err != nil {
 		return registry.Checkpoint{}, err
 	}
@@ -67,6 +67,15 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 		return registry.Checkpoint{}, err
 	}
 	id := checkpoint.ID(seq)
+	in := m.instance(vm.Name)
+	running := vm.State == registry.StateRunning && in != nil && alive(in)
+	need := int64(0)
+	if running && !o.DiskOnly {
+		need = m.memorySnapshotNeed(vm)
+	}
+	if err := m.needSpace(need, fmt.Sprintf("checkpoint vm %q", vm.Name)); err != nil {
+		return registry.Checkpoint{}, err
+	}
 	row := registry.Checkpoint{VM: vm.Name, ID: id, Seq: seq, Parent: sp.Head, Comment: o.Comment, VMM: vm.VMM, Kind: checkpoint.KindMemoryDisk}
 	p, err := m.store().Begin(ctx, vm.Name, id)
 	if err != nil {
@@ -78,8 +87,6 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 			p.Abort()
 		}
 	}()
-	in := m.instance(vm.Name)
-	running := vm.State == registry.StateRunning && in != nil && alive(in)
 	switch {
 	case running && o.DiskOnly:
 		row.Kind = checkpoint.KindDiskOnly
@@ -115,6 +122,9 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 		row.DiskBytes = u.Data
 	}
 	row.CreatedAt = time.Now().UTC()
+	if err := p.Sync(); err != nil {
+		return row, fmt.Errorf("checkpoint vm %q: %w", vm.Name, err)
+	}
 	crashpoint("checkpoint-before-commit")
 	if err := p.Commit(ctx, row); err != nil {
 		return row, err
@@ -239,7 +249,7 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, name, id string) error {
 	if _, err := m.get(ctx, name); err != nil {
 		return err
 	}
-	unlock, err := m.lockVM(ctx, name)
+	unlock, err := m.lockVM(ctx, name, "delete checkpoint "+id)
 	if err != nil {
 		return err
 	}

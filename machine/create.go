@@ -2,6 +2,8 @@ package machine
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,6 +54,19 @@ type spec struct {
 	Restoring string `json:"restoring,omitempty"`
 	// ForkedFrom is "vm@checkpoint" for a VM made by den fork.
 	ForkedFrom string `json:"forked_from,omitempty"`
+	// Identity is the VM's identity token (den.identity= on its kernel
+	// command line): a guest whose disk has another token takes a new
+	// hostname, machine-id and host keys before its services start.
+	Identity string `json:"identity,omitempty"`
+}
+
+// newToken is a new identity token: 32 lower-case hex digits.
+func newToken() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	return hex.EncodeToString(b[:])
 }
 
 // MaxDisk bounds a VM disk (the disk is sparse: it takes what is written).
@@ -93,29 +108,9 @@ func (m *Manager) checkSizes(o *CreateOptions) error {
 	return nil
 }
 
-// volumeFree is the free space where the volume's data lands: the mount
-// and, for the embedded volume, the local disk under it.
-func (m *Manager) volumeFree() (int64, error) {
-	free := int64(-1)
-	for _, p := range []string{m.vol.Root(), m.state.VolumeState()} {
-		var st unix.Statfs_t
-		if err := unix.Statfs(p, &st); err != nil {
-			continue
-		}
-		f := int64(st.Bavail) * st.Bsize
-		if free < 0 || f < free {
-			free = f
-		}
-	}
-	if free < 0 {
-		return 0, errors.New("volume free space unknown")
-	}
-	return free, nil
-}
-
 // Create makes a new VM: a clone of the image's base disk, a VMM booting
-// it, and the agent answering. Anything half-done is rolled back on
-// failure.
+// it (or restoring the image's warm base), and the agent answering.
+// Anything half-done is rolled back on failure.
 func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress) (registry.VM, error) {
 	if progress == nil {
 		progress = func(string) {}
@@ -127,16 +122,22 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		o.Image = m.cfg.DefaultImage
 	}
 	if o.Owner == "" {
-		o.Owner = "default"
+		o.Owner = DefaultOwner
 	}
 	if err := m.checkSizes(&o); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
-	unlock, err := m.lockVM(ctx, o.Name)
+	if err := m.needSpace(spaceMargin, "create vm "+o.Name); err != nil {
+		return registry.VM{}, err
+	}
+	unlock, err := m.lockVM(ctx, o.Name, "create")
 	if err != nil {
 		return registry.VM{}, err
 	}
 	defer unlock()
+	if _, err := m.db.GetVM(ctx, o.Name); err == nil {
+		return registry.VM{}, fmt.Errorf("create vm %q: a vm of that name exists: %w", o.Name, ErrExists)
+	}
 
 	base, baseSize, err := m.baseImage(ctx, o.Image, progress)
 	if err != nil {
@@ -147,24 +148,13 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	}
 	accel, _ := m.Accel()
 	now := time.Now().UTC()
-	sp := spec{Kernel: m.kernel(), Initramfs: m.cfg.Images.Initramfs(), BaseImage: string(base)}
-	sp.Cmdline = m.cmdline(o.Name)
+	sp := spec{Kernel: m.kernel(), Initramfs: m.cfg.Images.Initramfs(), BaseImage: string(base), Identity: newToken()}
+	sp.Cmdline = m.cmdline(o.Name, sp.Identity)
 	vm := registry.VM{
 		Name: o.Name, Owner: o.Owner, Image: o.Image, CPUs: o.CPUs, MemoryBytes: o.MemoryBytes, DiskBytes: o.DiskBytes,
 		State: registry.StateCreating, VMM: m.vmmName, Accel: accel, IdleTimeout: o.IdleTimeout,
 		CreatedAt: now, LastActive: now, SpecJSON: mustJSON(sp),
 	}
-	if err := m.db.CreateVM(ctx, vm); err != nil {
-		if errors.Is(err, registry.ErrExists) {
-			return registry.VM{}, fmt.Errorf("create vm %q: a vm of that name exists: %w", o.Name, ErrExists)
-		}
-		return registry.VM{}, err
-	}
-	var undo cleanups
-	defer undo.run()
-	undo.push(func() { _ = m.db.DeleteVM(context.Background(), o.Name) })
-
-	undo.push(func() { m.destroy(context.Background(), o.Name, vm.VMM) })
 	warm := storage.Path("")
 	if !o.Cold {
 		if warm, err = m.warmBase(ctx, vm, sp, progress); err != nil {
@@ -172,45 +162,102 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 			warm = ""
 		}
 	}
-	if warm != "" {
-		progress("cloning the warm base of image " + o.Image)
-		err = m.vol.Clone(ctx, warm.Join(checkpoint.DiskFile), storage.VMDisk(o.Name))
-	} else {
-		progress("cloning disk from image " + o.Image)
-		err = m.vol.Clone(ctx, base, storage.VMDisk(o.Name))
-	}
-	if err != nil {
-		return registry.VM{}, fmt.Errorf("create vm %q: clone disk: %w", o.Name, err)
-	}
-	if err := m.growDisk(o.Name, o.DiskBytes); err != nil {
+	undo := cleanups{log: m.log}
+	defer undo.run()
+	if vm, err = m.reserve(ctx, vm, &undo); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
+	src := bringUpFrom{disk: base, what: "image " + o.Image}
 	if warm != "" {
-		progress("restoring the warm base (" + m.vmmName + ", " + accel + ")")
-		in, err := m.restoreInto(ctx, vm, sp, warm.Join(checkpoint.VMMDir))
-		if err != nil {
-			return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
-		}
-		progress("new identity")
-		if err := m.newIdentity(ctx, in, o.Name); err != nil {
-			return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
-		}
-	} else {
-		progress("booting (" + m.vmmName + ", " + accel + ")")
-		if err := m.boot(ctx, vm, sp); err != nil {
-			return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
-		}
+		src = bringUpFrom{disk: warm.Join(checkpoint.DiskFile), memory: warm.Join(checkpoint.VMMDir), what: "the warm base of image " + o.Image}
 	}
-	vm, err = m.db.UpdateVM(ctx, o.Name, func(v *registry.VM) error {
-		v.State = registry.StateRunning
-		v.LastActive = time.Now().UTC()
-		return nil
-	})
-	if err != nil {
-		return registry.VM{}, err
+	if vm, err = m.bringUp(ctx, vm, sp, src, &undo, progress); err != nil {
+		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
 	undo.release()
 	return vm, nil
+}
+
+// reserve records a new VM as creating (its name is then taken), with
+// the undo of everything a rollback must remove for it.
+func (m *Manager) reserve(ctx context.Context, vm registry.VM, undo *cleanups) (registry.VM, error) {
+	if err := m.db.CreateVM(ctx, vm); err != nil {
+		if errors.Is(err, registry.ErrExists) {
+			return vm, fmt.Errorf("a vm of that name exists: %w", ErrExists)
+		}
+		return vm, err
+	}
+	undo.push("delete the record of vm "+vm.Name, func() error {
+		return m.db.DeleteVM(context.WithoutCancel(ctx), vm.Name)
+	})
+	undo.push("remove the files of vm "+vm.Name, func() error {
+		m.destroy(context.WithoutCancel(ctx), vm.Name)
+		return nil
+	})
+	return m.get(ctx, vm.Name)
+}
+
+// bringUpFrom is where a new VM's disk and (unless it boots) memory come
+// from: an image, a warm base or a checkpoint.
+type bringUpFrom struct {
+	disk   storage.Path // cloned as the VM's disk
+	memory storage.Path // VMM snapshot to restore; "" boots instead
+	what   string       // for progress lines
+}
+
+// bringUp is the one bring-up of a new VM, for create and fork: clone
+// the disk, restore the memory with a new identity (or cold-boot, where
+// the guest's initramfs applies the identity on the command line before
+// anything reads it), grow the disk and the guest's filesystem to the
+// VM's size, and record the VM running.
+func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bringUpFrom, undo *cleanups, progress Progress) (registry.VM, error) {
+	accel, _ := m.Accel()
+	progress("cloning the disk of " + from.what)
+	if err := m.vol.Clone(ctx, from.disk, storage.VMDisk(vm.Name)); err != nil {
+		return vm, fmt.Errorf("clone disk: %w", err)
+	}
+	crashpoint("bringup-after-clone")
+	cloned, err := m.diskFileSize(vm.Name)
+	if err != nil {
+		return vm, err
+	}
+	grow := vm.DiskBytes > cloned
+	if from.memory != "" {
+		progress("restoring the memory of " + from.what + " (" + vm.VMM + ", " + accel + ")")
+		in, err := m.restoreInto(ctx, vm, sp, from.memory)
+		if err != nil {
+			return vm, err
+		}
+		progress("new identity")
+		if err := m.newIdentity(ctx, in, vm.Name, sp.Identity); err != nil {
+			return vm, err
+		}
+		if grow {
+			progress("growing the disk to " + FormatSize(vm.DiskBytes))
+			if err := m.growDisk(ctx, vm, in); err != nil {
+				return vm, err
+			}
+		}
+	} else {
+		if err := m.growDiskFile(vm.Name, vm.DiskBytes); err != nil {
+			return vm, err
+		}
+		progress("booting (" + vm.VMM + ", " + accel + ")")
+		if err := m.boot(ctx, vm, sp); err != nil {
+			return vm, err
+		}
+		if grow {
+			progress("growing the root filesystem to " + FormatSize(vm.DiskBytes))
+			if err := m.growDisk(ctx, vm, m.instance(vm.Name)); err != nil {
+				return vm, err
+			}
+		}
+	}
+	crashpoint("bringup-before-commit")
+	return m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
+		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
+		return nil
+	})
 }
 
 func mustJSON(v any) string {
@@ -222,45 +269,23 @@ func mustJSON(v any) string {
 }
 
 // kernel is the kernel form the chosen VMM boots.
-func (m *Manager) kernel() string {
-	if m.vmmName == VMMCloudHypervisor {
-		return m.cfg.Images.Vmlinux()
-	}
-	return m.cfg.Images.BzImage()
-}
+func (m *Manager) kernel() string { return m.drivers[m.vmmName].Kernel(m.cfg.Images) }
 
 // cmdline is a VM's kernel command line: console, root disk, the daemon's
-// key for the agent, hostname and (user-mode) network.
-func (m *Manager) cmdline(name string) string {
+// key for the agent, hostname, identity token and (user-mode) network.
+func (m *Manager) cmdline(name, identity string) string {
 	parts := []string{
 		"console=ttyS0", "root=/dev/vda", "rw", "panic=-1", "loglevel=4",
 		agent.AuthorizedKeyArg(m.signer.PublicKey()),
 		"den.hostname=" + name,
 	}
-	if m.vmmName == VMMQEMU {
-		// QEMU's user-mode network: the guest is 10.0.2.15 behind NAT.
-		parts = append(parts, "den.ip=10.0.2.15/24", "den.gw=10.0.2.2", "den.dns=10.0.2.3")
+	if identity != "" {
+		// A VM booting with a token its disk has not seen takes a new
+		// identity in the initramfs (hostname, machine-id, host keys).
+		parts = append(parts, "den.identity="+identity)
 	}
+	parts = append(parts, m.drivers[m.vmmName].NetCmdline...)
 	return strings.Join(parts, " ")
-}
-
-// growDisk extends a cloned disk to the asked size (never shrinks it).
-func (m *Manager) growDisk(name string, size int64) error {
-	p, err := m.vol.Path(storage.VMDisk(name))
-	if err != nil {
-		return err
-	}
-	st, err := os.Stat(p)
-	if err != nil {
-		return fmt.Errorf("disk: %w", err)
-	}
-	if st.Size() >= size {
-		return nil
-	}
-	if err := os.Truncate(p, size); err != nil {
-		return fmt.Errorf("grow disk to %s: %w", FormatSize(size), err)
-	}
-	return nil
 }
 
 // vmmConfig is the VMM config of a VM.
@@ -274,14 +299,17 @@ func (m *Manager) vmmConfigDisk(vm registry.VM, sp spec, diskPath storage.Path) 
 	if err != nil {
 		return vmm.Config{}, err
 	}
+	d, err := m.driver(vm.VMM)
+	if err != nil {
+		return vmm.Config{}, err
+	}
 	cfg := vmm.Config{
 		CPUs: vm.CPUs, MemoryBytes: vm.MemoryBytes,
 		Kernel: sp.Kernel, Initramfs: sp.Initramfs, Cmdline: sp.Cmdline,
 		Disks: []vmm.Disk{{ID: "root", Path: disk}},
-		Net:   []vmm.Net{{ID: "net0"}},
 	}
-	if vm.VMM == VMMCloudHypervisor {
-		cfg.Net = nil // TAP networking is not set up by den yet
+	if d.UserNet {
+		cfg.Net = []vmm.Net{{ID: "net0"}}
 	}
 	return cfg, nil
 }
@@ -298,11 +326,14 @@ func (m *Manager) boot(ctx context.Context, vm registry.VM, sp spec) error {
 	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
-	hv := m.newHypervisor(vm.VMM, rd)
+	hv, err := m.newHypervisor(vm.VMM, rd)
+	if err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
 	if err := hv.Start(ctx); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
-	in := &instance{name: vm.Name, hv: hv, stopping: make(chan struct{}), lastAct: time.Now()}
+	in := newInstance(vm.Name, hv)
 	fail := func(err error) error {
 		close(in.stopping)
 		in.closeAgent()

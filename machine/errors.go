@@ -10,4 +10,7 @@ var (
 	ErrInvalid  = errors.New("invalid")
 	ErrConflict = errors.New("not possible in this state")
 	ErrNoSpace  = errors.New("not enough space")
+	// ErrBusy: another operation holds the VM for longer than the caller
+	// would wait.
+	ErrBusy = errors.New("busy")
 )

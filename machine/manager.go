@@ -6,7 +6,6 @@ package machine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -20,14 +19,6 @@ import (
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/vmm"
-	"github.com/denhq/den/vmm/cloudhypervisor"
-	"github.com/denhq/den/vmm/qemu"
-)
-
-// VMM names recorded per VM.
-const (
-	VMMQEMU            = "qemu"
-	VMMCloudHypervisor = "cloud-hypervisor"
 )
 
 // Config configures a Manager.
@@ -41,7 +32,8 @@ type Config struct {
 	Images image.Dir
 	// DefaultImage is the root filesystem of VMs created without one.
 	DefaultImage string
-	// VMM forces a VMM ("qemu", "cloud-hypervisor"); empty chooses:
+	// VMM forces a VMM ("qemu", "cloud-hypervisor", or a name from
+	// Drivers); empty chooses:
 	// Cloud Hypervisor when its binary is found and KVM boots guests,
 	// else QEMU.
 	VMM string
@@ -53,9 +45,20 @@ type Config struct {
 	// BootTimeout bounds a boot until the agent answers (default 3 min:
 	// TCG is slow).
 	BootTimeout time.Duration
+	// LockWait bounds waiting for a VM another operation holds
+	// (default DefaultLockWait).
+	LockWait time.Duration
+	// DrainTimeout bounds how long Close waits for operations in flight
+	// (default DefaultDrainTimeout).
+	DrainTimeout time.Duration
+	// Drivers replaces the VMM drivers found on the host (tests).
+	Drivers map[string]Driver
 	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
 }
+
+// DefaultDrainTimeout bounds Close's wait for operations in flight.
+const DefaultDrainTimeout = 5 * time.Minute
 
 // Defaults for a VM created without sizes.
 const (
@@ -77,14 +80,16 @@ type Manager struct {
 	log    *slog.Logger
 
 	kvm     vmm.KVMStatus
-	vmmName string
-	chBin   string
+	drivers map[string]Driver
+	vmmName string // the driver new VMs run under
 
 	imageMu sync.Mutex // serialises base image imports
 
 	mu        sync.Mutex
 	instances map[string]*instance
-	busy      map[string]int // VMs an operation holds the lock of
+	holders   map[string]holder        // VMs an operation holds the lock of
+	waiters   map[string]chan struct{} // closed when a holder lets go
+	ops       sync.WaitGroup           // operations holding a VM's lock
 	closed    chan struct{}
 }
 
@@ -116,7 +121,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m := &Manager{
 		cfg: cfg, state: cfg.State, db: db, vol: cfg.Volume, signer: signer, log: cfg.Logger,
-		kvm: vmm.DetectKVM(), instances: map[string]*instance{}, busy: map[string]int{}, closed: make(chan struct{}),
+		kvm: vmm.DetectKVM(), instances: map[string]*instance{}, holders: map[string]holder{}, waiters: map[string]chan struct{}{},
+		closed: make(chan struct{}),
 	}
 	if err := m.chooseVMM(); err != nil {
 		db.Close()
@@ -130,77 +136,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	return m, nil
 }
 
-// chooseVMM picks Cloud Hypervisor where it can run guests, else QEMU.
-func (m *Manager) chooseVMM() error {
-	want := m.cfg.VMM
-	if bin, err := cloudhypervisor.FindBinary(); err == nil {
-		m.chBin = bin
-	}
-	switch want {
-	case "":
-		if m.chBin != "" && m.kvm.Usable {
-			m.vmmName = VMMCloudHypervisor
-		} else {
-			m.vmmName = VMMQEMU
-		}
-	case VMMCloudHypervisor:
-		if m.chBin == "" {
-			return errors.New("vmm cloud-hypervisor asked for, but no binary found (DEN_CH_BINARY, PATH)")
-		}
-		m.vmmName = want
-	case VMMQEMU:
-		m.vmmName = want
-	default:
-		return fmt.Errorf("unknown vmm %q: use qemu or cloud-hypervisor", want)
-	}
-	if m.vmmName == VMMQEMU {
-		if _, err := qemu.FindBinary(); err != nil {
-			return err
-		}
-		if !m.kvm.Usable {
-			m.log.Warn("den: VMs run under QEMU with TCG emulation (slow): " + m.kvm.Reason)
-		}
-	}
-	return nil
-}
-
-// VMMName is the VMM new VMs run under; Accel its accelerator.
-func (m *Manager) VMMName() string { return m.vmmName }
-
-// Accel is "kvm" or "tcg"; AccelNote says why.
-func (m *Manager) Accel() (string, string) {
-	if m.vmmName == VMMCloudHypervisor {
-		return "kvm", m.kvm.Reason
-	}
-	return m.kvm.Accelerator(), m.kvm.Reason
-}
-
-// Network says how VMs reach the network.
-func (m *Manager) Network() string {
-	if m.vmmName == VMMQEMU {
-		return "qemu user-mode networking (outbound NAT only, no inbound)"
-	}
-	return "none (Cloud Hypervisor without TAP setup)"
-}
-
-// newHypervisor returns the driver for a VM's VMM in its runtime dir.
-func (m *Manager) newHypervisor(vmmName string, rd vmm.RunDir) vmm.Hypervisor {
-	if vmmName == VMMCloudHypervisor {
-		return cloudhypervisor.New(cloudhypervisor.Options{Binary: m.chBin, RunDir: rd, Logger: m.log})
-	}
-	return qemu.New(qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log, StreamRAM: m.cfg.QEMUStreamRAM})
-}
-
-// adoptHypervisor re-attaches to a VM's running VMM.
-func (m *Manager) adoptHypervisor(ctx context.Context, vmmName string, rd vmm.RunDir) (vmm.Hypervisor, error) {
-	if vmmName == VMMCloudHypervisor {
-		return cloudhypervisor.Adopt(ctx, cloudhypervisor.Options{Binary: m.chBin, RunDir: rd, Logger: m.log})
-	}
-	return qemu.Adopt(ctx, qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log, StreamRAM: m.cfg.QEMUStreamRAM})
-}
-
-// Close stops watching the VMs and closes agent connections and the
-// database. Running VMs keep running: a new Manager adopts them.
+// Close refuses new operations, lets those in flight finish or roll back
+// (for at most Config.DrainTimeout), then closes agent connections and
+// the database. Running VMs keep running: a new Manager adopts them.
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	select {
@@ -210,6 +148,19 @@ func (m *Manager) Close() error {
 	default:
 	}
 	close(m.closed)
+	m.mu.Unlock()
+	drained := make(chan struct{})
+	go func() { m.ops.Wait(); close(drained) }()
+	wait := m.cfg.DrainTimeout
+	if wait <= 0 {
+		wait = DefaultDrainTimeout
+	}
+	select {
+	case <-drained:
+	case <-time.After(wait):
+		m.log.Warn("den: operations still running at shutdown; closing anyway", "waited", wait)
+	}
+	m.mu.Lock()
 	insts := m.instances
 	m.instances = map[string]*instance{}
 	m.mu.Unlock()
@@ -217,46 +168,4 @@ func (m *Manager) Close() error {
 		in.closeAgent()
 	}
 	return m.db.Close()
-}
-
-// instance is the live side of a VM that has a VMM process.
-type instance struct {
-	name     string
-	hv       vmm.Hypervisor
-	stopping chan struct{} // closed when den itself stops the VMM
-
-	dialMu  sync.Mutex // serialises redials of the agent
-	agentMu sync.Mutex
-	agent   *agent.Client
-
-	actMu    sync.Mutex
-	sessions int
-	lastAct  time.Time
-}
-
-func (in *instance) closeAgent() {
-	in.agentMu.Lock()
-	defer in.agentMu.Unlock()
-	if in.agent != nil {
-		in.agent.Close()
-		in.agent = nil
-	}
-}
-
-func (m *Manager) instance(name string) *instance {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.instances[name]
-}
-
-func (m *Manager) setInstance(in *instance) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.instances[in.name] = in
-}
-
-func (m *Manager) dropInstance(name string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.instances, name)
 }

@@ -26,6 +26,10 @@ func (s StateDir) GatewayKey() string { return filepath.Join(string(s), "keys", 
 // Run is the runtime directory of one VM's VMM (sockets, logs, RAM file).
 func (s StateDir) Run(vm string) vmm.RunDir { return vmm.RunDir(filepath.Join(string(s), "run", vm)) }
 
+// DaemonLock is held by the one daemon using this state dir, for its
+// whole life.
+func (s StateDir) DaemonLock() string { return filepath.Join(string(s), "daemon.lock") }
+
 // Lock is the lock file of one VM.
 func (s StateDir) Lock(vm string) string { return filepath.Join(string(s), "locks", vm+".lock") }
 

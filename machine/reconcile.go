@@ -31,10 +31,13 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			m.adopt(ctx, vm)
 		case registry.StateCreating:
 			m.log.Warn("den: rolling back a vm whose creation was interrupted", "vm", vm.Name)
-			m.destroy(ctx, vm.Name, vm.VMM)
+			m.destroy(ctx, vm.Name)
+			_ = m.db.DeleteCheckpoints(ctx, vm.Name)
 			_ = m.db.DeleteVM(ctx, vm.Name)
 		case registry.StateDeleting:
-			m.destroy(ctx, vm.Name, vm.VMM)
+			m.destroy(ctx, vm.Name)
+			_ = os.RemoveAll(m.state.Run(vm.Name).Path())
+			_ = m.db.DeleteCheckpoints(ctx, vm.Name)
 			_ = m.db.DeleteVM(ctx, vm.Name)
 		}
 	}
@@ -46,13 +49,17 @@ func (m *Manager) adopt(ctx context.Context, vm registry.VM) {
 	rd := m.state.Run(vm.Name)
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	hv, err := m.adoptHypervisor(actx, vm.VMM, rd)
+	d, err := m.driver(vm.VMM)
+	var hv vmm.Hypervisor
+	if err == nil {
+		hv, err = d.Adopt(actx, rd)
+	}
 	if err != nil {
-		m.markStopped(vm.Name, fmt.Sprintf("vmm gone while den was not running: %v", err))
+		m.recordStopped(ctx, vm.Name, fmt.Sprintf("vmm gone while den was not running: %v", err))
 		m.stopRecorded(vm.Name)
 		return
 	}
-	in := &instance{name: vm.Name, hv: hv, stopping: make(chan struct{}), lastAct: time.Now()}
+	in := newInstance(vm.Name, hv)
 	// den never leaves a VM paused between operations: one found paused
 	// was caught by a crash in the middle of a checkpoint or sleep.
 	if info, err := hv.Info(actx); err == nil && info.State == vmm.StatePaused {
@@ -95,8 +102,9 @@ func (m *Manager) stopRecorded(name string) {
 	m.discardRuntime(name)
 }
 
-// watch waits for the VMM to exit and, unless den stopped it, marks the
-// VM stopped with the reason and the console's last words.
+// watch waits for the VMM to exit and, unless den stopped it, has the
+// VM's owner record it: under the VM's lock, once any operation in
+// flight is done, and only if this instance is still the VM's.
 func (m *Manager) watch(in *instance) {
 	select {
 	case <-in.hv.Exited():
@@ -110,19 +118,34 @@ func (m *Manager) watch(in *instance) {
 		return
 	default:
 	}
-	in.closeAgent()
-	m.dropInstance(in.name)
-	reason := "vmm exited"
-	if err := in.hv.ExitErr(); err != nil {
-		reason = "vmm exited: " + err.Error()
-	}
-	reason += consoleHint(m.state.Run(in.name))
+	reason := exitReason(in) + consoleHint(m.state.Run(in.name))
 	m.log.Warn("den: vm stopped unexpectedly", "vm", in.name, "reason", reason)
-	m.markStopped(in.name, reason)
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultLockWait)
+	defer cancel()
+	unlock, err := m.lockVM(ctx, in.name, "reconcile")
+	if err != nil {
+		m.log.Warn("den: record stopped vm (the next read will)", "vm", in.name, "err", err)
+		return
+	}
+	defer unlock()
+	select {
+	case <-in.stopping:
+		return // an operation stopped it meanwhile and recorded it
+	default:
+	}
+	if m.instance(in.name) != in {
+		return // an operation replaced it (restore, wake)
+	}
+	in.closeAgent()
+	m.dropInstanceIf(in)
+	m.recordStopped(ctx, in.name, reason)
 }
 
-func (m *Manager) markStopped(name, reason string) {
-	_, err := m.db.UpdateVM(context.Background(), name, func(v *registry.VM) error {
+// recordStopped records a running (or creating, sleeping) VM as stopped
+// with the reason; the caller owns the VM (holds its lock, or is the
+// start-up reconcile).
+func (m *Manager) recordStopped(ctx context.Context, name, reason string) {
+	_, err := m.db.UpdateVM(context.WithoutCancel(ctx), name, func(v *registry.VM) error {
 		if v.State == registry.StateStopped || v.State == registry.StateDeleting {
 			return nil
 		}
@@ -137,7 +160,7 @@ func (m *Manager) markStopped(name, reason string) {
 
 // destroy stops whatever VMM a VM has and removes its disk, checkpoints
 // and runtime files. Best effort: used for rollback and deletion.
-func (m *Manager) destroy(ctx context.Context, name, vmmName string) {
+func (m *Manager) destroy(ctx context.Context, name string) {
 	if in := m.instance(name); in != nil {
 		m.stopInstance(ctx, in, false)
 	} else {

@@ -30,11 +30,14 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
 		return nil, err
 	}
-	hv := m.newHypervisor(vm.VMM, rd)
+	hv, err := m.newHypervisor(vm.VMM, rd)
+	if err != nil {
+		return nil, err
+	}
 	if err := hv.Start(ctx); err != nil {
 		return nil, err
 	}
-	in := &instance{name: vm.Name, hv: hv, stopping: make(chan struct{}), lastAct: time.Now()}
+	in := newInstance(vm.Name, hv)
 	fail := func(err error) (*instance, error) {
 		close(in.stopping)
 		in.closeAgent()
@@ -79,12 +82,12 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	if _, err := m.get(ctx, name); err != nil {
 		return "", err
 	}
-	unlock, err := m.lockVM(ctx, name)
+	unlock, err := m.lockVM(ctx, name, "restore "+id)
 	if err != nil {
 		return "", err
 	}
 	defer unlock()
-	vm, err := m.get(ctx, name)
+	vm, err := m.reconcileLocked(ctx, name)
 	if err != nil {
 		return "", err
 	}
@@ -93,13 +96,17 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 		return "", err
 	}
 	in := m.instance(name)
-	if in != nil && !o.Force {
-		in.actMu.Lock()
-		n := in.sessions
-		in.actMu.Unlock()
-		if n > 0 {
+	if in != nil {
+		// No session is admitted from here; open ones block the restore
+		// unless forced.
+		if n, ok := in.close(o.Force); !ok {
 			return "", fmt.Errorf("restore vm %q: %d session(s) open (exec, ssh): retry when they end, or use --force to end them: %w", name, n, ErrConflict)
 		}
+		defer func() {
+			if err != nil && m.instance(name) == in {
+				in.reopen()
+			}
+		}()
 	}
 	if !o.NoSave && vm.State != registry.StateStopped {
 		progress("saving the current state first (--no-save skips this)")
@@ -173,107 +180,4 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 		return nil
 	})
 	return err
-}
-
-// Fork makes a new VM from a checkpoint of another (from its current
-// state when id is empty: a checkpoint is taken first). The new VM gets a
-// new identity: hostname, machine-id and a reseeded RNG, so that two
-// forks never share random state.
-func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progress) (registry.VM, error) {
-	if progress == nil {
-		progress = func(string) {}
-	}
-	if err := ValidateName(name); err != nil {
-		return registry.VM{}, err
-	}
-	if _, err := m.get(ctx, src); err != nil {
-		return registry.VM{}, err
-	}
-	if id == "" {
-		progress("checkpointing " + src)
-		cp, err := m.Checkpoint(ctx, src, CheckpointOptions{Comment: "auto: fork to " + name}, nil)
-		if err != nil {
-			return registry.VM{}, err
-		}
-		id = cp.ID
-	}
-	unlockSrc, err := m.lockVM(ctx, src)
-	if err != nil {
-		return registry.VM{}, err
-	}
-	srcVM, err := m.get(ctx, src)
-	if err != nil {
-		unlockSrc()
-		return registry.VM{}, err
-	}
-	cp, err := m.getCheckpoint(ctx, src, id)
-	unlockSrc()
-	if err != nil {
-		return registry.VM{}, err
-	}
-	unlock, err := m.lockVM(ctx, name)
-	if err != nil {
-		return registry.VM{}, err
-	}
-	defer unlock()
-
-	srcSpec, err := decodeSpec(srcVM)
-	if err != nil {
-		return registry.VM{}, err
-	}
-	sp := srcSpec
-	sp.Head, sp.ForkedFrom, sp.Cmdline = "", src+"@"+id, m.cmdline(name)
-	now := time.Now().UTC()
-	vm := srcVM
-	vm.Name, vm.State, vm.Reason, vm.CreatedAt, vm.LastActive, vm.SpecJSON = name, registry.StateCreating, "", now, now, mustJSON(sp)
-	if err := m.db.CreateVM(ctx, vm); err != nil {
-		return registry.VM{}, fmt.Errorf("fork to %q: a vm of that name exists: %w", name, ErrExists)
-	}
-	var undo cleanups
-	defer undo.run()
-	undo.push(func() { _ = m.db.DeleteVM(context.Background(), name) })
-	undo.push(func() { _ = m.vol.Remove(context.Background(), storage.VMDir(name)) })
-	progress("cloning " + src + "@" + id + "'s disk")
-	if err := m.vol.Clone(ctx, checkpoint.Dir(src, id).Join(checkpoint.DiskFile), storage.VMDisk(name)); err != nil {
-		return registry.VM{}, fmt.Errorf("fork to %q: %w", name, err)
-	}
-	undo.push(func() { m.destroy(context.Background(), name, vm.VMM) })
-	if cp.Kind == checkpoint.KindMemoryDisk {
-		progress("restoring memory into a new vmm")
-		in, err := m.restoreInto(ctx, vm, sp, checkpoint.Dir(src, id).Join(checkpoint.VMMDir))
-		if err != nil {
-			return registry.VM{}, fmt.Errorf("fork to %q: %w", name, err)
-		}
-		progress("new identity")
-		if err := m.newIdentity(ctx, in, name); err != nil {
-			return registry.VM{}, fmt.Errorf("fork to %q: %w", name, err)
-		}
-	} else {
-		progress("booting from the checkpoint's disk")
-		if err := m.boot(ctx, vm, sp); err != nil {
-			return registry.VM{}, fmt.Errorf("fork to %q: %w", name, err)
-		}
-	}
-	vm, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
-		v.State, v.LastActive = registry.StateRunning, time.Now().UTC()
-		return nil
-	})
-	if err != nil {
-		return registry.VM{}, err
-	}
-	undo.release()
-	return vm, nil
-}
-
-// newIdentity gives a restored copy of a VM its own hostname, machine-id
-// and random state.
-func (m *Manager) newIdentity(ctx context.Context, in *instance, hostname string) error {
-	c, err := m.agentClient(ctx, in)
-	if err != nil {
-		return err
-	}
-	if _, err := c.NewIdentity(ctx, hostname); err != nil {
-		return fmt.Errorf("new identity: %w", err)
-	}
-	return nil
 }

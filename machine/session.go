@@ -11,7 +11,8 @@ import (
 )
 
 // Session is a claim on a running VM's agent connection: the VM counts as
-// active until Release.
+// active, and cannot be put to sleep or restored from under it, until
+// Release.
 type Session struct {
 	// Conn opens channels on the agent (sshproxy.Opener).
 	Conn ssh.Conn
@@ -27,24 +28,19 @@ func (s *Session) Release() {
 		return
 	}
 	s.done = true
-	s.in.actMu.Lock()
-	s.in.sessions--
-	s.in.lastAct = time.Now()
-	s.in.actMu.Unlock()
+	s.in.release()
 }
 
-// Open returns a session on the VM's agent, starting the VM first if it
-// is stopped, and waiting for it. owner, when set, must own the VM.
+// Open returns a session on the VM's agent, starting or waking the VM
+// first if it is not running, and waiting for it. owner, when set, must
+// own the VM. The session is admitted under the same rule as a sleep: a
+// sleep either finished before (and the VM is woken) or does not start
+// while the session is open.
 func (m *Manager) Open(ctx context.Context, name, owner string) (*Session, error) {
-	in, err := m.ensureRunning(ctx, name, owner)
+	in, err := m.ensureRunning(ctx, name, owner, true)
 	if err != nil {
 		return nil, err
 	}
-	// Counted before the dial, so that a sleep starting now refuses.
-	in.actMu.Lock()
-	in.sessions++
-	in.lastAct = time.Now()
-	in.actMu.Unlock()
 	s := &Session{in: in}
 	c, err := m.agentClient(ctx, in)
 	if err != nil {
@@ -56,8 +52,9 @@ func (m *Manager) Open(ctx context.Context, name, owner string) (*Session, error
 }
 
 // ensureRunning returns the running instance of a VM, booting a stopped
-// VM first.
-func (m *Manager) ensureRunning(ctx context.Context, name, owner string) (*instance, error) {
+// VM or waking a sleeping one first; with admit, a session is counted on
+// it before any sleep can close it.
+func (m *Manager) ensureRunning(ctx context.Context, name, owner string, admit bool) (*instance, error) {
 	vm, err := m.get(ctx, name)
 	if err != nil {
 		return nil, err
@@ -65,49 +62,53 @@ func (m *Manager) ensureRunning(ctx context.Context, name, owner string) (*insta
 	if owner != "" && vm.Owner != owner {
 		return nil, fmt.Errorf("no vm named %q: %w", name, ErrNotFound)
 	}
-	// The fast path: running, and no operation (sleep, restore) under way.
-	if in := m.instance(name); in != nil && alive(in) && !m.isBusy(name) {
+	// The fast path: running, and not being closed by a sleep, restore
+	// or rm (which hold the lock; the slow path waits for them).
+	if in := m.instance(name); in != nil && alive(in) && (!admit || in.admit()) {
 		return in, nil
 	}
-	unlock, err := m.lockVM(ctx, name)
+	unlock, err := m.lockVM(ctx, name, "wake")
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	vm, err = m.get(ctx, name)
+	vm, err = m.reconcileLocked(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	if in := m.instance(name); in != nil && alive(in) {
-		return in, nil
-	}
-	switch vm.State {
-	case registry.StateRunning, registry.StateStopped:
-		if err := m.start(ctx, vm); err != nil {
-			return nil, err
-		}
-	case registry.StateSleeping:
-		if err := m.wakeLocked(ctx, vm); err != nil {
-			return nil, err
-		}
-	default:
-		return nil, fmt.Errorf("vm %q is %s: %w", name, vm.State, ErrConflict)
-	}
 	in := m.instance(name)
-	if in == nil {
-		return nil, fmt.Errorf("vm %q did not start", name)
+	if in == nil || !alive(in) {
+		switch vm.State {
+		case registry.StateStopped:
+			if err := m.start(ctx, vm); err != nil {
+				return nil, err
+			}
+		case registry.StateSleeping:
+			if err := m.wakeLocked(ctx, vm); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, fmt.Errorf("vm %q is %s: %w", name, vm.State, ErrConflict)
+		}
+		if in = m.instance(name); in == nil {
+			return nil, fmt.Errorf("vm %q did not start", name)
+		}
+	}
+	// No operation holds the VM now but this one: a closing flag left by
+	// an operation that failed half-way is stale.
+	in.reopen()
+	if admit && !in.admit() {
+		return nil, fmt.Errorf("vm %q: session not admitted: %w", name, ErrConflict)
 	}
 	return in, nil
 }
 
-// start cold-boots a stopped VM from its disk.
+// start cold-boots a stopped VM from its disk (or finishes the restore a
+// crash interrupted); the caller holds its lock.
 func (m *Manager) start(ctx context.Context, vm registry.VM) error {
 	sp, err := decodeSpec(vm)
 	if err != nil {
 		return err
-	}
-	if vm.State == registry.StateRunning {
-		m.markStopped(vm.Name, "vmm process not found")
 	}
 	if sp.Restoring != "" {
 		cp, err := m.getCheckpoint(ctx, vm.Name, sp.Restoring)
@@ -119,11 +120,18 @@ func (m *Manager) start(ctx context.Context, vm registry.VM) error {
 	if err := m.boot(ctx, vm, sp); err != nil {
 		return fmt.Errorf("start vm %q: %w", vm.Name, err)
 	}
-	_, err = m.db.UpdateVM(ctx, vm.Name, func(v *registry.VM) error {
+	_, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
 		v.State = registry.StateRunning
 		v.Reason = ""
 		v.LastActive = time.Now().UTC()
 		return nil
 	})
-	return err
+	if err != nil {
+		// A VMM whose record does not say running must not run on.
+		if in := m.instance(vm.Name); in != nil {
+			m.stopInstance(ctx, in, false)
+		}
+		return fmt.Errorf("start vm %q: %w", vm.Name, err)
+	}
+	return nil
 }

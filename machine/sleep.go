@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/denhq/den/internal/fsutil"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
@@ -20,7 +21,7 @@ func (m *Manager) Sleep(ctx context.Context, name string, force bool) error {
 	if _, err := m.get(ctx, name); err != nil {
 		return err
 	}
-	unlock, err := m.lockVM(ctx, name)
+	unlock, err := m.lockVM(ctx, name, "sleep")
 	if err != nil {
 		return err
 	}
@@ -29,7 +30,7 @@ func (m *Manager) Sleep(ctx context.Context, name string, force bool) error {
 }
 
 func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) error {
-	vm, err := m.get(ctx, name)
+	vm, err := m.reconcileLocked(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -40,14 +41,20 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	if vm.State != registry.StateRunning || in == nil || !alive(in) {
 		return fmt.Errorf("sleep vm %q: it is %s, not running: %w", name, vm.State, ErrConflict)
 	}
-	if !force {
-		in.actMu.Lock()
-		n := in.sessions
-		in.actMu.Unlock()
-		if n > 0 {
-			return fmt.Errorf("sleep vm %q: %d session(s) open (exec, ssh): %w", name, n, ErrConflict)
-		}
+	if err := m.needSpace(m.memorySnapshotNeed(vm), "sleep vm "+name); err != nil {
+		return err
 	}
+	// From here no session is admitted: they wait for the lock, then
+	// wake the VM.
+	if n, ok := in.close(force); !ok {
+		return fmt.Errorf("sleep vm %q: %d session(s) open (exec, ssh): %w", name, n, ErrConflict)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			in.reopen()
+		}
+	}()
 	tmp := suspendNew(name)
 	if err := m.vol.Remove(ctx, tmp); err != nil {
 		return err
@@ -62,21 +69,26 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	if err := in.hv.Pause(ctx); err != nil {
 		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
-	if err := in.hv.Snapshot(ctx, dir); err != nil {
-		_ = in.hv.Resume(context.WithoutCancel(ctx))
+	crashpoint("sleep-after-pause")
+	err = in.hv.Snapshot(ctx, dir)
+	if err == nil {
+		err = fsutil.SyncTree(dir)
+	}
+	if err != nil {
+		_ = m.resume(context.WithoutCancel(ctx), in)
 		_ = m.vol.Remove(ctx, tmp)
 		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
-	in.actMu.Lock()
-	lastAct := in.lastAct
-	in.actMu.Unlock()
+	crashpoint("sleep-after-snapshot")
+	_, lastAct := in.activity()
+	stopped = true
 	m.stopInstance(ctx, in, false)
 	// The new snapshot is whole: now it replaces the old slot.
 	if err := m.swapSuspend(ctx, name); err != nil {
-		m.markStopped(name, "sleep failed after the vmm stopped: "+err.Error())
+		m.recordStopped(ctx, name, "sleep failed after the vmm stopped: "+err.Error())
 		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
-	_, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
+	_, err = m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
 		v.State, v.Reason = registry.StateSleeping, ""
 		if lastAct.After(v.LastActive) {
 			v.LastActive = lastAct.UTC()
@@ -97,7 +109,7 @@ func (m *Manager) swapSuspend(ctx context.Context, name string) error {
 // Wake restores a sleeping VM from its suspend slot and waits for its
 // agent; a running VM is left as it is.
 func (m *Manager) Wake(ctx context.Context, name string) error {
-	_, err := m.ensureRunning(ctx, name, "")
+	_, err := m.ensureRunning(ctx, name, "", false)
 	return err
 }
 
@@ -112,9 +124,15 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 	if _, err := m.restoreInto(ctx, vm, sp, storage.SuspendDir(vm.Name)); err != nil {
 		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
 	}
-	_, err = m.db.UpdateVM(ctx, vm.Name, func(v *registry.VM) error {
+	_, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
 		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
 		return nil
 	})
-	return err
+	if err != nil {
+		if in := m.instance(vm.Name); in != nil {
+			m.stopInstance(ctx, in, false)
+		}
+		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
+	}
+	return nil
 }

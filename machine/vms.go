@@ -18,6 +18,9 @@ type Status struct {
 	registry.VM
 	PID      int
 	DiskUsed int64
+	// Op is the operation holding the VM now ("" when none), for OpFor.
+	Op    string
+	OpFor time.Duration
 }
 
 // get reads a VM's record; ErrNotFound wrapped with the name.
@@ -30,13 +33,22 @@ func (m *Manager) get(ctx context.Context, name string) (registry.VM, error) {
 }
 
 // Get returns a VM's status. A VM recorded as running whose VMM is gone
-// is reported (and recorded) as stopped.
+// is reported (and recorded) as stopped, but only by the VM's owner
+// under its lock (reconcileVM): a read racing an operation changes
+// nothing.
 func (m *Manager) Get(ctx context.Context, name string) (Status, error) {
 	vm, err := m.get(ctx, name)
 	if err != nil {
 		return Status{}, err
 	}
 	return m.status(ctx, vm), nil
+}
+
+// Record returns a VM's record as it is, without looking at (or
+// reconciling) the VM: for authorisation, which comes before any read of
+// the VM, and for tests.
+func (m *Manager) Record(ctx context.Context, name string) (registry.VM, error) {
+	return m.get(ctx, name)
 }
 
 // List returns every VM (of owner, when set) with its status.
@@ -52,70 +64,59 @@ func (m *Manager) List(ctx context.Context, owner string) ([]Status, error) {
 	return out, nil
 }
 
-// status checks a record against the live instance.
+// status checks a record against the live instance, with live figures.
 func (m *Manager) status(ctx context.Context, vm registry.VM) Status {
+	in := m.instance(vm.Name)
+	if vm.State == registry.StateRunning && (in == nil || !alive(in)) {
+		if fresh, err := m.reconcileVM(ctx, vm.Name); err == nil {
+			vm, in = fresh, m.instance(vm.Name)
+		}
+	}
 	st := Status{VM: vm}
+	st.Op, st.OpFor = m.Op(vm.Name)
 	if u, err := m.vol.Usage(ctx, storage.VMDisk(vm.Name)); err == nil {
 		st.DiskUsed = u.Data
 	}
-	in := m.instance(vm.Name)
-	if vm.State == registry.StateRunning && !m.isBusy(vm.Name) {
-		if in == nil || !alive(in) {
-			reason := "vmm process not found"
-			if in != nil && in.hv.ExitErr() != nil {
-				reason = "vmm exited: " + in.hv.ExitErr().Error()
-			}
-			m.markStopped(vm.Name, reason)
-			st.State, st.Reason = registry.StateStopped, reason
-			return st
-		}
-	}
-	if vm.State == registry.StateRunning && in != nil {
+	if vm.State == registry.StateRunning && in != nil && alive(in) {
 		st.PID = in.hv.PID()
-		in.actMu.Lock()
-		if in.sessions > 0 {
+		sessions, last := in.activity()
+		if sessions > 0 {
 			st.LastActive = time.Now().UTC()
-		} else if in.lastAct.After(st.LastActive) {
-			st.LastActive = in.lastAct.UTC()
+		} else if last.After(st.LastActive) {
+			st.LastActive = last.UTC()
 		}
-		in.actMu.Unlock()
 	}
 	return st
-}
-
-func alive(in *instance) bool {
-	select {
-	case <-in.hv.Exited():
-		return false
-	default:
-		return true
-	}
 }
 
 // Remove deletes a VM: its VMM (the guest is asked to power off first
 // unless force), its disk and checkpoints, and its record.
 func (m *Manager) Remove(ctx context.Context, name string, force bool) error {
-	vm, err := m.get(ctx, name)
-	if err != nil {
+	if _, err := m.get(ctx, name); err != nil {
 		return err
 	}
-	unlock, err := m.lockVM(ctx, name)
+	unlock, err := m.lockVM(ctx, name, "rm")
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if _, err := m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
+	vm, err := m.get(ctx, name)
+	if err != nil {
+		return err
+	}
+	if _, err := m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
 		v.State = registry.StateDeleting
 		return nil
 	}); err != nil {
 		return fmt.Errorf("remove vm %q: %w", name, err)
 	}
+	crashpoint("rm-after-mark")
 	if in := m.instance(name); in != nil {
+		in.close(true)
 		m.stopInstance(ctx, in, !force)
 	}
-	m.destroy(ctx, name, vm.VMM)
+	m.destroy(ctx, name)
 	_ = os.RemoveAll(m.state.Run(name).Path())
-	_ = os.Remove(m.state.Lock(name))
 	if err := m.db.DeleteCheckpoints(ctx, name); err != nil {
 		return fmt.Errorf("remove vm %q: %w", name, err)
 	}
@@ -158,33 +159,4 @@ func (m *Manager) Running() int {
 		}
 	}
 	return n
-}
-
-// watchVolume tells the log which VMs a volume outage touches: their
-// disks are files on it, and a VMM's open disk does not survive the mount
-// process dying (the supervisor remounts the volume for new opens).
-func (m *Manager) watchVolume() {
-	events, stop := m.vol.Subscribe()
-	defer stop()
-	for {
-		select {
-		case <-m.closed:
-			return
-		case ev, ok := <-events:
-			if !ok {
-				return
-			}
-			if ev.Kind != storage.EventLost && ev.Kind != storage.EventRemounted {
-				continue
-			}
-			var names []string
-			m.mu.Lock()
-			for name := range m.instances {
-				names = append(names, name)
-			}
-			m.mu.Unlock()
-			m.log.Warn("den: storage volume "+string(ev.Kind)+"; running vms may see disk errors until they are restarted",
-				"vms", strings.Join(names, ","), "detail", ev.Detail, "err", ev.Err)
-		}
-	}
 }

@@ -20,6 +20,9 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrExists is wrapped when a VM name is taken.
 	ErrExists = errors.New("already exists")
+	// ErrStale is wrapped when a compare-and-set update finds the record
+	// changed since the generation it was decided on.
+	ErrStale = errors.New("record changed meanwhile")
 )
 
 // DB is den's state database.
@@ -65,6 +68,9 @@ var schema = []string{
 		public_key  TEXT NOT NULL,
 		created_at  INTEGER NOT NULL
 	)`,
+	// generation counts every write of a VM's record: compare-and-set
+	// updates carry the generation their decision was based on.
+	`ALTER TABLE vms ADD COLUMN generation INTEGER NOT NULL DEFAULT 0`,
 }
 
 // Open opens (creating if needed) the database at path and brings its
@@ -115,7 +121,7 @@ func (d *DB) migrate() error {
 // Close closes the database.
 func (d *DB) Close() error { return d.db.Close() }
 
-const vmColumns = `name, owner, image, cpus, memory_bytes, disk_bytes, state, reason, vmm, accel, idle_timeout_ms, created_at, last_active, spec_json`
+const vmColumns = `name, owner, image, cpus, memory_bytes, disk_bytes, state, reason, vmm, accel, idle_timeout_ms, created_at, last_active, spec_json, generation`
 
 type scanner interface{ Scan(...any) error }
 
@@ -124,7 +130,7 @@ func scanVM(s scanner) (VM, error) {
 	var idle, created, active int64
 	var state string
 	err := s.Scan(&vm.Name, &vm.Owner, &vm.Image, &vm.CPUs, &vm.MemoryBytes, &vm.DiskBytes, &state, &vm.Reason,
-		&vm.VMM, &vm.Accel, &idle, &created, &active, &vm.SpecJSON)
+		&vm.VMM, &vm.Accel, &idle, &created, &active, &vm.SpecJSON, &vm.Generation)
 	vm.State = State(state)
 	vm.IdleTimeout = time.Duration(idle) * time.Millisecond
 	vm.CreatedAt = time.UnixMilli(created).UTC()
@@ -134,7 +140,7 @@ func scanVM(s scanner) (VM, error) {
 
 // CreateVM records a new VM; ErrExists when the name is taken.
 func (d *DB) CreateVM(ctx context.Context, vm VM) error {
-	_, err := d.db.ExecContext(ctx, `INSERT INTO vms (`+vmColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := d.db.ExecContext(ctx, `INSERT INTO vms (`+vmColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,1)`,
 		vm.Name, vm.Owner, vm.Image, vm.CPUs, vm.MemoryBytes, vm.DiskBytes, string(vm.State), vm.Reason,
 		vm.VMM, vm.Accel, vm.IdleTimeout.Milliseconds(), vm.CreatedAt.UnixMilli(), vm.LastActive.UnixMilli(), specOrEmpty(vm.SpecJSON))
 	if err != nil {
@@ -190,8 +196,18 @@ func (d *DB) ListVMs(ctx context.Context, owner string) ([]VM, error) {
 }
 
 // UpdateVM reads a VM, lets f change it, checks the state transition, and
-// writes it back in one transaction.
+// writes it back in one transaction, with the next generation.
 func (d *DB) UpdateVM(ctx context.Context, name string, f func(*VM) error) (VM, error) {
+	return d.update(ctx, name, -1, f)
+}
+
+// UpdateVMIf is UpdateVM as a compare-and-set: it writes only if the
+// record is still at generation gen, and wraps ErrStale otherwise.
+func (d *DB) UpdateVMIf(ctx context.Context, name string, gen int64, f func(*VM) error) (VM, error) {
+	return d.update(ctx, name, gen, f)
+}
+
+func (d *DB) update(ctx context.Context, name string, gen int64, f func(*VM) error) (VM, error) {
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return VM{}, fmt.Errorf("update vm %q: %w", name, err)
@@ -204,7 +220,10 @@ func (d *DB) UpdateVM(ctx context.Context, name string, f func(*VM) error) (VM, 
 	if err != nil {
 		return VM{}, fmt.Errorf("update vm %q: %w", name, err)
 	}
-	old := vm.State
+	if gen >= 0 && vm.Generation != gen {
+		return VM{}, fmt.Errorf("vm %q is at generation %d (%s), not %d: %w", name, vm.Generation, vm.State, gen, ErrStale)
+	}
+	old, oldGen := vm.State, vm.Generation
 	if err := f(&vm); err != nil {
 		return VM{}, err
 	}
@@ -213,12 +232,17 @@ func (d *DB) UpdateVM(ctx context.Context, name string, f func(*VM) error) (VM, 
 			return VM{}, fmt.Errorf("vm %q: %w", name, err)
 		}
 	}
-	_, err = tx.ExecContext(ctx, `UPDATE vms SET owner=?, image=?, cpus=?, memory_bytes=?, disk_bytes=?, state=?, reason=?, vmm=?, accel=?,
-		idle_timeout_ms=?, created_at=?, last_active=?, spec_json=? WHERE name=?`,
+	vm.Name, vm.Generation = name, oldGen+1
+	res, err := tx.ExecContext(ctx, `UPDATE vms SET owner=?, image=?, cpus=?, memory_bytes=?, disk_bytes=?, state=?, reason=?, vmm=?, accel=?,
+		idle_timeout_ms=?, created_at=?, last_active=?, spec_json=?, generation=? WHERE name=? AND generation=?`,
 		vm.Owner, vm.Image, vm.CPUs, vm.MemoryBytes, vm.DiskBytes, string(vm.State), vm.Reason, vm.VMM, vm.Accel,
-		vm.IdleTimeout.Milliseconds(), vm.CreatedAt.UnixMilli(), vm.LastActive.UnixMilli(), specOrEmpty(vm.SpecJSON), name)
+		vm.IdleTimeout.Milliseconds(), vm.CreatedAt.UnixMilli(), vm.LastActive.UnixMilli(), specOrEmpty(vm.SpecJSON),
+		vm.Generation, name, oldGen)
 	if err != nil {
 		return VM{}, fmt.Errorf("update vm %q: %w", name, err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return VM{}, fmt.Errorf("vm %q changed during the update: %w", name, ErrStale)
 	}
 	if err := tx.Commit(); err != nil {
 		return VM{}, fmt.Errorf("update vm %q: %w", name, err)

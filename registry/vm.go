@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"errors"
 	"fmt"
 	"time"
 )
@@ -30,14 +31,39 @@ var transitions = map[State][]State{
 	StateDeleting: {},
 }
 
-// CheckTransition says whether a VM may go from one state to another.
+// ErrIllegalTransition is wrapped by every TransitionError.
+var ErrIllegalTransition = errors.New("illegal state transition")
+
+// TransitionError is a state change the table does not allow.
+type TransitionError struct {
+	From, To State
+}
+
+func (e *TransitionError) Error() string {
+	return fmt.Sprintf("cannot go from %s to %s", e.From, e.To)
+}
+
+// Unwrap makes errors.Is(err, ErrIllegalTransition) hold.
+func (e *TransitionError) Unwrap() error { return ErrIllegalTransition }
+
+// CheckTransition says whether a VM may go from one state to another; a
+// refusal is a *TransitionError.
 func CheckTransition(from, to State) error {
 	for _, s := range transitions[from] {
 		if s == to {
 			return nil
 		}
 	}
-	return fmt.Errorf("cannot go from %s to %s", from, to)
+	return &TransitionError{From: from, To: to}
+}
+
+// Transitions returns the table of valid state changes (a copy).
+func Transitions() map[State][]State {
+	out := make(map[State][]State, len(transitions))
+	for k, v := range transitions {
+		out[k] = append([]State(nil), v...)
+	}
+	return out
 }
 
 // VM is one VM's record.
@@ -58,4 +84,8 @@ type VM struct {
 	// SpecJSON is the orchestration layer's own per-VM data (paths,
 	// network), opaque here.
 	SpecJSON string `json:"-"`
+	// Generation counts the record's writes (1 when created); an update
+	// decided on one generation is refused once another write came
+	// between (UpdateVMIf). Later it carries an owning host's fencing.
+	Generation int64 `json:"generation"`
 }

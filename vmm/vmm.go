@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"time"
 )
 
@@ -46,6 +47,14 @@ type Hypervisor interface {
 	// Restore brings a VM back from a snapshot directory into this VMM,
 	// which must not have a VM yet.
 	Restore(ctx context.Context, dir string, opts RestoreOptions) error
+	// ResizeDisk grows disk id (its Disk.ID; "" is the root disk, the
+	// first) of a created VM, running or paused, to bytes (see
+	// CheckDiskGrow): the VMM resizes the image file and the guest
+	// kernel sees the new capacity (a virtio config change). Resizing to
+	// the file's current size still tells the guest, for a file grown
+	// behind the VMM's back (before a restore). The filesystem on the
+	// disk is the guest's to grow (the agent's GrowRoot).
+	ResizeDisk(ctx context.Context, id string, bytes int64) error
 	// Info reports the VM's state as the VMM sees it.
 	Info(ctx context.Context) (Info, error)
 	// Shutdown stops the guest and the VMM process (SIGTERM, then SIGKILL)
@@ -94,6 +103,8 @@ type Capabilities struct {
 	GuestChannel ChannelKind
 	// MultiConn: DialGuest may hold several connections at once.
 	MultiConn bool
+	// ResizeDisk: disks of a running or paused VM can grow.
+	ResizeDisk bool
 }
 
 // Config describes a VM to create.
@@ -147,6 +158,46 @@ func (c Config) Validate() error {
 		if d.Path == "" {
 			return fmt.Errorf("config: disk %q has no path", d.ID)
 		}
+	}
+	return nil
+}
+
+// FindDisk returns the disk named id ("" is the first, the root disk) and
+// its index in c.Disks.
+func (c Config) FindDisk(id string) (Disk, int, error) {
+	if len(c.Disks) == 0 {
+		return Disk{}, -1, fmt.Errorf("vm has no disks: %w", ErrNoSuchDisk)
+	}
+	if id == "" {
+		return c.Disks[0], 0, nil
+	}
+	ids := make([]string, len(c.Disks))
+	for i, d := range c.Disks {
+		if d.ID == id {
+			return d, i, nil
+		}
+		ids[i] = d.ID
+	}
+	return Disk{}, -1, fmt.Errorf("no disk %q (the vm has %q): %w", id, ids, ErrNoSuchDisk)
+}
+
+// CheckDiskGrow checks that the image file of d may be resized to
+// bytes: a positive multiple of 512 (the guest counts sectors), no
+// smaller than the file now (shrinking would cut off a filesystem that
+// may already fill it), on a writable disk.
+func CheckDiskGrow(d Disk, bytes int64) error {
+	if bytes <= 0 || bytes%512 != 0 {
+		return fmt.Errorf("size %d is not a positive multiple of 512 bytes", bytes)
+	}
+	if d.ReadOnly {
+		return fmt.Errorf("disk %q is read-only", d.ID)
+	}
+	st, err := os.Stat(d.Path)
+	if err != nil {
+		return fmt.Errorf("disk %q: %w", d.ID, err)
+	}
+	if bytes < st.Size() {
+		return fmt.Errorf("disk %q is %d bytes, refusing to shrink it to %d", d.ID, st.Size(), bytes)
 	}
 	return nil
 }
@@ -216,6 +267,8 @@ var (
 	ErrInvalidState = errors.New("invalid state for this operation")
 	// ErrNotRunning is wrapped when the VMM process is not alive.
 	ErrNotRunning = errors.New("vmm process is not running")
+	// ErrNoSuchDisk is wrapped when a disk id names no disk of the VM.
+	ErrNoSuchDisk = errors.New("no such disk")
 	// ErrNoGuestListener is wrapped when the guest channel connected but
 	// nothing in the guest answered on the port in time.
 	ErrNoGuestListener = errors.New("no guest listener answered")

@@ -21,6 +21,10 @@ type Cmdline struct {
 	DNS []string
 	// Hostname is den.hostname.
 	Hostname string
+	// Identity is den.identity: 32 lowercase hex digits, new for every
+	// VM. A boot whose den.identity differs from /etc/den/identity gets a
+	// new identity (see ApplyBootIdentity).
+	Identity string
 }
 
 // ReadCmdline parses /proc/cmdline (or another file with its format).
@@ -52,6 +56,8 @@ func ParseCmdline(s string) Cmdline {
 			}
 		case "den.hostname":
 			c.Hostname = v
+		case "den.identity":
+			c.Identity = v
 		}
 	}
 	return c

@@ -55,6 +55,7 @@ func (s *Server) requestHandlers() map[string]ssh.RequestHandler {
 		agent.ReqIdentity: wrap(agent.ReqIdentity, s.ctlIdentity),
 		agent.ReqActivity: wrap(agent.ReqActivity, s.ctlActivity),
 		agent.ReqPoweroff: wrap(agent.ReqPoweroff, s.ctlPoweroff),
+		agent.ReqGrowRoot: wrap(agent.ReqGrowRoot, s.ctlGrowRoot),
 		"keepalive@openssh.com": func(ssh.Context, *ssh.Server, *gossh.Request) (bool, []byte) {
 			return true, nil
 		},

@@ -6,13 +6,16 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
 	"github.com/denhq/den/agent"
+	"github.com/denhq/den/internal/fsutil"
 	"github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 )
@@ -21,6 +24,10 @@ import (
 type Config struct {
 	// HostKey is the agent's SSH host key.
 	HostKey gossh.Signer
+	// HostKeyPath is the file HostKey was loaded from: a new identity
+	// writes the agent's new host key there. Empty keeps a new key in
+	// memory only.
+	HostKeyPath string
 	// AuthorizedKeys returns the client keys allowed in; it is called on
 	// every authentication attempt. No keys: nobody gets in.
 	AuthorizedKeys func() ([]gossh.PublicKey, error)
@@ -91,6 +98,31 @@ func New(cfg Config) (*Server, error) {
 
 // Leases is the server's keep-awake lease set.
 func (s *Server) Leases() *Leases { return s.leases }
+
+// rotateHostKey makes a new ed25519 host key, writes it to the config's
+// HostKeyPath (atomically) and serves it to new connections; connections
+// already open keep the key they were made with.
+func (s *Server) rotateHostKey() (gossh.Signer, error) {
+	pemData, key, err := agent.NewEd25519Key("den-agent")
+	if err != nil {
+		return nil, fmt.Errorf("new host key: %w", err)
+	}
+	if p := s.cfg.HostKeyPath; p != "" {
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			return nil, fmt.Errorf("new host key: %w", err)
+		}
+		if err := fsutil.WriteFileAtomic(p, pemData, 0o600); err != nil {
+			return nil, fmt.Errorf("new host key: %w", err)
+		}
+		if err := os.Remove(p + ".pub"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			s.log.Warn("new host key: stale public key", "err", err)
+		}
+	}
+	// Replaces the key of the same algorithm; the SSH library reads the
+	// list under its lock for every new connection.
+	s.ssh.AddHostKey(key)
+	return key, nil
+}
 
 // Serve accepts connections on l (vsock, or a unix socket in tests) until
 // l or the server is closed.

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -61,6 +62,9 @@ func runAgent(o serveOptions) int {
 	if err != nil {
 		log.Warn("kernel command line", "err", err)
 	}
+	// Before the hostname is set and the host key loaded: a fork's cold
+	// boot must not come up with its source's identity.
+	bootIdentity(log, pid1, cmdline)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var reaper *guest.Reaper
@@ -96,6 +100,7 @@ func runAgent(o serveOptions) int {
 	}
 	srv, err := guest.New(guest.Config{
 		HostKey:        hostKey,
+		HostKeyPath:    keyPath,
 		AuthorizedKeys: guest.AuthorizedKeys(guest.AuthorizedKeysPath, cmdline.Keys, log),
 		System:         sys,
 		Reaper:         reaper,
@@ -143,6 +148,33 @@ func runAgent(o serveOptions) int {
 		systemPoweroff(log, reboot)
 	}
 	return 0
+}
+
+// bootIdentity gives the guest a new identity when the kernel command
+// line's den.identity differs from the one recorded in /etc/den/identity
+// and the initramfs did not (an older initramfs, or none). Only as init,
+// before anything else runs: as a service the agent starts after systemd
+// has read the old identity, and after a memory restore /proc/cmdline is
+// still the source VM's.
+func bootIdentity(log *slog.Logger, pid1 bool, c guest.Cmdline) {
+	if c.Identity == "" {
+		return
+	}
+	if !pid1 {
+		if cur := guest.ReadIdentityToken("/"); cur != c.Identity {
+			log.Info("den.identity differs from "+guest.IdentityPath+"; not init, so left to the initramfs", "den.identity", c.Identity, "recorded", cur)
+		}
+		return
+	}
+	made, err := guest.ApplyBootIdentity(context.Background(), "/", c.Identity, c.Hostname)
+	switch {
+	case errors.Is(err, guest.ErrReadOnlyRoot):
+		log.Warn("read-only root: no new identity for this boot", "den.identity", c.Identity)
+	case err != nil:
+		log.Error("new identity", "err", err)
+	case made:
+		log.Info("new identity", "hostname", c.Hostname, "den.identity", c.Identity)
+	}
 }
 
 // watchChannels opens the vsock listener and the serial port as they

@@ -5,6 +5,7 @@ package fsutil
 import (
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -143,4 +144,26 @@ func writeSynced(dst string, size int64, perm os.FileMode, fill func(*os.File) e
 		return err
 	}
 	return out.Close()
+}
+
+// SyncTree flushes every regular file and directory under dir to stable
+// storage.
+func SyncTree(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && !d.Type().IsRegular() {
+			return nil
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("sync %s: %w", p, err)
+		}
+		return nil
+	})
 }

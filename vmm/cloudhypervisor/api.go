@@ -120,6 +120,13 @@ type RestoreConfig struct {
 	Prefault          bool              `json:"prefault,omitempty"`
 }
 
+// VmResizeDisk is the body of vm.resize-disk: the disk's id (as in
+// DiskConfig) and its new size in bytes.
+type VmResizeDisk struct {
+	ID          string `json:"id"`
+	DesiredSize int64  `json:"desired_size"`
+}
+
 // VmCounters is the answer to vm.counters: per device, per counter. The
 // values are unsigned: unset latency minimums read 2^64-1.
 type VmCounters map[string]map[string]uint64

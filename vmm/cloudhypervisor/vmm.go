@@ -239,6 +239,7 @@ func (v *VMM) Capabilities() vmm.Capabilities {
 		OnDemandRestore: true,
 		GuestChannel:    vmm.ChannelVsock,
 		MultiConn:       true,
+		ResizeDisk:      true,
 	}
 }
 

@@ -41,10 +41,7 @@ func buildArgs(cfg vmm.Config, rd vmm.RunDir, accel string, incoming bool) []str
 		args = append(args, "-initrd", cfg.Initramfs)
 	}
 	for i, d := range cfg.Disks {
-		id := d.ID
-		if id == "" {
-			id = fmt.Sprintf("disk%d", i)
-		}
+		id := driveID(d, i)
 		// No image locking: den runs one VMM per disk (a lock per VM),
 		// and QEMU's OFD locks on a FUSE volume can outlive a migration's
 		// release and refuse the resume ("Failed to get shared write lock").
@@ -74,6 +71,14 @@ func buildArgs(cfg vmm.Config, rd vmm.RunDir, accel string, incoming bool) []str
 		args = append(args, "-incoming", "defer")
 	}
 	return args
+}
+
+// driveID is the QEMU drive id (the block backend's name) of disk i.
+func driveID(d vmm.Disk, i int) string {
+	if d.ID != "" {
+		return d.ID
+	}
+	return fmt.Sprintf("disk%d", i)
 }
 
 // kernelCmdline adds what the accelerator needs: under TCG the guest

@@ -112,6 +112,7 @@ func (v *VMM) Capabilities() vmm.Capabilities {
 		Snapshot:     true,
 		GuestChannel: vmm.ChannelSerial,
 		MultiConn:    false,
+		ResizeDisk:   true,
 	}
 }
 

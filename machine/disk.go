@@ -1,0 +1,114 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/denhq/den/registry"
+	"github.com/denhq/den/storage"
+)
+
+// diskFileSize is the size of a VM's disk file.
+func (m *Manager) diskFileSize(name string) (int64, error) {
+	p, err := m.vol.Path(storage.VMDisk(name))
+	if err != nil {
+		return 0, err
+	}
+	st, err := os.Stat(p)
+	if err != nil {
+		return 0, fmt.Errorf("disk of vm %q: %w", name, err)
+	}
+	return st.Size(), nil
+}
+
+// growDiskFile extends a VM's disk file to size (never shrinks it): a
+// VM that boots next sees the whole disk.
+func (m *Manager) growDiskFile(name string, size int64) error {
+	p, err := m.vol.Path(storage.VMDisk(name))
+	if err != nil {
+		return err
+	}
+	st, err := os.Stat(p)
+	if err != nil {
+		return fmt.Errorf("disk: %w", err)
+	}
+	if st.Size() >= size {
+		return nil
+	}
+	if err := os.Truncate(p, size); err != nil {
+		return fmt.Errorf("grow disk to %s: %w", FormatSize(size), err)
+	}
+	return nil
+}
+
+// growDisk makes a running guest see and use its whole disk: the VMM
+// grows the device to the VM's size where it is smaller (a restore from
+// a smaller base), the guest is told, and the agent grows the root
+// filesystem online to fill the device.
+func (m *Manager) growDisk(ctx context.Context, vm registry.VM, in *instance) error {
+	if in == nil {
+		return fmt.Errorf("grow disk of vm %q: no vmm", vm.Name)
+	}
+	size, err := m.diskFileSize(vm.Name)
+	if err != nil {
+		return err
+	}
+	if size < vm.DiskBytes {
+		if !in.hv.Capabilities().ResizeDisk {
+			// The device grows at the next boot; the file grows now.
+			return m.growDiskFile(vm.Name, vm.DiskBytes)
+		}
+		if err := in.hv.ResizeDisk(ctx, "root", vm.DiskBytes); err != nil {
+			return fmt.Errorf("grow disk of vm %q to %s: %w", vm.Name, FormatSize(vm.DiskBytes), err)
+		}
+	}
+	c, err := m.agentClient(ctx, in)
+	if err != nil {
+		return err
+	}
+	if _, err := c.GrowRoot(ctx, vm.DiskBytes); err != nil {
+		return fmt.Errorf("grow the root filesystem of vm %q: %w", vm.Name, err)
+	}
+	return nil
+}
+
+// Resize grows a VM's disk to diskBytes (never shrinks it) and the guest's
+// root filesystem with it: at once when the VM runs (a sleeping or stopped
+// VM is started first), with no reboot.
+func (m *Manager) Resize(ctx context.Context, name string, diskBytes int64) (registry.VM, error) {
+	if diskBytes > MaxDisk {
+		return registry.VM{}, fmt.Errorf("resize vm %q: disk %s is too large: at most %s: %w", name, FormatSize(diskBytes), FormatSize(MaxDisk), ErrInvalid)
+	}
+	if _, err := m.ensureRunning(ctx, name, "", false); err != nil {
+		return registry.VM{}, err
+	}
+	unlock, err := m.lockVM(ctx, name, "resize")
+	if err != nil {
+		return registry.VM{}, err
+	}
+	defer unlock()
+	vm, err := m.reconcileLocked(ctx, name)
+	if err != nil {
+		return vm, err
+	}
+	if diskBytes < vm.DiskBytes {
+		return vm, fmt.Errorf("resize vm %q: disk %s is smaller than its %s (disks only grow): %w", name, FormatSize(diskBytes), FormatSize(vm.DiskBytes), ErrInvalid)
+	}
+	in := m.instance(name)
+	if vm.State != registry.StateRunning || in == nil || !alive(in) {
+		return vm, fmt.Errorf("resize vm %q: it is %s, not running: %w", name, vm.State, ErrConflict)
+	}
+	if free, err := m.volumeFree(); err == nil && diskBytes-vm.DiskBytes > free {
+		return vm, fmt.Errorf("resize vm %q: %s more does not fit: the volume has %s free: %w", name,
+			FormatSize(diskBytes-vm.DiskBytes), FormatSize(free), ErrNoSpace)
+	}
+	vm, err = m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
+		v.DiskBytes = diskBytes
+		return nil
+	})
+	if err != nil {
+		return vm, err
+	}
+	return vm, m.growDisk(ctx, vm, in)
+}

@@ -1,0 +1,144 @@
+//go:build linux
+
+package machine_test
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/denhq/den/image"
+	"github.com/denhq/den/machine"
+	"github.com/denhq/den/machine/machinetest"
+	"github.com/denhq/den/registry"
+)
+
+// testTimeout bounds every test's operations.
+const testTimeout = 60 * time.Second
+
+// env is a Manager on a fake VMM and a directory volume.
+type env struct {
+	t      *testing.T
+	m      *machine.Manager
+	drv    *machinetest.Driver
+	vol    *machinetest.Volume
+	state  machine.StateDir
+	images image.Dir
+	cfg    machine.Config
+}
+
+// imageSize is the fake image's root disk: VMs made with this disk size
+// need no growing.
+const imageSize = 8 << 20
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	dir := t.TempDir()
+	images := image.Dir(filepath.Join(dir, "images"))
+	if err := os.MkdirAll(images.Path(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	man := image.Manifest{Format: 1, Artifacts: []image.Artifact{{Name: image.Minimal, Key: "0123456789abcdef0123"}}}
+	data, _ := json.Marshal(man)
+	if err := os.WriteFile(images.ManifestPath(), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(images.RootDisk(image.Minimal), []byte("fake ext4"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(images.RootDisk(image.Minimal), imageSize); err != nil {
+		t.Fatal(err)
+	}
+	vol, err := machinetest.NewVolume(filepath.Join(dir, "volume"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	drv := machinetest.NewDriver()
+	e := &env{t: t, drv: drv, vol: vol, state: machine.StateDir(filepath.Join(dir, "state")), images: images}
+	e.cfg = machine.Config{
+		State: e.state, Volume: vol, Images: images, DefaultImage: image.Minimal, VMM: machinetest.Name,
+		Drivers:     map[string]machine.Driver{machinetest.Name: drv.Machine()},
+		BootTimeout: 20 * time.Second, LockWait: 20 * time.Second, DrainTimeout: 20 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	e.open()
+	t.Cleanup(func() { e.m.Close() })
+	return e
+}
+
+// testWriter sends log lines to the test's log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}
+
+func (e *env) open() {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	m, err := machine.New(ctx, e.cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.m = m
+}
+
+// restart closes the Manager and opens a new one on the same state, as
+// a daemon restart does (VMMs keep running).
+func (e *env) restart() {
+	e.t.Helper()
+	if err := e.m.Close(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.open()
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// create makes a running VM (cold: the fake has no warm base to settle).
+func (e *env) create(name string) registry.VM {
+	e.t.Helper()
+	vm, err := e.m.Create(ctxT(e.t), machine.CreateOptions{Name: name, MemoryBytes: 128 << 20, DiskBytes: imageSize,
+		IdleTimeout: 0, Cold: true}, nil)
+	if err != nil {
+		e.t.Fatalf("create %s: %v", name, err)
+	}
+	return vm
+}
+
+// record is a VM's record as it is in the registry.
+func (e *env) record(name string) registry.VM {
+	e.t.Helper()
+	vm, err := e.m.Record(ctxT(e.t), name)
+	if err != nil {
+		e.t.Fatalf("record of %s: %v", name, err)
+	}
+	return vm
+}
+
+// memory is what the fake guest's RAM holds ("" when no VMM runs).
+func (e *env) memory(name string) string {
+	if v := e.drv.VM(e.state.Run(name)); v != nil {
+		return v.Memory()
+	}
+	return ""
+}
+
+func (e *env) wantState(name string, want registry.State) registry.VM {
+	e.t.Helper()
+	vm := e.record(name)
+	if vm.State != want {
+		e.t.Fatalf("vm %s is %s (%s), want %s", name, vm.State, vm.Reason, want)
+	}
+	return vm
+}

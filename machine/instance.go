@@ -1,0 +1,128 @@
+package machine
+
+import (
+	"sync"
+	"time"
+
+	"github.com/denhq/den/agent"
+	"github.com/denhq/den/vmm"
+)
+
+// instance is the live side of a VM that has a VMM process.
+type instance struct {
+	name     string
+	hv       vmm.Hypervisor
+	stopping chan struct{} // closed when den itself stops the VMM
+	started  time.Time     // when den started or adopted the VMM
+
+	dialMu  sync.Mutex // serialises redials of the agent
+	agentMu sync.Mutex
+	agent   *agent.Client
+
+	// actMu guards the session count and the closing flag together: a
+	// session is admitted and a VMM is closed (sleep, restore, rm) under
+	// the same rule, so one of them happens first, never both.
+	actMu    sync.Mutex
+	sessions int
+	closing  bool
+	lastAct  time.Time
+}
+
+func newInstance(name string, hv vmm.Hypervisor) *instance {
+	now := time.Now()
+	return &instance{name: name, hv: hv, stopping: make(chan struct{}), started: now, lastAct: now}
+}
+
+// admit counts a new session unless the VMM is being closed; the caller
+// then waits for the VM's lock and finds the VM asleep or stopped.
+func (in *instance) admit() bool {
+	in.actMu.Lock()
+	defer in.actMu.Unlock()
+	if in.closing {
+		return false
+	}
+	in.sessions++
+	in.lastAct = time.Now()
+	return true
+}
+
+// release ends a session.
+func (in *instance) release() {
+	in.actMu.Lock()
+	in.sessions--
+	in.lastAct = time.Now()
+	in.actMu.Unlock()
+}
+
+// close marks the VMM as closing so that no session is admitted any
+// more; it refuses (returning the count) while sessions are open, unless
+// force. The caller holds the VM's lock and calls reopen if it does not
+// stop the VMM after all.
+func (in *instance) close(force bool) (open int, ok bool) {
+	in.actMu.Lock()
+	defer in.actMu.Unlock()
+	if in.sessions > 0 && !force {
+		return in.sessions, false
+	}
+	in.closing = true
+	return in.sessions, true
+}
+
+// reopen admits sessions again after a close that did not stop the VMM.
+func (in *instance) reopen() {
+	in.actMu.Lock()
+	in.closing = false
+	in.actMu.Unlock()
+}
+
+// activity is the session count and the time of the last activity.
+func (in *instance) activity() (int, time.Time) {
+	in.actMu.Lock()
+	defer in.actMu.Unlock()
+	return in.sessions, in.lastAct
+}
+
+func (in *instance) closeAgent() {
+	in.agentMu.Lock()
+	defer in.agentMu.Unlock()
+	if in.agent != nil {
+		in.agent.Close()
+		in.agent = nil
+	}
+}
+
+func alive(in *instance) bool {
+	select {
+	case <-in.hv.Exited():
+		return false
+	default:
+		return true
+	}
+}
+
+func (m *Manager) instance(name string) *instance {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.instances[name]
+}
+
+func (m *Manager) setInstance(in *instance) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.instances[in.name] = in
+}
+
+func (m *Manager) dropInstance(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.instances, name)
+}
+
+// dropInstanceIf forgets in unless another instance replaced it.
+func (m *Manager) dropInstanceIf(in *instance) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.instances[in.name] == in {
+		delete(m.instances, in.name)
+	}
+}

@@ -1,0 +1,580 @@
+//go:build linux
+
+package machine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/denhq/den/machine"
+	"github.com/denhq/den/registry"
+	"github.com/denhq/den/storage"
+)
+
+// TestTransitions walks every edge of the state table through the
+// operations that take it, and checks that the table refuses the rest
+// with a typed error.
+func TestTransitions(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	taken := map[[2]registry.State]bool{}
+	last := map[string]registry.State{}
+	note := func(name string) {
+		vm, err := e.m.Record(ctx, name)
+		if err != nil {
+			last[name] = ""
+			return
+		}
+		if from, ok := last[name]; ok && from != vm.State {
+			taken[[2]registry.State{from, vm.State}] = true
+		}
+		last[name] = vm.State
+	}
+	// creating -> running (and creating -> deleting: an interrupted
+	// create rolled back at start-up).
+	last["a"] = registry.StateCreating
+	e.create("a")
+	note("a")
+	// running -> sleeping -> running
+	if err := e.m.Sleep(ctx, "a", false); err != nil {
+		t.Fatal(err)
+	}
+	note("a")
+	if err := e.m.Wake(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	note("a")
+	// running -> stopped (the VMM dies) -> running (next use boots it)
+	e.drv.VM(e.state.Run("a")).Kill()
+	waitFor(t, "a recorded stopped", func() bool { return e.record("a").State == registry.StateStopped })
+	note("a")
+	if err := e.m.Wake(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	note("a")
+	// sleeping -> stopped -> running: a restore of a sleeping vm to a
+	// disk-only checkpoint.
+	cp, err := e.m.Checkpoint(ctx, "a", machine.CheckpointOptions{DiskOnly: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Sleep(ctx, "a", false); err != nil {
+		t.Fatal(err)
+	}
+	note("a")
+	// A restore passes through stopped (recorded before the disk is
+	// replaced); watch the record while it runs.
+	var seen sync.Map
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if vm, err := e.m.Record(context.Background(), "a"); err == nil {
+				seen.Store(vm.State, true)
+			}
+		}
+	}()
+	if _, err := e.m.Restore(ctx, "a", cp.ID, machine.RestoreOptions{NoSave: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	if _, ok := seen.Load(registry.StateStopped); ok {
+		taken[[2]registry.State{registry.StateSleeping, registry.StateStopped}] = true
+		taken[[2]registry.State{registry.StateStopped, registry.StateRunning}] = true
+	}
+	note("a")
+	// stopped -> deleting, running -> deleting, sleeping -> deleting
+	e.create("b")
+	e.drv.VM(e.state.Run("b")).Kill()
+	waitFor(t, "b recorded stopped", func() bool { return e.record("b").State == registry.StateStopped })
+	e.create("c")
+	if err := e.m.Sleep(ctx, "c", false); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"a", "b", "c"} {
+		from := e.record(n).State
+		if err := e.m.Remove(ctx, n, true); err != nil {
+			t.Fatal(err)
+		}
+		taken[[2]registry.State{from, registry.StateDeleting}] = true
+	}
+	// creating -> stopped: a create whose VMM died before it was done
+	// is rolled back instead; the edge is the table's, for a VMM dying
+	// mid-create of a future driver. Everything else must have been
+	// taken.
+	for from, tos := range registry.Transitions() {
+		for _, to := range tos {
+			if !taken[[2]registry.State{from, to}] && !(from == registry.StateCreating && to != registry.StateRunning) {
+				t.Errorf("transition %s -> %s not exercised", from, to)
+			}
+		}
+	}
+	// Refused transitions are typed errors.
+	err = registry.CheckTransition(registry.StateDeleting, registry.StateRunning)
+	var te *registry.TransitionError
+	if !errors.As(err, &te) || !errors.Is(err, registry.ErrIllegalTransition) {
+		t.Fatalf("deleting -> running: %v", err)
+	}
+}
+
+// TestReadsNeverChangeState runs sleep/wake cycles while other
+// goroutines read the VM as fast as they can (den info, den ls, a
+// stranger's info): every read sees a legal state, the record never
+// says "vmm process not found", and the guest's memory survives every
+// wake (it was never cold-booted).
+func TestReadsNeverChangeState(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.vol.UsageDelay = 20 * time.Millisecond // as slow as JuiceFS's metadata on S3
+	e.create("nap")
+	mem := e.memory("nap")
+	boots := e.drv.Boots()
+	stop := make(chan struct{})
+	var reads atomic.Int64
+	var bad atomic.Value
+	var wg sync.WaitGroup
+	for i := 0; i < 3; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				st, err := e.m.Get(context.Background(), "nap")
+				if err == nil && strings.Contains(st.Reason, "not found") {
+					bad.Store(fmt.Sprintf("read saw %s: %s", st.State, st.Reason))
+				}
+				if _, err := e.m.List(context.Background(), ""); err != nil {
+					bad.Store("list: " + err.Error())
+				}
+				reads.Add(1)
+			}
+		}()
+	}
+	for i := 0; i < 8; i++ {
+		if err := e.m.Sleep(ctx, "nap", false); err != nil {
+			t.Fatalf("sleep %d: %v", i, err)
+		}
+		if st := e.record("nap"); st.State != registry.StateSleeping {
+			t.Fatalf("after sleep %d: %s (%s)", i, st.State, st.Reason)
+		}
+		// Let reads that began while the vm was running finish against
+		// the sleeping vm (as den ls polling a sleep does).
+		n := reads.Load()
+		waitFor(t, "reads after the sleep", func() bool { return reads.Load() >= n+6 })
+		if st := e.record("nap"); st.State != registry.StateSleeping {
+			t.Fatalf("reads after sleep %d changed it to %s (%s)", i, st.State, st.Reason)
+		}
+		if err := e.m.Wake(ctx, "nap"); err != nil {
+			t.Fatalf("wake %d: %v", i, err)
+		}
+		if got := e.memory("nap"); got != mem {
+			t.Fatalf("wake %d: guest memory %q, want %q (cold-booted)", i, got, mem)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if v := bad.Load(); v != nil {
+		t.Fatal(v)
+	}
+	if e.drv.Boots() != boots {
+		t.Fatalf("%d cold boots during sleep/wake cycles", e.drv.Boots()-boots)
+	}
+	t.Logf("%d reads raced 8 sleep/wake cycles", reads.Load())
+}
+
+// TestSessionAndSleepNeverBoth races session admissions against sleeps:
+// a sleep either happens before a session is admitted (which then wakes
+// the VM) or not at all while one is open.
+func TestSessionAndSleepNeverBoth(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create("s")
+	var wg sync.WaitGroup
+	var fails atomic.Value
+	done := make(chan struct{})
+	var sleeps atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			err := e.m.Sleep(context.Background(), "s", false)
+			if err == nil {
+				sleeps.Add(1)
+			} else if !errors.Is(err, machine.ErrConflict) {
+				fails.Store("sleep: " + err.Error())
+				return
+			}
+		}
+	}()
+	var openers sync.WaitGroup
+	for g := 0; g < 3; g++ {
+		openers.Add(1)
+		go func(g int) {
+			defer openers.Done()
+			for i := 0; i < 25; i++ {
+				s, err := e.m.Open(ctx, "s", "")
+				if err != nil {
+					fails.Store(fmt.Sprintf("open %d/%d: %v", g, i, err))
+					return
+				}
+				// While the session is open the VM runs and stays running.
+				select {
+				case <-s.Done:
+					fails.Store(fmt.Sprintf("session %d/%d: the vm stopped under it", g, i))
+				case <-time.After(3 * time.Millisecond):
+				}
+				if st, err := e.m.Record(ctx, "s"); err != nil || st.State != registry.StateRunning {
+					fails.Store(fmt.Sprintf("session %d/%d open on a %s vm", g, i, st.State))
+				}
+				s.Release()
+				time.Sleep(time.Duration(i%3) * time.Millisecond)
+			}
+		}(g)
+	}
+	openers.Wait()
+	close(done)
+	wg.Wait()
+	if v := fails.Load(); v != nil {
+		t.Fatal(v)
+	}
+	t.Logf("%d sleeps between 75 sessions", sleeps.Load())
+	// With a session open, sleep refuses unless forced.
+	s, err := e.m.Open(ctx, "s", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Sleep(ctx, "s", false); !errors.Is(err, machine.ErrConflict) {
+		t.Fatalf("sleep with a session open: %v", err)
+	}
+	s.Release()
+}
+
+// TestRestoreAndRemoveVersusSessions: restore refuses while an exec runs
+// (unless forced); rm ends sessions and leaves nothing behind.
+func TestRestoreAndRemoveVersusSessions(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create("r")
+	cp, err := e.m.Checkpoint(ctx, "r", machine.CheckpointOptions{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.m.Open(ctx, "r", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Restore(ctx, "r", cp.ID, machine.RestoreOptions{NoSave: true}, nil); !errors.Is(err, machine.ErrConflict) {
+		t.Fatalf("restore during a session: %v", err)
+	}
+	// The refused restore left the VM usable: new sessions are admitted.
+	s2, err := e.m.Open(ctx, "r", "")
+	if err != nil {
+		t.Fatalf("session after a refused restore: %v", err)
+	}
+	s2.Release()
+	s.Release()
+	if _, err := e.m.Restore(ctx, "r", cp.ID, machine.RestoreOptions{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// rm racing sessions: every Open either succeeds before the rm or
+	// fails with not found / conflict; nothing is left afterwards.
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var bad atomic.Value
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			s, err := e.m.Open(context.Background(), "r", "")
+			if err == nil {
+				s.Release()
+			} else if !errors.Is(err, machine.ErrNotFound) && !errors.Is(err, machine.ErrConflict) && !strings.Contains(err.Error(), "vmm") {
+				bad.Store(err.Error())
+			}
+		}
+	}()
+	time.Sleep(5 * time.Millisecond)
+	if err := e.m.Remove(ctx, "r", true); err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	wg.Wait()
+	if v := bad.Load(); v != nil {
+		t.Fatalf("open racing rm: %v", v)
+	}
+	if _, err := e.m.Record(ctx, "r"); !errors.Is(err, machine.ErrNotFound) {
+		t.Fatalf("record after rm: %v", err)
+	}
+	waitFor(t, "no vmm left", func() bool { return e.drv.Live() == 0 })
+}
+
+// TestConcurrentCheckpoints: checkpoints of one VM taken at once all
+// succeed, with distinct ids, each complete.
+func TestConcurrentCheckpoints(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create("c")
+	var wg sync.WaitGroup
+	ids := make(chan string, 4)
+	errs := make(chan error, 4)
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			cp, err := e.m.Checkpoint(ctx, "c", machine.CheckpointOptions{DiskOnly: i%2 == 0}, nil)
+			if err != nil {
+				errs <- err
+				return
+			}
+			ids <- cp.ID
+		}(i)
+	}
+	wg.Wait()
+	close(ids)
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for id := range ids {
+		if seen[id] {
+			t.Fatalf("id %s given twice", id)
+		}
+		seen[id] = true
+		if _, err := e.m.Fork(ctx, "c", id, "f"+strings.TrimPrefix(id, "cp-"), nil); err != nil {
+			t.Fatalf("fork from %s: %v", id, err)
+		}
+	}
+	if len(seen) != 4 {
+		t.Fatalf("%d checkpoints", len(seen))
+	}
+}
+
+// TestForkVersusRemoveOfSource: a fork and an rm of its source at once:
+// either the fork is whole or it left nothing, and the source is gone.
+func TestForkVersusRemoveOfSource(t *testing.T) {
+	for i := 0; i < 4; i++ {
+		e := newEnv(t)
+		ctx := ctxT(t)
+		e.create("src")
+		cp, err := e.m.Checkpoint(ctx, "src", machine.CheckpointOptions{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var forkErr, rmErr error
+		wg.Add(2)
+		go func() { defer wg.Done(); _, forkErr = e.m.Fork(ctx, "src", cp.ID, "dst", nil) }()
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(i) * time.Millisecond)
+			rmErr = e.m.Remove(ctx, "src", true)
+		}()
+		wg.Wait()
+		if rmErr != nil {
+			t.Fatalf("rm: %v", rmErr)
+		}
+		rec, err := e.m.Record(ctx, "dst")
+		switch {
+		case forkErr == nil:
+			if err != nil || rec.State != registry.StateRunning {
+				t.Fatalf("fork succeeded but dst is %+v, %v", rec, err)
+			}
+			if _, err := e.m.Open(ctx, "dst", ""); err != nil {
+				t.Fatalf("forked vm unusable: %v", err)
+			}
+		case errors.Is(err, machine.ErrNotFound):
+			if p, _ := e.vol.Path(storage.VMDir("dst")); dirExists(p) {
+				t.Fatalf("failed fork (%v) left %s", forkErr, p)
+			}
+		default:
+			t.Fatalf("fork failed (%v) but left a record: %+v %v", forkErr, rec, err)
+		}
+		e.m.Close()
+	}
+}
+
+// TestForkOntoExistingName changes nothing: no checkpoint, no head move.
+func TestForkOntoExistingName(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create("one")
+	e.create("two")
+	cps, head, err := e.m.Checkpoints(ctx, "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Fork(ctx, "one", "", "two", nil); !errors.Is(err, machine.ErrExists) {
+		t.Fatalf("fork onto an existing name: %v", err)
+	}
+	cps2, head2, _ := e.m.Checkpoints(ctx, "one")
+	if len(cps2) != len(cps) || head2 != head {
+		t.Fatalf("a refused fork left %d checkpoints (was %d), head %q (was %q)", len(cps2), len(cps), head2, head)
+	}
+}
+
+// TestFailedForkRollsBack: a fork whose bring-up fails leaves no VM, no
+// checkpoint and no head move on the source.
+func TestFailedForkRollsBack(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create("one")
+	_, head, _ := e.m.Checkpoints(ctx, "one")
+	e.drv.Hook = func(op, rd string) {
+		if op == "restore" && strings.HasSuffix(rd, "/three") {
+			e.drv.VM(e.state.Run("three")).Kill()
+		}
+	}
+	if _, err := e.m.Fork(ctx, "one", "", "three", nil); err == nil {
+		t.Fatal("fork with a dying vmm succeeded")
+	}
+	e.drv.Hook = nil
+	cps, head2, _ := e.m.Checkpoints(ctx, "one")
+	if len(cps) != 0 || head2 != head {
+		t.Fatalf("failed fork left checkpoints %v, head %q (was %q)", cps, head2, head)
+	}
+	if _, err := e.m.Record(ctx, "three"); !errors.Is(err, machine.ErrNotFound) {
+		t.Fatalf("failed fork left a record: %v", err)
+	}
+}
+
+// TestVMMDeathRecordedByOwner: a VMM killed from outside is recorded
+// stopped with the reason, and the next use boots the VM.
+func TestVMMDeathRecordedByOwner(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create("k")
+	e.drv.VM(e.state.Run("k")).Kill()
+	waitFor(t, "k recorded stopped", func() bool { return e.record("k").State == registry.StateStopped })
+	if r := e.record("k").Reason; !strings.Contains(r, "killed") {
+		t.Fatalf("reason %q", r)
+	}
+	s, err := e.m.Open(ctx, "k", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Release()
+	e.wantState("k", registry.StateRunning)
+}
+
+// TestBusyNamesHolder: waiting for a VM is bounded and the refusal says
+// who holds it.
+func TestBusyNamesHolder(t *testing.T) {
+	e := newEnv(t)
+	e.create("b")
+	in := make(chan struct{})
+	out := make(chan struct{})
+	e.drv.Hook = func(op, rd string) {
+		if op == "snapshot" {
+			close(in)
+			<-out
+		}
+	}
+	go func() { _, _ = e.m.Checkpoint(context.Background(), "b", machine.CheckpointOptions{}, nil) }()
+	<-in
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err := e.m.Sleep(ctx, "b", false)
+	close(out)
+	if !errors.Is(err, machine.ErrBusy) || !strings.Contains(err.Error(), `vm "b" is busy: checkpoint since`) {
+		t.Fatalf("sleep of a vm being checkpointed: %v", err)
+	}
+}
+
+// TestSecondDaemonRefused: one daemon per state dir.
+func TestSecondDaemonRefused(t *testing.T) {
+	dir := machine.StateDir(t.TempDir())
+	unlock, err := machine.LockStateDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := machine.LockStateDir(dir); err == nil || !strings.Contains(err.Error(), "another den daemon") {
+		t.Fatalf("second lock: %v", err)
+	}
+	unlock()
+	unlock2, err := machine.LockStateDir(dir)
+	if err != nil {
+		t.Fatalf("lock after release: %v", err)
+	}
+	unlock2()
+}
+
+// TestVolumeLossStopsVMs: a VM whose disk was on a mount that died is
+// not left running on it: it is stopped with the reason, and boots when
+// next used.
+func TestVolumeLossStopsVMs(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create("v")
+	e.vol.Emit(storage.Event{Kind: storage.EventLost, Err: errors.New("mount process 42 exited")})
+	waitFor(t, "v stopped after the volume loss", func() bool { return e.record("v").State == registry.StateStopped })
+	if r := e.record("v").Reason; !strings.Contains(r, "storage volume lost") {
+		t.Fatalf("reason %q", r)
+	}
+	if e.drv.VM(e.state.Run("v")) != nil {
+		t.Fatal("vmm still running on the lost volume")
+	}
+	if err := e.m.Wake(ctx, "v"); err != nil {
+		t.Fatal(err)
+	}
+	e.wantState("v", registry.StateRunning)
+}
+
+// TestRestartAdopts: a new Manager (daemon restart) adopts running VMMs
+// and keeps sleeping VMs asleep.
+func TestRestartAdopts(t *testing.T) {
+	e := newEnv(t)
+	e.create("x")
+	e.create("y")
+	if err := e.m.Sleep(ctxT(t), "y", false); err != nil {
+		t.Fatal(err)
+	}
+	mem := e.memory("x")
+	e.restart()
+	e.wantState("x", registry.StateRunning)
+	e.wantState("y", registry.StateSleeping)
+	if e.memory("x") != mem {
+		t.Fatal("x was restarted, not adopted")
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(testTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func dirExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}

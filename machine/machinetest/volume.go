@@ -1,0 +1,247 @@
+//go:build linux
+
+package machinetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/storage"
+)
+
+// Volume is a storage.Volume that is a plain directory: clones are
+// copies (sparse), renames are renames. Emit sends it events as the
+// JuiceFS supervisor would.
+type Volume struct {
+	root string
+	mu   sync.Mutex
+	subs map[chan storage.Event]struct{}
+	// Fail, when set, is returned by every mutating call (a dead backend).
+	Fail error
+	// UsageDelay makes Usage as slow as a metadata walk on JuiceFS.
+	UsageDelay time.Duration
+}
+
+var _ storage.Volume = (*Volume)(nil)
+
+// NewVolume returns a volume rooted at dir (created).
+func NewVolume(dir string) (*Volume, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	return &Volume{root: dir, subs: map[chan storage.Event]struct{}{}}, nil
+}
+
+// Root is the directory.
+func (v *Volume) Root() string { return v.root }
+
+// Path maps p into the directory.
+func (v *Volume) Path(p storage.Path) (string, error) {
+	if err := p.Validate(); err != nil {
+		return "", err
+	}
+	return filepath.Join(v.root, filepath.FromSlash(string(p))), nil
+}
+
+func (v *Volume) live(p storage.Path) (string, error) {
+	if v.Fail != nil {
+		return "", v.Fail
+	}
+	return v.Path(p)
+}
+
+// MkdirAll makes a directory.
+func (v *Volume) MkdirAll(ctx context.Context, p storage.Path) error {
+	h, err := v.live(p)
+	if err != nil {
+		return err
+	}
+	return os.MkdirAll(h, 0o700)
+}
+
+// CreateDisk makes a sparse file.
+func (v *Volume) CreateDisk(ctx context.Context, p storage.Path, size int64) error {
+	h, err := v.live(p)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(h), 0o700); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(h, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Truncate(size)
+}
+
+// Clone copies src (file or tree) to dst, which appears whole or not at all.
+func (v *Volume) Clone(ctx context.Context, src, dst storage.Path) error {
+	s, err := v.live(src)
+	if err != nil {
+		return err
+	}
+	d, err := v.live(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Lstat(d); err == nil {
+		return fmt.Errorf("clone %s: %s exists", src, dst)
+	}
+	tmp := d + ".clone-tmp"
+	_ = os.RemoveAll(tmp)
+	if err := os.MkdirAll(filepath.Dir(d), 0o700); err != nil {
+		return err
+	}
+	if err := copyTree(s, tmp); err != nil {
+		_ = os.RemoveAll(tmp)
+		return fmt.Errorf("clone %s: %w", src, err)
+	}
+	return os.Rename(tmp, d)
+}
+
+func copyTree(src, dst string) error {
+	st, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	if !st.IsDir() {
+		return fsutil.CopySparse(src, dst)
+	}
+	return filepath.WalkDir(src, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		out := filepath.Join(dst, rel)
+		if e.IsDir() {
+			return os.MkdirAll(out, 0o700)
+		}
+		return fsutil.CopySparse(p, out)
+	})
+}
+
+// CloneOver copies file src over dst atomically.
+func (v *Volume) CloneOver(ctx context.Context, src, dst storage.Path) error {
+	s, err := v.live(src)
+	if err != nil {
+		return err
+	}
+	d, err := v.live(dst)
+	if err != nil {
+		return err
+	}
+	tmp := d + ".clone-tmp"
+	_ = os.RemoveAll(tmp)
+	if err := fsutil.CopySparse(s, tmp); err != nil {
+		return err
+	}
+	return os.Rename(tmp, d)
+}
+
+// Rename renames.
+func (v *Volume) Rename(ctx context.Context, from, to storage.Path) error {
+	f, err := v.live(from)
+	if err != nil {
+		return err
+	}
+	t, err := v.live(to)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(t), 0o700); err != nil {
+		return err
+	}
+	return os.Rename(f, t)
+}
+
+// Remove removes a tree.
+func (v *Volume) Remove(ctx context.Context, p storage.Path) error {
+	h, err := v.live(p)
+	if err != nil {
+		return err
+	}
+	return os.RemoveAll(h)
+}
+
+// Usage sums a tree's sizes.
+func (v *Volume) Usage(ctx context.Context, p storage.Path) (storage.Usage, error) {
+	h, err := v.Path(p)
+	if err != nil {
+		return storage.Usage{}, err
+	}
+	if v.UsageDelay > 0 {
+		time.Sleep(v.UsageDelay)
+	}
+	var u storage.Usage
+	err = filepath.WalkDir(h, func(_ string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if e.Type().IsRegular() {
+			info, err := e.Info()
+			if err != nil {
+				return err
+			}
+			u.Logical += info.Size()
+			u.Data += info.Size()
+			u.Files++
+		}
+		return nil
+	})
+	return u, err
+}
+
+// Health fails with Fail.
+func (v *Volume) Health(ctx context.Context) error { return v.Fail }
+
+// Subscribe delivers Emit's events.
+func (v *Volume) Subscribe() (<-chan storage.Event, func()) {
+	ch := make(chan storage.Event, 32)
+	v.mu.Lock()
+	v.subs[ch] = struct{}{}
+	v.mu.Unlock()
+	return ch, func() {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		if _, ok := v.subs[ch]; ok {
+			delete(v.subs, ch)
+			close(ch)
+		}
+	}
+}
+
+// Emit sends an event to the subscribers, stamped now.
+func (v *Volume) Emit(e storage.Event) {
+	e.Time = time.Now()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for ch := range v.subs {
+		select {
+		case ch <- e:
+		default:
+		}
+	}
+}
+
+// Close ends the subscriptions.
+func (v *Volume) Close() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for ch := range v.subs {
+		close(ch)
+		delete(v.subs, ch)
+	}
+	return nil
+}
+
+// ErrDead is a Fail value: the backend is gone.
+var ErrDead = errors.New("volume backend dead")

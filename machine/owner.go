@@ -1,0 +1,232 @@
+package machine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/denhq/den/registry"
+)
+
+// DefaultLockWait bounds how long an operation waits for a VM that
+// another operation holds.
+const DefaultLockWait = 2 * time.Minute
+
+// holder is an operation holding a VM's lock in this process.
+type holder struct {
+	op    string
+	since time.Time
+}
+
+// errClosing refuses operations once the Manager is closing.
+var errClosing = errors.New("den is shutting down")
+
+// lockVM makes the caller the owner of the VM's state until the returned
+// func is called: one operation at a time per VM, across goroutines (an
+// in-process table that also says who holds it) and processes (a file
+// lock). It waits at most until ctx ends or Config.LockWait passes, and a
+// refusal names the holder: vm "box" is busy: checkpoint since 12s.
+func (m *Manager) lockVM(ctx context.Context, name, op string) (func(), error) {
+	wait := m.cfg.LockWait
+	if wait <= 0 {
+		wait = DefaultLockWait
+	}
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	for {
+		unlock, err := m.tryLockVM(name, op)
+		if err != nil || unlock != nil {
+			return unlock, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%s: %w", m.busyLine(name), errors.Join(ErrBusy, ctx.Err()))
+		case <-clientGone(ctx):
+			return nil, fmt.Errorf("%s: the client went away while waiting: %w", m.busyLine(name), ErrBusy)
+		case <-deadline.C:
+			return nil, fmt.Errorf("%s (waited %s): %w", m.busyLine(name), wait, ErrBusy)
+		case <-m.released(name):
+		case <-time.After(50 * time.Millisecond): // a holder in another process
+		}
+	}
+}
+
+type clientKey struct{}
+
+// WithClient ties an operation's context to the client that asked for
+// it: the operation itself runs to its end (or rolls back) whatever the
+// client does, but a wait for a VM's lock ends when the client goes
+// away, since nothing was started yet.
+func WithClient(ctx, client context.Context) context.Context {
+	return context.WithValue(ctx, clientKey{}, client)
+}
+
+// clientGone is closed when the operation's client went away; nil when
+// there is none.
+func clientGone(ctx context.Context) <-chan struct{} {
+	if c, ok := ctx.Value(clientKey{}).(context.Context); ok {
+		return c.Done()
+	}
+	return nil
+}
+
+// tryLockVM takes the VM's lock if nobody holds it; (nil, nil) when
+// somebody does.
+func (m *Manager) tryLockVM(name, op string) (func(), error) {
+	m.mu.Lock()
+	select {
+	case <-m.closed:
+		m.mu.Unlock()
+		return nil, fmt.Errorf("vm %q: %w", name, errClosing)
+	default:
+	}
+	if _, held := m.holders[name]; held {
+		m.mu.Unlock()
+		return nil, nil
+	}
+	m.holders[name] = holder{op: op, since: time.Now()}
+	m.ops.Add(1)
+	m.mu.Unlock()
+	drop := func() {
+		m.mu.Lock()
+		delete(m.holders, name)
+		if ch, ok := m.waiters[name]; ok {
+			close(ch)
+			delete(m.waiters, name)
+		}
+		m.mu.Unlock()
+		m.ops.Done()
+	}
+	f, err := m.openLockFile(name)
+	if err != nil {
+		drop()
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		drop()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, nil // held by another process
+		}
+		return nil, fmt.Errorf("lock vm %q: %w", name, err)
+	}
+	return func() {
+		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		f.Close()
+		drop()
+	}, nil
+}
+
+func (m *Manager) openLockFile(name string) (*os.File, error) {
+	path := m.state.Lock(name)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("lock vm %q: %w", name, err)
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock vm %q: %w", name, err)
+	}
+	return f, nil
+}
+
+// released is closed when the VM's current holder in this process lets
+// go; nil (never ready) when the holder is another process.
+func (m *Manager) released(name string) <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, held := m.holders[name]; !held {
+		return nil
+	}
+	ch, ok := m.waiters[name]
+	if !ok {
+		ch = make(chan struct{})
+		m.waiters[name] = ch
+	}
+	return ch
+}
+
+// busyLine says who holds a VM: `vm "box" is busy: checkpoint since 12s`.
+func (m *Manager) busyLine(name string) string {
+	m.mu.Lock()
+	h, ok := m.holders[name]
+	m.mu.Unlock()
+	if !ok {
+		return fmt.Sprintf("vm %q is busy: another process holds its lock", name)
+	}
+	return fmt.Sprintf("vm %q is busy: %s since %s", name, h.op, time.Since(h.since).Round(time.Second))
+}
+
+// isBusy says whether an operation holds the VM's lock in this process.
+func (m *Manager) isBusy(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, held := m.holders[name]
+	return held
+}
+
+// Op names what holds a VM, for den info: "" when nothing does.
+func (m *Manager) Op(name string) (string, time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	h, ok := m.holders[name]
+	if !ok {
+		return "", 0
+	}
+	return h.op, time.Since(h.since)
+}
+
+// reconcileVM is how a read that found a record disagreeing with reality
+// asks the VM's owner to look: if no operation holds the VM, it takes the
+// lock, re-reads the record and re-checks the VMM, and only then records
+// what it finds, as a compare-and-set on the generation it read. If an
+// operation holds the VM, the record is that operation's to write and is
+// returned as it is. Reads themselves never write.
+func (m *Manager) reconcileVM(ctx context.Context, name string) (registry.VM, error) {
+	unlock, err := m.tryLockVM(name, "reconcile")
+	if err != nil {
+		return registry.VM{}, err
+	}
+	if unlock == nil {
+		return m.get(ctx, name)
+	}
+	defer unlock()
+	return m.reconcileLocked(ctx, name)
+}
+
+// reconcileLocked checks a VM's record against its VMM; the caller holds
+// the lock.
+func (m *Manager) reconcileLocked(ctx context.Context, name string) (registry.VM, error) {
+	vm, err := m.get(ctx, name)
+	if err != nil || vm.State != registry.StateRunning {
+		return vm, err
+	}
+	in := m.instance(name)
+	if in != nil && alive(in) {
+		return vm, nil
+	}
+	reason := "vmm process not found"
+	if in != nil {
+		reason = exitReason(in)
+		m.dropInstance(name)
+		in.closeAgent()
+	}
+	m.log.Warn("den: vm found stopped", "vm", name, "reason", reason)
+	return m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
+		v.State, v.Reason = registry.StateStopped, reason
+		return nil
+	})
+}
+
+// exitReason says how a VMM ended, with the console's last words.
+func exitReason(in *instance) string {
+	reason := "vmm exited"
+	if err := in.hv.ExitErr(); err != nil {
+		reason = "vmm exited: " + err.Error()
+	}
+	return reason
+}

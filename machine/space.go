@@ -1,0 +1,65 @@
+package machine
+
+import (
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/denhq/den/registry"
+)
+
+// spaceMargin is the free space every write to the volume keeps in hand
+// (metadata, logs, a disk's first writes): below it operations refuse.
+const spaceMargin = 64 << 20
+
+// volumeFree is the free space where the volume's data lands: the mount
+// and the local disk under it (JuiceFS's cache and metadata, and for the
+// embedded volume its objects).
+func (m *Manager) volumeFree() (int64, error) {
+	free := int64(-1)
+	for _, p := range []string{m.vol.Root(), m.state.VolumeState(), m.state.Path()} {
+		var st unix.Statfs_t
+		if err := unix.Statfs(p, &st); err != nil {
+			continue
+		}
+		f := int64(st.Bavail) * st.Bsize
+		if free < 0 || f < free {
+			free = f
+		}
+	}
+	if free < 0 {
+		return 0, errors.New("volume free space unknown")
+	}
+	return free, nil
+}
+
+// needSpace refuses an operation at once, with a line saying so, when the
+// host volume has less than need (plus the margin) free: a full volume
+// must fail fast, never half-write a checkpoint.
+func (m *Manager) needSpace(need int64, op string) error {
+	free, err := m.volumeFree()
+	if err != nil {
+		return nil // unknown: the write itself will tell
+	}
+	if need < spaceMargin {
+		need = spaceMargin
+	} else {
+		need += spaceMargin
+	}
+	if free < need {
+		return fmt.Errorf("%s: host volume full (%d MB free, need %d MB): %w", op, free>>20, need>>20, ErrNoSpace)
+	}
+	return nil
+}
+
+// memorySnapshotNeed is what a memory snapshot of a running VM writes at
+// most: the guest RAM the VMM has allocated (QEMU's RAM file is sparse:
+// untouched pages cost nothing), else the VM's memory size.
+func (m *Manager) memorySnapshotNeed(vm registry.VM) int64 {
+	var st unix.Stat_t
+	if err := unix.Stat(m.state.Run(vm.Name).MemoryFile(), &st); err == nil && st.Blocks > 0 {
+		return st.Blocks * 512
+	}
+	return vm.MemoryBytes
+}
