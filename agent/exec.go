@@ -38,6 +38,13 @@ type ExecRequest struct {
 	Resize <-chan WindowSize
 }
 
+// MaxCommandLine is the longest command line, in bytes, that the guest
+// can run: it runs "shell -c LINE", and Linux refuses one argument of 128
+// KiB or more (MAX_ARG_STRLEN, its NUL included) with E2BIG. Longer lines
+// are refused before they are sent (SSH refuses packets over 256 KiB by
+// closing the connection: a bare EOF). Large data goes on stdin.
+const MaxCommandLine = 128<<10 - 1
+
 // commandLine is the string sent in the SSH exec request.
 func (r ExecRequest) commandLine() string {
 	if len(r.Cmd) > 0 {
@@ -54,6 +61,9 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest) (int, error) {
 	line := req.commandLine()
 	if strings.TrimSpace(line) == "" {
 		return -1, errors.New("agent exec: empty command")
+	}
+	if len(line) > MaxCommandLine {
+		return -1, fmt.Errorf("agent exec: command line is %d bytes, at most %d (pass large data on stdin)", len(line), MaxCommandLine)
 	}
 	return c.run(ctx, req, line, false)
 }

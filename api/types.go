@@ -17,6 +17,17 @@ const OwnerHeader = "X-Den-Owner"
 // CLI also reads $DEN_SOCKET.
 const DefaultSocket = "/run/den/den.sock"
 
+// Defaults the daemon gives a VM created without them (the zero fields of
+// CreateRequest). They mirror machine's DefaultCPUs, DefaultMemory,
+// DefaultDisk and DefaultIdleTimeout, which are the ones applied; these
+// are for clients to show.
+const (
+	DefaultCPUs        = 1
+	DefaultMemory      = 512 << 20
+	DefaultDisk        = 4 << 30
+	DefaultIdleTimeout = 10 * time.Minute
+)
+
 // VM is a VM as the API shows it.
 type VM struct {
 	Name        string    `json:"name"`
@@ -34,6 +45,12 @@ type VM struct {
 	IdleTimeout string    `json:"idle_timeout"`
 	CreatedAt   time.Time `json:"created_at"`
 	LastActive  time.Time `json:"last_active"`
+	// Operation is what holds the VM now (checkpoint, sleep, restore
+	// cp-3...), for OperationFor ("12s"); empty when nothing does.
+	Operation    string `json:"operation,omitempty"`
+	OperationFor string `json:"operation_for,omitempty"`
+	// Generation counts the writes of the VM's record.
+	Generation int64 `json:"generation"`
 }
 
 // CreateRequest asks for a new VM. Zero fields take the daemon's defaults.

@@ -12,11 +12,26 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/denhq/den/internal/fsutil"
-	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
+
+// Record is a checkpoint's catalog row, kept in the registry and in the
+// checkpoint's meta.json.
+type Record struct {
+	VM          string    `json:"vm"`
+	ID          string    `json:"id"`
+	Seq         int       `json:"seq"`
+	Parent      string    `json:"parent,omitempty"`
+	Kind        string    `json:"kind"`
+	Comment     string    `json:"comment,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
+	MemoryBytes int64     `json:"memory_bytes"`
+	DiskBytes   int64     `json:"disk_bytes"`
+	VMM         string    `json:"vmm,omitempty"`
+}
 
 // Kinds of checkpoint.
 const (
@@ -108,7 +123,7 @@ func (p *Pending) Sync() error {
 
 // Commit writes the catalog row into the directory and renames it into
 // place: only now does the checkpoint exist.
-func (p *Pending) Commit(ctx context.Context, row registry.Checkpoint) error {
+func (p *Pending) Commit(ctx context.Context, row Record) error {
 	meta, err := p.HostPath(MetaFile)
 	if err != nil {
 		return err
@@ -130,7 +145,7 @@ func (p *Pending) Abort() {
 // Sweep removes a VM's unfinished checkpoint directories (a crash in the
 // middle of one) and returns the rows of complete checkpoint directories,
 // from their meta.json, so that a catalog can be checked against them.
-func (s Store) Sweep(ctx context.Context, vm string) ([]registry.Checkpoint, error) {
+func (s Store) Sweep(ctx context.Context, vm string) ([]Record, error) {
 	root, err := s.Vol.Path(storage.CheckpointsDir(vm))
 	if err != nil {
 		return nil, err
@@ -142,7 +157,7 @@ func (s Store) Sweep(ctx context.Context, vm string) ([]registry.Checkpoint, err
 	if err != nil {
 		return nil, fmt.Errorf("sweep checkpoints of %q: %w", vm, err)
 	}
-	var out []registry.Checkpoint
+	var out []Record
 	for _, e := range ents {
 		p := storage.CheckpointsDir(vm).Join(e.Name())
 		if strings.HasPrefix(e.Name(), "tmp-") {
@@ -159,8 +174,8 @@ func (s Store) Sweep(ctx context.Context, vm string) ([]registry.Checkpoint, err
 }
 
 // Meta reads a complete checkpoint's meta.json.
-func (s Store) Meta(vm, id string) (registry.Checkpoint, error) {
-	var row registry.Checkpoint
+func (s Store) Meta(vm, id string) (Record, error) {
+	var row Record
 	host, err := s.Vol.Path(Dir(vm, id).Join(MetaFile))
 	if err != nil {
 		return row, err

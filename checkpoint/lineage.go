@@ -2,26 +2,24 @@ package checkpoint
 
 import (
 	"sort"
-
-	"github.com/denhq/den/registry"
 )
 
 // Line is one row of a lineage tree: the checkpoint and the tree drawing
 // that goes before it.
 type Line struct {
 	Prefix string
-	registry.Checkpoint
+	Record
 }
 
 // Tree orders checkpoints as a lineage tree (children under their parent,
 // oldest first) with box-drawing prefixes. A checkpoint whose parent is
 // unknown is a root.
-func Tree(cps []registry.Checkpoint) []Line {
+func Tree(cps []Record) []Line {
 	byID := map[string]bool{}
 	for _, c := range cps {
 		byID[c.ID] = true
 	}
-	children := map[string][]registry.Checkpoint{}
+	children := map[string][]Record{}
 	for _, c := range cps {
 		parent := c.Parent
 		if !byID[parent] {
@@ -45,7 +43,7 @@ func Tree(cps []registry.Checkpoint) []Line {
 					prefix, next = indent+"└─ ", indent+"   "
 				}
 			}
-			out = append(out, Line{Prefix: prefix, Checkpoint: c})
+			out = append(out, Line{Prefix: prefix, Record: c})
 			walk(c.ID, next, false)
 		}
 	}
@@ -55,11 +53,11 @@ func Tree(cps []registry.Checkpoint) []Line {
 
 // Prune chooses what a retention of keep checkpoints deletes: the oldest
 // ones beyond the newest keep, never one in protect (the VM's head).
-func Prune(cps []registry.Checkpoint, keep int, protect map[string]bool) []string {
+func Prune(cps []Record, keep int, protect map[string]bool) []string {
 	if keep < 0 || len(cps) <= keep {
 		return nil
 	}
-	sorted := append([]registry.Checkpoint(nil), cps...)
+	sorted := append([]Record(nil), cps...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Seq > sorted[j].Seq })
 	var out []string
 	for _, c := range sorted[keep:] {

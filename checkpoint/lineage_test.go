@@ -4,12 +4,10 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-
-	"github.com/denhq/den/registry"
 )
 
 func TestTreeAndPrune(t *testing.T) {
-	cps := []registry.Checkpoint{
+	cps := []Record{
 		{ID: "cp-1", Seq: 1},
 		{ID: "cp-2", Seq: 2, Parent: "cp-1"},
 		{ID: "cp-3", Seq: 3, Parent: "cp-2"},

@@ -45,7 +45,7 @@ func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {
 	}
 	out := []api.Checkpoint{}
 	for _, l := range checkpoint.Tree(cps) {
-		c := toAPICheckpoint(l.Checkpoint)
+		c := toAPICheckpoint(l.Record)
 		c.Tree, c.Depth, c.Head = l.Prefix, len([]rune(l.Prefix))/3, l.ID == head
 		out = append(out, c)
 	}
@@ -139,6 +139,21 @@ func (s *Server) wake(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := opContext(r)
 	defer cancel()
 	if err := s.m.Wake(ctx, name); err != nil {
+		writeError(w, err)
+		return
+	}
+	s.getVM(w, r)
+}
+
+func (s *Server) resize(w http.ResponseWriter, r *http.Request) {
+	var req api.ResizeRequest
+	name, ok := s.ownedRequest(w, r, &req)
+	if !ok {
+		return
+	}
+	ctx, cancel := opContext(r)
+	defer cancel()
+	if _, err := s.m.Resize(ctx, name, req.DiskBytes); err != nil {
 		writeError(w, err)
 		return
 	}

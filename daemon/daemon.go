@@ -16,7 +16,9 @@ import (
 	"github.com/denhq/den/idle"
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/machine"
+	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
+	"github.com/denhq/den/users"
 )
 
 // Options configures a daemon.
@@ -86,8 +88,13 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer vol.Close()
 
+	db, err := registry.Open(state.DB())
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	defer db.Close() // after the manager's Close (deferred below)
 	m, err := machine.New(ctx, machine.Config{
-		State: state, Volume: vol, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
+		State: state, Volume: vol, Registry: db, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
 		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy,
 	})
 	if err != nil {
@@ -99,7 +106,8 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
-	gw, err := startGateway(o, m, hostKey)
+	keys := users.Keys{Store: db}
+	gw, err := startGateway(o, m, keys, hostKey)
 	if err != nil {
 		return fmt.Errorf("daemon: ssh gateway: %w", err)
 	}
@@ -107,7 +115,7 @@ func Run(ctx context.Context, o Options) error {
 	accel, note := m.Accel()
 	info := api.DaemonInfo{Version: o.Version, VMM: m.VMMName(), Accel: accel, AccelNote: note,
 		StateDir: state.Path(), Volume: vol.Root(), Network: m.Network(), Gateway: gw.addr, GatewayFingerprint: gw.fingerprint}
-	srv := &http.Server{Handler: NewServer(m, info, hostKey, o.Logger), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: NewServer(m, keys, info, hostKey, o.Logger), ReadHeaderTimeout: 10 * time.Second}
 
 	ln, err := listenUnix(o.Socket)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/sshgw"
+	"github.com/denhq/den/users"
 )
 
 // DefaultSSHListen is where the SSH gateway listens unless told
@@ -27,12 +28,12 @@ type gateway struct {
 // startGateway starts the SSH gateway on o.SSHListen ("" or "off": none)
 // with the daemon's gateway host key, backed by m; `ssh den@host` runs
 // this very binary against the API socket.
-func startGateway(o Options, m *machine.Manager, hostKey ssh.Signer) (*gateway, error) {
+func startGateway(o Options, m *machine.Manager, keys users.Keys, hostKey ssh.Signer) (*gateway, error) {
 	if o.SSHListen == "" || o.SSHListen == "off" {
 		o.Logger.Info("den: ssh gateway off")
 		return &gateway{}, nil
 	}
-	cfg := sshgw.Config{HostKey: hostKey, Backend: gatewayBackend{m}, Logger: o.Logger}
+	cfg := sshgw.Config{HostKey: hostKey, Backend: gatewayBackend{m, keys}, Logger: o.Logger}
 	den, err := os.Executable()
 	if err == nil {
 		var sock string
@@ -61,11 +62,14 @@ func (g *gateway) close() {
 
 // gatewayBackend gives the gateway the registry's keys and the
 // manager's VMs.
-type gatewayBackend struct{ m *machine.Manager }
+type gatewayBackend struct {
+	m    *machine.Manager
+	keys users.Keys
+}
 
 func (b gatewayBackend) UserForKey(ctx context.Context, fingerprint string) (string, error) {
-	u, err := b.m.UserForKey(ctx, fingerprint)
-	if errors.Is(err, machine.ErrNotFound) {
+	u, err := b.keys.UserFor(ctx, fingerprint)
+	if errors.Is(err, users.ErrNotFound) {
 		return "", fmt.Errorf("%w: %w", err, sshgw.ErrUnknownKey)
 	}
 	return u, err

@@ -16,7 +16,7 @@ func keyToAPI(k registry.Key) api.Key {
 }
 
 func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
-	keys, err := s.m.ListKeys(r.Context(), owner(r))
+	keys, err := s.keys.List(r.Context(), owner(r))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -37,7 +37,7 @@ func (s *Server) addKey(w http.ResponseWriter, r *http.Request) {
 	if owner(r) != "" {
 		req.User = owner(r)
 	}
-	k, err := s.m.AddKey(r.Context(), req.User, req.Name, []byte(req.PublicKey))
+	k, err := s.keys.Add(r.Context(), req.User, req.Name, []byte(req.PublicKey))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -52,7 +52,7 @@ func (s *Server) removeKey(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, api.ErrorBody{Error: "missing ?ref=FINGERPRINT|NAME", Code: "invalid"})
 		return
 	}
-	k, err := s.m.RemoveKey(r.Context(), owner(r), ref)
+	k, err := s.keys.Remove(r.Context(), owner(r), ref)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -18,11 +18,13 @@ import (
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
+	"github.com/denhq/den/users"
 )
 
 // Server answers API requests.
 type Server struct {
 	m       *machine.Manager
+	keys    users.Keys
 	info    api.DaemonInfo
 	hostKey ssh.Signer
 	log     *slog.Logger
@@ -31,8 +33,8 @@ type Server struct {
 }
 
 // NewServer returns the API handler for m.
-func NewServer(m *machine.Manager, info api.DaemonInfo, hostKey ssh.Signer, log *slog.Logger) *Server {
-	s := &Server{m: m, info: info, hostKey: hostKey, log: log, mux: http.NewServeMux()}
+func NewServer(m *machine.Manager, keys users.Keys, info api.DaemonInfo, hostKey ssh.Signer, log *slog.Logger) *Server {
+	s := &Server{m: m, keys: keys, info: info, hostKey: hostKey, log: log, mux: http.NewServeMux()}
 	s.mux.HandleFunc("GET /v1/info", s.getInfo)
 	s.mux.HandleFunc("GET /v1/vms", s.listVMs)
 	s.mux.HandleFunc("POST /v1/vms", s.createVM)
@@ -47,6 +49,7 @@ func NewServer(m *machine.Manager, info api.DaemonInfo, hostKey ssh.Signer, log 
 	s.mux.HandleFunc("POST /v1/vms/{name}/fork", s.fork)
 	s.mux.HandleFunc("POST /v1/vms/{name}/sleep", s.sleep)
 	s.mux.HandleFunc("POST /v1/vms/{name}/wake", s.wake)
+	s.mux.HandleFunc("POST /v1/vms/{name}/resize", s.resize)
 	s.mux.HandleFunc("GET /v1/keys", s.listKeys)
 	s.mux.HandleFunc("POST /v1/keys", s.addKey)
 	s.mux.HandleFunc("DELETE /v1/keys", s.removeKey)
@@ -65,11 +68,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // errorCode maps a machine error onto an API error code.
 func errorCode(err error) string {
 	switch {
-	case errors.Is(err, machine.ErrNotFound):
+	case errors.Is(err, machine.ErrNotFound), errors.Is(err, users.ErrNotFound):
 		return "not_found"
-	case errors.Is(err, machine.ErrExists):
+	case errors.Is(err, machine.ErrExists), errors.Is(err, users.ErrExists):
 		return "exists"
-	case errors.Is(err, machine.ErrInvalid):
+	case errors.Is(err, machine.ErrInvalid), errors.Is(err, users.ErrInvalid):
 		return "invalid"
 	case errors.Is(err, machine.ErrBusy):
 		return "busy"
@@ -91,12 +94,16 @@ func (s *Server) getInfo(w http.ResponseWriter, r *http.Request) {
 }
 
 func toAPI(st machine.Status) api.VM {
-	return api.VM{
+	vm := api.VM{
 		Name: st.Name, Owner: st.Owner, State: string(st.State), Reason: st.Reason, Image: st.Image,
 		CPUs: st.CPUs, MemoryBytes: st.MemoryBytes, DiskBytes: st.DiskBytes, DiskUsed: st.DiskUsed,
 		VMM: st.VMM, Accel: st.Accel, PID: st.PID, IdleTimeout: st.IdleTimeout.String(),
-		CreatedAt: st.CreatedAt, LastActive: st.LastActive,
+		CreatedAt: st.CreatedAt, LastActive: st.LastActive, Operation: st.Op, Generation: st.Generation,
 	}
+	if st.Op != "" {
+		vm.OperationFor = st.OpFor.Round(time.Second).String()
+	}
+	return vm
 }
 
 // owner is the user a request acts for ("" for root: every VM).

@@ -133,7 +133,7 @@ func TestBadInput(t *testing.T) {
 		{[]string{"create", "big", "--memory", "100T"}, `more than this host has`},
 		{[]string{"create", "big", "--cpus", "512"}, `bad cpus 512`},
 		{[]string{"create", "big", "--disk", "3T"}, `too large`},
-		{[]string{"create", "big", "--disk", "1.9T"}, `does not fit: the volume has`},
+		{[]string{"create", "big", "--disk", "1900G"}, `does not fit: the volume has`},
 		{[]string{"create", "big", "--memory", "lots"}, `bad size "lots"`},
 		{[]string{"create", "big", "--image", "nosuch"}, `image "nosuch": no such image`},
 		{[]string{"exec", "ghost", "--", "true"}, `no vm named "ghost"`},

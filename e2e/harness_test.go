@@ -75,11 +75,19 @@ type daemon struct {
 
 // startDaemon starts a daemon on a fresh state dir (short path: unix
 // sockets live under it) and waits until its socket answers.
-func startDaemon(t testing.TB) *daemon {
+func startDaemon(t testing.TB) *daemon { return startDaemonIn(t, nil) }
+
+// startDaemonIn is startDaemon with setup run on the test's directory
+// (which will hold the state dir) first: a test mounts a small
+// filesystem there, say.
+func startDaemonIn(t testing.TB, setup func(dir string)) *daemon {
 	den, images := requireHost(t)
 	dir, err := os.MkdirTemp("/tmp", "den-e2e-")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if setup != nil {
+		setup(dir)
 	}
 	d := &daemon{t: t, den: den, images: images, state: filepath.Join(dir, "state"), socket: filepath.Join(dir, "den.sock"), logPath: filepath.Join(dir, "daemon.log")}
 	t.Cleanup(func() { d.teardown(dir) })

@@ -20,6 +20,9 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 )
 
+// identityChange is a NewIdentity request for a running guest.
+type identityChange struct{ hostname, token string }
+
 // guestIdentity is what a booted guest says it is.
 type guestIdentity struct {
 	hostname, machineID, hostKey, token string
@@ -81,9 +84,9 @@ func testGuestIdentity(t *testing.T, d Dir, root string) {
 		tokB = "bbbbbbbbbbbbbbbb0000000000000002"
 	)
 	initrd := d.Initramfs()
-	a := bootIdentity(t, d, initrd, dir, "a", disk, signer, tokA, "one")
-	b := bootIdentity(t, d, initrd, dir, "b", disk, signer, tokB, "two")
-	c := bootIdentity(t, d, initrd, dir, "c", disk, signer, tokB, "two")
+	a := bootIdentity(t, d, initrd, dir, "a", disk, signer, tokA, "one", nil)
+	b := bootIdentity(t, d, initrd, dir, "b", disk, signer, tokB, "two", nil)
+	c := bootIdentity(t, d, initrd, dir, "c", disk, signer, tokB, "two", nil)
 	t.Logf("%s: A %+v", root, a)
 	t.Logf("%s: B %+v", root, b)
 	if a.hostname != "one" || b.hostname != "two" || c.hostname != "two" {
@@ -106,7 +109,20 @@ func testGuestIdentity(t *testing.T, d Dir, root string) {
 	if c != b {
 		t.Errorf("a reboot with the same den.identity changed the identity:\n%+v\n%+v", b, c)
 	}
-	consoles := map[string]bool{"a": true, "b": true, "c": false}
+
+	// A running guest given a new identity (a memory+disk fork) keeps it
+	// when it later cold-boots with the same den.identity.
+	const tokD = "dddddddddddddddd0000000000000004"
+	g := bootIdentity(t, d, initrd, dir, "g", disk, signer, tokB, "two", &identityChange{hostname: "four", token: tokD})
+	h := bootIdentity(t, d, initrd, dir, "h", disk, signer, tokD, "four", nil)
+	t.Logf("%s: NewIdentity %+v", root, g)
+	if g.hostname != "four" || g.token != tokD || g.machineID == c.machineID || g.hostKey == c.hostKey {
+		t.Errorf("NewIdentity: %+v after %+v", g, c)
+	}
+	if h != g {
+		t.Errorf("a cold boot with the den.identity given to NewIdentity changed the identity:\n%+v\n%+v", g, h)
+	}
+	consoles := map[string]bool{"a": true, "b": true, "c": false, "g": false, "h": false}
 	for name, want := range consoles {
 		log, _ := os.ReadFile(vmm.RunDir(filepath.Join(dir, name)).ConsoleLog())
 		if got := bytes.Contains(log, []byte("den-initramfs: new identity for ")); got != want {
@@ -120,7 +136,7 @@ func testGuestIdentity(t *testing.T, d Dir, root string) {
 	// An initramfs that does not apply den.identity (an older one): the
 	// agent, as init, does it before it serves.
 	old := initramfsWithoutIdentity(t, d, dir)
-	e := bootIdentity(t, d, old, dir, "e", disk, signer, tokA, "three")
+	e := bootIdentity(t, d, old, dir, "e", disk, signer, tokA, "three", nil)
 	t.Logf("%s: agent-made %+v", root, e)
 	if e.hostname != "three" || e.token != tokA || e.machineID == c.machineID || e.hostKey == c.hostKey {
 		t.Errorf("the agent as init did not make a new identity: %+v after %+v", e, c)
@@ -129,7 +145,7 @@ func testGuestIdentity(t *testing.T, d Dir, root string) {
 	if bytes.Contains(log, []byte("den-initramfs: new identity")) || !bytes.Contains(log, []byte("msg=\"new identity\"")) {
 		t.Errorf("boot e: want the agent's new identity, not the initramfs's; console:\n%s", log)
 	}
-	f := bootIdentity(t, d, old, dir, "f", disk, signer, tokA, "three")
+	f := bootIdentity(t, d, old, dir, "f", disk, signer, tokA, "three", nil)
 	if f != e {
 		t.Errorf("the agent changed the identity on a reboot with the same den.identity:\n%+v\n%+v", e, f)
 	}
@@ -169,9 +185,11 @@ func initramfsWithoutIdentity(t *testing.T, d Dir, dir string) string {
 	return filepath.Join(dir, "old-initramfs.img")
 }
 
-// bootIdentity boots disk (with the initramfs initrd) with den.identity=token den.hostname=host, reads
-// the guest's identity through the agent, and powers the guest off.
-func bootIdentity(t *testing.T, d Dir, initrd, dir, name, disk string, signer gossh.Signer, token, host string) guestIdentity {
+// bootIdentity boots disk (with the initramfs initrd) with
+// den.identity=token den.hostname=host, asks the agent for change if
+// it is set, reads the guest's identity through the agent, and powers the
+// guest off.
+func bootIdentity(t *testing.T, d Dir, initrd, dir, name, disk string, signer gossh.Signer, token, host string, change *identityChange) guestIdentity {
 	t.Helper()
 	run := vmm.RunDir(filepath.Join(dir, name))
 	v := qemu.New(qemu.Options{RunDir: run})
@@ -195,16 +213,35 @@ func bootIdentity(t *testing.T, d Dir, initrd, dir, name, disk string, signer go
 		t.Fatal(err)
 	}
 	var hostKey string
-	c, _, err := agent.WaitReady(ctx, func(ctx context.Context) (net.Conn, error) {
-		return v.DialGuest(ctx, agent.Port)
-	}, signer, agent.WithHostKeyCallback(func(_ string, _ net.Addr, k gossh.PublicKey) error {
-		hostKey = gossh.FingerprintSHA256(k)
-		return nil
-	}))
-	if err != nil {
-		t.Fatalf("boot %s: agent: %v\nconsole:\n%s", name, err, vmm.TailFile(run.ConsoleLog(), 4000))
+	connect := func() *agent.Client {
+		c, _, err := agent.WaitReady(ctx, func(ctx context.Context) (net.Conn, error) {
+			return v.DialGuest(ctx, agent.Port)
+		}, signer, agent.WithHostKeyCallback(func(_ string, _ net.Addr, k gossh.PublicKey) error {
+			hostKey = gossh.FingerprintSHA256(k)
+			return nil
+		}))
+		if err != nil {
+			t.Fatalf("boot %s: agent: %v\nconsole:\n%s", name, err, vmm.TailFile(run.ConsoleLog(), 4000))
+		}
+		return c
 	}
-	defer c.Close()
+	c := connect()
+	defer func() { c.Close() }()
+	if change != nil {
+		// As a memory+disk fork does: a new identity for the running guest.
+		bootKey := hostKey
+		rep, err := c.NewIdentityToken(ctx, change.hostname, change.token)
+		if err != nil {
+			t.Fatalf("boot %s: new identity: %v", name, err)
+		}
+		// The guest channel is one stream: the next connection waits for
+		// this one to end.
+		c.Close()
+		c = connect()
+		if hostKey == bootKey || !strings.HasPrefix(rep.HostKey, "ssh-ed25519 ") {
+			t.Errorf("boot %s: host key %s after NewIdentity (was %s), reply %q", name, hostKey, bootKey, rep.HostKey)
+		}
+	}
 	var out, errb bytes.Buffer
 	code, err := c.Exec(ctx, agent.ExecRequest{
 		CmdLine: "hostname; cat /etc/machine-id; cat /etc/den/identity",

@@ -76,125 +76,54 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 	if err := m.needSpace(need, fmt.Sprintf("checkpoint vm %q", vm.Name)); err != nil {
 		return registry.Checkpoint{}, err
 	}
-	row := registry.Checkpoint{VM: vm.Name, ID: id, Seq: seq, Parent: sp.Head, Comment: o.Comment, VMM: vm.VMM, Kind: checkpoint.KindMemoryDisk}
-	p, err := m.store().Begin(ctx, vm.Name, id)
-	if err != nil {
-		return row, err
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			p.Abort()
-		}
-	}()
+	rec := checkpoint.Record{VM: vm.Name, ID: id, Seq: seq, Parent: sp.Head, Comment: o.Comment, VMM: vm.VMM}
+	from := checkpoint.From{Disk: storage.VMDisk(vm.Name), DiskOnly: o.DiskOnly}
 	switch {
-	case running && o.DiskOnly:
-		row.Kind = checkpoint.KindDiskOnly
-		progress("freezing guest filesystems and cloning the disk")
-		if err := m.diskOnly(ctx, in, vm.Name, p); err != nil {
-			return row, fmt.Errorf("checkpoint vm %q: %w", vm.Name, err)
-		}
 	case running:
-		progress("pausing, saving memory and cloning the disk")
-		if err := m.snapshotRunning(ctx, in, vm.Name, p); err != nil {
-			return row, fmt.Errorf("checkpoint vm %q: %w", vm.Name, err)
-		}
-	case vm.State == registry.StateSleeping && !o.DiskOnly:
-		progress("copying the suspend slot (metadata only)")
-		if err := m.vol.Clone(ctx, storage.SuspendDir(vm.Name), p.Path(checkpoint.VMMDir)); err != nil {
-			return row, fmt.Errorf("checkpoint sleeping vm %q: %w", vm.Name, err)
-		}
-		if err := m.vol.Clone(ctx, storage.VMDisk(vm.Name), p.Path(checkpoint.DiskFile)); err != nil {
-			return row, fmt.Errorf("checkpoint vm %q: %w", vm.Name, err)
-		}
-	default:
-		// Stopped (or sleeping, disk-only): the disk is at rest.
-		row.Kind = checkpoint.KindDiskOnly
-		progress("cloning the disk")
-		if err := m.vol.Clone(ctx, storage.VMDisk(vm.Name), p.Path(checkpoint.DiskFile)); err != nil {
-			return row, fmt.Errorf("checkpoint vm %q: %w", vm.Name, err)
-		}
+		from.Guest = guestOf{m, in}
+	case vm.State == registry.StateSleeping:
+		from.Suspend = storage.SuspendDir(vm.Name)
 	}
-	if u, err := m.vol.Usage(ctx, p.Path(checkpoint.VMMDir)); err == nil {
-		row.MemoryBytes = u.Data
+	rec, err = m.store().Take(ctx, rec, from, checkpoint.TakeHooks{Progress: progress, Crash: crashpoint, Log: m.log})
+	if err != nil {
+		return rec, err
 	}
-	if u, err := m.vol.Usage(ctx, p.Path(checkpoint.DiskFile)); err == nil {
-		row.DiskBytes = u.Data
-	}
-	row.CreatedAt = time.Now().UTC()
-	if err := p.Sync(); err != nil {
-		return row, fmt.Errorf("checkpoint vm %q: %w", vm.Name, err)
-	}
-	crashpoint("checkpoint-before-commit")
-	if err := p.Commit(ctx, row); err != nil {
-		return row, err
-	}
-	ok = true
-	if err := m.db.AddCheckpoint(ctx, row); err != nil {
-		return row, err
+	if err := m.db.AddCheckpoint(ctx, rec); err != nil {
+		return rec, err
 	}
 	if err := m.setHead(ctx, vm.Name, id); err != nil {
-		return row, err
+		return rec, err
 	}
-	return row, nil
+	return rec, nil
 }
 
-// snapshotRunning pauses the VM, writes the VMM snapshot into the
-// pending checkpoint, clones the disk (the VMM flushed it, the guest
-// cannot write), and resumes: memory and disk of one instant.
-func (m *Manager) snapshotRunning(ctx context.Context, in *instance, name string, p *checkpoint.Pending) (err error) {
-	if err := m.vol.MkdirAll(ctx, p.Path(checkpoint.VMMDir)); err != nil {
-		return err
-	}
-	dir, err := p.HostPath(checkpoint.VMMDir)
+// guestOf is a running VM as the checkpoint package takes it: its VMM
+// and its agent.
+type guestOf struct {
+	m  *Manager
+	in *instance
+}
+
+func (g guestOf) Pause(ctx context.Context) error                { return g.in.hv.Pause(ctx) }
+func (g guestOf) Resume(ctx context.Context) error               { return g.in.hv.Resume(ctx) }
+func (g guestOf) Snapshot(ctx context.Context, dir string) error { return g.in.hv.Snapshot(ctx, dir) }
+
+func (g guestOf) Freeze(ctx context.Context) error {
+	c, err := g.m.agentClient(ctx, g.in)
 	if err != nil {
 		return err
 	}
-	if err := in.hv.Pause(ctx); err != nil {
-		return err
-	}
-	defer func() {
-		if rerr := m.resume(context.WithoutCancel(ctx), in); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("the vm is left paused: %w", rerr))
-		}
-	}()
-	if err := in.hv.Snapshot(ctx, dir); err != nil {
-		return err
-	}
-	crashpoint("checkpoint-after-snapshot")
-	return m.vol.Clone(ctx, storage.VMDisk(name), p.Path(checkpoint.DiskFile))
-}
-
-// resume runs a paused VM again, retrying briefly: a VM must never stay
-// paused behind an operation that said it was done.
-func (m *Manager) resume(ctx context.Context, in *instance) error {
-	var err error
-	for i := 0; i < 3; i++ {
-		if err = in.hv.Resume(ctx); err == nil {
-			return nil
-		}
-		m.log.Warn("den: resume", "vm", in.name, "attempt", i+1, "err", err)
-		time.Sleep(200 * time.Millisecond)
-	}
+	_, err = c.Freeze(ctx, 30*time.Second)
 	return err
 }
 
-// diskOnly clones the disk with the guest's filesystems frozen, so the
-// clone is consistent without pausing the VM.
-func (m *Manager) diskOnly(ctx context.Context, in *instance, name string, p *checkpoint.Pending) error {
-	c, err := m.agentClient(ctx, in)
+func (g guestOf) Thaw(ctx context.Context) error {
+	c, err := g.m.agentClient(ctx, g.in)
 	if err != nil {
 		return err
 	}
-	if _, err := c.Freeze(ctx, 30*time.Second); err != nil {
-		return fmt.Errorf("freeze guest filesystems: %w", err)
-	}
-	defer func() {
-		if _, err := c.Thaw(context.WithoutCancel(ctx)); err != nil {
-			m.log.Warn("den: thaw guest filesystems (the agent thaws by itself after 30s)", "vm", name, "err", err)
-		}
-	}()
-	return m.vol.Clone(ctx, storage.VMDisk(name), p.Path(checkpoint.DiskFile))
+	_, err = c.Thaw(ctx)
+	return err
 }
 
 // setHead records the checkpoint a VM's state now descends from.

@@ -86,6 +86,12 @@ func (m *Manager) checkSizes(o *CreateOptions) error {
 	if o.IdleTimeout < 0 {
 		o.IdleTimeout = DefaultIdleTimeout
 	}
+	if err := checkMiB("memory", o.MemoryBytes); err != nil {
+		return err
+	}
+	if err := checkMiB("disk", o.DiskBytes); err != nil {
+		return err
+	}
 	if n := runtime.NumCPU(); o.CPUs < 1 || o.CPUs > n {
 		return fmt.Errorf("bad cpus %d: this host has %d: %w", o.CPUs, n, ErrInvalid)
 	}
@@ -122,7 +128,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		o.Image = m.cfg.DefaultImage
 	}
 	if o.Owner == "" {
-		o.Owner = DefaultOwner
+		o.Owner = registry.DefaultOwner
 	}
 	if err := m.checkSizes(&o); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)

@@ -77,6 +77,9 @@ func (m *Manager) growDisk(ctx context.Context, vm registry.VM, in *instance) er
 // root filesystem with it: at once when the VM runs (a sleeping or stopped
 // VM is started first), with no reboot.
 func (m *Manager) Resize(ctx context.Context, name string, diskBytes int64) (registry.VM, error) {
+	if err := checkMiB("disk", diskBytes); err != nil {
+		return registry.VM{}, fmt.Errorf("resize vm %q: %w", name, err)
+	}
 	if diskBytes > MaxDisk {
 		return registry.VM{}, fmt.Errorf("resize vm %q: disk %s is too large: at most %s: %w", name, FormatSize(diskBytes), FormatSize(MaxDisk), ErrInvalid)
 	}
@@ -111,4 +114,12 @@ func (m *Manager) Resize(ctx context.Context, name string, diskBytes int64) (reg
 		return vm, err
 	}
 	return vm, m.growDisk(ctx, vm, in)
+}
+
+// checkMiB refuses a size that is not a positive whole number of MiB.
+func checkMiB(what string, bytes int64) error {
+	if bytes <= 0 || bytes%(1<<20) != 0 {
+		return fmt.Errorf("bad %s size %d bytes: use a positive whole number of MiB, e.g. 512M or 4G: %w", what, bytes, ErrInvalid)
+	}
+	return nil
 }

@@ -1,7 +1,13 @@
-// Package machine ties den's parts into VMs: the registry's records, a VMM
-// per VM, disks on the storage volume and the guest agent connection, with
-// one lock per VM, rollback of half-done work, and every state read checked
-// against the running processes.
+// Package machine owns each VM's life: one owner at a time per VM (its
+// lock) takes it through the state table, over its record in the
+// registry, its VMM, its disk on the volume and its guest agent.
+//
+// The files, by role: owner.go (the lock, who holds it, reconcile on the
+// owner's behalf), instance.go (a running VMM and its session admission),
+// drivers.go (the VMMs), create.go and fork.go (one bring-up of a new VM),
+// checkpoint.go, restore.go, sleep.go and session.go (the transitions),
+// reconcile.go (start-up and VMM deaths), volume.go (storage loss),
+// space.go and disk.go (the host volume and VM disks).
 package machine
 
 import (
@@ -51,6 +57,9 @@ type Config struct {
 	// DrainTimeout bounds how long Close waits for operations in flight
 	// (default DefaultDrainTimeout).
 	DrainTimeout time.Duration
+	// Registry is den's record; nil opens the SQLite one in State (and
+	// Close closes it).
+	Registry registry.Store
 	// Drivers replaces the VMM drivers found on the host (tests).
 	Drivers map[string]Driver
 	// Logger (nil: slog.Default()).
@@ -74,7 +83,8 @@ const (
 type Manager struct {
 	cfg    Config
 	state  StateDir
-	db     *registry.DB
+	db     registry.Store
+	ownDB  bool // the Manager opened db and closes it
 	vol    storage.Volume
 	signer ssh.Signer
 	log    *slog.Logger
@@ -110,26 +120,35 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := os.MkdirAll(cfg.State.Path(), 0o700); err != nil {
 		return nil, fmt.Errorf("state dir: %w", err)
 	}
-	db, err := registry.Open(cfg.State.DB())
-	if err != nil {
-		return nil, err
+	db, ownDB := cfg.Registry, false
+	if db == nil {
+		sq, err := registry.Open(cfg.State.DB())
+		if err != nil {
+			return nil, err
+		}
+		db, ownDB = sq, true
+	}
+	closeDB := func() {
+		if ownDB {
+			db.Close()
+		}
 	}
 	signer, err := agent.LoadOrCreateHostKey(cfg.State.HostKey())
 	if err != nil {
-		db.Close()
+		closeDB()
 		return nil, err
 	}
 	m := &Manager{
-		cfg: cfg, state: cfg.State, db: db, vol: cfg.Volume, signer: signer, log: cfg.Logger,
+		cfg: cfg, state: cfg.State, db: db, ownDB: ownDB, vol: cfg.Volume, signer: signer, log: cfg.Logger,
 		kvm: vmm.DetectKVM(), instances: map[string]*instance{}, holders: map[string]holder{}, waiters: map[string]chan struct{}{},
 		closed: make(chan struct{}),
 	}
 	if err := m.chooseVMM(); err != nil {
-		db.Close()
+		closeDB()
 		return nil, err
 	}
 	if err := m.reconcile(ctx); err != nil {
-		db.Close()
+		closeDB()
 		return nil, err
 	}
 	go m.watchVolume()
@@ -167,5 +186,8 @@ func (m *Manager) Close() error {
 	for _, in := range insts {
 		in.closeAgent()
 	}
-	return m.db.Close()
+	if m.ownDB {
+		return m.db.Close()
+	}
+	return nil
 }

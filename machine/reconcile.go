@@ -29,6 +29,15 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		switch vm.State {
 		case registry.StateRunning:
 			m.adopt(ctx, vm)
+		case registry.StateSleeping, registry.StateStopped:
+			// A VMM a crash left behind (a wake or boot cut short before
+			// its record said running) must not run beside the next one
+			// on the same disk.
+			if p, err := vmm.AdoptProcess(m.state.Run(vm.Name).PIDFile()); err == nil {
+				m.log.Warn("den: stopping a vmm left by an interrupted operation", "vm", vm.Name, "state", vm.State, "pid", p.PID())
+				_ = p.Stop(10 * time.Second)
+				m.discardRuntime(vm.Name)
+			}
 		case registry.StateCreating:
 			m.log.Warn("den: rolling back a vm whose creation was interrupted", "vm", vm.Name)
 			m.destroy(ctx, vm.Name)

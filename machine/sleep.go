@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/fsutil"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
@@ -75,7 +76,7 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 		err = fsutil.SyncTree(dir)
 	}
 	if err != nil {
-		_ = m.resume(context.WithoutCancel(ctx), in)
+		_ = checkpoint.Resume(context.WithoutCancel(ctx), guestOf{m, in}, m.log)
 		_ = m.vol.Remove(ctx, tmp)
 		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
@@ -124,6 +125,7 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 	if _, err := m.restoreInto(ctx, vm, sp, storage.SuspendDir(vm.Name)); err != nil {
 		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
 	}
+	crashpoint("wake-after-restore")
 	_, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
 		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
 		return nil

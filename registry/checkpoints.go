@@ -7,21 +7,13 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/denhq/den/checkpoint"
 )
 
-// Checkpoint is one checkpoint's catalog row.
-type Checkpoint struct {
-	VM          string    `json:"vm"`
-	ID          string    `json:"id"`
-	Seq         int       `json:"seq"`
-	Parent      string    `json:"parent,omitempty"`
-	Kind        string    `json:"kind"`
-	Comment     string    `json:"comment,omitempty"`
-	CreatedAt   time.Time `json:"created_at"`
-	MemoryBytes int64     `json:"memory_bytes"`
-	DiskBytes   int64     `json:"disk_bytes"`
-	VMM         string    `json:"vmm,omitempty"`
-}
+// Checkpoint is one checkpoint's catalog row: the record the checkpoint
+// package writes beside its files.
+type Checkpoint = checkpoint.Record
 
 const cpColumns = `vm, id, seq, parent, kind, comment, created_at, memory_bytes, disk_bytes, vmm`
 

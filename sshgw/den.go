@@ -23,7 +23,7 @@ import (
 // Verbs this den does not have yet are harmless: den says so.
 var DefaultDenVerbs = []string{
 	"ls", "info", "create", "rm", "exec", "logs", "keys",
-	"sleep", "wake", "checkpoint", "checkpoints", "restore", "fork", "help",
+	"sleep", "wake", "resize", "checkpoint", "checkpoints", "restore", "fork", "help",
 }
 
 // EnvRemote is set (to "1") in the environment of den verbs run for the

@@ -88,23 +88,3 @@ func TestDenCommand(t *testing.T) {
 	}
 }
 
-func TestParseAuthorizedKey(t *testing.T) {
-	s := newSigner(t)
-	line := strings.TrimSpace(string(gossh.MarshalAuthorizedKey(s.PublicKey())))
-	pk, err := ParseAuthorizedKey([]byte("# my key\n\n" + line + " alice@laptop\n"))
-	if err != nil || pk.Comment != "alice@laptop" || pk.Line != line || pk.Fingerprint != gossh.FingerprintSHA256(s.PublicKey()) {
-		t.Fatalf("parse: %+v %v", pk, err)
-	}
-	bad := map[string]string{
-		"":                                    "no ssh public key",
-		"hello":                               "no ssh public key",
-		`command="ls" ` + line:                "key options are not supported",
-		line + "\n" + line:                    "more than one",
-		"-----BEGIN OPENSSH PRIVATE KEY-----": "private key",
-	}
-	for in, want := range bad {
-		if _, err := ParseAuthorizedKey([]byte(in)); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("ParseAuthorizedKey(%q): %v; want %q", in, err, want)
-		}
-	}
-}

@@ -34,6 +34,9 @@ Examples:
 			&cli.StringFlag{Name: "out", Value: "bench/results", Usage: "where results are written"},
 		},
 		Action: func(c *cli.Context) error {
+			if err := noArgs(c); err != nil {
+				return err
+			}
 			self, err := os.Executable()
 			if err != nil {
 				return err

@@ -33,7 +33,7 @@ Examples:
 		},
 		Subcommands: []*cli.Command{checkpointRmCommand()},
 		Action: func(c *cli.Context) error {
-			name, err := needName(c)
+			name, err := oneName(c)
 			if err != nil {
 				return err
 			}

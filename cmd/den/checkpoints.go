@@ -7,7 +7,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/denhq/den/machine"
+	"github.com/denhq/den/internal/size"
 )
 
 func checkpointsCommand() *cli.Command {
@@ -23,7 +23,7 @@ Examples:
    den checkpoints box --json | jq -r '.[].id'`,
 		Flags: []cli.Flag{socketFlag, jsonFlag},
 		Action: func(c *cli.Context) error {
-			name, err := needName(c)
+			name, err := oneName(c)
 			if err != nil {
 				return err
 			}
@@ -50,7 +50,7 @@ Examples:
 					parent = "-"
 				}
 				fmt.Fprintf(tw, "%s%s%s\t%s\t%s\t%s\t%s\t%s\t%s\n", mark, cp.Tree, cp.ID, parent, ago(cp.CreatedAt), cp.Kind,
-					machine.FormatSize(cp.MemoryBytes), machine.FormatSize(cp.DiskBytes), cp.Comment)
+					size.Format(cp.MemoryBytes), size.Format(cp.DiskBytes), cp.Comment)
 			}
 			return tw.Flush()
 		},

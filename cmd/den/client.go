@@ -38,13 +38,5 @@ func printJSON(v any) error {
 	return enc.Encode(v)
 }
 
-// needName returns the first argument, the VM name, or a usage error.
-func needName(c *cli.Context) (string, error) {
-	if c.NArg() < 1 {
-		return "", cli.Exit("den "+c.Command.Name+": missing VM name (see den "+c.Command.Name+" --help)", 2)
-	}
-	return c.Args().First(), nil
-}
-
 // isTerminal says whether stdin is a terminal.
 func isTerminal() bool { return term.IsTerminal(int(os.Stdin.Fd())) }

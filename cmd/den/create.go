@@ -8,7 +8,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/denhq/den/api"
-	"github.com/denhq/den/machine"
+	"github.com/denhq/den/internal/size"
 )
 
 func createCommand() *cli.Command {
@@ -17,7 +17,8 @@ func createCommand() *cli.Command {
 		Usage:     "create a VM and boot it",
 		ArgsUsage: "NAME",
 		UsageText: "den create NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--idle-timeout D] [--cold]",
-		Description: `NAME is a DNS label (a-z, 0-9, '-'). Sizes take K, M, G, T (powers of 1024).
+		Description: `NAME is a DNS label (a-z, 0-9, '-'). Sizes are whole MiB, with K, M, G or T
+(powers of 1024): 512M, 1.5G, 20G.
 The disk is a clone of the image's base disk on the storage volume. The VM is
 restored from the image's warm base snapshot (booted once per image and size,
 then reused) with a new identity, so create costs a restore, not a boot;
@@ -28,25 +29,28 @@ Examples:
    den create big --cpus 2 --memory 2G --disk 20G --image debian`,
 		Flags: []cli.Flag{
 			socketFlag, jsonFlag,
-			&cli.IntFlag{Name: "cpus", Usage: "vCPUs", Value: machine.DefaultCPUs},
-			&cli.StringFlag{Name: "memory", Usage: "guest RAM", Value: machine.FormatSize(machine.DefaultMemory)},
-			&cli.StringFlag{Name: "disk", Usage: "disk size (sparse)", Value: machine.FormatSize(machine.DefaultDisk)},
+			&cli.IntFlag{Name: "cpus", Usage: "vCPUs", Value: api.DefaultCPUs},
+			&cli.StringFlag{Name: "memory", Usage: "guest RAM", Value: size.Format(api.DefaultMemory)},
+			&cli.StringFlag{Name: "disk", Usage: "disk size (sparse)", Value: size.Format(api.DefaultDisk)},
 			&cli.StringFlag{Name: "image", Usage: "root filesystem: debian or minimal (default: the daemon's)"},
 			&cli.BoolFlag{Name: "cold", Usage: "boot instead of restoring the image's warm base snapshot"},
-			&cli.StringFlag{Name: "idle-timeout", Usage: "sleep after this long idle; 0 never", Value: machine.DefaultIdleTimeout.String()},
+			&cli.StringFlag{Name: "idle-timeout", Usage: "sleep after this long idle; 0 never", Value: api.DefaultIdleTimeout.String()},
 		},
 		Action: func(c *cli.Context) error {
-			name, err := needName(c)
+			name, err := oneName(c)
 			if err != nil {
 				return err
 			}
-			mem, err := machine.ParseSize(c.String("memory"))
-			if err != nil {
-				return fmt.Errorf("--memory: %w", err)
+			if n := c.Int("cpus"); n < 1 {
+				return usageExit(c, "--cpus %d: give 1 or more", n)
 			}
-			disk, err := machine.ParseSize(c.String("disk"))
+			mem, err := size.ParseMiB(c.String("memory"))
 			if err != nil {
-				return fmt.Errorf("--disk: %w", err)
+				return usageExit(c, "--memory: %w", err)
+			}
+			disk, err := size.ParseMiB(c.String("disk"))
+			if err != nil {
+				return usageExit(c, "--disk: %w", err)
 			}
 			ctx, cancel := withSignals(c)
 			defer cancel()

@@ -41,6 +41,9 @@ Examples:
 			&cli.BoolFlag{Name: "debug", Usage: "log debug messages"},
 		},
 		Action: func(c *cli.Context) error {
+			if err := noArgs(c); err != nil {
+				return err
+			}
 			level := slog.LevelInfo
 			if c.Bool("debug") {
 				level = slog.LevelDebug

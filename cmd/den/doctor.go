@@ -43,6 +43,9 @@ Examples:
 			&cli.BoolFlag{Name: "json", Usage: "print the checks as JSON"},
 		},
 		Action: func(c *cli.Context) error {
+			if err := noArgs(c); err != nil {
+				return err
+			}
 			checks := runChecks(c.Context, c.String("state-dir"))
 			if c.Bool("json") {
 				enc := json.NewEncoder(os.Stdout)

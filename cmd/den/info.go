@@ -6,7 +6,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/denhq/den/api"
-	"github.com/denhq/den/machine"
+	"github.com/denhq/den/internal/size"
 )
 
 func infoCommand() *cli.Command {
@@ -23,6 +23,9 @@ func infoCommand() *cli.Command {
 		Flags: []cli.Flag{socketFlag, jsonFlag,
 			&cli.BoolFlag{Name: "gateway", Usage: "print the SSH gateway's address and host key fingerprint"}},
 		Action: func(c *cli.Context) error {
+			if c.NArg() > 1 {
+				return usageExit(c, "too many arguments (%s): it takes one VM name, or none", quoteAll(c.Args().Slice()))
+			}
 			cl := newClient(c)
 			if c.NArg() == 0 {
 				info, err := cl.Info(c.Context)
@@ -40,7 +43,7 @@ func infoCommand() *cli.Command {
 				return printGateway(info, false)
 			}
 			if c.Bool("gateway") {
-				return cli.Exit("den info: --gateway takes no VM name", 2)
+				return usageExit(c, "--gateway takes no VM name")
 			}
 			vm, err := cl.GetVM(c.Context, c.Args().First())
 			if err != nil {
@@ -54,8 +57,8 @@ func infoCommand() *cli.Command {
 				fmt.Printf("reason:       %s\n", vm.Reason)
 			}
 			fmt.Printf("owner:        %s\nimage:        %s\ncpus:         %d\nmemory:       %s\ndisk:         %s used of %s\nvmm:          %s (%s)\n",
-				vm.Owner, vm.Image, vm.CPUs, machine.FormatSize(vm.MemoryBytes), machine.FormatSize(vm.DiskUsed),
-				machine.FormatSize(vm.DiskBytes), vm.VMM, vm.Accel)
+				vm.Owner, vm.Image, vm.CPUs, size.Format(vm.MemoryBytes), size.Format(vm.DiskUsed),
+				size.Format(vm.DiskBytes), vm.VMM, vm.Accel)
 			if vm.PID != 0 {
 				fmt.Printf("pid:          %d\n", vm.PID)
 			}

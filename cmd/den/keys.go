@@ -41,7 +41,7 @@ func keysAddCommand() *cli.Command {
 		ArgsUsage: "FILE|-",
 		UsageText: "den keys add [--user USER] [--name NAME] FILE|-",
 		Description: `FILE holds one public key in authorized_keys form (ssh-ed25519 AAAA... comment),
-such as ~/.ssh/id_ed25519.pub. Flags go before FILE.
+such as ~/.ssh/id_ed25519.pub.
 
 Examples:
    den keys add ~/.ssh/id_ed25519.pub
@@ -54,7 +54,7 @@ Examples:
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
-				return cli.Exit("den keys add: give one FILE (or - for stdin), flags before it: den keys add [--user USER] FILE", 2)
+				return cli.Exit("den keys add: give one FILE (or - for stdin): den keys add [--user USER] FILE", 2)
 			}
 			data, err := readKeyFile(c.Args().First())
 			if err != nil {
@@ -109,6 +109,9 @@ func keysLsCommand() *cli.Command {
    den keys ls --json | jq -r '.[] | select(.user == "alice") | .fingerprint'`,
 		Flags: []cli.Flag{socketFlag, jsonFlag},
 		Action: func(c *cli.Context) error {
+			if err := noArgs(c); err != nil {
+				return err
+			}
 			keys, err := newClient(c).ListKeys(c.Context)
 			if err != nil {
 				return err

@@ -16,7 +16,7 @@ func logsCommand() *cli.Command {
    den logs box | less`,
 		Flags: []cli.Flag{socketFlag},
 		Action: func(c *cli.Context) error {
-			name, err := needName(c)
+			name, err := oneName(c)
 			if err != nil {
 				return err
 			}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/denhq/den/machine"
+	"github.com/denhq/den/internal/size"
 )
 
 func lsCommand() *cli.Command {
@@ -21,6 +21,9 @@ func lsCommand() *cli.Command {
    den ls --json | jq -r '.[] | select(.state == "running") | .name'`,
 		Flags: []cli.Flag{socketFlag, jsonFlag},
 		Action: func(c *cli.Context) error {
+			if err := noArgs(c); err != nil {
+				return err
+			}
 			vms, err := newClient(c).ListVMs(c.Context)
 			if err != nil {
 				return err
@@ -32,7 +35,7 @@ func lsCommand() *cli.Command {
 			fmt.Fprintln(tw, "NAME\tSTATE\tCPUS\tMEMORY\tDISK\tIMAGE\tVMM\tLAST ACTIVE")
 			for _, vm := range vms {
 				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s/%s\t%s\t%s\t%s\n", vm.Name, vm.State, vm.CPUs,
-					machine.FormatSize(vm.MemoryBytes), machine.FormatSize(vm.DiskUsed), machine.FormatSize(vm.DiskBytes),
+					size.Format(vm.MemoryBytes), size.Format(vm.DiskUsed), size.Format(vm.DiskBytes),
 					vm.Image, vm.VMM+"/"+vm.Accel, ago(vm.LastActive))
 			}
 			return tw.Flush()

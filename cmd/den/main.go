@@ -15,6 +15,20 @@ var version = "dev"
 
 func main() {
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	app := newApp()
+	args, err := parseArgs(app, os.Args)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	if err := app.Run(args); err != nil {
+		fmt.Fprintln(os.Stderr, "den: "+err.Error())
+		os.Exit(exitCode(err))
+	}
+}
+
+// newApp is den's command line: its verbs and their flags.
+func newApp() *cli.App {
 	app := &cli.App{
 		Name:    "den",
 		Usage:   "long-lived microVMs that keep their disk and memory",
@@ -34,19 +48,23 @@ Examples:
    den keys add ~/.ssh/id_ed25519.pub   # then: ssh -p 2222 box@host
    den ls
    den rm box
-   den doctor                   # what this host offers den`,
+   den doctor                   # what this host offers den
+
+Flags go before or after a verb's arguments; a flag den does not know is
+an error. After --, and after the command of den exec, every word is an
+argument.`,
 		Commands: []*cli.Command{
 			createCommand(), lsCommand(), infoCommand(), execCommand(), sshCommand(), logsCommand(), rmCommand(),
 			checkpointCommand(), checkpointsCommand(), restoreCommand(), forkCommand(), sleepCommand(), wakeCommand(),
+			resizeCommand(),
 			keysCommand(),
 			daemonCommand(), doctorCommand(), benchCommand(),
 		},
 		HideHelpCommand: true,
+		OnUsageError:    onUsageError,
 	}
-	if err := app.Run(hoistFlags(app, os.Args)); err != nil {
-		fmt.Fprintln(os.Stderr, "den: "+err.Error())
-		os.Exit(exitCode(err))
-	}
+	setUsageErrors(app.Commands)
+	return app
 }
 
 // exitCode passes through an exit status that a verb asked for (den exec)

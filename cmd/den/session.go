@@ -40,7 +40,7 @@ func runSession(ctx context.Context, c *cli.Context, name string, o sessionOptio
 	for _, kv := range o.env {
 		k, v, ok := splitEnv(kv)
 		if !ok {
-			return cli.Exit(fmt.Sprintf("den: bad --env %q: use KEY=VALUE", kv), 2)
+			return fmt.Errorf("bad environment entry %q: use KEY=VALUE", kv)
 		}
 		if err := sess.Setenv(k, v); err != nil {
 			return fmt.Errorf("set %s: %w", k, err)

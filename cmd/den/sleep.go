@@ -23,7 +23,7 @@ Examples:
    den sleep box`,
 		Flags: []cli.Flag{socketFlag, jsonFlag, &cli.BoolFlag{Name: "force", Usage: "sleep even with sessions open"}},
 		Action: func(c *cli.Context) error {
-			name, err := needName(c)
+			name, err := oneName(c)
 			if err != nil {
 				return err
 			}

@@ -19,7 +19,7 @@ Examples:
    den ssh box`,
 		Flags: []cli.Flag{socketFlag},
 		Action: func(c *cli.Context) error {
-			name, err := needName(c)
+			name, err := oneName(c)
 			if err != nil {
 				return err
 			}

@@ -17,7 +17,7 @@ func wakeCommand() *cli.Command {
    den wake box`,
 		Flags: []cli.Flag{socketFlag, jsonFlag},
 		Action: func(c *cli.Context) error {
-			name, err := needName(c)
+			name, err := oneName(c)
 			if err != nil {
 				return err
 			}

@@ -212,7 +212,13 @@ func (v *VMM) waitMigration(ctx context.Context) error {
 		case "completed":
 			return true, nil
 		case "failed", "cancelled":
-			return false, fmt.Errorf("migration %s: %s (log %s)", m.Status, m.ErrorDesc, v.opts.RunDir.Log())
+			// QEMU's own words: its error-desc, else the end of its log
+			// (an I/O error on the snapshot file shows only there).
+			desc := strings.TrimSpace(m.ErrorDesc)
+			if desc == "" {
+				desc = "no reason given; qemu log: " + vmm.TailFile(v.opts.RunDir.Log(), 300)
+			}
+			return false, fmt.Errorf("migration %s: %s (log %s)", m.Status, desc, v.opts.RunDir.Log())
 		}
 		return false, nil
 	})

@@ -1,4 +1,4 @@
-package sshgw
+package users
 
 import (
 	"bytes"

@@ -1,0 +1,173 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/denhq/den/storage"
+)
+
+// Guest is the running VM a checkpoint is taken of: its VMM and its
+// agent, as the orchestrator hands them over.
+type Guest interface {
+	// Pause and Resume stop and run the vCPUs; Snapshot writes the
+	// paused VMM's memory and device state into a host directory.
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+	Snapshot(ctx context.Context, dir string) error
+	// Freeze and Thaw the guest's filesystems (FIFREEZE), so that a disk
+	// clone is consistent without a pause.
+	Freeze(ctx context.Context) error
+	Thaw(ctx context.Context) error
+}
+
+// From says what a checkpoint is taken from.
+type From struct {
+	// Disk is the VM's disk on the volume.
+	Disk storage.Path
+	// Guest, when set, is the running VM: memory and disk at one paused
+	// instant, or (DiskOnly) its disk with the filesystems frozen.
+	Guest Guest
+	// Suspend, when set and Guest is not, is the suspend slot of a
+	// sleeping VM: its memory, taken as it is (metadata only).
+	Suspend storage.Path
+	// DiskOnly leaves memory out.
+	DiskOnly bool
+}
+
+// TakeHooks let the orchestrator watch and test a take.
+type TakeHooks struct {
+	// Progress receives one line per step.
+	Progress func(step string)
+	// Crash is called at named steps ("checkpoint-after-snapshot",
+	// "checkpoint-before-commit"): tests kill the daemon there.
+	Crash func(step string)
+	Log   *slog.Logger
+}
+
+// Take writes a new checkpoint of rec.VM with id rec.ID from what from
+// names, and returns its record (kind, sizes, time filled in). It is
+// written into a temporary directory, synced, and renamed into place only
+// when whole: a failure or crash leaves no checkpoint. A paused guest is
+// always resumed, even when the take fails.
+func (s Store) Take(ctx context.Context, rec Record, from From, h TakeHooks) (Record, error) {
+	if h.Progress == nil {
+		h.Progress = func(string) {}
+	}
+	if h.Crash == nil {
+		h.Crash = func(string) {}
+	}
+	if h.Log == nil {
+		h.Log = slog.Default()
+	}
+	p, err := s.Begin(ctx, rec.VM, rec.ID)
+	if err != nil {
+		return rec, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			p.Abort()
+		}
+	}()
+	rec.Kind = KindMemoryDisk
+	switch {
+	case from.Guest != nil && from.DiskOnly:
+		rec.Kind = KindDiskOnly
+		h.Progress("freezing guest filesystems and cloning the disk")
+		err = s.frozenClone(ctx, from, p, h)
+	case from.Guest != nil:
+		h.Progress("pausing, saving memory and cloning the disk")
+		err = s.pausedSnapshot(ctx, from, p, h)
+	case from.Suspend != "" && !from.DiskOnly:
+		h.Progress("copying the suspend slot (metadata only)")
+		if err = s.Vol.Clone(ctx, from.Suspend, p.Path(VMMDir)); err == nil {
+			err = s.Vol.Clone(ctx, from.Disk, p.Path(DiskFile))
+		}
+	default:
+		// Stopped (or sleeping, disk-only): the disk is at rest.
+		rec.Kind = KindDiskOnly
+		h.Progress("cloning the disk")
+		err = s.Vol.Clone(ctx, from.Disk, p.Path(DiskFile))
+	}
+	if err != nil {
+		return rec, fmt.Errorf("checkpoint vm %q: %w", rec.VM, err)
+	}
+	if u, err := s.Vol.Usage(ctx, p.Path(VMMDir)); err == nil {
+		rec.MemoryBytes = u.Data
+	}
+	if u, err := s.Vol.Usage(ctx, p.Path(DiskFile)); err == nil {
+		rec.DiskBytes = u.Data
+	}
+	rec.CreatedAt = time.Now().UTC()
+	if err := p.Sync(); err != nil {
+		return rec, err
+	}
+	h.Crash("checkpoint-before-commit")
+	if err := p.Commit(ctx, rec); err != nil {
+		return rec, err
+	}
+	ok = true
+	return rec, nil
+}
+
+// pausedSnapshot pauses the guest, writes the VMM snapshot into the
+// pending checkpoint, clones the disk (the VMM flushed it, the guest
+// cannot write), and resumes: memory and disk of one instant.
+func (s Store) pausedSnapshot(ctx context.Context, from From, p *Pending, h TakeHooks) (err error) {
+	if err := s.Vol.MkdirAll(ctx, p.Path(VMMDir)); err != nil {
+		return err
+	}
+	dir, err := p.HostPath(VMMDir)
+	if err != nil {
+		return err
+	}
+	if err := from.Guest.Pause(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		if rerr := Resume(context.WithoutCancel(ctx), from.Guest, h.Log); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("the vm is left paused: %w", rerr))
+		}
+	}()
+	if err := from.Guest.Snapshot(ctx, dir); err != nil {
+		return err
+	}
+	h.Crash("checkpoint-after-snapshot")
+	return s.Vol.Clone(ctx, from.Disk, p.Path(DiskFile))
+}
+
+// Resume runs a paused guest again, retrying briefly: a VM must never
+// stay paused behind an operation that said it was done.
+func Resume(ctx context.Context, g Guest, log *slog.Logger) error {
+	var err error
+	for i := 0; i < 3; i++ {
+		if err = g.Resume(ctx); err == nil {
+			return nil
+		}
+		log.Warn("checkpoint: resume", "attempt", i+1, "err", err)
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return err
+}
+
+// frozenClone clones the disk with the guest's filesystems frozen, so
+// the clone is consistent without pausing the VM.
+func (s Store) frozenClone(ctx context.Context, from From, p *Pending, h TakeHooks) error {
+	if err := from.Guest.Freeze(ctx); err != nil {
+		return fmt.Errorf("freeze guest filesystems: %w", err)
+	}
+	defer func() {
+		if err := from.Guest.Thaw(context.WithoutCancel(ctx)); err != nil {
+			h.Log.Warn("checkpoint: thaw guest filesystems (the agent thaws by itself after 30s)", "err", err)
+		}
+	}()
+	return s.Vol.Clone(ctx, from.Disk, p.Path(DiskFile))
+}

@@ -1,0 +1,49 @@
+package registry
+
+import "context"
+
+// DefaultOwner owns VMs and keys created without a user.
+const DefaultOwner = "default"
+
+// Store is den's durable record: VMs, their checkpoints' catalog and
+// users' keys. *DB (SQLite, one host) is the one implementation today;
+// a PostgreSQL store shared by several hosts implements the same
+// interface, where UpdateVMIf's generation becomes the owning host's
+// fencing token.
+type Store interface {
+	VMStore
+	CheckpointStore
+	KeyStore
+	Close() error
+}
+
+// VMStore keeps VM records. Every write bumps the record's generation;
+// UpdateVMIf writes only at the generation the caller decided on.
+type VMStore interface {
+	CreateVM(ctx context.Context, vm VM) error
+	GetVM(ctx context.Context, name string) (VM, error)
+	ListVMs(ctx context.Context, owner string) ([]VM, error)
+	UpdateVM(ctx context.Context, name string, f func(*VM) error) (VM, error)
+	UpdateVMIf(ctx context.Context, name string, gen int64, f func(*VM) error) (VM, error)
+	DeleteVM(ctx context.Context, name string) error
+}
+
+// CheckpointStore keeps the checkpoint catalog.
+type CheckpointStore interface {
+	NextCheckpointSeq(ctx context.Context, vm string) (int, error)
+	AddCheckpoint(ctx context.Context, c Checkpoint) error
+	GetCheckpoint(ctx context.Context, vm, id string) (Checkpoint, error)
+	ListCheckpoints(ctx context.Context, vm string) ([]Checkpoint, error)
+	DeleteCheckpoint(ctx context.Context, vm, id string) error
+	DeleteCheckpoints(ctx context.Context, vm string) error
+}
+
+// KeyStore keeps users' SSH public keys.
+type KeyStore interface {
+	AddKey(ctx context.Context, k Key) error
+	ListKeys(ctx context.Context, user string) ([]Key, error)
+	RemoveKey(ctx context.Context, user, ref string) (Key, error)
+	UserForKey(ctx context.Context, fingerprint string) (string, error)
+}
+
+var _ Store = (*DB)(nil)
