@@ -87,4 +87,3 @@ func TestDenCommand(t *testing.T) {
 		t.Fatalf("den@ claimed %d vms", n)
 	}
 }
-
