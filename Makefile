@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 IMAGE_DIR ?= $(CURDIR)/build/images
 export DEN_IMAGE_DIR := $(IMAGE_DIR)
 
-.PHONY: all deps deps-apt deps-go deps-tools deps-ch build image test test-unit lint bench demo clean
+.PHONY: all deps deps-apt deps-go deps-tools deps-ch build image test test-unit test-loaded lint bench demo clean
 
 all: build
 
@@ -43,6 +43,10 @@ test: deps build image
 ## test-unit: the tests that need neither root nor images
 test-unit:
 	$(GO) test -short -count=1 ./...
+
+## test-loaded: the e2e suite three times with every CPU busy (after make test)
+test-loaded: build image
+	@scripts/test-loaded.sh 3
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: not formatted:"; echo "$$out"; exit 1; fi

@@ -59,7 +59,8 @@
 //	den-clock@den     ClockRequest{unix_nano}             -> ClockReply
 //	den-freeze@den    FreezeRequest{timeout_ms}           -> FreezeReply
 //	den-thaw@den      {}                                  -> ThawReply
-//	den-identity@den  IdentityRequest{hostname, entropy}  -> IdentityReply
+//	den-identity@den  IdentityRequest{hostname, entropy, token}  -> IdentityReply{..., host_key}
+//	den-growroot@den  GrowRequest{min_device_bytes}       -> GrowReply
 //	den-activity@den  {}                                  -> Activity
 //	den-poweroff@den  PoweroffRequest{reboot}             -> {}
 //
@@ -67,7 +68,12 @@
 // and thaws them by itself after the timeout, or when the connection that
 // froze them ends. Identity reseeds the kernel RNG with the host's random
 // bytes (RNDADDENTROPY, a write to /dev/urandom, RNDRESEEDCRNG), writes a new
-// /etc/machine-id and sets the hostname.
+// /etc/machine-id, sets the hostname, makes a new agent host key (returned
+// as host_key; new connections see it) and records the token in
+// /etc/den/identity, so that a cold boot with den.identity=token keeps this
+// identity. GrowRoot grows the root ext4 filesystem online to its block
+// device's size, after waiting briefly for the device to reach
+// min_device_bytes.
 //
 // Inside the guest, `den-agent hold [--for DURATION] [--name N]` and
 // `den-agent release [--name N]` take and drop a keep-awake lease through

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -106,9 +107,10 @@ func TestMountKilled(t *testing.T) {
 	d := startDaemon(t)
 	d.must("create", "m", "--memory", "256M", "--idle-timeout", "0")
 	d.must("exec", "m", "--", "sh", "-c", "echo kept > /root/kept; sync")
-	pid := juicefsMountPID(t, d.state)
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+	for _, pid := range juicefsMountPIDs(t, d.state) {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
 	}
 	deadline := time.Now().Add(2 * time.Minute)
 	var vm vmJSON
@@ -130,9 +132,12 @@ func TestMountKilled(t *testing.T) {
 	}
 }
 
-// juicefsMountPID finds the juicefs mount process of a state dir.
-func juicefsMountPID(t *testing.T, state string) int {
+// juicefsMountPIDs finds the juicefs mount processes of a state dir (its
+// supervisor and the service process it runs). JuiceFS rewrites its
+// argv into one space-separated string.
+func juicefsMountPIDs(t *testing.T, state string) []int {
 	t.Helper()
+	var pids []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -140,14 +145,15 @@ func juicefsMountPID(t *testing.T, state string) int {
 			continue
 		}
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		args := bytes.Split(cmdline, []byte{0})
-		if len(args) > 1 && strings.HasSuffix(string(args[0]), "juicefs") && bytes.Contains(cmdline, []byte("mount")) &&
-			bytes.Contains(cmdline, []byte(state)) {
-			return pid
+		f := strings.Fields(string(bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '})))
+		if len(f) > 2 && strings.HasSuffix(f[0], "juicefs") && slices.Contains(f, "mount") && strings.Contains(string(cmdline), state+"/") {
+			pids = append(pids, pid)
 		}
 	}
-	t.Fatal("no juicefs mount process for " + state)
-	return 0
+	if len(pids) == 0 {
+		t.Fatal("no juicefs mount process for " + state)
+	}
+	return pids
 }
 
 // TestFailedForkLeavesNothing: a fork onto an existing name takes no
@@ -174,17 +180,18 @@ func TestDiskSizeInGuest(t *testing.T) {
 	d.must("create", "warm", "--memory", "256M", "--disk", "2G")
 	d.must("create", "cold", "--memory", "256M", "--disk", "2G", "--cold")
 	for _, name := range []string{"warm", "cold"} {
-		if kib := rootKiB(t, d, name); kib < 1900<<10 || kib > 2048<<10 {
+		// ext4 keeps a few percent for its metadata.
+		if kib := rootKiB(t, d, name); kib < 1850<<10 || kib > 2048<<10 {
 			t.Errorf("%s: df / says %d KiB, want about 2 GiB", name, kib)
 		}
 	}
 	d.must("resize", "warm", "--disk", "3G")
-	if kib := rootKiB(t, d, "warm"); kib < 2900<<10 || kib > 3072<<10 {
+	if kib := rootKiB(t, d, "warm"); kib < 2800<<10 || kib > 3072<<10 {
 		t.Errorf("after resize: df / says %d KiB, want about 3 GiB", kib)
 	}
 	// The grown filesystem survives a sleep and a cold boot.
 	d.must("sleep", "warm")
-	if kib := rootKiB(t, d, "warm"); kib < 2900<<10 {
+	if kib := rootKiB(t, d, "warm"); kib < 2800<<10 {
 		t.Errorf("after sleep and wake: %d KiB", kib)
 	}
 }
@@ -249,14 +256,16 @@ func TestHostVolumeFull(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
 	})
-	d.must("create", "f", "--memory", "256M", "--idle-timeout", "0")
+	d.must("create", "f", "--memory", "256M", "--disk", "512M", "--idle-timeout", "0")
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(d.state, &st); err != nil {
 		t.Fatal(err)
 	}
 	free := int64(st.Bavail) * st.Bsize
+	// Leave about 40 MB: less than any snapshot needs (the guest's RAM
+	// file on the same tmpfs may still grow a little meanwhile).
 	filler := filepath.Join(filepath.Dir(d.state), "filler")
-	if out, err := exec.Command("fallocate", "-l", strconv.FormatInt(free-17<<20, 10), filler).CombinedOutput(); err != nil {
+	if out, err := exec.Command("fallocate", "-l", strconv.FormatInt(free-40<<20, 10), filler).CombinedOutput(); err != nil {
 		t.Fatalf("fill the volume's disk: %v %s", err, out)
 	}
 	start := time.Now()

@@ -8,9 +8,12 @@
 // modules, so every boot needs the initramfs: it loads them, waits for the
 // root disk on /dev/vda (ext4), mounts it and switch_roots into /sbin/init
 // (or init= from the command line). Kernel command line it understands:
-// root=, rootfstype=, rootflags=, ro/rw, init=, den.rootwait=SECS and
-// den.shell; on failure it prints a line starting "den-initramfs: FATAL:"
-// and powers the VM off.
+// root=, rootfstype=, rootflags=, ro/rw, init=, den.rootwait=SECS,
+// den.shell, and den.identity=TOKEN with den.hostname=NAME: when the token
+// differs from the root's /etc/den/identity, the guest takes a new
+// identity (hostname, machine-id, host keys) before its init starts. On
+// failure it prints a line starting "den-initramfs: FATAL:" and powers the
+// VM off.
 package image
 
 import (
