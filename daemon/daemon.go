@@ -140,6 +140,8 @@ func Run(ctx context.Context, o Options) error {
 	defer cancel()
 	_ = srv.Shutdown(sctx)
 	_ = os.Remove(o.Socket)
+	// Operations in flight finish or roll back before anything closes.
+	_ = m.Close()
 	// Running VMs keep the volume mounted (their disks are on it) and the
 	// next daemon adopts both; with none, the volume is unmounted cleanly.
 	if n := m.Running(); n > 0 {

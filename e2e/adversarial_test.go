@@ -250,24 +250,18 @@ func TestForkIdentity(t *testing.T) {
 // dir (and the embedded volume under it) is on a small tmpfs of its own,
 // so that filling it touches nothing else on the host.
 func TestHostVolumeFull(t *testing.T) {
-	d := startDaemonIn(t, func(dir string) {
+	d := startDaemonIn(t, func(dir string) []string {
 		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1536m", "den-e2e-full", dir).CombinedOutput(); err != nil {
 			t.Fatalf("mount a tmpfs: %v %s", err, out)
 		}
 		t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+		return nil
 	})
 	d.must("create", "f", "--memory", "256M", "--disk", "512M", "--idle-timeout", "0")
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(d.state, &st); err != nil {
-		t.Fatal(err)
-	}
-	free := int64(st.Bavail) * st.Bsize
-	// Leave about 40 MB: less than any snapshot needs (the guest's RAM
-	// file on the same tmpfs may still grow a little meanwhile).
-	filler := filepath.Join(filepath.Dir(d.state), "filler")
-	if out, err := exec.Command("fallocate", "-l", strconv.FormatInt(free-40<<20, 10), filler).CombinedOutput(); err != nil {
-		t.Fatalf("fill the volume's disk: %v %s", err, out)
-	}
+	// Fill the tmpfs to about 40 MB free: less than any snapshot needs.
+	// The guest's RAM file and JuiceFS's cache share it and may grow
+	// meanwhile, so fill in steps, halving a step the tmpfs refuses.
+	fillers := fillTo(t, d.state, 40<<20)
 	start := time.Now()
 	_, err := d.run("checkpoint", "f")
 	if exitCode(err) == 0 || !strings.Contains(stderrOf(err), "host volume full") {
@@ -282,8 +276,10 @@ func TestHostVolumeFull(t *testing.T) {
 	if cps := d.checkpoints("f"); len(cps) != 0 {
 		t.Fatalf("a refused checkpoint is listed: %+v", cps)
 	}
-	if err := os.Remove(filler); err != nil {
-		t.Fatal(err)
+	for _, f := range fillers {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
 	}
 	d.must("checkpoint", "f")
 	if out := d.must("exec", "f", "--", "echo", "fine"); out != "fine\n" {
@@ -312,6 +308,33 @@ func TestBadFlagsAndSizes(t *testing.T) {
 	if err := json.Unmarshal([]byte(d.must("ls", "--json")), &vms); err != nil || len(vms) != 0 {
 		t.Fatalf("after refused creates: %+v %v", vms, err)
 	}
+}
+
+// fillTo writes filler files beside dir until its filesystem has at most
+// target bytes free (bounded: at most 64 files), and returns them.
+func fillTo(t *testing.T, dir string, target int64) []string {
+	t.Helper()
+	var files []string
+	for i := 0; i < 64; i++ {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		free := int64(st.Bavail) * st.Bsize
+		if free <= target+1<<20 {
+			return files
+		}
+		f := filepath.Join(filepath.Dir(dir), fmt.Sprintf("filler-%d", i))
+		for n := free - target; n >= 1<<20; n /= 2 {
+			if exec.Command("fallocate", "-l", strconv.FormatInt(n, 10), f).Run() == nil {
+				files = append(files, f)
+				break
+			}
+			_ = os.Remove(f)
+		}
+	}
+	t.Fatalf("could not fill %s to %d bytes free", dir, target)
+	return nil
 }
 
 func (d *daemon) runAs(env []string, args ...string) (string, error) {

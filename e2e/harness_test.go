@@ -69,8 +69,10 @@ type daemon struct {
 	socket  string
 	cmd     *exec.Cmd
 	logPath string
-	// env is added to the daemon's environment at its next start.
-	env []string
+	// env is added to the daemon's environment at its next start, and
+	// extraArgs to its command line.
+	env       []string
+	extraArgs []string
 }
 
 // startDaemon starts a daemon on a fresh state dir (short path: unix
@@ -79,17 +81,19 @@ func startDaemon(t testing.TB) *daemon { return startDaemonIn(t, nil) }
 
 // startDaemonIn is startDaemon with setup run on the test's directory
 // (which will hold the state dir) first: a test mounts a small
-// filesystem there, say.
-func startDaemonIn(t testing.TB, setup func(dir string)) *daemon {
+// filesystem there, say, or writes a volume config. setup returns extra
+// arguments for the daemon.
+func startDaemonIn(t testing.TB, setup func(dir string) []string) *daemon {
 	den, images := requireHost(t)
 	dir, err := os.MkdirTemp("/tmp", "den-e2e-")
 	if err != nil {
 		t.Fatal(err)
 	}
+	var extra []string
 	if setup != nil {
-		setup(dir)
+		extra = setup(dir)
 	}
-	d := &daemon{t: t, den: den, images: images, state: filepath.Join(dir, "state"), socket: filepath.Join(dir, "den.sock"), logPath: filepath.Join(dir, "daemon.log")}
+	d := &daemon{extraArgs: extra, t: t, den: den, images: images, state: filepath.Join(dir, "state"), socket: filepath.Join(dir, "den.sock"), logPath: filepath.Join(dir, "daemon.log")}
 	t.Cleanup(func() { d.teardown(dir) })
 	d.start()
 	return d
@@ -105,6 +109,7 @@ func (d *daemon) start() {
 	d.cmd = exec.Command(d.den, "daemon", "--state-dir", d.state, "--socket", d.socket,
 		"--images", d.images.Path(), "--default-image", image.Minimal, "--idle-check", "1s",
 		"--ssh-listen", "127.0.0.1:0") // a port of its own: tests run side by side
+	d.cmd.Args = append(d.cmd.Args, d.extraArgs...)
 	d.cmd.Env = append(os.Environ(), d.env...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -40,6 +40,9 @@ type Driver struct {
 	// Network says, for den info and doctor, how guests reach the
 	// network.
 	Network string
+	// RAMFile: the VMM keeps guest RAM in a file in the VM's runtime
+	// dir, which must have room for it.
+	RAMFile bool
 }
 
 // builtinDrivers are the drivers of the VMMs found on this host.
@@ -59,6 +62,7 @@ func (m *Manager) builtinDrivers() map[string]Driver {
 			UserNet:    true,
 			NetCmdline: []string{"den.ip=10.0.2.15/24", "den.gw=10.0.2.2", "den.dns=10.0.2.3"},
 			Network:    "qemu user-mode networking (outbound NAT only, no inbound)",
+			RAMFile:    true,
 		}
 	}
 	if bin, err := cloudhypervisor.FindBinary(); err == nil {

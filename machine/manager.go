@@ -179,9 +179,13 @@ func (m *Manager) Close() error {
 	case <-time.After(wait):
 		m.log.Warn("den: operations still running at shutdown; closing anyway", "waited", wait)
 	}
+	// The instances stay known (Running still counts them): their VMMs
+	// run on, and the next Manager adopts them.
 	m.mu.Lock()
-	insts := m.instances
-	m.instances = map[string]*instance{}
+	insts := make([]*instance, 0, len(m.instances))
+	for _, in := range m.instances {
+		insts = append(insts, in)
+	}
 	m.mu.Unlock()
 	for _, in := range insts {
 		in.closeAgent()

@@ -57,9 +57,41 @@ func (m *Manager) needSpace(need int64, op string) error {
 // most: the guest RAM the VMM has allocated (QEMU's RAM file is sparse:
 // untouched pages cost nothing), else the VM's memory size.
 func (m *Manager) memorySnapshotNeed(vm registry.VM) int64 {
-	var st unix.Stat_t
-	if err := unix.Stat(m.state.Run(vm.Name).MemoryFile(), &st); err == nil && st.Blocks > 0 {
-		return st.Blocks * 512
+	if n := m.ramFileAllocated(vm.Name); n > 0 {
+		return n
 	}
 	return vm.MemoryBytes
+}
+
+// needRAMSpace refuses to start a VMM whose guest RAM file (QEMU keeps
+// guest memory in a file in the VM's runtime dir) could not grow to the
+// guest's memory size: a full filesystem there kills the VMM with a bus
+// error the moment the guest touches a page it cannot have.
+func (m *Manager) needRAMSpace(vm registry.VM) error {
+	if d, err := m.driver(vm.VMM); err != nil || !d.RAMFile {
+		return nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(m.state.Path(), &st); err != nil {
+		return nil
+	}
+	free := int64(st.Bavail) * st.Bsize
+	need := vm.MemoryBytes
+	if cur := m.ramFileAllocated(vm.Name); cur > 0 {
+		need -= cur
+	}
+	if free < need {
+		return fmt.Errorf("start vm %q: host volume full (%d MB free in %s, need %d MB for the guest's RAM): %w",
+			vm.Name, free>>20, m.state.Path(), need>>20, ErrNoSpace)
+	}
+	return nil
+}
+
+// ramFileAllocated is what a VM's RAM file holds on disk now.
+func (m *Manager) ramFileAllocated(name string) int64 {
+	var st unix.Stat_t
+	if err := unix.Stat(m.state.Run(name).MemoryFile(), &st); err != nil {
+		return 0
+	}
+	return st.Blocks * 512
 }

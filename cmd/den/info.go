@@ -56,6 +56,9 @@ func infoCommand() *cli.Command {
 			if vm.Reason != "" {
 				fmt.Printf("reason:       %s\n", vm.Reason)
 			}
+			if vm.Operation != "" {
+				fmt.Printf("operation:    %s (since %s)\n", vm.Operation, vm.OperationFor)
+			}
 			fmt.Printf("owner:        %s\nimage:        %s\ncpus:         %d\nmemory:       %s\ndisk:         %s used of %s\nvmm:          %s (%s)\n",
 				vm.Owner, vm.Image, vm.CPUs, size.Format(vm.MemoryBytes), size.Format(vm.DiskUsed),
 				size.Format(vm.DiskBytes), vm.VMM, vm.Accel)
