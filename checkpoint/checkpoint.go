@@ -143,24 +143,29 @@ func (p *Pending) Abort() {
 }
 
 // Sweep removes a VM's unfinished checkpoint directories (a crash in the
-// middle of one) and returns the rows of complete checkpoint directories,
-// from their meta.json, so that a catalog can be checked against them.
-func (s Store) Sweep(ctx context.Context, vm string) ([]Record, error) {
+// middle of one, or of a deletion) and returns the rows of complete
+// checkpoint directories, from their meta.json, and the ids whose
+// deletion a crash interrupted, so that a catalog can be checked against
+// them.
+func (s Store) Sweep(ctx context.Context, vm string) (complete []Record, deleted []string, err error) {
 	root, err := s.Vol.Path(storage.CheckpointsDir(vm))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ents, err := os.ReadDir(root)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("sweep checkpoints of %q: %w", vm, err)
+		return nil, nil, fmt.Errorf("sweep checkpoints of %q: %w", vm, err)
 	}
 	var out []Record
 	for _, e := range ents {
 		p := storage.CheckpointsDir(vm).Join(e.Name())
 		if strings.HasPrefix(e.Name(), "tmp-") {
+			if id, ok := strings.CutPrefix(e.Name(), "tmp-deleted-"); ok {
+				deleted = append(deleted, id)
+			}
 			_ = s.Vol.Remove(ctx, p)
 			continue
 		}
@@ -170,7 +175,7 @@ func (s Store) Sweep(ctx context.Context, vm string) ([]Record, error) {
 		}
 		out = append(out, row)
 	}
-	return out, nil
+	return out, deleted, nil
 }
 
 // Meta reads a complete checkpoint's meta.json.
@@ -194,3 +199,28 @@ func (s Store) Meta(vm, id string) (Record, error) {
 func (s Store) Remove(ctx context.Context, vm, id string) error {
 	return s.Vol.Remove(ctx, Dir(vm, id))
 }
+
+// Retire renames a complete checkpoint's directory out of the way (as an
+// unfinished one, which Sweep removes), so that a crash in the middle of
+// a deletion never brings the checkpoint back; RemoveRetired then frees
+// its space.
+func (s Store) Retire(ctx context.Context, vm, id string) error {
+	host, err := s.Vol.Path(Dir(vm, id))
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(host); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := s.Vol.Rename(ctx, Dir(vm, id), retired(vm, id)); err != nil {
+		return fmt.Errorf("delete checkpoint %s of %q: %w", id, vm, err)
+	}
+	return nil
+}
+
+// RemoveRetired removes a retired checkpoint's files.
+func (s Store) RemoveRetired(ctx context.Context, vm, id string) error {
+	return s.Vol.Remove(ctx, retired(vm, id))
+}
+
+func retired(vm, id string) storage.Path { return storage.CheckpointsDir(vm).Join("tmp-deleted-" + id) }

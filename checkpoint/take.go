@@ -24,6 +24,10 @@ type Guest interface {
 	Thaw(ctx context.Context) error
 }
 
+// ErrLeftPaused is wrapped when a guest paused for a checkpoint could not
+// be resumed: the caller must not leave it recorded as running.
+var ErrLeftPaused = errors.New("the vm is left paused")
+
 // From says what a checkpoint is taken from.
 type From struct {
 	// Disk is the VM's disk on the volume.
@@ -130,7 +134,7 @@ func (s Store) pausedSnapshot(ctx context.Context, from From, p *Pending, h Take
 	}
 	defer func() {
 		if rerr := Resume(context.WithoutCancel(ctx), from.Guest, h.Log); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("the vm is left paused: %w", rerr))
+			err = errors.Join(err, fmt.Errorf("%w: %w", ErrLeftPaused, rerr))
 		}
 	}()
 	if err := from.Guest.Snapshot(ctx, dir); err != nil {

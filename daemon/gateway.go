@@ -76,7 +76,9 @@ func (b gatewayBackend) UserForKey(ctx context.Context, fingerprint string) (str
 }
 
 func (b gatewayBackend) Open(ctx context.Context, vm, user string) (*sshgw.Upstream, error) {
-	s, err := b.m.Open(ctx, vm, user)
+	octx, cancel := detach(ctx) // a wake, once started, finishes
+	defer cancel()
+	s, err := b.m.Open(octx, vm, user)
 	if errors.Is(err, machine.ErrNotFound) {
 		return nil, fmt.Errorf("%w: %w", err, sshgw.ErrNoVM)
 	}

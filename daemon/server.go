@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -78,7 +79,7 @@ func errorCode(err error) string {
 		return "busy"
 	case errors.Is(err, machine.ErrConflict), errors.Is(err, registry.ErrIllegalTransition), errors.Is(err, registry.ErrStale):
 		return "conflict"
-	case errors.Is(err, machine.ErrNoSpace):
+	case errors.Is(err, machine.ErrNoSpace), errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		return "no_space"
 	}
 	return "internal"
@@ -253,9 +254,13 @@ const OpTimeout = 15 * time.Minute
 // opContext is the context of an operation a request asked for: detached
 // from the request (a dropped connection never leaves a VM half-made),
 // bounded by OpTimeout, and telling lock waits when the client left.
-func opContext(r *http.Request) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), OpTimeout)
-	return machine.WithClient(ctx, r.Context()), cancel
+func opContext(r *http.Request) (context.Context, context.CancelFunc) { return detach(r.Context()) }
+
+// detach is the context of an operation a client asked for in ctx: see
+// opContext.
+func detach(client context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(client), OpTimeout)
+	return machine.WithClient(ctx, client), cancel
 }
 
 // vmEvent is the final event of an operation that leaves a VM.

@@ -22,8 +22,11 @@ func (s *Server) sshUpgrade(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, api.ErrorBody{Error: "missing Upgrade: " + api.UpgradeSSH, Code: "invalid"})
 		return
 	}
-	// Wake or start the VM first, so errors come back as HTTP answers.
-	sess, err := s.m.Open(r.Context(), name, owner(r))
+	// Wake or start the VM first, so errors come back as HTTP answers. A
+	// wake, once started, finishes even if the client goes away.
+	octx, cancel := opContext(r)
+	sess, err := s.m.Open(octx, name, owner(r))
+	cancel()
 	if err != nil {
 		writeError(w, err)
 		return

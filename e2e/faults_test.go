@@ -82,6 +82,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 		{"checkpoint-before-commit", []string{"checkpoint", "box"}, alive},
 		{"sleep-after-pause", []string{"sleep", "box"}, alive},
 		{"sleep-after-snapshot", []string{"sleep", "box"}, alive},
+		{"sleep-after-record", []string{"sleep", "box"}, alive},
 		{"restore-after-stop", []string{"restore", "box", "cp-1", "--no-save"}, alive},
 		{"restore-after-disk", []string{"restore", "box", "cp-1", "--no-save"}, alive},
 		{"bringup-after-clone", []string{"create", "newbie", "--memory", "256M"}, func(s string) { gone(s, "newbie") }},
@@ -108,5 +109,5 @@ func TestCrashAtEveryStep(t *testing.T) {
 	}
 	d.crashAt("rm-after-mark", "rm", "--force", "box")
 	gone("rm-after-mark", "box")
-	t.Log("crash suite: 11 crash points survived")
+	t.Log("crash suite: 12 crash points survived")
 }

@@ -85,6 +85,12 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 		from.Suspend = storage.SuspendDir(vm.Name)
 	}
 	rec, err = m.store().Take(ctx, rec, from, checkpoint.TakeHooks{Progress: progress, Crash: crashpoint, Log: m.log})
+	if errors.Is(err, checkpoint.ErrLeftPaused) && in != nil {
+		// Never a paused VM recorded as running: stop it and say so.
+		in.close(true)
+		m.stopInstance(ctx, in, false)
+		m.recordStopped(ctx, vm.Name, "checkpoint failed and the vm could not be resumed ("+err.Error()+"); it boots from its disk when next used")
+	}
 	if err != nil {
 		return rec, err
 	}
@@ -189,16 +195,27 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, name, id string) error {
 	if _, err := m.db.GetCheckpoint(ctx, name, id); errors.Is(err, registry.ErrNotFound) {
 		return fmt.Errorf("vm %q has no checkpoint %s: %w", name, id, ErrNotFound)
 	}
+	vm, err := m.get(ctx, name)
+	if err != nil {
+		return err
+	}
+	if sp, err := decodeSpec(vm); err == nil && sp.Restoring == id {
+		return fmt.Errorf("delete checkpoint %s of %q: an interrupted restore to it is still to be finished (reach the vm first): %w", id, name, ErrConflict)
+	}
 	return m.deleteCheckpoint(ctx, name, id)
 }
 
 func (m *Manager) deleteCheckpoint(ctx context.Context, name, id string) error {
-	// The row goes first: a crash then leaves an orphan directory that
-	// the next start removes, never a row without its files.
-	if err := m.db.DeleteCheckpoint(ctx, name, id); err != nil {
+	// The directory is retired first, then the row goes, then the files:
+	// a crash anywhere leaves neither a row without its files nor files
+	// that the next start would list again.
+	if err := m.store().Retire(ctx, name, id); err != nil {
 		return err
 	}
-	if err := m.store().Remove(ctx, name, id); err != nil {
+	if err := m.db.DeleteCheckpoint(ctx, name, id); err != nil && !errors.Is(err, registry.ErrNotFound) {
+		return err
+	}
+	if err := m.store().RemoveRetired(ctx, name, id); err != nil {
 		return fmt.Errorf("delete checkpoint %s of %q: %w", id, name, err)
 	}
 	return nil
@@ -222,15 +239,36 @@ func (m *Manager) prune(ctx context.Context, name string, keep int) error {
 // after a restart: unfinished directories go, complete directories whose
 // row a crash lost are recorded again.
 func (m *Manager) sweepCheckpoints(ctx context.Context, name string) {
-	rows, err := m.store().Sweep(ctx, name)
+	rows, deleted, err := m.store().Sweep(ctx, name)
 	if err != nil {
 		m.log.Warn("den: sweep checkpoints", "vm", name, "err", err)
 		return
 	}
+	for _, id := range deleted {
+		// A deletion a crash cut short after it retired the files: the
+		// row goes too (and the head moves to its parent).
+		if cp, err := m.db.GetCheckpoint(ctx, name, id); err == nil {
+			if err := m.dropCheckpoint(ctx, name, cp); err != nil {
+				m.log.Warn("den: finish an interrupted checkpoint deletion", "vm", name, "checkpoint", id, "err", err)
+			}
+		}
+	}
+	headSeq := 0
+	if vm, err := m.get(ctx, name); err == nil {
+		if sp, err := decodeSpec(vm); err == nil && sp.Head != "" {
+			if cp, err := m.db.GetCheckpoint(ctx, name, sp.Head); err == nil {
+				headSeq = cp.Seq
+			}
+		}
+	}
 	for _, row := range rows {
 		if _, err := m.db.GetCheckpoint(ctx, name, row.ID); errors.Is(err, registry.ErrNotFound) {
-			if err := m.db.AddCheckpoint(ctx, row); err == nil {
+			// A checkpoint whose row a crash lost (between its rename
+			// into place and its row): recorded again, and the head when
+			// it is newer than the head.
+			if err := m.db.AddCheckpoint(ctx, row); err == nil && row.Seq > headSeq {
 				_ = m.setHead(ctx, name, row.ID)
+				headSeq = row.Seq
 			}
 		}
 	}

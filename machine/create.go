@@ -54,6 +54,9 @@ type spec struct {
 	Restoring string `json:"restoring,omitempty"`
 	// ForkedFrom is "vm@checkpoint" for a VM made by den fork.
 	ForkedFrom string `json:"forked_from,omitempty"`
+	// AutoCheckpoint is "vm@checkpoint" that a fork took of its source
+	// to fork from: removed again if the fork is rolled back.
+	AutoCheckpoint string `json:"auto_checkpoint,omitempty"`
 	// Identity is the VM's identity token (den.identity= on its kernel
 	// command line): a guest whose disk has another token takes a new
 	// hostname, machine-id and host keys before its services start.
@@ -260,10 +263,17 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 		}
 	}
 	crashpoint("bringup-before-commit")
-	return m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
+	vm, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
 		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
 		return nil
 	})
+	if err != nil {
+		return vm, err
+	}
+	if in := m.instance(vm.Name); in != nil {
+		in.reopen() // committed: sessions may come
+	}
+	return vm, nil
 }
 
 func mustJSON(v any) string {

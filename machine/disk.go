@@ -74,8 +74,9 @@ func (m *Manager) growDisk(ctx context.Context, vm registry.VM, in *instance) er
 }
 
 // Resize grows a VM's disk to diskBytes (never shrinks it) and the guest's
-// root filesystem with it: at once when the VM runs (a sleeping or stopped
-// VM is started first), with no reboot.
+// root filesystem with it, with no reboot: a sleeping or stopped VM is
+// started first, under the same hold of its lock. The record says the new
+// size once the guest has it.
 func (m *Manager) Resize(ctx context.Context, name string, diskBytes int64) (registry.VM, error) {
 	if err := checkMiB("disk", diskBytes); err != nil {
 		return registry.VM{}, fmt.Errorf("resize vm %q: %w", name, err)
@@ -83,7 +84,7 @@ func (m *Manager) Resize(ctx context.Context, name string, diskBytes int64) (reg
 	if diskBytes > MaxDisk {
 		return registry.VM{}, fmt.Errorf("resize vm %q: disk %s is too large: at most %s: %w", name, FormatSize(diskBytes), FormatSize(MaxDisk), ErrInvalid)
 	}
-	if _, err := m.ensureRunning(ctx, name, "", false); err != nil {
+	if _, err := m.get(ctx, name); err != nil {
 		return registry.VM{}, err
 	}
 	unlock, err := m.lockVM(ctx, name, "resize")
@@ -98,22 +99,26 @@ func (m *Manager) Resize(ctx context.Context, name string, diskBytes int64) (reg
 	if diskBytes < vm.DiskBytes {
 		return vm, fmt.Errorf("resize vm %q: disk %s is smaller than its %s (disks only grow): %w", name, FormatSize(diskBytes), FormatSize(vm.DiskBytes), ErrInvalid)
 	}
-	in := m.instance(name)
-	if vm.State != registry.StateRunning || in == nil || !alive(in) {
-		return vm, fmt.Errorf("resize vm %q: it is %s, not running: %w", name, vm.State, ErrConflict)
-	}
 	if free, err := m.volumeFree(); err == nil && diskBytes-vm.DiskBytes > free {
 		return vm, fmt.Errorf("resize vm %q: %s more does not fit: the volume has %s free: %w", name,
 			FormatSize(diskBytes-vm.DiskBytes), FormatSize(free), ErrNoSpace)
 	}
-	vm, err = m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
-		v.DiskBytes = diskBytes
-		return nil
-	})
+	in, err := m.runLocked(ctx, vm)
 	if err != nil {
 		return vm, err
 	}
-	return vm, m.growDisk(ctx, vm, in)
+	if vm, err = m.get(ctx, name); err != nil {
+		return vm, err
+	}
+	grown := vm
+	grown.DiskBytes = diskBytes
+	if err := m.growDisk(ctx, grown, in); err != nil {
+		return vm, err
+	}
+	return m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
+		v.DiskBytes = diskBytes
+		return nil
+	})
 }
 
 // checkMiB refuses a size that is not a positive whole number of MiB.

@@ -2,7 +2,9 @@ package machine
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/denhq/den/checkpoint"
@@ -14,8 +16,8 @@ import (
 // new identity whatever the checkpoint's kind: hostname, machine-id, host
 // keys and a reseeded RNG, so that two forks never share random state.
 // The new name is taken before anything else happens: a fork onto an
-// existing name changes nothing, and a failed fork removes the
-// checkpoint it took and puts the source's head back.
+// existing name changes nothing, and a failed fork (or one a crash cut
+// short) removes the checkpoint it took and puts the source's head back.
 func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progress) (registry.VM, error) {
 	if progress == nil {
 		progress = func(string) {}
@@ -40,56 +42,70 @@ func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progr
 		return registry.VM{}, err
 	}
 	defer unlock()
-
-	srcSpec, err := decodeSpec(srcVM)
-	if err != nil {
-		return registry.VM{}, err
-	}
-	sp := srcSpec
-	sp.Head, sp.Restoring, sp.Identity = "", "", newToken()
-	sp.Cmdline = m.cmdline(name, sp.Identity)
+	// The name is taken first, with the source's record as it is now;
+	// the sizes are read again under the source's lock.
 	now := time.Now().UTC()
 	vm := srcVM
 	vm.Name, vm.State, vm.Reason, vm.CreatedAt, vm.LastActive = name, registry.StateCreating, "", now, now
-	vm.SpecJSON = mustJSON(sp)
+	vm.SpecJSON = mustJSON(spec{})
 	undo := cleanups{log: m.log}
 	defer undo.run()
 	if vm, err = m.reserve(ctx, vm, &undo); err != nil {
 		return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
 	}
-	if id == "" {
-		progress("checkpointing " + src)
-		cp, err := m.Checkpoint(ctx, src, CheckpointOptions{Comment: "auto: fork to " + name}, nil)
-		if err != nil {
-			return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
-		}
-		id = cp.ID
-		undo.push("remove the checkpoint "+id+" taken for the fork", func() error {
-			return m.dropAutoCheckpoint(context.WithoutCancel(ctx), src, cp)
-		})
-	}
-	if vm, err = m.forkFrom(ctx, vm, sp, src, id, &undo, progress); err != nil {
+	if vm, err = m.forkFrom(ctx, vm, src, id, progress); err != nil {
 		return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
 	}
 	undo.release()
 	return vm, nil
 }
 
-// forkFrom brings a reserved fork up from src@id, holding the source's
-// lock meanwhile so that the checkpoint is not deleted under it (den rm
-// of the source, den checkpoint rm).
-func (m *Manager) forkFrom(ctx context.Context, vm registry.VM, sp spec, src, id string, undo *cleanups, progress Progress) (registry.VM, error) {
+// forkFrom brings a reserved fork up from src@id (from a checkpoint it
+// takes when id is empty). It holds the source's lock throughout, so that
+// the checkpoint is not deleted under it (den rm of the source, den
+// checkpoint rm) and so that removing the checkpoint it took, when the
+// fork fails, needs no second wait for that lock.
+func (m *Manager) forkFrom(ctx context.Context, vm registry.VM, src, id string, progress Progress) (_ registry.VM, err error) {
 	unlock, err := m.lockVM(ctx, src, "fork to "+vm.Name)
 	if err != nil {
 		return vm, err
 	}
 	defer unlock()
+	srcVM, err := m.reconcileLocked(ctx, src)
+	if err != nil {
+		return vm, err
+	}
+	srcSpec, err := decodeSpec(srcVM)
+	if err != nil {
+		return vm, err
+	}
+	sp := srcSpec
+	sp.Head, sp.Restoring, sp.Identity = "", "", newToken()
+	sp.Cmdline = m.cmdline(vm.Name, sp.Identity)
+	if id == "" {
+		progress("checkpointing " + src)
+		var auto registry.Checkpoint
+		auto, err = m.checkpointLocked(ctx, srcVM, CheckpointOptions{Comment: "auto: fork to " + vm.Name}, func(string) {})
+		if err != nil {
+			return vm, err
+		}
+		id = auto.ID
+		sp.AutoCheckpoint = src + "@" + id
+		defer func() {
+			if err != nil {
+				if derr := m.dropCheckpoint(context.WithoutCancel(ctx), src, auto); derr != nil {
+					m.log.Warn("den: rollback: remove the checkpoint taken for the fork", "vm", src, "checkpoint", id, "err", derr)
+				}
+			}
+		}()
+	}
 	cp, err := m.getCheckpoint(ctx, src, id)
 	if err != nil {
 		return vm, err
 	}
 	sp.ForkedFrom = src + "@" + id
 	vm, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
+		v.Image, v.CPUs, v.MemoryBytes, v.DiskBytes, v.VMM, v.Accel = srcVM.Image, srcVM.CPUs, srcVM.MemoryBytes, srcVM.DiskBytes, srcVM.VMM, srcVM.Accel
 		v.SpecJSON = mustJSON(sp)
 		return nil
 	})
@@ -100,18 +116,20 @@ func (m *Manager) forkFrom(ctx context.Context, vm registry.VM, sp spec, src, id
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		from.memory = checkpoint.Dir(src, id).Join(checkpoint.VMMDir)
 	}
-	return m.bringUp(ctx, vm, sp, from, undo, progress)
+	undo := cleanups{log: m.log}
+	defer undo.run() // the caller's stack removes the VM itself
+	vm, err = m.bringUp(ctx, vm, sp, from, &undo, progress)
+	if err == nil {
+		undo.release()
+	}
+	return vm, err
 }
 
-// dropAutoCheckpoint removes a checkpoint a failed operation took, and
-// moves the VM's head back to the checkpoint's parent if it is still
-// the head.
-func (m *Manager) dropAutoCheckpoint(ctx context.Context, name string, cp registry.Checkpoint) error {
-	unlock, err := m.lockVM(ctx, name, "roll back checkpoint "+cp.ID)
-	if err != nil {
-		return err
-	}
-	defer unlock()
+// dropCheckpoint removes a checkpoint (one a failed fork took, or one
+// whose deletion a crash cut short), and moves the VM's head back to the
+// checkpoint's parent if it is the head; the caller owns the VM (holds
+// its lock, or is the start-up reconcile).
+func (m *Manager) dropCheckpoint(ctx context.Context, name string, cp registry.Checkpoint) error {
 	vm, err := m.get(ctx, name)
 	if err != nil {
 		return err
@@ -122,4 +140,24 @@ func (m *Manager) dropAutoCheckpoint(ctx context.Context, name string, cp regist
 		}
 	}
 	return m.deleteCheckpoint(ctx, name, cp.ID)
+}
+
+// rollBackAutoCheckpoint drops the checkpoint a fork took, when a crash
+// left the fork half-made (start-up reconcile).
+func (m *Manager) rollBackAutoCheckpoint(ctx context.Context, fork registry.VM) {
+	sp, err := decodeSpec(fork)
+	if err != nil || sp.AutoCheckpoint == "" {
+		return
+	}
+	src, id, _ := strings.Cut(sp.AutoCheckpoint, "@")
+	cp, err := m.db.GetCheckpoint(ctx, src, id)
+	if errors.Is(err, registry.ErrNotFound) {
+		return
+	}
+	if err == nil {
+		err = m.dropCheckpoint(ctx, src, cp)
+	}
+	if err != nil {
+		m.log.Warn("den: rollback: remove the checkpoint taken for an interrupted fork", "vm", src, "checkpoint", id, "err", err)
+	}
 }

@@ -28,9 +28,21 @@ type instance struct {
 	lastAct  time.Time
 }
 
+// newInstance is a VMM just started or adopted: closed to sessions until
+// the operation that made it commits the VM's record as running and calls
+// reopen (a session must never see a VM that is not yet, or no longer,
+// the one its record says).
 func newInstance(name string, hv vmm.Hypervisor) *instance {
 	now := time.Now()
-	return &instance{name: name, hv: hv, stopping: make(chan struct{}), started: now, lastAct: now}
+	return &instance{name: name, hv: hv, stopping: make(chan struct{}), started: now, lastAct: now, closing: true}
+}
+
+// isOpen says whether sessions are admitted (the VM is committed running
+// and nothing is closing it).
+func (in *instance) isOpen() bool {
+	in.actMu.Lock()
+	defer in.actMu.Unlock()
+	return !in.closing
 }
 
 // admit counts a new session unless the VMM is being closed; the caller
@@ -106,10 +118,15 @@ func (m *Manager) instance(name string) *instance {
 	return m.instances[name]
 }
 
+// setInstance publishes a VM's VMM. One that opened its disk before the
+// volume was last lost is stopped as soon as its operation lets go.
 func (m *Manager) setInstance(in *instance) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.instances[in.name] = in
+	if in.started.Before(m.volumeLostAt) {
+		go m.stopLost(in, m.volumeLostWhy)
+	}
 }
 
 func (m *Manager) dropInstance(name string) {

@@ -8,6 +8,10 @@ import (
 // under one rule: whichever comes first wins, never both.
 func TestAdmitAndCloseExclusive(t *testing.T) {
 	in := newInstance("x", nil)
+	if in.admit() {
+		t.Fatal("session admitted before the vm was committed")
+	}
+	in.reopen()
 	if !in.admit() {
 		t.Fatal("admit on an open instance refused")
 	}

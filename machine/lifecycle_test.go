@@ -578,3 +578,97 @@ func dirExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
 }
+
+// TestCrashMidDeleteStaysDeleted: a checkpoint deletion cut short after
+// its files were retired is finished at the next start; the checkpoint
+// does not come back and the head does not move to it.
+func TestCrashMidDeleteStaysDeleted(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create("d")
+	for i := 0; i < 2; i++ {
+		if _, err := e.m.Checkpoint(ctx, "d", machine.CheckpointOptions{}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What a crash leaves after the first step of deleting cp-1.
+	from, _ := e.vol.Path(storage.CheckpointDir("d", "cp-1"))
+	to, _ := e.vol.Path(storage.CheckpointsDir("d").Join("tmp-deleted-cp-1"))
+	if err := os.Rename(from, to); err != nil {
+		t.Fatal(err)
+	}
+	e.restart()
+	cps, head, err := e.m.Checkpoints(ctx, "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cps) != 1 || cps[0].ID != "cp-2" || head != "cp-2" {
+		t.Fatalf("after a crash mid-delete: %+v, head %q", cps, head)
+	}
+}
+
+// TestWakeFailingAfterGuestRan: a wake that fails once the restored guest
+// has run (its agent never answers) does not leave the VM asleep on a
+// slot older than its disk: it is recorded stopped and boots next time.
+func TestWakeFailingAfterGuestRan(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create("w")
+	if err := e.m.Sleep(ctx, "w", false); err != nil {
+		t.Fatal(err)
+	}
+	var restored atomic.Bool
+	e.drv.Hook = func(op, rd string) {
+		switch {
+		case op == "restore":
+			restored.Store(true)
+		case op == "dial" && restored.Load():
+			if v := e.drv.VM(e.state.Run("w")); v != nil {
+				go v.Kill()
+			}
+		}
+	}
+	if err := e.m.Wake(ctx, "w"); err == nil {
+		t.Fatal("wake with a dying guest succeeded")
+	}
+	e.drv.Hook = nil
+	st := e.wantState("w", registry.StateStopped)
+	if !strings.Contains(st.Reason, "wake failed after the guest ran") {
+		t.Fatalf("reason %q", st.Reason)
+	}
+	boots := e.drv.Boots()
+	if err := e.m.Wake(ctx, "w"); err != nil {
+		t.Fatal(err)
+	}
+	if e.drv.Boots() != boots+1 {
+		t.Fatal("the vm was not booted from its disk")
+	}
+}
+
+// TestVolumeLossWaitsForOperation: a VM that an operation holds when the
+// mount dies is stopped as soon as the operation lets go.
+func TestVolumeLossWaitsForOperation(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create("a")
+	e.create("b")
+	in := make(chan struct{})
+	out := make(chan struct{})
+	var once sync.Once
+	e.drv.Hook = func(op, rd string) {
+		if op == "snapshot" && strings.HasSuffix(rd, "/a") {
+			once.Do(func() { close(in); <-out })
+		}
+	}
+	done := make(chan error, 1)
+	go func() { _, err := e.m.Checkpoint(ctx, "a", machine.CheckpointOptions{}, nil); done <- err }()
+	<-in
+	e.vol.Emit(storage.Event{Kind: storage.EventLost})
+	waitFor(t, "b stopped", func() bool { return e.record("b").State == registry.StateStopped })
+	close(out)
+	<-done
+	waitFor(t, "a stopped once its checkpoint let go", func() bool { return e.record("a").State == registry.StateStopped })
+	if e.drv.VM(e.state.Run("a")) != nil {
+		t.Fatal("a's vmm still runs on the lost volume")
+	}
+}

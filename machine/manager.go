@@ -101,6 +101,11 @@ type Manager struct {
 	waiters   map[string]chan struct{} // closed when a holder lets go
 	ops       sync.WaitGroup           // operations holding a VM's lock
 	closed    chan struct{}
+
+	// volumeLostAt is when the volume's mount was last lost, and why:
+	// VMMs started before then run on a dead disk.
+	volumeLostAt  time.Time
+	volumeLostWhy string
 }
 
 // New opens the state database, chooses the VMM, and re-adopts the VMs

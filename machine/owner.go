@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -24,7 +25,7 @@ type holder struct {
 }
 
 // errClosing refuses operations once the Manager is closing.
-var errClosing = errors.New("den is shutting down")
+var errClosing = fmt.Errorf("den is shutting down: %w", ErrBusy)
 
 // lockVM makes the caller the owner of the VM's state until the returned
 // func is called: one operation at a time per VM, across goroutines (an
@@ -115,10 +116,13 @@ func (m *Manager) tryLockVM(name, op string) (func(), error) {
 		}
 		return nil, fmt.Errorf("lock vm %q: %w", name, err)
 	}
+	var once sync.Once
 	return func() {
-		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
-		f.Close()
-		drop()
+		once.Do(func() {
+			_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+			f.Close()
+			drop()
+		})
 	}, nil
 }
 

@@ -30,17 +30,11 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		case registry.StateRunning:
 			m.adopt(ctx, vm)
 		case registry.StateSleeping, registry.StateStopped:
-			// A VMM a crash left behind (a wake or boot cut short before
-			// its record said running) must not run beside the next one
-			// on the same disk.
-			if p, err := vmm.AdoptProcess(m.state.Run(vm.Name).PIDFile()); err == nil {
-				m.log.Warn("den: stopping a vmm left by an interrupted operation", "vm", vm.Name, "state", vm.State, "pid", p.PID())
-				_ = p.Stop(10 * time.Second)
-				m.discardRuntime(vm.Name)
-			}
+			m.strayVMM(ctx, vm)
 		case registry.StateCreating:
 			m.log.Warn("den: rolling back a vm whose creation was interrupted", "vm", vm.Name)
 			m.destroy(ctx, vm.Name)
+			m.rollBackAutoCheckpoint(ctx, vm)
 			_ = m.db.DeleteCheckpoints(ctx, vm.Name)
 			_ = m.db.DeleteVM(ctx, vm.Name)
 		case registry.StateDeleting:
@@ -77,8 +71,53 @@ func (m *Manager) adopt(ctx context.Context, vm registry.VM) {
 			m.log.Warn("den: resume", "vm", vm.Name, "err", err)
 		}
 	}
+	in.reopen() // its record says running
 	m.setInstance(in)
 	go m.watch(in)
+}
+
+// strayVMM deals with a VMM a crash left running for a VM whose record
+// does not say running. A sleeping VM's running guest is a wake cut short
+// after the guest ran: it is the newest state, so it is adopted and the
+// record says running. A sleeping VM's paused guest is a sleep cut short
+// after its slot was written: it is stopped. A stopped VM's VMM (a boot,
+// or a restore to be finished) is stopped: it must not run beside the
+// next one on the same disk.
+func (m *Manager) strayVMM(ctx context.Context, vm registry.VM) {
+	rd := m.state.Run(vm.Name)
+	if _, err := vmm.AdoptProcess(rd.PIDFile()); err != nil {
+		return
+	}
+	if vm.State == registry.StateSleeping {
+		if d, err := m.driver(vm.VMM); err == nil {
+			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			hv, err := d.Adopt(actx, rd)
+			if err == nil {
+				info, ierr := hv.Info(actx)
+				if ierr == nil && info.State == vmm.StateRunning {
+					cancel()
+					if _, err := m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
+						v.State, v.Reason = registry.StateRunning, ""
+						return nil
+					}); err == nil {
+						m.log.Warn("den: adopting a vm whose wake was cut short after its guest ran", "vm", vm.Name)
+						in := newInstance(vm.Name, hv)
+						in.reopen()
+						m.setInstance(in)
+						go m.watch(in)
+						return
+					}
+				}
+				_ = hv.Shutdown(actx)
+			}
+			cancel()
+		}
+	}
+	if p, err := vmm.AdoptProcess(rd.PIDFile()); err == nil {
+		m.log.Warn("den: stopping a vmm left by an interrupted operation", "vm", vm.Name, "state", vm.State, "pid", p.PID())
+		_ = p.Stop(10 * time.Second)
+	}
+	m.discardRuntime(vm.Name)
 }
 
 // sweepSuspend finishes or drops a suspend snapshot a crash interrupted:

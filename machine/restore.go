@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -51,20 +52,25 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	if err := hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg}); err != nil {
 		return fail(err)
 	}
+	// From here the guest runs: a failure is one after it ran.
+	ran := func(err error) (*instance, error) { return fail(fmt.Errorf("%w: %w", errGuestRan, err)) }
 	if err := m.connectAgent(ctx, in, time.Minute); err != nil {
-		return fail(err)
+		return ran(err)
 	}
 	c, err := m.agentClient(ctx, in)
 	if err != nil {
-		return fail(err)
+		return ran(err)
 	}
 	if _, err := c.SetClock(ctx, time.Now()); err != nil {
-		return fail(fmt.Errorf("set guest clock: %w", err))
+		return ran(fmt.Errorf("set guest clock: %w", err))
 	}
 	m.setInstance(in)
 	go m.watch(in)
 	return in, nil
 }
+
+// errGuestRan marks a restore that failed after the restored guest ran.
+var errGuestRan = errors.New("the restored guest ran")
 
 // RestoreOptions tunes Restore.
 type RestoreOptions struct {
@@ -182,5 +188,17 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
 		return nil
 	})
-	return err
+	in := m.instance(name)
+	if err != nil {
+		// A VMM whose record does not say running must not run on; the
+		// restore is still recorded, and finished when next reached.
+		if in != nil {
+			m.stopInstance(ctx, in, false)
+		}
+		return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
+	}
+	if in != nil {
+		in.reopen()
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -64,7 +65,7 @@ func (m *Manager) ensureRunning(ctx context.Context, name, owner string, admit b
 	}
 	// The fast path: running, and not being closed by a sleep, restore
 	// or rm (which hold the lock; the slow path waits for them).
-	if in := m.instance(name); in != nil && alive(in) && (!admit || in.admit()) {
+	if in := m.instance(name); in != nil && alive(in) && ((admit && in.admit()) || (!admit && in.isOpen())) {
 		return in, nil
 	}
 	unlock, err := m.lockVM(ctx, name, "wake")
@@ -76,7 +77,21 @@ func (m *Manager) ensureRunning(ctx context.Context, name, owner string, admit b
 	if err != nil {
 		return nil, err
 	}
-	in := m.instance(name)
+	in, err := m.runLocked(ctx, vm)
+	if err != nil {
+		return nil, err
+	}
+	if admit && !in.admit() {
+		return nil, fmt.Errorf("vm %q: session not admitted: %w", name, ErrConflict)
+	}
+	return in, nil
+}
+
+// runLocked returns the running instance of a VM, booting it when it is
+// stopped or waking it when it sleeps; the caller holds the VM's lock and
+// has reconciled its record.
+func (m *Manager) runLocked(ctx context.Context, vm registry.VM) (*instance, error) {
+	in := m.instance(vm.Name)
 	if in == nil || !alive(in) {
 		switch vm.State {
 		case registry.StateStopped:
@@ -88,18 +103,16 @@ func (m *Manager) ensureRunning(ctx context.Context, name, owner string, admit b
 				return nil, err
 			}
 		default:
-			return nil, fmt.Errorf("vm %q is %s: %w", name, vm.State, ErrConflict)
+			return nil, fmt.Errorf("vm %q is %s: %w", vm.Name, vm.State, ErrConflict)
 		}
-		if in = m.instance(name); in == nil {
-			return nil, fmt.Errorf("vm %q did not start", name)
+		if in = m.instance(vm.Name); in == nil {
+			return nil, fmt.Errorf("vm %q did not start", vm.Name)
 		}
 	}
-	// No operation holds the VM now but this one: a closing flag left by
-	// an operation that failed half-way is stale.
+	// No operation holds the VM now but the caller's: a closing flag left
+	// by an operation that failed half-way is stale, and a VM just
+	// started is committed.
 	in.reopen()
-	if admit && !in.admit() {
-		return nil, fmt.Errorf("vm %q: session not admitted: %w", name, ErrConflict)
-	}
 	return in, nil
 }
 
@@ -112,6 +125,9 @@ func (m *Manager) start(ctx context.Context, vm registry.VM) error {
 	}
 	if sp.Restoring != "" {
 		cp, err := m.getCheckpoint(ctx, vm.Name, sp.Restoring)
+		if errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("finish the interrupted restore of vm %q: its checkpoint %s is gone: %w", vm.Name, sp.Restoring, ErrConflict)
+		}
 		if err != nil {
 			return fmt.Errorf("finish the interrupted restore of vm %q: %w", vm.Name, err)
 		}

@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -71,24 +72,33 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
 	crashpoint("sleep-after-pause")
+	// undo runs the paused VM again after a failure; a VM that cannot be
+	// resumed is stopped and recorded so, never left paused as running.
+	undo := func(cause error) error {
+		if rerr := checkpoint.Resume(context.WithoutCancel(ctx), guestOf{m, in}, m.log); rerr != nil {
+			stopped = true
+			m.stopInstance(ctx, in, false)
+			m.recordStopped(ctx, name, fmt.Sprintf("sleep failed (%v) and the vm could not be resumed (%v); it boots from its disk when next used", cause, rerr))
+		}
+		return fmt.Errorf("sleep vm %q: %w", name, cause)
+	}
 	err = in.hv.Snapshot(ctx, dir)
 	if err == nil {
 		err = fsutil.SyncTree(dir)
 	}
 	if err != nil {
-		_ = checkpoint.Resume(context.WithoutCancel(ctx), guestOf{m, in}, m.log)
 		_ = m.vol.Remove(ctx, tmp)
-		return fmt.Errorf("sleep vm %q: %w", name, err)
+		return undo(err)
 	}
 	crashpoint("sleep-after-snapshot")
-	_, lastAct := in.activity()
-	stopped = true
-	m.stopInstance(ctx, in, false)
-	// The new snapshot is whole: now it replaces the old slot.
+	// The new snapshot is whole: it replaces the old slot, and the record
+	// says sleeping, before the VMM stops. A crash in between leaves a
+	// whole slot, a sleeping record and a paused VMM, which the next
+	// start stops.
 	if err := m.swapSuspend(ctx, name); err != nil {
-		m.recordStopped(ctx, name, "sleep failed after the vmm stopped: "+err.Error())
-		return fmt.Errorf("sleep vm %q: %w", name, err)
+		return undo(err)
 	}
+	_, lastAct := in.activity()
 	_, err = m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
 		v.State, v.Reason = registry.StateSleeping, ""
 		if lastAct.After(v.LastActive) {
@@ -96,7 +106,13 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 		}
 		return nil
 	})
-	return err
+	if err != nil {
+		return undo(err)
+	}
+	crashpoint("sleep-after-record")
+	stopped = true
+	m.stopInstance(ctx, in, false)
+	return nil
 }
 
 // swapSuspend moves a complete suspend-new into the suspend slot.
@@ -123,6 +139,13 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 		return err
 	}
 	if _, err := m.restoreInto(ctx, vm, sp, storage.SuspendDir(vm.Name)); err != nil {
+		if errors.Is(err, errGuestRan) {
+			// The guest ran (and may have written its disk) before the
+			// wake failed: its saved memory no longer matches its disk.
+			// It boots from the disk when next used.
+			_ = m.vol.Remove(context.WithoutCancel(ctx), storage.SuspendDir(vm.Name))
+			m.recordStopped(ctx, vm.Name, "wake failed after the guest ran ("+err.Error()+"); it boots from its disk when next used")
+		}
 		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
 	}
 	crashpoint("wake-after-restore")

@@ -3,6 +3,7 @@ package machine
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/denhq/den/storage"
@@ -30,12 +31,21 @@ func (m *Manager) watchVolume() {
 }
 
 // volumeLost stops every VM whose VMM opened its disk before the event:
-// paused first, so the guest sees no more failing writes, then stopped,
-// and recorded as stopped with what happened. The next access boots it
-// from its disk on the new mount (its memory was on the dead one's
-// side of the outage: a suspend slot would be older than the disk).
+// all paused at once, so no guest sees more failing writes, then each
+// stopped by its owner and recorded as stopped with what happened. The
+// next access boots it from its disk on the new mount (a suspend slot
+// would be older than the disk). A VMM an operation is starting now is
+// caught when the operation publishes it (setInstance).
 func (m *Manager) volumeLost(ev storage.Event) {
+	reason := fmt.Sprintf("storage volume %s at %s", ev.Kind, ev.Time.UTC().Format(time.RFC3339))
+	if ev.Err != nil {
+		reason += fmt.Sprintf(" (%v)", ev.Err)
+	}
+	reason += ": the vm was stopped so that it does not run on a dead disk; it boots from its disk when next used"
 	m.mu.Lock()
+	if ev.Time.After(m.volumeLostAt) {
+		m.volumeLostAt, m.volumeLostWhy = ev.Time, reason
+	}
 	var hit []*instance
 	for _, in := range m.instances {
 		if in.started.Before(ev.Time) {
@@ -43,39 +53,47 @@ func (m *Manager) volumeLost(ev storage.Event) {
 		}
 	}
 	m.mu.Unlock()
-	if len(hit) == 0 {
-		return
-	}
-	reason := fmt.Sprintf("storage volume %s at %s (%v): the vm was stopped so that it does not run on a dead disk; it boots from its disk when next used",
-		ev.Kind, ev.Time.UTC().Format(time.RFC3339), ev.Err)
-	if ev.Err == nil {
-		reason = fmt.Sprintf("storage volume %s at %s: the vm was stopped so that it does not run on a dead disk; it boots from its disk when next used",
-			ev.Kind, ev.Time.UTC().Format(time.RFC3339))
-	}
+	var paused sync.WaitGroup
 	for _, in := range hit {
-		// Pause at once, before waiting for the VM's lock.
-		pctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = in.hv.Pause(pctx)
-		cancel()
-		m.stopLost(in, reason)
+		paused.Add(1)
+		go func() {
+			defer paused.Done()
+			pctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = in.hv.Pause(pctx)
+		}()
+	}
+	paused.Wait()
+	for _, in := range hit {
+		go m.stopLost(in, reason)
 	}
 }
 
-// stopLost stops one VM hit by a volume loss, as its owner.
+// stopLost stops one VM hit by a volume loss, as its owner: it waits for
+// the VM's lock for as long as it takes (an operation in flight on a dead
+// disk fails soon), until the Manager closes.
 func (m *Manager) stopLost(in *instance, reason string) {
-	ctx, cancel := context.WithTimeout(context.Background(), DefaultLockWait)
-	defer cancel()
-	unlock, err := m.lockVM(ctx, in.name, "stop after volume loss")
-	if err != nil {
-		m.log.Warn("den: stop vm after volume loss", "vm", in.name, "err", err)
-		return
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), DefaultLockWait)
+		unlock, err := m.lockVM(ctx, in.name, "stop after volume loss")
+		cancel()
+		if err == nil {
+			defer unlock()
+			break
+		}
+		select {
+		case <-m.closed:
+			return
+		default:
+		}
+		m.log.Warn("den: stop vm after volume loss: still waiting", "vm", in.name, "err", err)
 	}
-	defer unlock()
-	if m.instance(in.name) != in {
+	if m.instance(in.name) != in || !alive(in) {
 		return // an operation replaced or stopped it meanwhile
 	}
 	m.log.Warn("den: stopping vm: its disk was on the lost mount", "vm", in.name)
 	in.close(true)
+	ctx := context.Background()
 	m.stopInstance(ctx, in, false)
 	m.recordStopped(ctx, in.name, reason)
 }
