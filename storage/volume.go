@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/denhq/den/internal/fsutil"
 )
 
 // Volume is the storage the rest of den uses, without knowing what is
@@ -180,7 +182,7 @@ func (v *JuiceFS) clone(ctx context.Context, src, dst Path, replace bool) error 
 	if _, err := os.Lstat(hd); err == nil && !replace {
 		return fmt.Errorf("destination: %w", fs.ErrExist)
 	}
-	if err := flushTree(hs); err != nil {
+	if err := fsutil.SyncTree(hs); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(hd), 0o755); err != nil {
@@ -204,29 +206,6 @@ func (v *JuiceFS) clone(ctx context.Context, src, dst Path, replace bool) error 
 		return err
 	}
 	return nil
-}
-
-// flushTree fsyncs the regular files at or under path, so that data another
-// process wrote and juicefs still buffers is committed before a clone reads
-// the metadata.
-func flushTree(path string) error {
-	return filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if !d.Type().IsRegular() {
-			return nil
-		}
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := f.Sync(); err != nil {
-			return fmt.Errorf("flush %s: %w", p, err)
-		}
-		return nil
-	})
 }
 
 // Rename moves from to to atomically.
