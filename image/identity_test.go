@@ -9,11 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
-)
 
-const (
-	shTokenA = "0123456789abcdef0123456789abcdef"
-	shTokenB = "fedcba9876543210fedcba9876543210"
+	"github.com/denhq/den/internal/identitytest"
 )
 
 // identityShell runs init-initramfs.sh's den_identity on root under the
@@ -84,128 +81,44 @@ func writeTestFile(t *testing.T, path, data string) {
 	}
 }
 
-func readTrimmed(t *testing.T, path string) string {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.TrimSpace(string(data))
-}
-
-// fileTree maps every regular file under root to its content, mode and
-// modification time.
-func fileTree(t *testing.T, root string) map[string]string {
-	t.Helper()
-	m := map[string]string{}
-	err := filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
-		if err != nil || !fi.Mode().IsRegular() {
-			return err
-		}
-		data, err := os.ReadFile(p)
-		rel, _ := filepath.Rel(root, p)
-		m[rel] = string(data) + " " + fi.Mode().String() + " " + fi.ModTime().String()
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
-
-func isMachineID(s string) bool {
-	if len(s) != 32 {
-		return false
-	}
-	return strings.Trim(s, "0123456789abcdef") == ""
-}
-
 func TestInitramfsIdentity(t *testing.T) {
 	sh := newIdentityShell(t)
-	root := t.TempDir()
-	for p, data := range map[string]string{
-		"etc/hostname":                      "src\n",
-		"etc/hosts":                         "127.0.0.1\tlocalhost\n127.0.1.1  src src.example.org   # the box\n# src\n",
-		"etc/machine-id":                    "00000000000000000000000000000001\n",
-		"etc/den/ssh_host_ed25519_key":      "old agent key",
-		"etc/den/authorized_keys":           "keep me",
-		"etc/den/identity":                  shTokenA + "\n",
-		"etc/ssh/ssh_host_ecdsa_key":        "old sshd key",
-		"etc/ssh/ssh_host_ecdsa_key.pub":    "old sshd key pub",
-		"etc/ssh/ssh_host_ed25519_key-cert": "old cert",
-		"etc/ssh/sshd_config":               "keep me",
-		"var/lib/systemd/random-seed":       "old seed",
-		"var/lib/dbus/machine-id":           "00000000000000000000000000000001\n",
-	} {
-		writeTestFile(t, filepath.Join(root, p), data)
-	}
+	root := identitytest.SourceRoot(t)
 	etc := filepath.Join(root, "etc")
 
 	// The recorded token: nothing changes, nothing is said.
-	before := fileTree(t, root)
-	if out := sh.run(t, root, shTokenA, "fork"); out != "" {
+	before := identitytest.Tree(t, root)
+	if out := sh.run(t, root, identitytest.TokenA, "fork"); out != "" {
 		t.Errorf("same token said %q", out)
 	}
-	if !maps.Equal(before, fileTree(t, root)) {
+	if !maps.Equal(before, identitytest.Tree(t, root)) {
 		t.Fatal("same token changed files")
 	}
 
-	out := sh.run(t, root, shTokenB, "fork")
+	out := sh.run(t, root, identitytest.TokenB, "fork")
 	if out != "den-initramfs: new identity for fork\n" {
 		t.Errorf("output %q", out)
 	}
-	if h := readTrimmed(t, filepath.Join(etc, "hostname")); h != "fork" {
-		t.Errorf("hostname %q", h)
-	}
-	hosts := readTrimmed(t, filepath.Join(etc, "hosts"))
-	if !strings.Contains(hosts, "127.0.1.1\tfork\tfork.example.org\t# the box") || !strings.Contains(hosts, "127.0.0.1\tlocalhost") || !strings.Contains(hosts, "# src") {
-		t.Errorf("hosts:\n%s", hosts)
-	}
-	mid := readTrimmed(t, filepath.Join(etc, "machine-id"))
-	if !isMachineID(mid) || mid == "00000000000000000000000000000001" {
-		t.Errorf("machine-id %q", mid)
-	}
-	if st, err := os.Stat(filepath.Join(etc, "machine-id")); err != nil || st.Mode().Perm() != 0o444 {
-		t.Errorf("machine-id mode %v, %v", st.Mode(), err)
-	}
-	if d := readTrimmed(t, filepath.Join(root, "var/lib/dbus/machine-id")); d != mid {
-		t.Errorf("dbus machine-id %q, want %q", d, mid)
-	}
-	for _, p := range []string{"etc/den/ssh_host_ed25519_key", "etc/ssh/ssh_host_ecdsa_key",
-		"etc/ssh/ssh_host_ecdsa_key.pub", "etc/ssh/ssh_host_ed25519_key-cert", "var/lib/systemd/random-seed"} {
-		if _, err := os.Lstat(filepath.Join(root, p)); !os.IsNotExist(err) {
-			t.Errorf("%s not removed (%v)", p, err)
-		}
-	}
-	for _, p := range []string{"etc/den/authorized_keys", "etc/ssh/sshd_config"} {
-		if readTrimmed(t, filepath.Join(root, p)) != "keep me" {
-			t.Errorf("%s changed", p)
-		}
-	}
-	if tok := readTrimmed(t, filepath.Join(etc, "den/identity")); tok != shTokenB {
-		t.Errorf("recorded token %q", tok)
-	}
-	if left, _ := filepath.Glob(filepath.Join(root, "*/*.den-tmp")); len(left) > 0 {
-		t.Errorf("temporary files left: %v", left)
-	}
+	identitytest.CheckNew(t, root, "fork", identitytest.TokenB)
+	mid := identitytest.ReadTrimmed(t, filepath.Join(etc, "machine-id"))
 
 	// Idempotent.
-	before = fileTree(t, root)
-	if out := sh.run(t, root, shTokenB, "other"); out != "" {
+	before = identitytest.Tree(t, root)
+	if out := sh.run(t, root, identitytest.TokenB, "other"); out != "" {
 		t.Errorf("second run said %q", out)
 	}
-	if !maps.Equal(before, fileTree(t, root)) {
+	if !maps.Equal(before, identitytest.Tree(t, root)) {
 		t.Fatal("second run changed files")
 	}
 
 	// No den.hostname: the hostname stays, the machine-id changes.
-	if out := sh.run(t, root, shTokenA, ""); out != "den-initramfs: new identity for fork\n" {
+	if out := sh.run(t, root, identitytest.TokenA, ""); out != "den-initramfs: new identity for fork\n" {
 		t.Errorf("output %q", out)
 	}
-	if h := readTrimmed(t, filepath.Join(etc, "hostname")); h != "fork" {
+	if h := identitytest.ReadTrimmed(t, filepath.Join(etc, "hostname")); h != "fork" {
 		t.Errorf("hostname %q", h)
 	}
-	if m := readTrimmed(t, filepath.Join(etc, "machine-id")); m == mid || !isMachineID(m) {
+	if m := identitytest.ReadTrimmed(t, filepath.Join(etc, "machine-id")); m == mid || !identitytest.IsMachineID(m) {
 		t.Errorf("machine-id %q (was %q)", m, mid)
 	}
 }
@@ -221,13 +134,13 @@ func TestInitramfsIdentityFreshAndBad(t *testing.T) {
 	if err := os.Symlink("/etc/machine-id", filepath.Join(root, "var/lib/dbus/machine-id")); err != nil {
 		t.Fatal(err)
 	}
-	before := fileTree(t, root)
-	for _, tok := range []string{"short", strings.ToUpper(shTokenA), shTokenA + "0", "$(touch x)"} {
+	before := identitytest.Tree(t, root)
+	for _, tok := range []string{"short", strings.ToUpper(identitytest.TokenA), identitytest.TokenA + "0", "$(touch x)"} {
 		if out := sh.run(t, root, tok, "box"); !strings.Contains(out, "ignored") {
 			t.Errorf("token %q: %q", tok, out)
 		}
 	}
-	if !maps.Equal(before, fileTree(t, root)) {
+	if !maps.Equal(before, identitytest.Tree(t, root)) {
 		t.Fatal("a bad token changed files")
 	}
 	for i, h := range []string{"-x", "x-", "a..b", strings.Repeat("a", 65)} {
@@ -236,10 +149,10 @@ func TestInitramfsIdentityFreshAndBad(t *testing.T) {
 			t.Errorf("bad hostname %q: %q", h, out)
 		}
 	}
-	if out := sh.run(t, root, shTokenA, "bad_host!"); !strings.Contains(out, "hostname kept") || !strings.Contains(out, "new identity for den") {
+	if out := sh.run(t, root, identitytest.TokenA, "bad_host!"); !strings.Contains(out, "hostname kept") || !strings.Contains(out, "new identity for den") {
 		t.Errorf("bad hostname: %q", out)
 	}
-	if readTrimmed(t, filepath.Join(root, "etc/hostname")) != "den" || !isMachineID(readTrimmed(t, filepath.Join(root, "etc/machine-id"))) {
+	if identitytest.ReadTrimmed(t, filepath.Join(root, "etc/hostname")) != "den" || !identitytest.IsMachineID(identitytest.ReadTrimmed(t, filepath.Join(root, "etc/machine-id"))) {
 		t.Error("hostname changed or no machine-id")
 	}
 	if st, err := os.Lstat(filepath.Join(root, "var/lib/dbus/machine-id")); err != nil || st.Mode()&os.ModeSymlink == 0 {
@@ -252,11 +165,11 @@ func TestInitramfsIdentityFreshAndBad(t *testing.T) {
 	if err := os.Mkdir(mid, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	out := sh.run(t, root, shTokenB, "box")
+	out := sh.run(t, root, identitytest.TokenB, "box")
 	if !strings.Contains(out, "cannot write") || !strings.Contains(out, "not recorded") {
 		t.Errorf("failing step: %q", out)
 	}
-	if readTrimmed(t, filepath.Join(root, "etc/den/identity")) != shTokenA {
+	if identitytest.ReadTrimmed(t, filepath.Join(root, "etc/den/identity")) != identitytest.TokenA {
 		t.Error("token recorded although a step failed")
 	}
 }
@@ -269,7 +182,7 @@ func TestInitramfsIdentityRegeneratesOpenSSHKeys(t *testing.T) {
 	// A root with an OpenSSH server: its ssh-keygen (here a script run by
 	// the root's own /bin/sh, a static busybox) runs chrooted in it.
 	root := t.TempDir()
-	writeTestFile(t, filepath.Join(root, "etc/den/identity"), shTokenA+"\n")
+	writeTestFile(t, filepath.Join(root, "etc/den/identity"), identitytest.TokenA+"\n")
 	writeTestFile(t, filepath.Join(root, "etc/ssh/ssh_host_ed25519_key"), "old sshd key")
 	writeTestFile(t, filepath.Join(root, "usr/sbin/sshd"), "")
 	writeTestFile(t, filepath.Join(root, "usr/bin/ssh-keygen"), "#!/bin/sh\n[ \"$1\" = -A ] && echo new >/etc/ssh/ssh_host_ed25519_key\n")
@@ -284,10 +197,10 @@ func TestInitramfsIdentityRegeneratesOpenSSHKeys(t *testing.T) {
 	if err := os.Chmod(filepath.Join(root, "bin/sh"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if out := sh.run(t, root, shTokenB, "box"); !strings.Contains(out, "new identity for box") {
+	if out := sh.run(t, root, identitytest.TokenB, "box"); !strings.Contains(out, "new identity for box") {
 		t.Fatalf("output %q", out)
 	}
-	if k := readTrimmed(t, filepath.Join(root, "etc/ssh/ssh_host_ed25519_key")); k != "new" {
+	if k := identitytest.ReadTrimmed(t, filepath.Join(root, "etc/ssh/ssh_host_ed25519_key")); k != "new" {
 		t.Errorf("sshd host key %q, want regenerated", k)
 	}
 }

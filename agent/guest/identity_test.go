@@ -13,138 +13,54 @@ import (
 	"testing"
 
 	"github.com/denhq/den/agent"
+	"github.com/denhq/den/internal/identitytest"
 	gossh "golang.org/x/crypto/ssh"
 )
 
-const (
-	tokenA = "0123456789abcdef0123456789abcdef"
-	tokenB = "fedcba9876543210fedcba9876543210"
-)
-
-// fakeRoot is a guest root filesystem holding a source VM's identity.
-func fakeRoot(t *testing.T) string {
-	t.Helper()
-	root := t.TempDir()
-	for p, data := range map[string]string{
-		"etc/hostname":                        "src\n",
-		"etc/hosts":                           "127.0.0.1\tlocalhost\n127.0.1.1  src src.example.org   # the box\n# src\n",
-		"etc/machine-id":                      "00000000000000000000000000000001\n",
-		"etc/den/ssh_host_ed25519_key":        "old agent key",
-		"etc/den/ssh_host_ed25519_key.pub":    "old agent key pub",
-		"etc/den/authorized_keys":             "keep me",
-		"etc/den/identity":                    tokenA + "\n",
-		"etc/ssh/ssh_host_ecdsa_key":          "old sshd key",
-		"etc/ssh/ssh_host_ecdsa_key.pub":      "old sshd key pub",
-		"etc/ssh/ssh_host_ed25519_key-cert":   "old sshd cert",
-		"etc/ssh/sshd_config":                 "keep me",
-		"var/lib/systemd/random-seed":         "old seed",
-		"var/lib/dbus/machine-id":             "00000000000000000000000000000001\n",
-		"var/lib/systemd/credential.secret_x": "keep me",
-	} {
-		writeFile(t, filepath.Join(root, p), data)
-	}
-	return root
-}
-
-// tree maps every regular file under root to its content.
-func tree(t *testing.T, root string) map[string]string {
-	t.Helper()
-	m := map[string]string{}
-	err := filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
-		if err != nil || !fi.Mode().IsRegular() {
-			return err
-		}
-		data, err := os.ReadFile(p)
-		rel, _ := filepath.Rel(root, p)
-		m[rel] = string(data) + " " + fi.Mode().String() + " " + fi.ModTime().String()
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
-
-func readTrim(t *testing.T, p string) string {
-	t.Helper()
-	data, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.TrimSpace(string(data))
-}
-
 func TestApplyBootIdentity(t *testing.T) {
-	root := fakeRoot(t)
+	root := identitytest.SourceRoot(t)
 	etc := filepath.Join(root, "etc")
 
 	// Same token as recorded: nothing changes.
-	before := tree(t, root)
-	made, err := ApplyBootIdentity(context.Background(), root, tokenA, "fork")
+	before := identitytest.Tree(t, root)
+	made, err := ApplyBootIdentity(context.Background(), root, identitytest.TokenA, "fork")
 	if err != nil || made {
 		t.Fatalf("same token: made %v, err %v", made, err)
 	}
-	if after := tree(t, root); !maps.Equal(before, after) {
+	if after := identitytest.Tree(t, root); !maps.Equal(before, after) {
 		t.Fatalf("same token changed files:\nbefore %v\nafter  %v", before, after)
 	}
 
 	// A new token: a new identity.
-	made, err = ApplyBootIdentity(context.Background(), root, tokenB, "fork")
+	made, err = ApplyBootIdentity(context.Background(), root, identitytest.TokenB, "fork")
 	if err != nil || !made {
 		t.Fatalf("new token: made %v, err %v", made, err)
 	}
-	if h := readTrim(t, filepath.Join(etc, "hostname")); h != "fork" {
-		t.Errorf("hostname %q", h)
+	identitytest.CheckNew(t, root, "fork", identitytest.TokenB)
+	if tok := ReadIdentityToken(root); tok != identitytest.TokenB {
+		t.Errorf("ReadIdentityToken %q", tok)
 	}
-	hosts := readTrim(t, filepath.Join(etc, "hosts"))
-	if !strings.Contains(hosts, "127.0.1.1\tfork\tfork.example.org\t# the box") || !strings.Contains(hosts, "127.0.0.1\tlocalhost") || !strings.Contains(hosts, "# src") {
-		t.Errorf("hosts:\n%s", hosts)
-	}
-	mid := readTrim(t, filepath.Join(etc, "machine-id"))
-	if !validMachineID(mid) || mid == "00000000000000000000000000000001" {
-		t.Errorf("machine-id %q", mid)
-	}
-	if st, err := os.Stat(filepath.Join(etc, "machine-id")); err != nil || st.Mode().Perm() != 0o444 {
-		t.Errorf("machine-id mode: %v %v", st.Mode(), err)
-	}
-	if dbus := readTrim(t, filepath.Join(root, "var/lib/dbus/machine-id")); dbus != mid {
-		t.Errorf("dbus machine-id %q, want %q", dbus, mid)
-	}
-	for _, p := range []string{"etc/den/ssh_host_ed25519_key", "etc/den/ssh_host_ed25519_key.pub",
-		"etc/ssh/ssh_host_ecdsa_key", "etc/ssh/ssh_host_ecdsa_key.pub", "etc/ssh/ssh_host_ed25519_key-cert",
-		"var/lib/systemd/random-seed"} {
-		if _, err := os.Lstat(filepath.Join(root, p)); !os.IsNotExist(err) {
-			t.Errorf("%s not removed (%v)", p, err)
-		}
-	}
-	for _, p := range []string{"etc/den/authorized_keys", "etc/ssh/sshd_config", "var/lib/systemd/credential.secret_x"} {
-		if readTrim(t, filepath.Join(root, p)) != "keep me" {
-			t.Errorf("%s changed", p)
-		}
-	}
-	if tok := ReadIdentityToken(root); tok != tokenB {
-		t.Errorf("recorded token %q", tok)
-	}
+	mid := identitytest.ReadTrimmed(t, filepath.Join(etc, "machine-id"))
 
 	// Again with the same token: idempotent.
-	before = tree(t, root)
-	made, err = ApplyBootIdentity(context.Background(), root, tokenB, "other")
+	before = identitytest.Tree(t, root)
+	made, err = ApplyBootIdentity(context.Background(), root, identitytest.TokenB, "other")
 	if err != nil || made {
 		t.Fatalf("second run: made %v, err %v", made, err)
 	}
-	if after := tree(t, root); !maps.Equal(before, after) {
+	if after := identitytest.Tree(t, root); !maps.Equal(before, after) {
 		t.Fatalf("second run changed files:\nbefore %v\nafter  %v", before, after)
 	}
 
 	// No hostname: kept; the machine-id still changes.
-	made, err = ApplyBootIdentity(context.Background(), root, tokenA, "")
+	made, err = ApplyBootIdentity(context.Background(), root, identitytest.TokenA, "")
 	if err != nil || !made {
 		t.Fatalf("no hostname: made %v, err %v", made, err)
 	}
-	if h := readTrim(t, filepath.Join(etc, "hostname")); h != "fork" {
+	if h := identitytest.ReadTrimmed(t, filepath.Join(etc, "hostname")); h != "fork" {
 		t.Errorf("hostname %q after a boot without den.hostname", h)
 	}
-	if m2 := readTrim(t, filepath.Join(etc, "machine-id")); m2 == mid || !validMachineID(m2) {
+	if m2 := identitytest.ReadTrimmed(t, filepath.Join(etc, "machine-id")); m2 == mid || !identitytest.IsMachineID(m2) {
 		t.Errorf("machine-id %q (was %q)", m2, mid)
 	}
 }
@@ -161,33 +77,33 @@ func TestApplyBootIdentityFreshImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An invalid hostname is left out; the rest is done.
-	made, err := ApplyBootIdentity(context.Background(), root, tokenB, "bad_host!")
-	if err != nil || !made || readTrim(t, filepath.Join(root, "etc/hostname")) != "den" || ReadIdentityToken(root) != tokenB {
+	made, err := ApplyBootIdentity(context.Background(), root, identitytest.TokenB, "bad_host!")
+	if err != nil || !made || identitytest.ReadTrimmed(t, filepath.Join(root, "etc/hostname")) != "den" || ReadIdentityToken(root) != identitytest.TokenB {
 		t.Fatalf("invalid hostname: made %v, err %v", made, err)
 	}
-	made, err = ApplyBootIdentity(context.Background(), root, tokenA, "box")
+	made, err = ApplyBootIdentity(context.Background(), root, identitytest.TokenA, "box")
 	if err != nil || !made {
 		t.Fatalf("made %v, err %v", made, err)
 	}
-	if !validMachineID(readTrim(t, filepath.Join(root, "etc/machine-id"))) || readTrim(t, filepath.Join(root, "etc/hostname")) != "box" {
+	if !identitytest.IsMachineID(identitytest.ReadTrimmed(t, filepath.Join(root, "etc/machine-id"))) || identitytest.ReadTrimmed(t, filepath.Join(root, "etc/hostname")) != "box" {
 		t.Error("no machine-id or hostname written")
 	}
 	if st, err := os.Lstat(filepath.Join(root, "var/lib/dbus/machine-id")); err != nil || st.Mode()&os.ModeSymlink == 0 {
 		t.Errorf("dbus machine-id link replaced: %v", err)
 	}
-	if ReadIdentityToken(root) != tokenA {
+	if ReadIdentityToken(root) != identitytest.TokenA {
 		t.Error("token not recorded")
 	}
 }
 
 func TestApplyBootIdentityErrors(t *testing.T) {
-	root := fakeRoot(t)
-	for _, tok := range []string{"", "short", strings.ToUpper(tokenB), tokenB + "0", "g123456789abcdef0123456789abcdef"} {
+	root := identitytest.SourceRoot(t)
+	for _, tok := range []string{"", "short", strings.ToUpper(identitytest.TokenB), identitytest.TokenB + "0", "g123456789abcdef0123456789abcdef"} {
 		if _, err := ApplyBootIdentity(context.Background(), root, tok, "fork"); err == nil {
 			t.Errorf("token %q accepted", tok)
 		}
 	}
-	if ReadIdentityToken(root) != tokenA {
+	if ReadIdentityToken(root) != identitytest.TokenA {
 		t.Fatal("a refused request changed the recorded token")
 	}
 	// A step that fails leaves the token unrecorded: the next boot tries
@@ -199,14 +115,14 @@ func TestApplyBootIdentityErrors(t *testing.T) {
 	if err := os.Mkdir(mid, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	made, err := ApplyBootIdentity(context.Background(), root, tokenB, "fork")
+	made, err := ApplyBootIdentity(context.Background(), root, identitytest.TokenB, "fork")
 	if err == nil || !made || !strings.Contains(err.Error(), "machine-id") {
 		t.Fatalf("failing step: made %v, err %v", made, err)
 	}
-	if ReadIdentityToken(root) != tokenA {
+	if ReadIdentityToken(root) != identitytest.TokenA {
 		t.Error("token recorded although a step failed")
 	}
-	if readTrim(t, filepath.Join(root, "etc/hostname")) != "fork" {
+	if identitytest.ReadTrimmed(t, filepath.Join(root, "etc/hostname")) != "fork" {
 		t.Error("the other steps were not done")
 	}
 }
@@ -294,7 +210,7 @@ func TestNewIdentityRotatesHostKey(t *testing.T) {
 	if fp1 != keyFileFingerprint(t, s.keyPath) {
 		t.Fatalf("agent serves %s, not the key in its file", fp1)
 	}
-	rep, err := c.NewIdentityToken(testCtx(t), "fork-3", tokenB)
+	rep, err := c.NewIdentityToken(testCtx(t), "fork-3", identitytest.TokenB)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,24 +236,24 @@ func TestNewIdentityRotatesHostKey(t *testing.T) {
 	if seen != fp2 {
 		t.Errorf("new connection sees %s, want %s", seen, fp2)
 	}
-	if tok := ReadIdentityToken(root); tok != tokenB {
+	if tok := ReadIdentityToken(root); tok != identitytest.TokenB {
 		t.Errorf("recorded token %q", tok)
 	}
-	if h := readTrim(t, filepath.Join(s.etc, "hostname")); h != "fork-3" || rep.Hostname != "fork-3" {
+	if h := identitytest.ReadTrimmed(t, filepath.Join(s.etc, "hostname")); h != "fork-3" || rep.Hostname != "fork-3" {
 		t.Errorf("hostname file %q, reply %q", h, rep.Hostname)
 	}
 	matches, _ := filepath.Glob(filepath.Join(s.etc, "ssh/ssh_host_*"))
 	if len(matches) != 0 {
 		t.Errorf("sshd host keys left: %v", matches)
 	}
-	if readTrim(t, filepath.Join(s.etc, "ssh/sshd_config")) != "keep me" {
+	if identitytest.ReadTrimmed(t, filepath.Join(s.etc, "ssh/sshd_config")) != "keep me" {
 		t.Error("sshd_config changed")
 	}
 	if _, err := os.Stat(filepath.Join(root, "var/lib/systemd/random-seed")); !os.IsNotExist(err) {
 		t.Errorf("random seed not removed: %v", err)
 	}
 	// A cold boot with the same den.identity keeps this identity.
-	if made, err := ApplyBootIdentity(context.Background(), root, tokenB, "fork-3"); made || err != nil {
+	if made, err := ApplyBootIdentity(context.Background(), root, identitytest.TokenB, "fork-3"); made || err != nil {
 		t.Errorf("cold boot after NewIdentity: made %v, err %v", made, err)
 	}
 
@@ -346,7 +262,7 @@ func TestNewIdentityRotatesHostKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep3.HostKey == rep.HostKey || ReadIdentityToken(root) != tokenB {
+	if rep3.HostKey == rep.HostKey || ReadIdentityToken(root) != identitytest.TokenB {
 		t.Errorf("token-less identity: key rotated %v, token %q", rep3.HostKey != rep.HostKey, ReadIdentityToken(root))
 	}
 	// A bad token is refused before anything changes.
@@ -360,8 +276,8 @@ func TestNewIdentityRotatesHostKey(t *testing.T) {
 }
 
 func TestParseCmdlineIdentity(t *testing.T) {
-	c := ParseCmdline("console=ttyS0 den.hostname=box den.identity=" + tokenA + "\n")
-	if c.Identity != tokenA || c.Hostname != "box" {
+	c := ParseCmdline("console=ttyS0 den.hostname=box den.identity=" + identitytest.TokenA + "\n")
+	if c.Identity != identitytest.TokenA || c.Hostname != "box" {
 		t.Fatalf("%+v", c)
 	}
 }
@@ -371,7 +287,7 @@ func TestBootIdentityRegeneratesOpenSSHKeys(t *testing.T) {
 	if err != nil {
 		t.Skip("no ssh-keygen")
 	}
-	root := fakeRoot(t)
+	root := identitytest.SourceRoot(t)
 	writeFile(t, filepath.Join(root, "usr/sbin/sshd"), "")
 	if err := os.MkdirAll(filepath.Join(root, "usr/bin"), 0o755); err != nil {
 		t.Fatal(err)
@@ -379,7 +295,7 @@ func TestBootIdentityRegeneratesOpenSSHKeys(t *testing.T) {
 	if err := os.Symlink(keygen, filepath.Join(root, "usr/bin/ssh-keygen")); err != nil {
 		t.Fatal(err)
 	}
-	if made, err := ApplyBootIdentity(context.Background(), root, tokenB, "fork"); err != nil || !made {
+	if made, err := ApplyBootIdentity(context.Background(), root, identitytest.TokenB, "fork"); err != nil || !made {
 		t.Fatalf("made %v, err %v", made, err)
 	}
 	data, err := os.ReadFile(filepath.Join(root, "etc/ssh/ssh_host_ed25519_key"))
