@@ -58,7 +58,9 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", c.socket)
 	if err != nil {
-		return nil, fmt.Errorf("connect to den daemon at %s (is `den daemon` running? set DEN_SOCKET): %w", c.socket, errors.Join(ErrNoDaemon, err))
+		// One line: the cause, then the kind (errors.Join would add a
+		// line break).
+		return nil, fmt.Errorf("connect to den daemon at %s (is `den daemon` running? set DEN_SOCKET): %w: %w", c.socket, err, ErrNoDaemon)
 	}
 	return conn, nil
 }
