@@ -162,3 +162,55 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 	}
 	return hv.Snapshot(ctx, snap)
 }
+
+// baseImage makes sure the image's root disk is on the volume (imported
+// once per image build) and returns its volume path and size.
+func (m *Manager) baseImage(ctx context.Context, name string, progress Progress) (storage.Path, int64, error) {
+	man, err := m.cfg.Images.Manifest()
+	if err != nil {
+		return "", 0, fmt.Errorf("image %q: %w (build images with `make image`)", name, err)
+	}
+	art, ok := man.Artifact(name)
+	if !ok {
+		return "", 0, fmt.Errorf("image %q: no such image in %s: %w", name, m.cfg.Images.Path(), ErrInvalid)
+	}
+	key := art.Key
+	if len(key) > 16 {
+		key = key[:16]
+	}
+	p := storage.ImageFile(name, "disk-"+key+".raw")
+	host, err := m.vol.Path(p)
+	if err != nil {
+		return "", 0, err
+	}
+	if st, err := os.Stat(host); err == nil {
+		return p, st.Size(), nil
+	}
+	m.imageMu.Lock()
+	defer m.imageMu.Unlock()
+	if st, err := os.Stat(host); err == nil {
+		return p, st.Size(), nil
+	}
+	progress("importing image " + name + " onto the volume (once per image build)")
+	if err := m.vol.MkdirAll(ctx, storage.ImageDir(name)); err != nil {
+		return "", 0, err
+	}
+	tmp := storage.ImageFile(name, "import-"+key+".tmp")
+	tmpHost, err := m.vol.Path(tmp)
+	if err != nil {
+		return "", 0, err
+	}
+	if err := fsutil.CopySparse(m.cfg.Images.RootDisk(name), tmpHost); err != nil {
+		_ = m.vol.Remove(ctx, tmp)
+		return "", 0, fmt.Errorf("import image %q: %w", name, err)
+	}
+	if err := m.vol.Rename(ctx, tmp, p); err != nil {
+		_ = m.vol.Remove(ctx, tmp)
+		return "", 0, fmt.Errorf("import image %q: %w", name, err)
+	}
+	st, err := os.Stat(host)
+	if err != nil {
+		return "", 0, err
+	}
+	return p, st.Size(), nil
+}

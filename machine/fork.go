@@ -116,13 +116,7 @@ func (m *Manager) forkFrom(ctx context.Context, vm registry.VM, src, id string, 
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		from.memory = checkpoint.Dir(src, id).Join(checkpoint.VMMDir)
 	}
-	undo := cleanups{log: m.log}
-	defer undo.run() // the caller's stack removes the VM itself
-	vm, err = m.bringUp(ctx, vm, sp, from, &undo, progress)
-	if err == nil {
-		undo.release()
-	}
-	return vm, err
+	return m.bringUp(ctx, vm, sp, from, progress) // the caller's stack removes the VM on failure
 }
 
 // dropCheckpoint removes a checkpoint (one a failed fork took, or one

@@ -4,7 +4,9 @@
 //
 // The files, by role: owner.go (the lock, who holds it, reconcile on the
 // owner's behalf), instance.go (a running VMM and its session admission),
-// drivers.go (the VMMs), create.go and fork.go (one bring-up of a new VM),
+// drivers.go (the VMMs), create.go, fork.go and bringup.go (one bring-up
+// of a new VM), boot.go (a VMM's config and cold boot), base.go (images
+// and warm bases),
 // checkpoint.go, restore.go, sleep.go and session.go (the transitions),
 // reconcile.go (start-up and VMM deaths), volume.go (storage loss),
 // space.go and disk.go (the host volume and VM disks).

@@ -1,0 +1,120 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/denhq/den/agent"
+	"github.com/denhq/den/registry"
+	"github.com/denhq/den/storage"
+	"github.com/denhq/den/vmm"
+)
+
+// kernel is the kernel form the chosen VMM boots.
+func (m *Manager) kernel() string { return m.drivers[m.vmmName].Kernel(m.cfg.Images) }
+
+// cmdline is a VM's kernel command line: console, root disk, the daemon's
+// key for the agent, hostname, identity token and (user-mode) network.
+func (m *Manager) cmdline(name, identity string) string {
+	parts := []string{
+		"console=ttyS0", "root=/dev/vda", "rw", "panic=-1", "loglevel=4",
+		agent.AuthorizedKeyArg(m.signer.PublicKey()),
+		"den.hostname=" + name,
+	}
+	if identity != "" {
+		// A VM booting with a token its disk has not seen takes a new
+		// identity in the initramfs (hostname, machine-id, host keys).
+		parts = append(parts, "den.identity="+identity)
+	}
+	parts = append(parts, m.drivers[m.vmmName].NetCmdline...)
+	return strings.Join(parts, " ")
+}
+
+// vmmConfig is the VMM config of a VM.
+func (m *Manager) vmmConfig(vm registry.VM, sp spec) (vmm.Config, error) {
+	return m.vmmConfigDisk(vm, sp, storage.VMDisk(vm.Name))
+}
+
+// vmmConfigDisk is the VMM config of a VM booting from diskPath.
+func (m *Manager) vmmConfigDisk(vm registry.VM, sp spec, diskPath storage.Path) (vmm.Config, error) {
+	disk, err := m.vol.Path(diskPath)
+	if err != nil {
+		return vmm.Config{}, err
+	}
+	d, err := m.driver(vm.VMM)
+	if err != nil {
+		return vmm.Config{}, err
+	}
+	cfg := vmm.Config{
+		CPUs: vm.CPUs, MemoryBytes: vm.MemoryBytes,
+		Kernel: sp.Kernel, Initramfs: sp.Initramfs, Cmdline: sp.Cmdline,
+		Disks: []vmm.Disk{{ID: "root", Path: disk}},
+	}
+	if d.UserNet {
+		cfg.Net = []vmm.Net{{ID: "net0"}}
+	}
+	return cfg, nil
+}
+
+// boot starts a VMM for vm, boots it, and waits for the agent. On failure
+// the VMM is stopped and the error carries the console's last lines.
+func (m *Manager) boot(ctx context.Context, vm registry.VM, sp spec) error {
+	cfg, err := m.vmmConfig(vm, sp)
+	if err != nil {
+		return err
+	}
+	if err := m.needRAMSpace(vm); err != nil {
+		return err
+	}
+	rd := m.state.Run(vm.Name)
+	m.discardRuntime(vm.Name)
+	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	hv, err := m.newHypervisor(vm.VMM, rd)
+	if err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	if err := hv.Start(ctx); err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	in := newInstance(vm.Name, hv)
+	fail := func(err error) error {
+		close(in.stopping)
+		in.closeAgent()
+		_ = hv.Shutdown(context.Background())
+		return fmt.Errorf("boot: %w%s", err, consoleHint(rd))
+	}
+	if err := hv.Create(ctx, cfg); err != nil {
+		return fail(err)
+	}
+	if err := hv.Boot(ctx); err != nil {
+		return fail(err)
+	}
+	if err := m.connectAgent(ctx, in, m.cfg.BootTimeout); err != nil {
+		return fail(err)
+	}
+	m.setInstance(in)
+	go m.watch(in)
+	return nil
+}
+
+// consoleHint is the end of the guest console, for boot errors.
+func consoleHint(rd vmm.RunDir) string {
+	tail := vmm.TailFile(rd.ConsoleLog(), 400)
+	if tail == "" {
+		return ""
+	}
+	return " (console: ..." + tail + ")"
+}
+
+// discardRuntime removes a VM's runtime directory (sockets, RAM file,
+// logs) once no VMM uses it.
+func (m *Manager) discardRuntime(name string) {
+	rd := m.state.Run(name)
+	for _, p := range []string{rd.MemoryFile(), rd.APISocket(), rd.AgentSocket(), rd.VsockSocket(), rd.PIDFile()} {
+		_ = os.Remove(p)
+	}
+}

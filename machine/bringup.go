@@ -1,0 +1,100 @@
+package machine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/denhq/den/registry"
+	"github.com/denhq/den/storage"
+)
+
+// reserve records a new VM as creating (its name is then taken), with
+// the undo of everything a rollback must remove for it.
+func (m *Manager) reserve(ctx context.Context, vm registry.VM, undo *cleanups) (registry.VM, error) {
+	if err := m.db.CreateVM(ctx, vm); err != nil {
+		if errors.Is(err, registry.ErrExists) {
+			return vm, fmt.Errorf("a vm of that name exists: %w", ErrExists)
+		}
+		return vm, err
+	}
+	undo.push("delete the record of vm "+vm.Name, func() error {
+		return m.db.DeleteVM(context.WithoutCancel(ctx), vm.Name)
+	})
+	undo.push("remove the files of vm "+vm.Name, func() error {
+		m.destroy(context.WithoutCancel(ctx), vm.Name)
+		return nil
+	})
+	return m.get(ctx, vm.Name)
+}
+
+// bringUpFrom is where a new VM's disk and (unless it boots) memory come
+// from: an image, a warm base or a checkpoint.
+type bringUpFrom struct {
+	disk   storage.Path // cloned as the VM's disk
+	memory storage.Path // VMM snapshot to restore; "" boots instead
+	what   string       // for progress lines
+}
+
+// bringUp is the one bring-up of a new VM, for create and fork: clone
+// the disk, restore the memory with a new identity (or cold-boot, where
+// the guest's initramfs applies the identity on the command line before
+// anything reads it), grow the disk and the guest's filesystem to the
+// VM's size, and record the VM running.
+func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bringUpFrom, progress Progress) (registry.VM, error) {
+	accel, _ := m.Accel()
+	progress("cloning the disk of " + from.what)
+	if err := m.vol.Clone(ctx, from.disk, storage.VMDisk(vm.Name)); err != nil {
+		return vm, fmt.Errorf("clone disk: %w", err)
+	}
+	crashpoint("bringup-after-clone")
+	cloned, err := m.diskFileSize(vm.Name)
+	if err != nil {
+		return vm, err
+	}
+	grow := vm.DiskBytes > cloned
+	if from.memory != "" {
+		progress("restoring the memory of " + from.what + " (" + vm.VMM + ", " + accel + ")")
+		in, err := m.restoreInto(ctx, vm, sp, from.memory)
+		if err != nil {
+			return vm, err
+		}
+		progress("new identity")
+		if err := m.newIdentity(ctx, in, vm.Name, sp.Identity); err != nil {
+			return vm, err
+		}
+		if grow {
+			progress("growing the disk to " + FormatSize(vm.DiskBytes))
+			if err := m.growDisk(ctx, vm, in); err != nil {
+				return vm, err
+			}
+		}
+	} else {
+		if err := m.growDiskFile(vm.Name, vm.DiskBytes); err != nil {
+			return vm, err
+		}
+		progress("booting (" + vm.VMM + ", " + accel + ")")
+		if err := m.boot(ctx, vm, sp); err != nil {
+			return vm, err
+		}
+		if grow {
+			progress("growing the root filesystem to " + FormatSize(vm.DiskBytes))
+			if err := m.growDisk(ctx, vm, m.instance(vm.Name)); err != nil {
+				return vm, err
+			}
+		}
+	}
+	crashpoint("bringup-before-commit")
+	vm, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
+		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
+		return nil
+	})
+	if err != nil {
+		return vm, err
+	}
+	if in := m.instance(vm.Name); in != nil {
+		in.reopen() // committed: sessions may come
+	}
+	return vm, nil
+}
