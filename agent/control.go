@@ -56,12 +56,18 @@ func (c *Client) NewIdentity(ctx context.Context, hostname string) (IdentityRepl
 // the guest records it so that a cold boot with the same den.identity on
 // its kernel command line keeps this identity.
 func (c *Client) NewIdentityToken(ctx context.Context, hostname, token string) (IdentityReply, error) {
-	entropy := make([]byte, 64)
-	if _, err := rand.Read(entropy); err != nil {
+	return c.NewIdentityWith(ctx, IdentityRequest{Hostname: hostname, Token: token})
+}
+
+// NewIdentityWith is NewIdentityToken with every field of the request
+// (a MAC too); its Entropy is filled in here.
+func (c *Client) NewIdentityWith(ctx context.Context, req IdentityRequest) (IdentityReply, error) {
+	req.Entropy = make([]byte, 64)
+	if _, err := rand.Read(req.Entropy); err != nil {
 		return IdentityReply{}, fmt.Errorf("agent identity: %w", err)
 	}
 	var r IdentityReply
-	err := c.call(ctx, ReqIdentity, IdentityRequest{Hostname: hostname, Entropy: entropy, Token: token}, &r)
+	err := c.call(ctx, ReqIdentity, req, &r)
 	return r, err
 }
 

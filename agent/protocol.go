@@ -101,6 +101,10 @@ type IdentityRequest struct {
 	// den.identity keeps this identity; empty leaves the file alone (a
 	// cold boot then makes yet another identity).
 	Token string `json:"token,omitempty"`
+	// MAC, when set, is the fork's own hardware address for the guest's
+	// first network interface (the device state restored from its
+	// source's memory holds the source's).
+	MAC string `json:"mac,omitempty"`
 }
 
 // MinEntropy is the least number of random bytes in an IdentityRequest.

@@ -213,7 +213,7 @@ func rootKiB(t *testing.T, d *daemon, name string) int64 {
 }
 
 // TestForkIdentity: forks from memory+disk and from disk-only checkpoints
-// both get their own hostname, machine-id and agent host key.
+// both get their own hostname, machine-id, agent host key and MAC.
 func TestForkIdentity(t *testing.T) {
 	d := startDaemon(t)
 	d.must("create", "src", "--memory", "256M")
@@ -221,14 +221,14 @@ func TestForkIdentity(t *testing.T) {
 	d.must("checkpoint", "src")
 	d.must("fork", "src@cp-1", "disk")
 	d.must("fork", "src@cp-2", "mem")
-	const ident = "hostname; cat /etc/machine-id; cat /etc/den/ssh_host_ed25519_key | sha256sum"
+	const ident = "hostname; cat /etc/machine-id; cat /etc/den/ssh_host_ed25519_key | sha256sum; cat /sys/class/net/eth0/address"
 	seen := map[string]string{}
 	for _, vm := range []string{"src", "disk", "mem"} {
 		lines := strings.Split(strings.TrimSpace(d.must("exec", vm, "--", "sh", "-c", ident)), "\n")
-		if len(lines) != 3 || lines[0] != vm {
+		if len(lines) != 4 || lines[0] != vm {
 			t.Fatalf("%s: identity %q", vm, lines)
 		}
-		for i, what := range []string{"hostname", "machine-id", "host key"} {
+		for i, what := range []string{"hostname", "machine-id", "host key", "mac"} {
 			if other, ok := seen[what+lines[i]]; ok {
 				t.Errorf("%s and %s share the %s %s", vm, other, what, lines[i])
 			}

@@ -53,7 +53,7 @@ func (m *Manager) vmmConfigDisk(vm registry.VM, sp spec, diskPath storage.Path) 
 		Disks: []vmm.Disk{{ID: "root", Path: disk}},
 	}
 	if d.UserNet {
-		cfg.Net = []vmm.Net{{ID: "net0"}}
+		cfg.Net = []vmm.Net{{ID: "net0", MAC: sp.MAC}}
 	}
 	return cfg, nil
 }

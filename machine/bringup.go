@@ -61,7 +61,7 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 			return vm, err
 		}
 		progress("new identity")
-		if err := m.newIdentity(ctx, in, vm.Name, sp.Identity); err != nil {
+		if err := m.newIdentity(ctx, in, vm, sp); err != nil {
 			return vm, err
 		}
 		if grow {

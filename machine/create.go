@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"net"
 	"fmt"
 	"runtime"
 	"time"
@@ -51,10 +52,23 @@ type spec struct {
 	// AutoCheckpoint is "vm@checkpoint" that a fork took of its source
 	// to fork from: removed again if the fork is rolled back.
 	AutoCheckpoint string `json:"auto_checkpoint,omitempty"`
+	// MAC is the VM's own network hardware address (a fork gets a new
+	// one), where its VMM gives it a network device.
+	MAC string `json:"mac,omitempty"`
 	// Identity is the VM's identity token (den.identity= on its kernel
 	// command line): a guest whose disk has another token takes a new
 	// hostname, machine-id and host keys before its services start.
 	Identity string `json:"identity,omitempty"`
+}
+
+// newMAC is a new locally administered unicast hardware address.
+func newMAC() string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	b[0] = b[0]&0xfe | 0x02
+	return net.HardwareAddr(b[:]).String()
 }
 
 // newToken is a new identity token: 32 lower-case hex digits.
@@ -151,7 +165,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	}
 	accel, _ := m.Accel()
 	now := time.Now().UTC()
-	sp := spec{Kernel: m.kernel(), Initramfs: m.cfg.Images.Initramfs(), BaseImage: string(base), Identity: newToken()}
+	sp := spec{Kernel: m.kernel(), Initramfs: m.cfg.Images.Initramfs(), BaseImage: string(base), Identity: newToken(), MAC: newMAC()}
 	sp.Cmdline = m.cmdline(o.Name, sp.Identity)
 	vm := registry.VM{
 		Name: o.Name, Owner: o.Owner, Image: o.Image, CPUs: o.CPUs, MemoryBytes: o.MemoryBytes, DiskBytes: o.DiskBytes,

@@ -80,7 +80,7 @@ func (m *Manager) forkFrom(ctx context.Context, vm registry.VM, src, id string, 
 		return vm, err
 	}
 	sp := srcSpec
-	sp.Head, sp.Restoring, sp.Identity = "", "", newToken()
+	sp.Head, sp.Restoring, sp.Identity, sp.MAC = "", "", newToken(), newMAC()
 	sp.Cmdline = m.cmdline(vm.Name, sp.Identity)
 	if id == "" {
 		progress("checkpointing " + src)

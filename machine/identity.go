@@ -3,18 +3,30 @@ package machine
 import (
 	"context"
 	"fmt"
+
+	"github.com/denhq/den/agent"
+	"github.com/denhq/den/registry"
 )
 
 // newIdentity gives a VM restored from another's memory (a fork, or a
 // create from a warm base) its own hostname, machine-id, host keys and
 // random state; the token is recorded in the guest, so that a later cold
 // boot with the same den.identity keeps this identity.
-func (m *Manager) newIdentity(ctx context.Context, in *instance, hostname, token string) error {
+//
+// A VM with a network device gets its own MAC too: the device state
+// restored from the source's memory holds the source's, so the agent sets
+// the new one on the guest's interface (a cold boot takes it from the
+// VMM's config).
+func (m *Manager) newIdentity(ctx context.Context, in *instance, vm registry.VM, sp spec) error {
 	c, err := m.agentClient(ctx, in)
 	if err != nil {
 		return err
 	}
-	if _, err := c.NewIdentityToken(ctx, hostname, token); err != nil {
+	req := agent.IdentityRequest{Hostname: vm.Name, Token: sp.Identity}
+	if d, err := m.driver(vm.VMM); err == nil && d.UserNet {
+		req.MAC = sp.MAC
+	}
+	if _, err := c.NewIdentityWith(ctx, req); err != nil {
 		return fmt.Errorf("new identity: %w", err)
 	}
 	return nil

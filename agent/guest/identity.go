@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -134,6 +135,16 @@ func (s *Server) newIdentity(req agent.IdentityRequest) (agent.IdentityReply, er
 	if req.Token != "" && !ValidIdentityToken(req.Token) {
 		return agent.IdentityReply{}, fmt.Errorf("identity: invalid token %q (want 32 lowercase hex digits)", req.Token)
 	}
+	var mac net.HardwareAddr
+	if req.MAC != "" {
+		var err error
+		if mac, err = net.ParseMAC(req.MAC); err != nil || len(mac) != 6 {
+			return agent.IdentityReply{}, fmt.Errorf("identity: invalid mac %q", req.MAC)
+		}
+		if s.sys.SetMAC == nil {
+			return agent.IdentityReply{}, errors.New("identity: this guest cannot set its mac")
+		}
+	}
 	if s.freeze.isFrozen() {
 		return agent.IdentityReply{}, errors.New("identity: filesystems are frozen")
 	}
@@ -152,6 +163,11 @@ func (s *Server) newIdentity(req agent.IdentityRequest) (agent.IdentityReply, er
 			return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
 		}
 		host = req.Hostname
+	}
+	if mac != nil {
+		if err := s.sys.SetMAC(primaryInterface, mac); err != nil {
+			return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
+		}
 	}
 	key, err := s.rotateHostKey()
 	if err != nil {
@@ -174,6 +190,10 @@ func (s *Server) newIdentity(req agent.IdentityRequest) (agent.IdentityReply, er
 	s.log.Info("new identity", "hostname", host, "machine_id", id, "host_key", gossh.FingerprintSHA256(key.PublicKey()), "token", req.Token)
 	return agent.IdentityReply{Hostname: host, MachineID: id, HostKey: pub}, nil
 }
+
+// primaryInterface is the guest's first network interface, the one a
+// new identity's MAC is for.
+const primaryInterface = "eth0"
 
 // setHostname sets the kernel hostname and writes etc/hostname, and
 // renames the old name in etc/hosts.

@@ -5,6 +5,7 @@ package guest
 import (
 	"encoding/binary"
 	"fmt"
+	"net"
 	"os"
 	"time"
 	"unsafe"
@@ -20,6 +21,9 @@ type System struct {
 	Freezer Freezer
 	// SetHostname sets the kernel's hostname.
 	SetHostname func(string) error
+	// SetMAC gives a network interface a new hardware address; nil
+	// cannot (a new identity's MAC is then refused).
+	SetMAC func(ifname string, mac net.HardwareAddr) error
 	// Reseed mixes host randomness into the kernel RNG and reseeds it.
 	Reseed func(entropy []byte) error
 	// Poweroff stops the guest; nil refuses poweroff requests. It is

@@ -92,6 +92,7 @@ func runAgent(o serveOptions) int {
 
 	stop := make(chan bool, 1) // true: reboot
 	sys := guest.DefaultSystem()
+	sys.SetMAC = sysinit.SetMAC
 	sys.Poweroff = func(reboot bool) {
 		select {
 		case stop <- reboot:

@@ -226,3 +226,28 @@ func (n *netlinkConn) do(typ, flags uint16, body []byte) error {
 		}
 	}
 }
+
+// SetMAC gives a network interface a new hardware address (a fork's own:
+// the device state restored from its source's memory holds the source's).
+func SetMAC(ifname string, mac net.HardwareAddr) error {
+	nl, err := openNetlink()
+	if err != nil {
+		return err
+	}
+	defer nl.close()
+	ifi, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return fmt.Errorf("set mac of %s: %w", ifname, err)
+	}
+	if ifi.HardwareAddr.String() == mac.String() {
+		return nil
+	}
+	b := make([]byte, unix.SizeofIfInfomsg)
+	b[0] = unix.AF_UNSPEC
+	binary.NativeEndian.PutUint32(b[4:], uint32(ifi.Index))
+	b = appendAttr(b, unix.IFLA_ADDRESS, mac)
+	if err := nl.do(unix.RTM_NEWLINK, 0, b); err != nil {
+		return fmt.Errorf("set mac of %s to %s: %w", ifname, mac, err)
+	}
+	return nil
+}
