@@ -5,8 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"net"
 	"fmt"
+	"net"
 	"runtime"
 	"time"
 
