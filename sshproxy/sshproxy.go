@@ -102,13 +102,17 @@ func RelayChannel(nc ssh.NewChannel, upstream Opener, h Hooks) {
 // Relay copies data and requests between two open channels in both
 // directions and closes both when done. The downstream side is closed
 // only after every upstream request (exit-status above all) has been
-// passed on, so a client always sees the exit status before the close.
+// passed on, and after every downstream request already sent upstream
+// has its reply passed back: a command that ends at once (exit 7) closes
+// the upstream channel right after answering the exec request, and the
+// client must see that answer, then the exit status, before the close.
 func Relay(down ssh.Channel, downReqs <-chan *ssh.Request, up ssh.Channel, upReqs <-chan *ssh.Request) {
 	var upDone sync.WaitGroup // what must finish before down is closed
+	var inFlight sync.Mutex   // held while a downstream request is forwarded
 	upDone.Add(2)
 	go func() { // upstream requests -> downstream (exit-status, eow...)
 		defer upDone.Done()
-		forwardRequests(upReqs, down)
+		forwardRequests(upReqs, down, nil)
 	}()
 	go func() { // upstream stdout and stderr -> downstream, then EOF
 		defer upDone.Done()
@@ -124,7 +128,7 @@ func Relay(down ssh.Channel, downReqs <-chan *ssh.Request, up ssh.Channel, upReq
 		_ = down.CloseWrite()
 	}()
 	go func() { // downstream requests -> upstream (pty-req, exec, window-change...)
-		forwardRequests(downReqs, up)
+		forwardRequests(downReqs, up, &inFlight)
 		// The client closed its side of the channel.
 		_ = up.Close()
 	}()
@@ -133,19 +137,32 @@ func Relay(down ssh.Channel, downReqs <-chan *ssh.Request, up ssh.Channel, upReq
 		_ = up.CloseWrite()
 	}()
 	upDone.Wait()
+	// A downstream request sent upstream before the upstream closed got
+	// its answer before the close (a channel's messages are in order):
+	// pass it back before closing.
+	inFlight.Lock()
 	_ = down.Close()
+	inFlight.Unlock()
 	_ = up.Close()
 }
 
-// forwardRequests passes each request on to dst, with dst's reply.
-func forwardRequests(reqs <-chan *ssh.Request, dst ssh.Channel) {
+// forwardRequests passes each request on to dst, with dst's reply;
+// inFlight, when set, is held from a request's arrival until its reply
+// is passed back.
+func forwardRequests(reqs <-chan *ssh.Request, dst ssh.Channel, inFlight *sync.Mutex) {
 	for req := range reqs {
+		if inFlight != nil {
+			inFlight.Lock()
+		}
 		ok, err := dst.SendRequest(req.Type, req.WantReply, req.Payload)
 		if err != nil {
 			ok = false
 		}
 		if req.WantReply {
 			_ = req.Reply(ok, nil)
+		}
+		if inFlight != nil {
+			inFlight.Unlock()
 		}
 	}
 }

@@ -157,3 +157,47 @@ func TestRelayRejections(t *testing.T) {
 		t.Fatalf("x11: %v", err)
 	}
 }
+
+// instantAgent answers "exec" and at once sends exit status 7 and closes
+// the channel: a command that ends before its client has heard that it
+// started.
+func instantAgent(chans <-chan ssh.NewChannel) {
+	for nc := range chans {
+		ch, reqs, err := nc.Accept()
+		if err != nil {
+			continue
+		}
+		go func() {
+			for req := range reqs {
+				req.Reply(req.Type == "exec", nil)
+				if req.Type == "exec" {
+					status := make([]byte, 4)
+					binary.BigEndian.PutUint32(status, 7)
+					ch.SendRequest("exit-status", false, status)
+					ch.Close()
+				}
+			}
+		}()
+	}
+}
+
+// TestRelayInstantExit: the client always gets the exec reply and the
+// exit status of a command that ends at once, never a bare EOF (the
+// relay used to close the client's channel before passing the reply on).
+func TestRelayInstantExit(t *testing.T) {
+	upstream := pair(t, instantAgent)
+	client := pair(t, func(chans <-chan ssh.NewChannel) {
+		Serve(context.Background(), chans, upstream, Hooks{})
+	})
+	for i := 0; i < 300; i++ {
+		sess, err := client.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = sess.Run("exit 7")
+		var exit *ssh.ExitError
+		if !errors.As(err, &exit) || exit.ExitStatus() != 7 {
+			t.Fatalf("run %d: %v, want exit status 7", i, err)
+		}
+	}
+}
