@@ -68,6 +68,9 @@ func (m *Manager) boot(ctx context.Context, vm registry.VM, sp spec) error {
 	if err := m.needRAMSpace(vm); err != nil {
 		return err
 	}
+	if err := m.waitDisk(ctx, vm.Name); err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
 	rd := m.state.Run(vm.Name)
 	m.discardRuntime(vm.Name)
 	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {

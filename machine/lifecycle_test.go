@@ -539,7 +539,21 @@ func TestVolumeLossStopsVMs(t *testing.T) {
 	if e.drv.VM(e.state.Run("v")) != nil {
 		t.Fatal("vmm still running on the lost volume")
 	}
-	if err := e.m.Wake(ctx, "v"); err != nil {
+	// The volume is still being remounted (its files are not there) when
+	// the vm is reached: the start waits for it instead of failing.
+	disk, _ := e.vol.Path(storage.VMDisk("v"))
+	if err := os.Rename(disk, disk+".away"); err != nil {
+		t.Fatal(err)
+	}
+	e.vol.SetFail(storage.ErrNotMounted)
+	woke := make(chan error, 1)
+	go func() { woke <- e.m.Wake(ctx, "v") }()
+	time.Sleep(50 * time.Millisecond) // the wake is waiting (it would fail at once otherwise)
+	if err := os.Rename(disk+".away", disk); err != nil {
+		t.Fatal(err)
+	}
+	e.vol.SetFail(nil)
+	if err := <-woke; err != nil {
 		t.Fatal(err)
 	}
 	e.wantState("v", registry.StateRunning)

@@ -59,6 +59,9 @@ type Config struct {
 	// DrainTimeout bounds how long Close waits for operations in flight
 	// (default DefaultDrainTimeout).
 	DrainTimeout time.Duration
+	// VolumeWait bounds how long starting a VMM waits for a volume being
+	// remounted (default DefaultVolumeWait).
+	VolumeWait time.Duration
 	// Registry is den's record; nil opens the SQLite one in State (and
 	// Close closes it).
 	Registry registry.Store

@@ -3,6 +3,7 @@ package machine
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -96,4 +97,42 @@ func (m *Manager) stopLost(in *instance, reason string) {
 	ctx := context.Background()
 	m.stopInstance(ctx, in, false)
 	m.recordStopped(ctx, in.name, reason)
+}
+
+// DefaultVolumeWait bounds how long starting a VMM waits for the volume
+// to be mounted again after its mount died.
+const DefaultVolumeWait = time.Minute
+
+// waitDisk makes sure a VM's disk is there before a VMM opens it: when it
+// is not, the volume may be down (its mount died and is being remounted),
+// so wait for the volume, boundedly, and look again.
+func (m *Manager) waitDisk(ctx context.Context, name string) error {
+	p, err := m.vol.Path(storage.VMDisk(name))
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(p); err == nil {
+		return nil
+	}
+	wait := m.cfg.VolumeWait
+	if wait <= 0 {
+		wait = DefaultVolumeWait
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for {
+		herr := m.vol.Health(ctx)
+		if herr == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("vm %q: the storage volume is not available (waited %s): %w", name, wait, herr)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if _, err := os.Stat(p); err != nil {
+		return fmt.Errorf("vm %q: its disk is missing from the storage volume: %w", name, err)
+	}
+	return nil
 }

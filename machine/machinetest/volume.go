@@ -23,8 +23,9 @@ type Volume struct {
 	root string
 	mu   sync.Mutex
 	subs map[chan storage.Event]struct{}
-	// Fail, when set, is returned by every mutating call (a dead backend).
-	Fail error
+	// fail, when set (SetFail), is returned by every mutating call and by
+	// Health: a dead or unmounted backend.
+	fail error
 	// UsageDelay makes Usage as slow as a metadata walk on JuiceFS.
 	UsageDelay time.Duration
 }
@@ -51,10 +52,23 @@ func (v *Volume) Path(p storage.Path) (string, error) {
 }
 
 func (v *Volume) live(p storage.Path) (string, error) {
-	if v.Fail != nil {
-		return "", v.Fail
+	if err := v.failure(); err != nil {
+		return "", err
 	}
 	return v.Path(p)
+}
+
+// SetFail makes the volume fail (nil: work again).
+func (v *Volume) SetFail(err error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.fail = err
+}
+
+func (v *Volume) failure() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.fail
 }
 
 // MkdirAll makes a directory.
@@ -200,8 +214,8 @@ func (v *Volume) Usage(ctx context.Context, p storage.Path) (storage.Usage, erro
 	return u, err
 }
 
-// Health fails with Fail.
-func (v *Volume) Health(ctx context.Context) error { return v.Fail }
+// Health fails while SetFail's error is set.
+func (v *Volume) Health(ctx context.Context) error { return v.failure() }
 
 // Subscribe delivers Emit's events.
 func (v *Volume) Subscribe() (<-chan storage.Event, func()) {
