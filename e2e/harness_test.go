@@ -48,7 +48,8 @@ func requireHost(t testing.TB) (den string, images image.Dir) {
 		t.Fatalf("guest images not built (make image): %v", err)
 	}
 	den = filepath.Join(t.TempDir(), "den")
-	build := exec.Command("go", "build", "-o", den, "./cmd/den")
+	// The fault tests crash den at named steps: a build with crash points.
+	build := exec.Command("go", "build", "-tags", "crashpoints", "-o", den, "./cmd/den")
 	build.Dir = root
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {

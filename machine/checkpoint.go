@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/denhq/den/checkpoint"
@@ -274,12 +273,3 @@ func (m *Manager) sweepCheckpoints(ctx context.Context, name string) {
 	}
 }
 
-// crashpoint kills the daemon at a named step when DEN_CRASHPOINT names
-// it: how the tests crash den in the middle of an operation.
-func crashpoint(name string) {
-	if os.Getenv("DEN_CRASHPOINT") == name {
-		p, _ := os.FindProcess(os.Getpid())
-		_ = p.Kill()
-		select {}
-	}
-}
