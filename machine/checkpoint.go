@@ -272,4 +272,3 @@ func (m *Manager) sweepCheckpoints(ctx context.Context, name string) {
 		}
 	}
 }
-
