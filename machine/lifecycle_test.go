@@ -301,6 +301,7 @@ func TestRestoreAndRemoveVersusSessions(t *testing.T) {
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	var bad atomic.Value
+	var opened atomic.Int64
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -312,13 +313,14 @@ func TestRestoreAndRemoveVersusSessions(t *testing.T) {
 			}
 			s, err := e.m.Open(context.Background(), "r", "")
 			if err == nil {
+				opened.Add(1)
 				s.Release()
 			} else if !errors.Is(err, machine.ErrNotFound) && !errors.Is(err, machine.ErrConflict) && !strings.Contains(err.Error(), "vmm") {
 				bad.Store(err.Error())
 			}
 		}
 	}()
-	time.Sleep(5 * time.Millisecond)
+	waitFor(t, "sessions opening before the rm", func() bool { return opened.Load() >= 3 })
 	if err := e.m.Remove(ctx, "r", true); err != nil {
 		t.Fatal(err)
 	}
@@ -547,8 +549,9 @@ func TestVolumeLossStopsVMs(t *testing.T) {
 	}
 	e.vol.SetFail(storage.ErrNotMounted)
 	woke := make(chan error, 1)
+	probes := e.vol.HealthCalls()
 	go func() { woke <- e.m.Wake(ctx, "v") }()
-	time.Sleep(50 * time.Millisecond) // the wake is waiting (it would fail at once otherwise)
+	waitFor(t, "the wake waiting for the volume", func() bool { return e.vol.HealthCalls() > probes })
 	if err := os.Rename(disk+".away", disk); err != nil {
 		t.Fatal(err)
 	}

@@ -165,14 +165,6 @@ func (m *Manager) busyLine(name string) string {
 	return fmt.Sprintf("vm %q is busy: %s since %s", name, h.op, time.Since(h.since).Round(time.Second))
 }
 
-// isBusy says whether an operation holds the VM's lock in this process.
-func (m *Manager) isBusy(name string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	_, held := m.holders[name]
-	return held
-}
-
 // Op names what holds a VM, for den info: "" when nothing does.
 func (m *Manager) Op(name string) (string, time.Duration) {
 	m.mu.Lock()

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/denhq/den/internal/fsutil"
@@ -28,6 +29,7 @@ type Volume struct {
 	fail error
 	// UsageDelay makes Usage as slow as a metadata walk on JuiceFS.
 	UsageDelay time.Duration
+	health     atomic.Int64 // Health calls
 }
 
 var _ storage.Volume = (*Volume)(nil)
@@ -215,7 +217,13 @@ func (v *Volume) Usage(ctx context.Context, p storage.Path) (storage.Usage, erro
 }
 
 // Health fails while SetFail's error is set.
-func (v *Volume) Health(ctx context.Context) error { return v.failure() }
+func (v *Volume) Health(ctx context.Context) error {
+	v.health.Add(1)
+	return v.failure()
+}
+
+// HealthCalls counts the Health calls so far.
+func (v *Volume) HealthCalls() int64 { return v.health.Load() }
 
 // Subscribe delivers Emit's events.
 func (v *Volume) Subscribe() (<-chan storage.Event, func()) {
