@@ -134,7 +134,7 @@ func (ss *session) runPipes(cmd *exec.Cmd, attr *syscall.SysProcAttr) exitInfo {
 	wg.Add(2)
 	go func() { defer wg.Done(); pump(ss.ch, outR, exited) }()
 	go func() { defer wg.Done(); pump(ss.ch.Stderr(), errR, exited) }()
-	werr := ss.s.waitProcess(cmd)
+	werr := ss.wait(cmd)
 	close(exited)
 	outR.SetReadDeadline(time.Now().Add(outputGrace))
 	errR.SetReadDeadline(time.Now().Add(outputGrace))

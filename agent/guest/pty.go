@@ -57,7 +57,7 @@ func (ss *session) runPTY(cmd *exec.Cmd, attr *syscall.SysProcAttr) exitInfo {
 		pump(ss.ch, master, exited)
 		close(outDone)
 	}()
-	werr := ss.s.waitProcess(cmd)
+	werr := ss.wait(cmd)
 	close(exited)
 	master.SetReadDeadline(time.Now().Add(outputGrace))
 	<-outDone

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"sync"
 	"syscall"
 	"time"
@@ -59,6 +60,7 @@ type session struct {
 	mu     sync.Mutex
 	proc   *running
 	hungUp bool
+	exited bool // the command's process has been waited for
 }
 
 // running is the started process of a session.
@@ -219,6 +221,15 @@ func (ss *session) setProc(p *running) {
 	}
 }
 
+// wait waits for the command's process and records that it has exited.
+func (ss *session) wait(cmd *exec.Cmd) error {
+	err := ss.s.waitProcess(cmd)
+	ss.mu.Lock()
+	ss.exited = true
+	ss.mu.Unlock()
+	return err
+}
+
 // signal delivers an SSH signal to the command's process group (with a
 // PTY: the terminal's foreground group).
 func (ss *session) signal(name string) bool {
@@ -243,17 +254,18 @@ func (ss *session) signal(name string) bool {
 
 // hangup ends a command whose channel closed: SIGHUP to its process group
 // (and the terminal hung up), SIGKILL after hangupGrace.
+//
+// Once the command's own process has exited, nothing is signalled: what it
+// left running in the background (`daemon &`) is the user's to keep, even
+// when the client closes the channel before the agent is done sending the
+// exit status.
 func (ss *session) hangup() {
 	ss.mu.Lock()
 	p := ss.proc
 	ss.hungUp = true
+	exited := ss.exited
 	ss.mu.Unlock()
-	select {
-	case <-ss.done:
-		return
-	default:
-	}
-	if p != nil {
+	if p != nil && !exited {
 		ss.hangupProc(p)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -202,5 +203,67 @@ func TestActivityCountsSessions(t *testing.T) {
 	// make /proc/PID/stat reads hang (see procCounter).
 	if a.CPUs < 1 || a.CPUTotal <= 0 || a.CPUBusy <= 0 || a.Processes == 0 {
 		t.Errorf("activity from the host's /proc looks empty: %+v", a)
+	}
+}
+
+// TestHangupSparesWhatOutlivesTheCommand: a channel that closes after the
+// command's own process exited (the client answering the agent's close
+// before the agent is done) must not signal the process group: a
+// background job the command started is the user's to keep. Before the
+// command exits, a hangup does signal the group.
+func TestHangupSparesWhatOutlivesTheCommand(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		waitFirst  bool
+		wantSignal string
+	}{
+		{"after exit", true, "term\n"},
+		{"while running", false, "hup\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			marks, pidFile := filepath.Join(dir, "marks"), filepath.Join(dir, "pid")
+			// The background job records which signal reached it first.
+			// It writes its pid once its traps are set.
+			job := `sh -c 'trap "echo hup >> ` + marks + `; exit" HUP; trap "echo term >> ` + marks + `; exit" TERM; echo $$ > ` + pidFile + `.tmp; mv ` + pidFile + `.tmp ` + pidFile + `; while :; do sleep 0.05; done' &`
+			if !tc.waitFirst {
+				job += "\nwait"
+			}
+			cmd := exec.Command("sh", "-c", job)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			ss := &session{s: &Server{}, done: make(chan struct{})}
+			ss.setProc(&running{pid: cmd.Process.Pid})
+			waitFor(t, "the job's pid", 10*time.Second, func() bool {
+				_, err := os.Stat(pidFile)
+				return err == nil
+			})
+			b, _ := os.ReadFile(pidFile)
+			jobPID, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer syscall.Kill(jobPID, syscall.SIGKILL)
+			if tc.waitFirst {
+				ss.wait(cmd)
+			}
+			ss.hangup()
+			// A SIGHUP sent by the hangup is pending before this TERM
+			// and is handled first.
+			syscall.Kill(jobPID, syscall.SIGTERM)
+			waitFor(t, "the job's mark", 10*time.Second, func() bool {
+				b, err := os.ReadFile(marks)
+				return err == nil && len(b) > 0
+			})
+			if !tc.waitFirst {
+				ss.wait(cmd)
+			}
+			close(ss.done)
+			if b, _ := os.ReadFile(marks); !strings.HasPrefix(string(b), tc.wantSignal) {
+				t.Errorf("the job saw %q first, want %q", b, tc.wantSignal)
+			}
+		})
 	}
 }
