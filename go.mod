@@ -12,6 +12,7 @@ require (
 	golang.org/x/crypto v0.58.0
 	golang.org/x/sys v0.49.0
 	golang.org/x/term v0.47.0
+	lukechampine.com/blake3 v1.4.1
 	modernc.org/sqlite v1.61.1
 )
 

@@ -19,6 +19,8 @@ type Checkpoint struct {
 	DiskBytes   int64     `json:"disk_bytes"`
 	// Head marks the checkpoint the VM's current state descends from.
 	Head bool `json:"head,omitempty"`
+	// Damaged says why the checkpoint failed verification, when it did.
+	Damaged string `json:"damaged,omitempty"`
 	// Depth and Tree draw the lineage: Tree is the box-drawing prefix.
 	Depth int    `json:"depth"`
 	Tree  string `json:"tree,omitempty"`

@@ -146,13 +146,15 @@ func (c *Client) stream(ctx context.Context, method, path string, in any, progre
 		return VM{}, err
 	}
 	if ev.VM == nil {
-		return VM{}, errors.New("daemon stream ended without a vm")
+		return VM{}, &Error{Status: http.StatusInternalServerError, Code: "internal", Message: fmt.Sprintf("%s %s: the daemon's final answer has no vm", method, path)}
 	}
 	return *ev.VM, nil
 }
 
 // streamEvent returns the final event (with a VM or a Checkpoint) of a
-// streamed answer, passing progress events on.
+// streamed answer, passing progress events on. An error answer before the
+// stream, the error that ends it, and a stream that ends without its
+// final event are all errors.
 func (c *Client) streamEvent(ctx context.Context, method, path string, in any, progress func(Event)) (Event, error) {
 	resp, err := c.send(ctx, method, path, in)
 	if err != nil {
@@ -162,23 +164,40 @@ func (c *Client) streamEvent(ctx context.Context, method, path string, in any, p
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
+		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
+			continue
+		}
 		var ev Event
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return Event{}, fmt.Errorf("bad event from daemon: %w", err)
+			return Event{}, fmt.Errorf("%s %s: bad event from the daemon: %w", method, path, err)
 		}
 		switch {
 		case ev.Error != "":
-			return Event{}, &Error{Code: ev.Code, Message: ev.Error}
-		case ev.VM != nil || ev.Checkpoint != nil:
+			return Event{}, streamError(ev)
+		case ev.Done || ev.VM != nil || ev.Checkpoint != nil:
 			return ev, nil
 		case progress != nil:
 			progress(ev)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return Event{}, fmt.Errorf("daemon stream: %w", err)
+		if ctx.Err() != nil {
+			return Event{}, fmt.Errorf("%s %s: %w (the operation goes on in the daemon)", method, path, ctx.Err())
+		}
+		return Event{}, &Error{Status: http.StatusInternalServerError, Code: "internal",
+			Message: fmt.Sprintf("%s %s: the daemon's answer broke off before its final result (%v): see den ls for how the operation ended", method, path, err)}
 	}
-	return Event{}, errors.New("daemon stream ended without a result")
+	return Event{}, &Error{Status: http.StatusInternalServerError, Code: "internal",
+		Message: fmt.Sprintf("%s %s: the daemon's answer ended before its final result: see den ls for how the operation ended", method, path)}
+}
+
+// streamError is the error that ended a stream.
+func streamError(ev Event) error {
+	code := ev.Code
+	if _, ok := Codes[code]; !ok {
+		code = "internal"
+	}
+	return &Error{Status: Codes[code].Status, Code: ev.Code, Message: ev.Error}
 }
 
 // ListVMs lists the VMs.

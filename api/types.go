@@ -68,21 +68,27 @@ type CreateRequest struct {
 }
 
 // Event is one line of a streamed long operation: progress lines, then
-// exactly one of VM or Error.
+// exactly one final line (Done) that carries the result (VM or
+// Checkpoint) or Error and its Code. A stream that ends without a final
+// line was cut short: the client cannot know how the operation ended.
 type Event struct {
 	Progress   string      `json:"progress,omitempty"`
 	Elapsed    string      `json:"elapsed,omitempty"`
 	VM         *VM         `json:"vm,omitempty"`
 	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
-	Error      string      `json:"error,omitempty"`
-	Code       string      `json:"code,omitempty"`
+	// Verified is the final result of a checkpoint verification.
+	Verified []Verification `json:"verified,omitempty"`
+	Error    string         `json:"error,omitempty"`
+	Code     string         `json:"code,omitempty"`
+	// Done marks the final line.
+	Done bool `json:"done,omitempty"`
 }
 
 // ErrorBody is the body of every non-2xx answer.
 type ErrorBody struct {
 	Error string `json:"error"`
-	// Code names the kind: not_found, exists, invalid, conflict,
-	// no_space, internal.
+	// Code names the kind: a key of Codes (not_found, exists, invalid,
+	// conflict, busy, no_space, internal...).
 	Code string `json:"code"`
 }
 
@@ -128,8 +134,11 @@ var Codes = map[string]struct {
 	"internal":  {ErrDaemon, 500},
 }
 
-// Error is an error answer of the daemon.
+// Error is an error answer of the daemon: a non-2xx answer, or the
+// error that ended a stream.
 type Error struct {
+	// Status is the answer's HTTP status; for the error that ended a
+	// stream (which began with 200), the status of its Code.
 	Status  int
 	Code    string
 	Message string

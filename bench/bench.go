@@ -121,6 +121,9 @@ func (r *Result) ratios() {
 		put("wake(1 GiB) / wake(512 MiB)", r.find("wake to running", v, "1G"), r.find("wake to running", v, "512M"))
 		put("checkpoint(2 GiB) / checkpoint(512 MiB)", r.find("checkpoint (memory+disk)", v, "2G"), r.find("checkpoint (memory+disk)", v, "512M"))
 		put("wake(2 GiB) / wake(512 MiB)", r.find("wake to running", v, "2G"), r.find("wake to running", v, "512M"))
+		for _, f := range []string{"checkpoint (memory+disk)", "sleep", "wake to running", "restore (memory+disk, to running)"} {
+			put(f+" with digests / without", r.find(f, v, "512M"), r.find(f, v+", no digests", "512M"))
+		}
 	}
 }
 
@@ -215,6 +218,7 @@ func variants(vmms []string, quick bool) []variant {
 		if quick {
 			continue
 		}
+		out = append(out, variant{name: v + ", no digests", vmm: v, flags: []string{"--no-digests"}, compare: true})
 		switch v {
 		case "qemu":
 			out = append(out, variant{name: "qemu, RAM in the stream (no x-ignore-shared)", vmm: v, flags: []string{"--qemu-stream-ram"}, compare: true})

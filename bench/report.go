@@ -68,6 +68,8 @@ func format(v float64, unit string) string {
 		return fmt.Sprintf("%.0f ms", v)
 	case "bytes":
 		return fmt.Sprintf("%.0f B", v)
+	case "MB/s":
+		return fmt.Sprintf("%.0f MB/s", v)
 	}
 	return fmt.Sprintf("%g %s", v, unit)
 }

@@ -304,6 +304,14 @@ func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, 
 		Unit: "bytes", Samples: sleepingRSS, Note: "resident memory of processes for the VM while it sleeps"}
 	rss.Median, rss.Min, rss.Max = stats(rss.Samples)
 	figs = append(figs, rss)
+	if gateway {
+		say(label + ": den checkpoint verify")
+		f, err := d.verifyThroughput(ctx, o, accel, label, name)
+		if err != nil {
+			return figs, err
+		}
+		figs = append(figs, f)
+	}
 	if !o.Quick && gateway {
 		g, err := d.gateway(ctx, o, accel, label, name, say)
 		if err != nil {

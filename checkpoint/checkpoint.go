@@ -31,6 +31,9 @@ type Record struct {
 	MemoryBytes int64     `json:"memory_bytes"`
 	DiskBytes   int64     `json:"disk_bytes"`
 	VMM         string    `json:"vmm,omitempty"`
+	// Damaged, filled in when listing, says why the checkpoint failed
+	// verification (its DamagedFile); it is not part of the catalog.
+	Damaged string `json:"-"`
 }
 
 // Kinds of checkpoint.
@@ -48,6 +51,9 @@ const (
 	DiskFile = "disk"      // clone of the VM's disk
 	VMMDir   = "vmm"       // the VMM's snapshot directory (memory+disk only)
 	MetaFile = "meta.json" // the catalog row, written last
+	// DamagedFile, when present, says why the checkpoint failed
+	// verification.
+	DamagedFile = "damaged"
 )
 
 var idRE = regexp.MustCompile(`^cp-[1-9][0-9]*$`)
@@ -71,6 +77,9 @@ func tmpName(id string) string { return "tmp-" + id }
 // Store writes and reads checkpoints on a volume.
 type Store struct {
 	Vol storage.Volume
+	// NoDigests leaves new checkpoints without digests (for benchmarks
+	// that measure what digests cost).
+	NoDigests bool
 }
 
 // Pending is a checkpoint being written in a temporary directory.
@@ -116,6 +125,19 @@ func (p *Pending) Sync() error {
 		return fmt.Errorf("checkpoint %s of %q: the vmm wrote no snapshot", p.id, p.vm)
 	}
 	if err := fsutil.SyncTree(dir); err != nil {
+		return fmt.Errorf("checkpoint %s of %q: %w", p.id, p.vm, err)
+	}
+	return nil
+}
+
+// SealSmall digests the pending checkpoint's small files (the large ones,
+// memory and disk, are left to Store.Seal once it is committed).
+func (p *Pending) SealSmall(ctx context.Context) error {
+	dir, err := p.s.Vol.Path(p.dir)
+	if err != nil {
+		return err
+	}
+	if _, err := SealSmall(ctx, dir); err != nil {
 		return fmt.Errorf("checkpoint %s of %q: %w", p.id, p.vm, err)
 	}
 	return nil

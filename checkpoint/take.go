@@ -54,8 +54,9 @@ type TakeHooks struct {
 
 // Take writes a new checkpoint of rec.VM with id rec.ID from what from
 // names, and returns its record (kind, sizes, time filled in). It is
-// written into a temporary directory, synced, and renamed into place only
-// when whole: a failure or crash leaves no checkpoint. A paused guest is
+// written into a temporary directory, synced, its small files digested
+// (Seal digests the rest later), and renamed into place only when whole:
+// a failure or crash leaves no checkpoint. A paused guest is
 // always resumed, even when the take fails.
 func (s Store) Take(ctx context.Context, rec Record, from From, h TakeHooks) (Record, error) {
 	if h.Progress == nil {
@@ -109,6 +110,11 @@ func (s Store) Take(ctx context.Context, rec Record, from From, h TakeHooks) (Re
 	rec.CreatedAt = time.Now().UTC()
 	if err := p.Sync(); err != nil {
 		return rec, err
+	}
+	if !s.NoDigests {
+		if err := p.SealSmall(ctx); err != nil {
+			return rec, err
+		}
 	}
 	h.Crash("checkpoint-before-commit")
 	if err := p.Commit(ctx, rec); err != nil {

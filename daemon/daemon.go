@@ -41,6 +41,8 @@ type Options struct {
 	// QEMUStreamRAM and RestoreCopy are comparison knobs for den bench
 	// (see machine.Config).
 	QEMUStreamRAM, RestoreCopy bool
+	// NoDigests: snapshots without digests (den bench compares).
+	NoDigests bool
 	// IdleCheck is how often the idle monitor looks at the VMs
 	// (default 5 s).
 	IdleCheck time.Duration
@@ -95,7 +97,7 @@ func Run(ctx context.Context, o Options) error {
 	defer db.Close() // after the manager's Close (deferred below)
 	m, err := machine.New(ctx, machine.Config{
 		State: state, Volume: vol, Registry: db, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
-		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy,
+		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests,
 	})
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)

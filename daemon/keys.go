@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"encoding/json"
 	"net/http"
 
 	"github.com/denhq/den/api"
@@ -30,8 +29,7 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) addKey(w http.ResponseWriter, r *http.Request) {
 	var req api.AddKeyRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
-		writeJSON(w, http.StatusBadRequest, api.ErrorBody{Error: "bad request body: " + err.Error(), Code: "invalid"})
+	if !decode(w, r, &req) {
 		return
 	}
 	if owner(r) != "" {

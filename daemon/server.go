@@ -46,11 +46,14 @@ func NewServer(m *machine.Manager, keys users.Keys, info api.DaemonInfo, hostKey
 	s.mux.HandleFunc("GET /v1/vms/{name}/checkpoints", s.listCheckpoints)
 	s.mux.HandleFunc("POST /v1/vms/{name}/checkpoints", s.createCheckpoint)
 	s.mux.HandleFunc("DELETE /v1/vms/{name}/checkpoints/{id}", s.deleteCheckpoint)
+	s.mux.HandleFunc("POST /v1/vms/{name}/checkpoints/verify", s.verifyCheckpoints)
 	s.mux.HandleFunc("POST /v1/vms/{name}/restore", s.restore)
 	s.mux.HandleFunc("POST /v1/vms/{name}/fork", s.fork)
 	s.mux.HandleFunc("POST /v1/vms/{name}/sleep", s.sleep)
 	s.mux.HandleFunc("POST /v1/vms/{name}/wake", s.wake)
 	s.mux.HandleFunc("POST /v1/vms/{name}/resize", s.resize)
+	s.mux.HandleFunc("POST /v1/host/sleep", s.hostSleep)
+	s.mux.HandleFunc("POST /v1/host/wake", s.hostWake)
 	s.mux.HandleFunc("GET /v1/keys", s.listKeys)
 	s.mux.HandleFunc("POST /v1/keys", s.addKey)
 	s.mux.HandleFunc("DELETE /v1/keys", s.removeKey)
@@ -165,12 +168,17 @@ func (s *Server) getVM(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) removeVM(w http.ResponseWriter, r *http.Request) {
+	force, err := boolQuery(r, "force")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	if !s.owned(w, r, r.PathValue("name")) {
 		return
 	}
 	ctx, cancel := opContext(r)
 	defer cancel()
-	if err := s.m.Remove(ctx, r.PathValue("name"), r.URL.Query().Get("force") == "1"); err != nil {
+	if err := s.m.Remove(ctx, r.PathValue("name"), force); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -190,8 +198,7 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 // dropped connection (and is rolled back if creation fails).
 func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 	var req api.CreateRequest
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-		writeJSON(w, http.StatusBadRequest, api.ErrorBody{Error: "bad request body: " + err.Error(), Code: "invalid"})
+	if !decode(w, r, &req) {
 		return
 	}
 	if owner(r) != "" {
@@ -220,31 +227,84 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 }
 
 // stream runs a long operation detached from the request's context,
-// writing one JSON event per line as it goes.
+// writing one JSON event per line as it goes. The 200 header is written
+// lazily, with the first event: an operation that fails before any
+// progress (a bad name, an unknown VM or checkpoint, a name taken) is
+// answered like any other request, with its error's status and an
+// api.ErrorBody. Once the stream has started, it ends with exactly one
+// final event (Done) that carries the result or the error and its code.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, op func(context.Context, machine.Progress) (api.Event, error)) {
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.WriteHeader(http.StatusOK)
-	fl, _ := w.(http.Flusher)
-	enc := json.NewEncoder(w)
-	var mu sync.Mutex
-	start := time.Now()
-	emit := func(ev api.Event) {
-		mu.Lock()
-		defer mu.Unlock()
-		ev.Elapsed = time.Since(start).Round(time.Millisecond).String()
-		_ = enc.Encode(ev)
-		if fl != nil {
-			fl.Flush()
-		}
-	}
+	st := &eventStream{w: w, enc: json.NewEncoder(w), start: time.Now()}
+	st.fl, _ = w.(http.Flusher)
 	ctx, cancel := opContext(r)
 	defer cancel()
-	ev, err := op(ctx, func(step string) { emit(api.Event{Progress: step}) })
+	ev, err := op(ctx, func(step string) { st.emit(api.Event{Progress: step}) })
 	if err != nil {
-		emit(api.Event{Error: err.Error(), Code: errorCode(err)})
+		st.fail(err)
 		return
 	}
-	emit(ev)
+	ev.Done = true
+	st.final(ev)
+}
+
+// eventStream writes a streamed answer's events; see stream.
+type eventStream struct {
+	w     http.ResponseWriter
+	fl    http.Flusher
+	enc   *json.Encoder
+	start time.Time
+
+	mu      sync.Mutex
+	started bool // the 200 header is written
+	ended   bool // the final event is written: nothing more is
+}
+
+// emit writes a progress event (starting the stream).
+func (st *eventStream) emit(ev api.Event) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.writeLocked(ev)
+}
+
+// final writes the final event and ends the stream.
+func (st *eventStream) final(ev api.Event) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.writeLocked(ev)
+	st.ended = true
+}
+
+// fail ends the answer with err: a plain error answer while nothing has
+// been streamed, else the stream's final event.
+func (st *eventStream) fail(err error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.ended {
+		return
+	}
+	if !st.started {
+		st.ended = true
+		writeError(st.w, err)
+		return
+	}
+	st.writeLocked(api.Event{Error: err.Error(), Code: errorCode(err), Done: true})
+	st.ended = true
+}
+
+func (st *eventStream) writeLocked(ev api.Event) {
+	if st.ended {
+		return // a straggling progress line after the end
+	}
+	if !st.started {
+		st.w.Header().Set("Content-Type", "application/x-ndjson")
+		st.w.WriteHeader(http.StatusOK)
+		st.started = true
+	}
+	ev.Elapsed = time.Since(st.start).Round(time.Millisecond).String()
+	_ = st.enc.Encode(ev)
+	if st.fl != nil {
+		st.fl.Flush()
+	}
 }
 
 // OpTimeout bounds one API operation (create, checkpoint, restore, fork,

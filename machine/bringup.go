@@ -35,6 +35,7 @@ type bringUpFrom struct {
 	disk   storage.Path // cloned as the VM's disk
 	memory storage.Path // VMM snapshot to restore; "" boots instead
 	what   string       // for progress lines
+	ref    snapshotRef  // the sealed directory memory is in
 }
 
 // bringUp is the one bring-up of a new VM, for create and fork: clone
@@ -60,6 +61,7 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 		if err != nil {
 			return vm, err
 		}
+		m.verifyRunning(in, from.ref, vm.VMM)
 		progress("new identity")
 		if err := m.newIdentity(ctx, in, vm, sp); err != nil {
 			return vm, err

@@ -22,7 +22,9 @@ type CheckpointOptions struct {
 	Keep int
 }
 
-func (m *Manager) store() checkpoint.Store { return checkpoint.Store{Vol: m.vol} }
+func (m *Manager) store() checkpoint.Store {
+	return checkpoint.Store{Vol: m.vol, NoDigests: m.cfg.NoDigests}
+}
 
 // Checkpoint saves a VM's memory and disk at one paused instant (or its
 // disk only) as a new checkpoint and returns it. A sleeping VM is
@@ -96,6 +98,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 	if err := m.db.AddCheckpoint(ctx, rec); err != nil {
 		return rec, err
 	}
+	m.sealLater(checkpoint.Dir(vm.Name, id))
 	if err := m.setHead(ctx, vm.Name, id); err != nil {
 		return rec, err
 	}
@@ -156,6 +159,9 @@ func (m *Manager) Checkpoints(ctx context.Context, name string) ([]registry.Chec
 		return nil, "", err
 	}
 	cps, err := m.db.ListCheckpoints(ctx, name)
+	for i := range cps {
+		cps[i].Damaged = m.store().Damaged(name, cps[i].ID)
+	}
 	return cps, sp.Head, err
 }
 

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"runtime"
 	"time"
 
@@ -83,7 +84,11 @@ func newToken() string {
 // MaxDisk bounds a VM disk (the disk is sparse: it takes what is written).
 const MaxDisk = 2 << 40
 
-// checkSizes applies defaults and refuses impossible sizes.
+// checkSizes applies defaults (to zero sizes only) and refuses
+// impossible sizes: one that is negative, not whole MiB, below the
+// minimum (for the disk: the image's disk) or above what the host has is
+// an error, never rounded or replaced. A default disk smaller than the
+// image's disk is the image's size.
 func (m *Manager) checkSizes(o *CreateOptions) error {
 	if o.CPUs == 0 {
 		o.CPUs = DefaultCPUs
@@ -91,7 +96,8 @@ func (m *Manager) checkSizes(o *CreateOptions) error {
 	if o.MemoryBytes == 0 {
 		o.MemoryBytes = DefaultMemory
 	}
-	if o.DiskBytes == 0 {
+	diskDefault := o.DiskBytes == 0
+	if diskDefault {
 		o.DiskBytes = DefaultDisk
 	}
 	if o.IdleTimeout < 0 {
@@ -116,6 +122,12 @@ func (m *Manager) checkSizes(o *CreateOptions) error {
 			return fmt.Errorf("memory %s is more than this host has (%s): %w", FormatSize(o.MemoryBytes), FormatSize(total), ErrInvalid)
 		}
 	}
+	if least := m.imageDiskSize(o.Image); o.DiskBytes < least {
+		if !diskDefault {
+			return fmt.Errorf("disk %s is smaller than image %s's disk: at least %s: %w", FormatSize(o.DiskBytes), o.Image, FormatSize(least), ErrInvalid)
+		}
+		o.DiskBytes = least
+	}
 	if o.DiskBytes > MaxDisk {
 		return fmt.Errorf("disk %s is too large: at most %s: %w", FormatSize(o.DiskBytes), FormatSize(MaxDisk), ErrInvalid)
 	}
@@ -123,6 +135,23 @@ func (m *Manager) checkSizes(o *CreateOptions) error {
 		return fmt.Errorf("disk %s does not fit: the volume has %s free: %w", FormatSize(o.DiskBytes), FormatSize(free), ErrNoSpace)
 	}
 	return nil
+}
+
+// imageDiskSize is the size of an image's root disk, the least a VM's
+// disk can be; 0 when the image is unknown (baseImage says why).
+func (m *Manager) imageDiskSize(name string) int64 {
+	man, err := m.cfg.Images.Manifest()
+	if err != nil {
+		return 0
+	}
+	if _, ok := man.Artifact(name); !ok {
+		return 0
+	}
+	st, err := os.Stat(m.cfg.Images.RootDisk(name))
+	if err != nil {
+		return 0
+	}
+	return st.Size()
 }
 
 // Create makes a new VM: a clone of the image's base disk, a VMM booting
@@ -141,6 +170,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	if o.Owner == "" {
 		o.Owner = registry.DefaultOwner
 	}
+	diskDefault := o.DiskBytes == 0
 	if err := m.checkSizes(&o); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
@@ -161,6 +191,9 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
 	if o.DiskBytes < baseSize {
+		if !diskDefault {
+			return registry.VM{}, fmt.Errorf("create vm %q: disk %s is smaller than image %s's disk: at least %s: %w", o.Name, FormatSize(o.DiskBytes), o.Image, FormatSize(baseSize), ErrInvalid)
+		}
 		o.DiskBytes = baseSize
 	}
 	accel, _ := m.Accel()
@@ -177,6 +210,9 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		if warm, err = m.warmBase(ctx, vm, sp, progress); err != nil {
 			m.log.Warn("den: no warm base snapshot, booting instead", "image", o.Image, "err", err)
 			warm = ""
+		} else if err := m.verify(ctx, baseRef(warm, o.Image), m.vmmName); err != nil {
+			m.dropBase(ctx, warm, err)
+			warm = ""
 		}
 	}
 	undo := cleanups{log: m.log}
@@ -186,7 +222,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	}
 	src := bringUpFrom{disk: base, what: "image " + o.Image}
 	if warm != "" {
-		src = bringUpFrom{disk: warm.Join(checkpoint.DiskFile), memory: warm.Join(checkpoint.VMMDir), what: "the warm base of image " + o.Image}
+		src = bringUpFrom{disk: warm.Join(checkpoint.DiskFile), memory: warm.Join(checkpoint.VMMDir), what: "the warm base of image " + o.Image, ref: baseRef(warm, o.Image)}
 	}
 	if vm, err = m.bringUp(ctx, vm, sp, src, progress); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)

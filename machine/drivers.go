@@ -43,6 +43,10 @@ type Driver struct {
 	// RAMFile: the VMM keeps guest RAM in a file in the VM's runtime
 	// dir, which must have room for it.
 	RAMFile bool
+	// LazyRestore: a restore maps the snapshot's memory and faults it in
+	// as the guest runs, rather than reading it all first (verification
+	// then samples it before and reads the rest after).
+	LazyRestore bool
 }
 
 // builtinDrivers are the drivers of the VMMs found on this host.
@@ -76,8 +80,9 @@ func (m *Manager) builtinDrivers() map[string]Driver {
 				return cloudhypervisor.Adopt(ctx, opts(rd))
 			},
 			Kernel:  func(d image.Dir) string { return d.Vmlinux() },
-			Accel:   "kvm",
-			Network: "none (Cloud Hypervisor without TAP setup)",
+			Accel:       "kvm",
+			Network:     "none (Cloud Hypervisor without TAP setup)",
+			LazyRestore: true,
 		}
 	}
 	return ds

@@ -34,6 +34,11 @@ func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progr
 	if err != nil {
 		return registry.VM{}, err
 	}
+	if id != "" { // looked up early, so that an unknown one costs nothing (forkFrom reads it again under the lock)
+		if _, err := m.getCheckpoint(ctx, src, id); err != nil {
+			return registry.VM{}, err
+		}
+	}
 	if err := m.needSpace(spaceMargin, "fork "+src+" to "+name); err != nil {
 		return registry.VM{}, err
 	}
@@ -103,6 +108,12 @@ func (m *Manager) forkFrom(ctx context.Context, vm registry.VM, src, id string, 
 	if err != nil {
 		return vm, err
 	}
+	if sp.AutoCheckpoint == "" { // one just taken needs no check
+		progress("verifying " + src + "@" + id)
+		if err := m.verify(ctx, checkpointRef(src, id), srcVM.VMM); err != nil {
+			return vm, err
+		}
+	}
 	sp.ForkedFrom = src + "@" + id
 	vm, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
 		v.Image, v.CPUs, v.MemoryBytes, v.DiskBytes, v.VMM, v.Accel = srcVM.Image, srcVM.CPUs, srcVM.MemoryBytes, srcVM.DiskBytes, srcVM.VMM, srcVM.Accel
@@ -112,7 +123,7 @@ func (m *Manager) forkFrom(ctx context.Context, vm registry.VM, src, id string, 
 	if err != nil {
 		return vm, err
 	}
-	from := bringUpFrom{disk: checkpoint.Dir(src, id).Join(checkpoint.DiskFile), what: src + "@" + id}
+	from := bringUpFrom{disk: checkpoint.Dir(src, id).Join(checkpoint.DiskFile), what: src + "@" + id, ref: checkpointRef(src, id)}
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		from.memory = checkpoint.Dir(src, id).Join(checkpoint.VMMDir)
 	}

@@ -62,11 +62,18 @@ type Config struct {
 	// VolumeWait bounds how long starting a VMM waits for a volume being
 	// remounted (default DefaultVolumeWait).
 	VolumeWait time.Duration
+	// NoDigests leaves snapshots without digests and restores without
+	// verification (den bench measures what they cost).
+	NoDigests bool
 	// Registry is den's record; nil opens the SQLite one in State (and
 	// Close closes it).
 	Registry registry.Store
 	// Drivers replaces the VMM drivers found on the host (tests).
 	Drivers map[string]Driver
+	// BootWakeParallel is how many VMs put to sleep by a host shutdown
+	// are woken at once when den starts (default
+	// DefaultBootWakeParallel); see hostlife.go.
+	BootWakeParallel int
 	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
 }
@@ -100,12 +107,17 @@ type Manager struct {
 
 	imageMu sync.Mutex // serialises base image imports
 
+	seal       sealer         // digests snapshots' large files
+	background sync.WaitGroup // digests and verifications under way
+
 	mu        sync.Mutex
 	instances map[string]*instance
 	holders   map[string]holder        // VMs an operation holds the lock of
 	waiters   map[string]chan struct{} // closed when a holder lets go
 	ops       sync.WaitGroup           // operations holding a VM's lock
 	closed    chan struct{}
+	closeOnce sync.Once      // Close's work, once closed is closed
+	hostWG    sync.WaitGroup // the boot wake (hostlife.go)
 
 	// volumeLostAt is when the volume's mount was last lost, and why:
 	// VMMs started before then run on a dead disk.
@@ -162,6 +174,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	go m.watchVolume()
+	// VMs a host shutdown put to sleep wake in the background.
+	m.startBootWake()
 	return m, nil
 }
 
@@ -169,17 +183,15 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 // (for at most Config.DrainTimeout), then closes agent connections and
 // the database. Running VMs keep running: a new Manager adopts them.
 func (m *Manager) Close() error {
-	m.mu.Lock()
-	select {
-	case <-m.closed:
-		m.mu.Unlock()
+	first := false
+	m.closeOnce.Do(func() { first = true })
+	if !first {
 		return nil
-	default:
 	}
-	close(m.closed)
-	m.mu.Unlock()
+	// A host shutdown (SleepAll) may have closed it already.
+	m.refuseNew()
 	drained := make(chan struct{})
-	go func() { m.ops.Wait(); close(drained) }()
+	go func() { m.ops.Wait(); m.hostWG.Wait(); close(drained) }()
 	wait := m.cfg.DrainTimeout
 	if wait <= 0 {
 		wait = DefaultDrainTimeout
@@ -188,6 +200,15 @@ func (m *Manager) Close() error {
 	case <-drained:
 	case <-time.After(wait):
 		m.log.Warn("den: operations still running at shutdown; closing anyway", "waited", wait)
+	}
+	// Background digests end at their next extent: wait for them, so
+	// that none reads a volume being unmounted.
+	bg := make(chan struct{})
+	go func() { m.background.Wait(); close(bg) }()
+	select {
+	case <-bg:
+	case <-time.After(30 * time.Second):
+		m.log.Warn("den: background digests still running at shutdown")
 	}
 	// The instances stay known (Running still counts them): their VMMs
 	// run on, and the next Manager adopts them.

@@ -25,6 +25,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		if vm.State != registry.StateCreating && vm.State != registry.StateDeleting {
 			m.sweepCheckpoints(ctx, vm.Name)
 			m.sweepSuspend(ctx, vm)
+			m.sealPending(ctx, vm)
 		}
 		switch vm.State {
 		case registry.StateRunning:

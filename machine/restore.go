@@ -107,6 +107,11 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	if err != nil {
 		return "", err
 	}
+	// A damaged checkpoint is refused before anything changes.
+	progress("verifying " + id)
+	if err := m.verify(ctx, checkpointRef(name, id), vm.VMM); err != nil {
+		return "", fmt.Errorf("restore vm %q: %w", name, err)
+	}
 	in := m.instance(name)
 	if in != nil {
 		// No session is admitted from here; open ones block the restore
@@ -172,9 +177,11 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 	}
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		progress("restoring memory")
-		if _, err := m.restoreInto(ctx, vm, sp, checkpoint.Dir(name, id).Join(checkpoint.VMMDir)); err != nil {
+		in, err := m.restoreInto(ctx, vm, sp, checkpoint.Dir(name, id).Join(checkpoint.VMMDir))
+		if err != nil {
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}
+		m.verifyRunning(in, checkpointRef(name, id), vm.VMM)
 	} else {
 		progress("booting from the checkpoint's disk")
 		if err := m.boot(ctx, vm, sp); err != nil {

@@ -86,6 +86,9 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	if err == nil {
 		err = fsutil.SyncTree(dir)
 	}
+	if err == nil {
+		err = m.sealSmall(ctx, tmp)
+	}
 	if err != nil {
 		_ = m.vol.Remove(ctx, tmp)
 		return undo(err)
@@ -112,6 +115,7 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	crashpoint("sleep-after-record")
 	stopped = true
 	m.stopInstance(ctx, in, false)
+	m.sealLater(storage.SuspendDir(name))
 	return nil
 }
 
@@ -138,7 +142,11 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 	if err != nil {
 		return err
 	}
-	if _, err := m.restoreInto(ctx, vm, sp, storage.SuspendDir(vm.Name)); err != nil {
+	if err := m.verify(ctx, suspendRef(vm.Name), vm.VMM); err != nil {
+		return fmt.Errorf("wake vm %q: %w; it stays asleep: restore a checkpoint (den checkpoints %s)", vm.Name, err, vm.Name)
+	}
+	in, err := m.restoreInto(ctx, vm, sp, suspendRef(vm.Name).dir)
+	if err != nil {
 		if errors.Is(err, errGuestRan) {
 			// The guest ran (and may have written its disk) before the
 			// wake failed: its saved memory no longer matches its disk.
@@ -148,6 +156,7 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 		}
 		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
 	}
+	m.verifyRunning(in, suspendRef(vm.Name), vm.VMM)
 	crashpoint("wake-after-restore")
 	_, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
 		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()

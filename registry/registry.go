@@ -71,6 +71,9 @@ var schema = []string{
 	// generation counts every write of a VM's record: compare-and-set
 	// updates carry the generation their decision was based on.
 	`ALTER TABLE vms ADD COLUMN generation INTEGER NOT NULL DEFAULT 0`,
+	// wake_on_boot marks a VM put to sleep for a host shutdown: the next
+	// daemon start wakes it (VM.WakeOnBoot).
+	`ALTER TABLE vms ADD COLUMN wake_on_boot INTEGER NOT NULL DEFAULT 0`,
 }
 
 // Open opens (creating if needed) the database at path and brings its
@@ -121,7 +124,7 @@ func (d *DB) migrate() error {
 // Close closes the database.
 func (d *DB) Close() error { return d.db.Close() }
 
-const vmColumns = `name, owner, image, cpus, memory_bytes, disk_bytes, state, reason, vmm, accel, idle_timeout_ms, created_at, last_active, spec_json, generation`
+const vmColumns = `name, owner, image, cpus, memory_bytes, disk_bytes, state, reason, vmm, accel, idle_timeout_ms, created_at, last_active, spec_json, generation, wake_on_boot`
 
 type scanner interface{ Scan(...any) error }
 
@@ -130,7 +133,7 @@ func scanVM(s scanner) (VM, error) {
 	var idle, created, active int64
 	var state string
 	err := s.Scan(&vm.Name, &vm.Owner, &vm.Image, &vm.CPUs, &vm.MemoryBytes, &vm.DiskBytes, &state, &vm.Reason,
-		&vm.VMM, &vm.Accel, &idle, &created, &active, &vm.SpecJSON, &vm.Generation)
+		&vm.VMM, &vm.Accel, &idle, &created, &active, &vm.SpecJSON, &vm.Generation, &vm.WakeOnBoot)
 	vm.State = State(state)
 	vm.IdleTimeout = time.Duration(idle) * time.Millisecond
 	vm.CreatedAt = time.UnixMilli(created).UTC()
@@ -140,9 +143,10 @@ func scanVM(s scanner) (VM, error) {
 
 // CreateVM records a new VM; ErrExists when the name is taken.
 func (d *DB) CreateVM(ctx context.Context, vm VM) error {
-	_, err := d.db.ExecContext(ctx, `INSERT INTO vms (`+vmColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,1)`,
+	_, err := d.db.ExecContext(ctx, `INSERT INTO vms (`+vmColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,1,?)`,
 		vm.Name, vm.Owner, vm.Image, vm.CPUs, vm.MemoryBytes, vm.DiskBytes, string(vm.State), vm.Reason,
-		vm.VMM, vm.Accel, vm.IdleTimeout.Milliseconds(), vm.CreatedAt.UnixMilli(), vm.LastActive.UnixMilli(), specOrEmpty(vm.SpecJSON))
+		vm.VMM, vm.Accel, vm.IdleTimeout.Milliseconds(), vm.CreatedAt.UnixMilli(), vm.LastActive.UnixMilli(), specOrEmpty(vm.SpecJSON),
+		vm.WakeOnBoot)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint") {
 			return fmt.Errorf("vm %q: %w", vm.Name, ErrExists)
@@ -232,12 +236,13 @@ func (d *DB) update(ctx context.Context, name string, gen int64, f func(*VM) err
 			return VM{}, fmt.Errorf("vm %q: %w", name, err)
 		}
 	}
+	vm.KeepWakeOnBoot(old)
 	vm.Name, vm.Generation = name, oldGen+1
 	res, err := tx.ExecContext(ctx, `UPDATE vms SET owner=?, image=?, cpus=?, memory_bytes=?, disk_bytes=?, state=?, reason=?, vmm=?, accel=?,
-		idle_timeout_ms=?, created_at=?, last_active=?, spec_json=?, generation=? WHERE name=? AND generation=?`,
+		idle_timeout_ms=?, created_at=?, last_active=?, spec_json=?, generation=?, wake_on_boot=? WHERE name=? AND generation=?`,
 		vm.Owner, vm.Image, vm.CPUs, vm.MemoryBytes, vm.DiskBytes, string(vm.State), vm.Reason, vm.VMM, vm.Accel,
 		vm.IdleTimeout.Milliseconds(), vm.CreatedAt.UnixMilli(), vm.LastActive.UnixMilli(), specOrEmpty(vm.SpecJSON),
-		vm.Generation, name, oldGen)
+		vm.Generation, vm.WakeOnBoot, name, oldGen)
 	if err != nil {
 		return VM{}, fmt.Errorf("update vm %q: %w", name, err)
 	}

@@ -18,7 +18,9 @@ type Store interface {
 }
 
 // VMStore keeps VM records. Every write bumps the record's generation;
-// UpdateVMIf writes only at the generation the caller decided on.
+// UpdateVMIf writes only at the generation the caller decided on. Updates
+// check the state transition (CheckTransition) and apply
+// VM.KeepWakeOnBoot.
 type VMStore interface {
 	CreateVM(ctx context.Context, vm VM) error
 	GetVM(ctx context.Context, name string) (VM, error)

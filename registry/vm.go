@@ -88,4 +88,21 @@ type VM struct {
 	// decided on one generation is refused once another write came
 	// between (UpdateVMIf). Later it carries an owning host's fencing.
 	Generation int64 `json:"generation"`
+	// WakeOnBoot marks a VM put to sleep because the host shut down: the
+	// next daemon start wakes it, and the wake clears the mark. It is set
+	// on a running VM about to be put to sleep for a shutdown, and holds
+	// only while the VM is running or sleeping: any write that takes the
+	// VM to another state (or from sleeping to running) clears it.
+	WakeOnBoot bool `json:"wake_on_boot,omitempty"`
+}
+
+// KeepWakeOnBoot applies WakeOnBoot's rule to a record whose state was
+// old before a write: the mark survives running -> sleeping (the sleep it
+// was set for) and writes that keep the state; every other state change
+// clears it. Every Store applies it in UpdateVM and UpdateVMIf.
+func (vm *VM) KeepWakeOnBoot(old State) {
+	if vm.State == old || (old == StateRunning && vm.State == StateSleeping) {
+		return
+	}
+	vm.WakeOnBoot = false
 }

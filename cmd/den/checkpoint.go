@@ -15,7 +15,7 @@ func checkpointCommand() *cli.Command {
 		Name:      "checkpoint",
 		Usage:     "save a VM's memory and disk as a new checkpoint; prints its id",
 		ArgsUsage: "NAME",
-		UsageText: "den checkpoint NAME [-m COMMENT] [--disk-only] [--keep N]\n   den checkpoint rm NAME CHECKPOINT",
+		UsageText: "den checkpoint NAME [-m COMMENT] [--disk-only] [--keep N]\n   den checkpoint rm NAME CHECKPOINT\n   den checkpoint verify NAME [CHECKPOINT] [--all]",
 		Description: `By default memory and disk are captured at one paused instant: restoring it
 brings back running processes too. --disk-only freezes the guest's filesystems
 instead of pausing and captures the disk only (restoring it boots).
@@ -24,14 +24,15 @@ A sleeping VM is checkpointed from its suspend slot, a stopped one disk-only.
 Examples:
    den checkpoint box -m "deps installed"
    den checkpoint box --disk-only --keep 10
-   den checkpoint rm box cp-3`,
+   den checkpoint rm box cp-3
+   den checkpoint verify box --all`,
 		Flags: []cli.Flag{
 			socketFlag, jsonFlag,
 			&cli.StringFlag{Name: "m", Aliases: []string{"comment"}, Usage: "a comment"},
 			&cli.BoolFlag{Name: "disk-only", Usage: "freeze filesystems and save the disk only"},
 			&cli.IntFlag{Name: "keep", Usage: "afterwards keep only the newest N checkpoints"},
 		},
-		Subcommands: []*cli.Command{checkpointRmCommand()},
+		Subcommands: []*cli.Command{checkpointRmCommand(), checkpointVerifyCommand()},
 		Action: func(c *cli.Context) error {
 			name, err := oneName(c)
 			if err != nil {

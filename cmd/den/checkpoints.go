@@ -49,8 +49,12 @@ Examples:
 				if parent == "" {
 					parent = "-"
 				}
+				comment := cp.Comment
+				if cp.Damaged != "" {
+					comment = "DAMAGED (den checkpoint verify " + name + " " + cp.ID + ") " + comment
+				}
 				fmt.Fprintf(tw, "%s%s%s\t%s\t%s\t%s\t%s\t%s\t%s\n", mark, cp.Tree, cp.ID, parent, ago(cp.CreatedAt), cp.Kind,
-					size.Format(cp.MemoryBytes), size.Format(cp.DiskBytes), cp.Comment)
+					size.Format(cp.MemoryBytes), size.Format(cp.DiskBytes), comment)
 			}
 			return tw.Flush()
 		},

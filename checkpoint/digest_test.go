@@ -1,0 +1,223 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// snapshotDir is a snapshot as the VMMs write it: small state and config
+// files, and a sparse memory file of 10 extents with data here and there.
+func snapshotDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	write := func(rel, data string) {
+		p := filepath.Join(dir, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("vmm/state", strings.Repeat("device state ", 1000))
+	write("vmm/config.json", `{"cpus":1}`)
+	write("vmm/empty", "")
+	f, err := os.Create(filepath.Join(dir, "vmm", "memory"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(10 * ExtentSize); err != nil {
+		t.Fatal(err)
+	}
+	for i := int64(0); i < 10; i += 3 {
+		if _, err := f.WriteAt([]byte("page of extent "+string(rune('0'+i))), i*ExtentSize+4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func seal(t *testing.T, dir string) Manifest {
+	t.Helper()
+	man, err := SealSmall(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(man.Large) != 1 || man.Large["vmm/memory"] != 10*ExtentSize {
+		t.Fatalf("large files: %v", man.Large)
+	}
+	if Sealed(dir) {
+		t.Fatal("sealed before Seal")
+	}
+	if err := Seal(context.Background(), dir); err != nil {
+		t.Fatal(err)
+	}
+	if !Sealed(dir) {
+		t.Fatal("not sealed after Seal")
+	}
+	return man
+}
+
+func corrupt(t *testing.T, path string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte{0xde, 0xad}, off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestVerifyFindsEachDamage(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, file string
+		off        int64
+		want       string
+	}{
+		{"device state", "vmm/state", 100, "vmm/state extent 0 (offset 0 MiB) does not match its digest"},
+		{"config", "vmm/config.json", 2, "vmm/config.json extent 0"},
+		{"memory extent", "vmm/memory", 7*ExtentSize + 12345, "vmm/memory extent 7 (offset 28 MiB) does not match its digest"},
+		{"memory hole", "vmm/memory", 5 * ExtentSize, "vmm/memory extent 5 (offset 20 MiB)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := snapshotDir(t)
+			seal(t, dir)
+			if res, err := Verify(ctx, dir, Policy{Full: true}); err != nil || len(res) != 4 {
+				t.Fatalf("intact: %v %+v", err, res)
+			}
+			corrupt(t, filepath.Join(dir, tc.file), tc.off)
+			res, err := Verify(ctx, dir, Policy{Full: true})
+			var de *DamageError
+			if !errors.As(err, &de) || !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want %q", err, tc.want)
+			}
+			bad := 0
+			for _, r := range res {
+				if r.Status != "ok" {
+					bad++
+					if r.File != tc.file || r.Status != "damaged" {
+						t.Errorf("result %+v", r)
+					}
+				}
+			}
+			if bad != 1 || len(res) != 4 {
+				t.Errorf("results %+v", res)
+			}
+		})
+	}
+}
+
+func TestVerifyPolicies(t *testing.T) {
+	ctx := context.Background()
+	dir := snapshotDir(t)
+	seal(t, dir)
+	// Sampling always reads the first and the last extent, and the
+	// small files whole.
+	corrupt(t, filepath.Join(dir, "vmm", "memory"), 9*ExtentSize+1)
+	if _, err := Verify(ctx, dir, Policy{Sample: 0}); !errors.Is(err, ErrDamaged) {
+		t.Fatalf("last extent not read by a sample: %v", err)
+	}
+	dir = snapshotDir(t)
+	seal(t, dir)
+	corrupt(t, filepath.Join(dir, "vmm", "memory"), 4*ExtentSize+1)
+	res, err := Verify(ctx, dir, Policy{Sample: 0})
+	if err != nil {
+		t.Fatalf("a sample of first and last read the middle: %v", err)
+	}
+	for _, r := range res {
+		if r.File == "vmm/memory" && (r.Extents != 2 || r.Of != 10) {
+			t.Errorf("sampled %+v", r)
+		}
+	}
+	if _, err := Verify(ctx, dir, Policy{Whole: []string{"vmm/"}}); !errors.Is(err, ErrDamaged) {
+		t.Fatalf("whole vmm/ missed the middle: %v", err)
+	}
+	// A missing file and a file of another size are damage too.
+	dir = snapshotDir(t)
+	seal(t, dir)
+	os.Remove(filepath.Join(dir, "vmm", "config.json"))
+	os.Truncate(filepath.Join(dir, "vmm", "memory"), ExtentSize)
+	res, err = Verify(ctx, dir, Policy{})
+	if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "vmm/config.json is missing") {
+		t.Fatalf("missing file: %v", err)
+	}
+	for _, r := range res {
+		if (r.File == "vmm/config.json" || r.File == "vmm/memory") && r.Status != "missing" {
+			t.Errorf("%+v", r)
+		}
+	}
+}
+
+func TestSealIsTiedToItsManifest(t *testing.T) {
+	ctx := context.Background()
+	dir := snapshotDir(t)
+	if _, err := Verify(ctx, dir, Policy{}); !errors.Is(err, ErrUnsealed) {
+		t.Fatalf("no manifest: %v", err)
+	}
+	old, err := SealSmall(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Before Seal, the memory is listed as unsealed, not damaged.
+	res, err := Verify(ctx, dir, Policy{Full: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		if r.File == "vmm/memory" && r.Status != "unsealed" {
+			t.Errorf("%+v", r)
+		}
+	}
+	// A new snapshot in the same place: the late sealer of the old one
+	// must not vouch for it.
+	if _, err := SealSmall(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	data := `{"vmm/memory":{"size":41943040,"extents":["0","0","0","0","0","0","0","0","0","0"]}}`
+	if err := os.WriteFile(filepath.Join(dir, largeManifest(old.Seal)), []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if Sealed(dir) {
+		t.Fatal("the old seal's digests were taken for the new snapshot")
+	}
+	if err := Seal(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Verify(ctx, dir, Policy{Full: true}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSealSmallTakesOverASealedSubdirectory(t *testing.T) {
+	ctx := context.Background()
+	// A suspend slot, sealed, cloned as a checkpoint's vmm/ directory.
+	slot := snapshotDir(t)
+	vmmDir := filepath.Join(slot, "vmm")
+	if _, err := SealSmall(ctx, vmmDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := Seal(ctx, vmmDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(slot, DiskFile), []byte("disk"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	man, err := SealSmall(ctx, slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(man.Large) != 0 || len(man.Files["vmm/memory"].Extents) != 10 {
+		t.Fatalf("memory digests not taken over: large %v", man.Large)
+	}
+	if _, err := Verify(ctx, slot, Policy{Full: true}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"text/tabwriter"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/denhq/den/api"
+	"github.com/denhq/den/internal/size"
+)
+
+func checkpointVerifyCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "verify",
+		Usage:     "read checkpoints whole against their digests and report each file",
+		ArgsUsage: "NAME [CHECKPOINT]",
+		UsageText: "den checkpoint verify NAME [CHECKPOINT] [--all] [--json]",
+		Description: `Every checkpoint records digests of its files (device state, VMM config,
+memory and disk, by 4 MiB extent). Restore, fork and wake check the small files
+and the memory, and sample the disk; verify reads everything. A damaged
+checkpoint is marked in den checkpoints and can be deleted (den checkpoint rm).
+Without CHECKPOINT it verifies the head (the one marked *). The exit status is 1
+when a checkpoint is damaged.
+
+Examples:
+   den checkpoint verify box cp-3
+   den checkpoint verify box --all
+   den checkpoint verify box --all --json | jq -r '.[] | select(.status=="damaged") | .checkpoint'`,
+		Flags: []cli.Flag{socketFlag, jsonFlag,
+			&cli.BoolFlag{Name: "all", Usage: "verify every checkpoint of the VM"},
+		},
+		Action: func(c *cli.Context) error {
+			name, err := needName(c)
+			if err != nil {
+				return err
+			}
+			req := api.VerifyRequest{All: c.Bool("all")}
+			switch {
+			case c.NArg() > 2:
+				return usageExit(c, "too many arguments: give a VM name and at most one checkpoint")
+			case c.NArg() == 2 && req.All:
+				return usageExit(c, "give a checkpoint or --all, not both")
+			case c.NArg() == 2:
+				req.Checkpoint = c.Args().Get(1)
+			}
+			ctx, cancel := withSignals(c)
+			defer cancel()
+			res, err := newClient(c).VerifyCheckpoints(ctx, name, req, progressPrinter(c))
+			if err != nil {
+				return err
+			}
+			damaged := 0
+			for _, v := range res {
+				if v.Status == "damaged" {
+					damaged++
+				}
+			}
+			if c.Bool("json") {
+				if err := printJSON(res); err != nil {
+					return err
+				}
+			} else {
+				printVerifications(res)
+			}
+			if damaged > 0 {
+				return cli.Exit(fmt.Sprintf("den checkpoint verify: %d of %d checkpoint(s) of %s damaged", damaged, len(res), name), 1)
+			}
+			return nil
+		},
+	}
+}
+
+func printVerifications(res []api.Verification) {
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CHECKPOINT\tFILE\tSIZE\tREAD\tSTATUS\tDETAIL")
+	for _, v := range res {
+		if len(v.Files) == 0 {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t%s\t%s\n", v.Checkpoint, v.Status, v.Error)
+		}
+		for _, f := range v.Files {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", v.Checkpoint, f.File, size.Format(f.Size), f.Extents, f.Of, f.Status, f.Detail)
+		}
+	}
+	tw.Flush()
+}

@@ -1,0 +1,176 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// volumePath is a file on the daemon's mounted volume.
+func (d *daemon) volumePath(parts ...string) string {
+	return filepath.Join(append([]string{d.state, "juicefs", "mnt"}, parts...)...)
+}
+
+// flipBytes inverts two bytes of a file at off (twice restores them).
+func flipBytes(t *testing.T, path string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 2)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0], b[1] = ^b[0], ^b[1]
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitSealed waits until a snapshot directory's large files have their
+// digests (written in the background after a checkpoint or a sleep).
+func waitSealed(t *testing.T, dir string) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var man struct {
+			Seal  string           `json:"seal"`
+			Large map[string]int64 `json:"large"`
+		}
+		data, err := os.ReadFile(filepath.Join(dir, "digests.json"))
+		if err == nil && json.Unmarshal(data, &man) == nil {
+			if len(man.Large) == 0 {
+				return
+			}
+			if _, err := os.Stat(filepath.Join(dir, "digests-"+man.Seal+".json")); err == nil {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no digests in %s after 3 minutes", dir)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+type verification struct {
+	Checkpoint string `json:"checkpoint"`
+	Status     string `json:"status"`
+	Error      string `json:"error"`
+	Files      []struct {
+		File   string `json:"file"`
+		Status string `json:"status"`
+		Detail string `json:"detail"`
+	} `json:"files"`
+}
+
+// TestCorruptedSnapshotsAreRefused: the device state, the config, a
+// memory extent and a disk block of a checkpoint, and the device state,
+// config and a memory extent of a suspend slot, are altered in turn:
+// restore, fork and wake refuse with a line naming the file and extent,
+// the VM is left as it was, den checkpoint verify names the damage, and
+// the snapshot serves again once whole.
+func TestCorruptedSnapshotsAreRefused(t *testing.T) {
+	d := startDaemon(t)
+	d.must("create", "box", "--memory", "128M", "--idle-timeout", "0")
+	d.must("exec", "box", "--", "sh", "-c", startWork)
+	if id := strings.TrimSpace(d.must("checkpoint", "box", "-m", "sealed")); id != "cp-1" {
+		t.Fatalf("checkpoint id %q", id)
+	}
+	cpDir := d.volumePath("vms", "box", "checkpoints", "cp-1")
+	waitSealed(t, cpDir)
+	var res []verification
+	if err := json.Unmarshal([]byte(d.must("checkpoint", "verify", "box", "cp-1", "--json")), &res); err != nil || len(res) != 1 || res[0].Status != "ok" {
+		t.Fatalf("intact checkpoint: %v %+v", err, res)
+	}
+	// The guest's changes after the checkpoint show whether a refused
+	// restore touched the VM.
+	d.must("exec", "box", "--", "sh", "-c", "echo after > /root/after")
+
+	for _, tc := range []struct {
+		name, file string
+		off        int64
+		want       string
+	}{
+		{"device state", "vmm/state", 100, "vmm/state extent 0 (offset 0 MiB) does not match its digest"},
+		{"config", "vmm/config.json", 10, "vmm/config.json extent 0"},
+		{"memory extent", "vmm/memory", 48<<20 + 4096, "vmm/memory extent 12 (offset 48 MiB) does not match its digest"},
+		{"disk block", "disk", 1<<20 + 512, "disk extent 0 (offset 0 MiB) does not match its digest"},
+	} {
+		t.Run("checkpoint "+tc.name, func(t *testing.T) {
+			path := filepath.Join(cpDir, filepath.FromSlash(tc.file))
+			flipBytes(t, path, tc.off)
+			defer flipBytes(t, path, tc.off)
+			_, err := d.run("restore", "box", "cp-1")
+			if err == nil || !strings.Contains(stderrOf(err), `checkpoint cp-1 of "box" is damaged: `+tc.want) {
+				t.Fatalf("restore of a damaged checkpoint: %v: %s", err, stderrOf(err))
+			}
+			if out := d.must("exec", "box", "--", "sh", "-c", "cat /root/after; "+checkWork); out != "after\nv1\nalive\n" {
+				t.Fatalf("the refused restore changed the vm: %q", out)
+			}
+			if cps := d.checkpoints("box"); len(cps) != 1 {
+				t.Fatalf("the refused restore saved a checkpoint: %+v", cps)
+			}
+			if _, err := d.run("fork", "box@cp-1", "copy"); err == nil || !strings.Contains(stderrOf(err), "is damaged") {
+				t.Fatalf("fork of a damaged checkpoint: %v: %s", err, stderrOf(err))
+			}
+			if _, err := d.run("info", "copy"); err == nil {
+				t.Fatal("a refused fork left a vm")
+			}
+			out, err := d.run("checkpoint", "verify", "box", "cp-1")
+			if err == nil || !strings.Contains(out, tc.file) || !strings.Contains(out, "damaged") {
+				t.Fatalf("verify of a damaged checkpoint: %v\n%s", err, out)
+			}
+			if list := d.must("checkpoints", "box"); !strings.Contains(list, "DAMAGED") {
+				t.Fatalf("den checkpoints does not mark it:\n%s", list)
+			}
+		})
+	}
+	// Whole again: verify clears the mark, and the checkpoint restores.
+	d.must("checkpoint", "verify", "box", "cp-1")
+	if list := d.must("checkpoints", "box"); strings.Contains(list, "DAMAGED") {
+		t.Fatalf("mark not cleared:\n%s", list)
+	}
+	d.must("restore", "box", "cp-1", "--no-save")
+	if out := d.must("exec", "box", "--", "sh", "-c", checkWork); out != "v1\nalive\n" {
+		t.Fatalf("after restoring the intact checkpoint: %q", out)
+	}
+
+	slot := d.volumePath("vms", "box", "suspend")
+	d.must("sleep", "box")
+	waitSealed(t, slot)
+	for _, tc := range []struct {
+		name, file string
+		off        int64
+		want       string
+	}{
+		{"device state", "state", 100, "state extent 0 (offset 0 MiB) does not match its digest"},
+		{"config", "config.json", 10, "config.json extent 0"},
+		{"memory extent", "memory", 48<<20 + 4096, "memory extent 12 (offset 48 MiB) does not match its digest"},
+	} {
+		t.Run("suspend slot "+tc.name, func(t *testing.T) {
+			path := filepath.Join(slot, tc.file)
+			flipBytes(t, path, tc.off)
+			defer flipBytes(t, path, tc.off)
+			_, err := d.run("wake", "box")
+			if err == nil || !strings.Contains(stderrOf(err), `the memory "box" slept with is damaged: `+tc.want) {
+				t.Fatalf("wake from a damaged slot: %v: %s", err, stderrOf(err))
+			}
+			if vm := d.info("box"); vm.State != "sleeping" {
+				t.Fatalf("after a refused wake: %+v", vm)
+			}
+		})
+	}
+	d.must("wake", "box")
+	if out := d.must("exec", "box", "--", "sh", "-c", checkWork); out != "v1\nalive\n" {
+		t.Fatalf("after a wake from the intact slot: %q", out)
+	}
+}

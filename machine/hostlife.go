@@ -1,0 +1,584 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/registry"
+	"github.com/denhq/den/vmm"
+)
+
+// The host's life: a shutdown and the boot after it.
+//
+// VMMs outlive a daemon restart, but not a host shutdown: the system kills
+// them. SleepAll with Shutdown puts every running VM to sleep first (in
+// parallel, within a bound) and marks each in the registry
+// (registry.VM.WakeOnBoot); the next Manager wakes the marked VMs in the
+// background (startBootWake, most recently active first), so a reboot
+// costs each VM a wake, not its processes. A VM that cannot be put to
+// sleep in time is stopped by den itself and recorded so, with what was
+// lost and its last checkpoint. A daemon restart alone marks nothing and
+// leaves VMs running.
+
+// Defaults of HostOptions and of the boot wake.
+const (
+	// DefaultHostTimeout bounds SleepAll and WakeAll as a whole.
+	DefaultHostTimeout = 2 * time.Minute
+	// DefaultHostParallel is how many VMs SleepAll and WakeAll handle at
+	// once: a sleep mostly writes the guest's memory to the volume.
+	DefaultHostParallel = 4
+	// DefaultBootWakeParallel is how many VMs the boot wake wakes at once.
+	DefaultBootWakeParallel = 2
+	// bootWakeTimeout bounds the boot wake as a whole; each wake is also
+	// bounded by its own steps.
+	bootWakeTimeout = 30 * time.Minute
+	// maxStopReserve caps the part of a shutdown's bound kept for stopping
+	// and recording the VMs that did not sleep in time.
+	maxStopReserve = 20 * time.Second
+)
+
+// HostOptions configures SleepAll and WakeAll.
+type HostOptions struct {
+	// Shutdown says the host is going down (SleepAll only): the VMs put
+	// to sleep are marked to be woken when den next starts; a VM that
+	// cannot sleep within the bound is stopped and recorded with what was
+	// lost; sessions do not hold a VM awake; and afterwards den refuses
+	// new work (nothing may wake a VM before the VMMs are killed) until
+	// it restarts.
+	Shutdown bool
+	// Timeout bounds the whole call (default DefaultHostTimeout). With
+	// Shutdown, the last quarter of it (at most 20 s) is kept for
+	// stopping and recording the VMs that did not sleep by then.
+	Timeout time.Duration
+	// Parallel is how many VMs are handled at once (default
+	// DefaultHostParallel).
+	Parallel int
+	// Force puts VMs with sessions open to sleep (always so with
+	// Shutdown).
+	Force bool
+
+	// marked makes WakeAll wake only the VMs a shutdown marked (the boot
+	// wake), and clear their marks.
+	marked bool
+}
+
+// WithDefaults fills in the zero Timeout and Parallel.
+func (o HostOptions) WithDefaults() HostOptions {
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultHostTimeout
+	}
+	if o.Parallel <= 0 {
+		o.Parallel = DefaultHostParallel
+	}
+	return o
+}
+
+// stopReserve is the part of a shutdown's bound kept for stopping and
+// recording the VMs whose sleep did not finish.
+func stopReserve(timeout time.Duration) time.Duration {
+	return min(timeout/4, maxStopReserve)
+}
+
+// HostResult is what became of one VM in SleepAll or WakeAll.
+type HostResult struct {
+	Name string
+	// State and Reason are the VM's record afterwards ("" if unread).
+	State  registry.State
+	Reason string
+	Took   time.Duration
+	// Err is nil when the VM was put to sleep (woken), or was already.
+	Err error
+}
+
+// reasonAsleep is the reason of a VM a shutdown put to sleep.
+const reasonAsleep = "asleep for a host shutdown: den wakes it when it next starts"
+
+// SleepAll puts every running VM to sleep, the most recently active
+// first, o.Parallel at a time, within o.Timeout; report (if not nil)
+// receives each VM's result as it comes. Per-VM failures are in the
+// results; the error is for failing to start at all. See HostOptions for
+// what Shutdown adds.
+func (m *Manager) SleepAll(ctx context.Context, o HostOptions, report func(HostResult)) ([]HostResult, error) {
+	o = o.WithDefaults()
+	start := time.Now()
+	vms, err := m.db.ListVMs(ctx, "")
+	if err != nil {
+		return nil, fmt.Errorf("sleep all vms: %w", err)
+	}
+	var todo []registry.VM
+	for _, vm := range vms {
+		if vm.State == registry.StateRunning {
+			todo = append(todo, vm)
+		}
+	}
+	byActivity(todo)
+	hard, cancelHard := context.WithTimeout(ctx, o.Timeout)
+	defer cancelHard()
+	soft, cancelSoft := context.WithTimeout(hard, o.Timeout-stopReserve(o.Timeout))
+	defer cancelSoft()
+	held := &heldLocks{}
+	if o.Shutdown {
+		m.log.Info("den: host shutting down: putting the running vms to sleep", "vms", len(todo), "timeout", o.Timeout, "parallel", o.Parallel)
+		// Whatever happens, den then refuses new work: the host is
+		// going down, and a VM woken now would lose its processes.
+		defer func() {
+			m.refuseNew()
+			held.release()
+		}()
+	}
+	results := make(chan HostResult, len(todo))
+	sem := make(chan struct{}, o.Parallel)
+	go func() {
+		for _, vm := range todo {
+			slot := false
+			select {
+			case sem <- struct{}{}:
+				slot = true
+			case <-soft.Done():
+			}
+			late := soft.Err() != nil
+			go func() {
+				if slot {
+					defer func() { <-sem }()
+				}
+				results <- m.sleepForHost(soft, hard, vm, o, late, held)
+			}()
+		}
+	}()
+	out := collect(hard, todo, results, report, func(vm registry.VM) HostResult {
+		return HostResult{Name: vm.Name, Took: time.Since(start),
+			Err: fmt.Errorf("vm %q: still being put to sleep when the %s bound ran out: %w", vm.Name, o.Timeout, ErrBusy)}
+	})
+	if o.Shutdown {
+		var asleep int
+		var failed []string
+		for _, r := range out {
+			if r.Err == nil {
+				asleep++
+			} else {
+				failed = append(failed, r.Name)
+			}
+		}
+		m.log.Info("den: host shutdown: vms put to sleep", "asleep", asleep, "failed", failed, "took", time.Since(start).Round(time.Millisecond))
+	}
+	return out, nil
+}
+
+// collect gathers one result per VM of todo until all came or ctx ends;
+// the VMs without a result by then get late's.
+func collect(ctx context.Context, todo []registry.VM, results <-chan HostResult, report func(HostResult), late func(registry.VM) HostResult) []HostResult {
+	if report == nil {
+		report = func(HostResult) {}
+	}
+	var out []HostResult
+	got := map[string]bool{}
+	add := func(r HostResult) {
+		out = append(out, r)
+		got[r.Name] = true
+		report(r)
+	}
+wait:
+	for len(out) < len(todo) {
+		select {
+		case r := <-results:
+			add(r)
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	for len(out) < len(todo) {
+		select {
+		case r := <-results:
+			add(r)
+			continue
+		default:
+		}
+		break
+	}
+	for _, vm := range todo {
+		if !got[vm.Name] {
+			add(late(vm))
+		}
+	}
+	return out
+}
+
+// sleepForHost puts one VM to sleep for SleepAll: its sleep must finish
+// by soft; with Shutdown, a VM that did not (or that had no turn before
+// soft: late) is stopped and recorded as lost by hard.
+func (m *Manager) sleepForHost(soft, hard context.Context, vm registry.VM, o HostOptions, late bool, held *heldLocks) HostResult {
+	start := time.Now()
+	bg := context.WithoutCancel(hard)
+	done := func(err error) HostResult {
+		r := HostResult{Name: vm.Name, Took: time.Since(start), Err: err}
+		if rec, gerr := m.get(bg, vm.Name); gerr == nil {
+			r.State, r.Reason = rec.State, rec.Reason
+		}
+		return r
+	}
+	if late && !o.Shutdown {
+		return done(fmt.Errorf("vm %q: not put to sleep: the %s bound ran out before its turn: %w", vm.Name, o.Timeout, ErrBusy))
+	}
+	lockCtx, op := soft, "sleep --all"
+	if o.Shutdown {
+		op = "sleep (host shutdown)"
+	}
+	if late {
+		lockCtx = hard
+	}
+	unlock, err := m.lockVM(lockCtx, vm.Name, op)
+	if err != nil {
+		return done(err)
+	}
+	if o.Shutdown {
+		// Held until den refuses new work: nothing wakes it meanwhile.
+		defer held.keep(unlock)
+	} else {
+		defer unlock()
+	}
+	cur, err := m.reconcileLocked(hard, vm.Name)
+	if err != nil {
+		return done(err)
+	}
+	switch {
+	case cur.State == registry.StateSleeping:
+		if o.Shutdown {
+			m.markAsleep(bg, vm.Name)
+		}
+		return done(nil)
+	case cur.State != registry.StateRunning:
+		return done(fmt.Errorf("vm %q is %s, not running (%s): %w", vm.Name, cur.State, cur.Reason, ErrConflict))
+	case late:
+		return done(m.loseForHost(bg, vm.Name, fmt.Sprintf("no time was left for it within %s", o.Timeout)))
+	}
+	if o.Shutdown {
+		// Marked before the sleep, so that a crash right after it still
+		// wakes the VM at the next start; a failed sleep clears it.
+		if _, err := m.db.UpdateVMIf(hard, vm.Name, cur.Generation, func(v *registry.VM) error {
+			v.WakeOnBoot = true
+			return nil
+		}); err != nil {
+			return done(err)
+		}
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- m.sleepLocked(soft, vm.Name, o.Force || o.Shutdown) }()
+	var serr error
+	select {
+	case serr = <-errc:
+	case <-soft.Done():
+		if o.Shutdown {
+			// Out of time: the host kills it soon anyway. Killing it now
+			// ends the sleep (its VMM calls fail at once) and lets den
+			// record what was lost.
+			m.log.Warn("den: host shutdown: a vm did not sleep in time; stopping its vmm", "vm", vm.Name)
+			m.killVMM(bg, vm.Name)
+		}
+		serr = <-errc
+	}
+	if rec, err := m.get(bg, vm.Name); err == nil && rec.State == registry.StateSleeping {
+		// Asleep (a sleep killed after its record was written finished).
+		if o.Shutdown {
+			m.markAsleep(bg, vm.Name)
+		}
+		return done(nil)
+	}
+	if !o.Shutdown {
+		return done(serr)
+	}
+	cause := serr.Error()
+	if soft.Err() != nil {
+		cause = fmt.Sprintf("it did not sleep within %s: %v", (o.Timeout - stopReserve(o.Timeout)).Round(time.Millisecond), serr)
+	}
+	return done(m.loseForHost(bg, vm.Name, cause))
+}
+
+// markAsleep makes a sleeping VM's record say that a shutdown put it to
+// sleep and that the next start wakes it.
+func (m *Manager) markAsleep(ctx context.Context, name string) {
+	_, err := m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
+		if v.State == registry.StateSleeping {
+			v.WakeOnBoot, v.Reason = true, reasonAsleep
+		}
+		return nil
+	})
+	if err != nil {
+		m.log.Warn("den: host shutdown: mark vm to wake at the next start", "vm", name, "err", err)
+	}
+}
+
+// killVMM ends a VM's VMM at once (SIGTERM, SIGKILL a second later),
+// whatever it is doing.
+func (m *Manager) killVMM(ctx context.Context, name string) {
+	if p, err := vmm.AdoptProcess(m.state.Run(name).PIDFile()); err == nil {
+		if err := p.Stop(time.Second); err != nil {
+			m.log.Warn("den: kill vmm", "vm", name, "err", err)
+		}
+		return
+	}
+	if in := m.instance(name); in != nil {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_ = in.hv.Shutdown(sctx)
+	}
+}
+
+// loseForHost stops a VM that a shutdown could not put to sleep (the
+// guest is asked to power off first, so that its disk is clean, if it
+// still answers) and records it stopped with what was lost; the caller
+// holds its lock. The error says the same, for the VM's result.
+func (m *Manager) loseForHost(ctx context.Context, name, cause string) error {
+	if in := m.instance(name); in != nil {
+		in.close(true)
+		m.stopInstance(ctx, in, alive(in))
+	} else {
+		m.stopRecorded(name)
+	}
+	reason := m.lostReason(ctx, name, cause)
+	_, err := m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
+		if v.State == registry.StateDeleting {
+			return nil
+		}
+		v.State, v.Reason, v.WakeOnBoot = registry.StateStopped, reason, false
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("vm %q: %s (and recording it failed: %w)", name, reason, err)
+	}
+	m.log.Warn("den: host shutdown: a vm could not be put to sleep; its processes are lost", "vm", name, "reason", reason)
+	return fmt.Errorf("vm %q: %s", name, reason)
+}
+
+// lostReason is the record's reason for a VM a shutdown could not put
+// to sleep: what was lost, and what is left (the disk, and its last
+// checkpoint).
+func (m *Manager) lostReason(ctx context.Context, name, cause string) string {
+	s := "host shut down before it could sleep (" + cause + "): its processes are lost and it boots from its disk when next used"
+	cps, err := m.db.ListCheckpoints(ctx, name)
+	switch {
+	case err != nil:
+	case len(cps) == 0:
+		s += "; it has no checkpoint"
+	default:
+		c := cps[len(cps)-1]
+		s += fmt.Sprintf("; last checkpoint %s, taken %s before the shutdown", c.ID, roughly(time.Since(c.CreatedAt)))
+		if c.Kind == checkpoint.KindDiskOnly {
+			s += " (disk only)"
+		}
+	}
+	return s
+}
+
+// roughly is a duration as a person says it: 40s, 12m, 3h, 2d.
+func roughly(d time.Duration) string {
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+// WakeAll wakes every sleeping VM, the most recently active first,
+// o.Parallel at a time, within o.Timeout; report (if not nil) receives
+// each VM's result as it comes. Stopped VMs stay stopped. Per-VM
+// failures are in the results; the error is for failing to start at all.
+func (m *Manager) WakeAll(ctx context.Context, o HostOptions, report func(HostResult)) ([]HostResult, error) {
+	o = o.WithDefaults()
+	start := time.Now()
+	vms, err := m.db.ListVMs(ctx, "")
+	if err != nil {
+		return nil, fmt.Errorf("wake all vms: %w", err)
+	}
+	var todo []registry.VM
+	for _, vm := range vms {
+		if (o.marked && vm.WakeOnBoot) || (!o.marked && vm.State == registry.StateSleeping) {
+			todo = append(todo, vm)
+		}
+	}
+	byActivity(todo)
+	hard, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	results := make(chan HostResult, len(todo))
+	sem := make(chan struct{}, o.Parallel)
+	go func() {
+		// In order: the most recently active VMs wake first.
+		for _, vm := range todo {
+			select {
+			case sem <- struct{}{}:
+			case <-hard.Done():
+				return // collect gives the rest their result
+			}
+			go func() {
+				defer func() { <-sem }()
+				results <- m.wakeForHost(hard, vm, o)
+			}()
+		}
+	}()
+	return collect(hard, todo, results, report, func(vm registry.VM) HostResult {
+		return HostResult{Name: vm.Name, Took: time.Since(start),
+			Err: fmt.Errorf("vm %q: not woken within %s: %w", vm.Name, o.Timeout, ErrBusy)}
+	}), nil
+}
+
+// wakeForHost wakes one VM for WakeAll; for the boot wake it also clears
+// the VM's mark, whatever happens.
+func (m *Manager) wakeForHost(ctx context.Context, vm registry.VM, o HostOptions) HostResult {
+	start := time.Now()
+	bg := context.WithoutCancel(ctx)
+	r := HostResult{Name: vm.Name}
+	op := "wake --all"
+	if o.marked {
+		op = "wake (host boot)"
+	}
+	r.Err = func() error {
+		unlock, err := m.lockVM(ctx, vm.Name, op)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		cur, err := m.reconcileLocked(ctx, vm.Name)
+		if err != nil {
+			return err
+		}
+		switch {
+		case o.marked && !cur.WakeOnBoot:
+			return nil // woken meanwhile (a session reached it first)
+		case cur.State == registry.StateRunning:
+			err = nil
+		case cur.State == registry.StateSleeping:
+			_, err = m.runLocked(ctx, cur)
+		default:
+			err = fmt.Errorf("vm %q is %s, not sleeping: %w", vm.Name, cur.State, ErrConflict)
+		}
+		if rec, gerr := m.get(bg, vm.Name); o.marked && gerr == nil && rec.WakeOnBoot {
+			// A wake that failed is not retried at every start: the
+			// VM stays asleep and wakes when next used. (A wake that
+			// worked cleared the mark with the state.)
+			_, uerr := m.db.UpdateVM(bg, vm.Name, func(v *registry.VM) error {
+				if !v.WakeOnBoot {
+					return nil
+				}
+				v.WakeOnBoot = false
+				if err != nil && v.State == registry.StateSleeping {
+					v.Reason = fmt.Sprintf("den could not wake it when it started (%v); it wakes when next used", err)
+				} else if v.Reason == reasonAsleep {
+					v.Reason = ""
+				}
+				return nil
+			})
+			if uerr != nil {
+				m.log.Warn("den: clear a vm's wake-at-start mark", "vm", vm.Name, "err", uerr)
+			}
+		}
+		return err
+	}()
+	r.Took = time.Since(start)
+	if rec, err := m.get(bg, vm.Name); err == nil {
+		r.State, r.Reason = rec.State, rec.Reason
+	}
+	return r
+}
+
+// startBootWake wakes, in the background, the VMs a host shutdown put to
+// sleep (registry.VM.WakeOnBoot): the most recently active first,
+// Config.BootWakeParallel at a time, logging each.
+func (m *Manager) startBootWake() {
+	m.hostWG.Add(1)
+	go func() {
+		defer m.hostWG.Done()
+		ctx := context.Background()
+		vms, err := m.db.ListVMs(ctx, "")
+		if err != nil {
+			m.log.Warn("den: boot wake: list vms", "err", err)
+			return
+		}
+		n := 0
+		for _, vm := range vms {
+			if vm.WakeOnBoot {
+				n++
+			}
+		}
+		if n == 0 {
+			return
+		}
+		m.log.Info("den: waking the vms a host shutdown put to sleep", "vms", n)
+		start := time.Now()
+		par := m.cfg.BootWakeParallel
+		if par <= 0 {
+			par = DefaultBootWakeParallel
+		}
+		res, err := m.WakeAll(ctx, HostOptions{Timeout: bootWakeTimeout, Parallel: par, marked: true}, func(r HostResult) {
+			if r.Err != nil {
+				m.log.Warn("den: boot wake: vm not woken; it wakes when next used", "vm", r.Name, "state", r.State, "err", r.Err)
+				return
+			}
+			m.log.Info("den: boot wake: vm woken", "vm", r.Name, "state", r.State, "took", r.Took.Round(time.Millisecond))
+		})
+		if err != nil {
+			m.log.Warn("den: boot wake", "err", err)
+			return
+		}
+		woken := 0
+		for _, r := range res {
+			if r.Err == nil {
+				woken++
+			}
+		}
+		m.log.Info("den: boot wake done", "woken", woken, "of", len(res), "took", time.Since(start).Round(time.Millisecond))
+	}()
+}
+
+// byActivity orders VMs the most recently active first.
+func byActivity(vms []registry.VM) {
+	sort.SliceStable(vms, func(i, j int) bool { return vms[i].LastActive.After(vms[j].LastActive) })
+}
+
+// refuseNew makes the Manager refuse new operations (as Close does
+// first) without closing it.
+func (m *Manager) refuseNew() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	select {
+	case <-m.closed:
+	default:
+		close(m.closed)
+	}
+}
+
+// heldLocks keeps VM locks that a shutdown holds until den refuses new
+// work; a lock handed over after that is released at once.
+type heldLocks struct {
+	mu      sync.Mutex
+	done    bool
+	unlocks []func()
+}
+
+func (h *heldLocks) keep(unlock func()) {
+	h.mu.Lock()
+	if h.done {
+		h.mu.Unlock()
+		unlock()
+		return
+	}
+	h.unlocks = append(h.unlocks, unlock)
+	h.mu.Unlock()
+}
+
+func (h *heldLocks) release() {
+	h.mu.Lock()
+	h.done = true
+	us := h.unlocks
+	h.unlocks = nil
+	h.mu.Unlock()
+	for _, u := range us {
+		u()
+	}
+}

@@ -1,0 +1,259 @@
+package machine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/registry"
+	"github.com/denhq/den/storage"
+)
+
+// ErrDamaged: a checkpoint, suspend slot or warm base does not match its
+// digests; nothing was restored from it.
+var ErrDamaged = checkpoint.ErrDamaged
+
+// snapshotRef is a sealed directory a VM is brought up from.
+type snapshotRef struct {
+	dir  storage.Path
+	what string // `checkpoint cp-3 of "box"`, for messages
+	// vm and id name a checkpoint, which is marked damaged on a mismatch.
+	vm, id string
+	// disk: dir holds a disk (a checkpoint or a warm base); a suspend
+	// slot holds only the VMM's snapshot.
+	disk bool
+}
+
+func checkpointRef(vm, id string) snapshotRef {
+	return snapshotRef{dir: checkpoint.Dir(vm, id), what: fmt.Sprintf("checkpoint %s of %q", id, vm), vm: vm, id: id, disk: true}
+}
+
+func suspendRef(vm string) snapshotRef {
+	return snapshotRef{dir: storage.SuspendDir(vm), what: fmt.Sprintf("the memory %q slept with", vm)}
+}
+
+// The verification policy (docs/reliability.md, "Integrity"), from what
+// reading costs here: the small files (device state, VMM config) are
+// always read whole (a few ms). The memory is read whole before the guest
+// runs when the VMM reads all of it to restore anyway (QEMU copies it
+// into the guest's RAM file, and the copy then comes from the page
+// cache); where the VMM maps it lazily (Cloud Hypervisor OnDemand), only
+// the first, the last and lazySample other extents are read before, and a
+// background pass reads the rest while the guest runs, stopping the VM if
+// it finds damage. A checkpoint's disk (gigabytes, mostly read by nobody)
+// is sampled: the first, the last and diskSample other extents;
+// `den checkpoint verify` reads everything.
+const (
+	diskSample = 2
+	lazySample = 8
+)
+
+// policy is what verification reads of ref before a VMM restores it.
+func (m *Manager) policy(ref snapshotRef, lazy bool) checkpoint.Policy {
+	if lazy {
+		return checkpoint.Policy{Sample: lazySample}
+	}
+	if !ref.disk {
+		return checkpoint.Policy{Full: true}
+	}
+	return checkpoint.Policy{Whole: []string{checkpoint.VMMDir + "/"}, Sample: diskSample}
+}
+
+// lazyRestore says whether restores map memory lazily.
+func (m *Manager) lazyRestore(vmmName string) bool {
+	d, err := m.driver(vmmName)
+	return err == nil && d.LazyRestore && !m.cfg.RestoreCopy
+}
+
+// verify checks ref against its digests before anything is restored from
+// it; memory says whether its VMM snapshot is restored (a disk-only use
+// reads only the disk and small files). A mismatch marks a checkpoint
+// damaged and is refused; a snapshot without digests (taken before den
+// kept them) is used with a log line.
+func (m *Manager) verify(ctx context.Context, ref snapshotRef, vmmName string) error {
+	if m.cfg.NoDigests {
+		return nil
+	}
+	host, err := m.vol.Path(ref.dir)
+	if err != nil {
+		return err
+	}
+	_, err = checkpoint.Verify(ctx, host, m.policy(ref, m.lazyRestore(vmmName)))
+	if errors.Is(err, checkpoint.ErrUnsealed) {
+		m.log.Info("den: restoring a snapshot without digests", "snapshot", ref.what)
+		return nil
+	}
+	if err != nil {
+		err = checkpoint.VerifyError(ref.what, err)
+		if errors.Is(err, checkpoint.ErrDamaged) && ref.id != "" {
+			if merr := m.store().MarkDamaged(ref.vm, ref.id, err.Error()); merr != nil {
+				m.log.Warn("den: mark a checkpoint damaged", "vm", ref.vm, "checkpoint", ref.id, "err", merr)
+			}
+		}
+		m.log.Error("den: snapshot failed verification", "snapshot", ref.what, "err", err)
+		return err
+	}
+	return nil
+}
+
+// verifyRunning reads, after a lazy restore, what verify sampled, and
+// stops the VM if its memory came from a damaged snapshot: it has run on
+// that memory only since the restore.
+func (m *Manager) verifyRunning(in *instance, ref snapshotRef, vmmName string) {
+	if m.cfg.NoDigests || !m.lazyRestore(vmmName) {
+		return
+	}
+	m.background.Add(1)
+	go func() {
+		defer m.background.Done()
+		ctx, cancel := m.lifetime()
+		defer cancel()
+		host, err := m.vol.Path(ref.dir)
+		if err != nil {
+			return
+		}
+		_, err = checkpoint.Verify(ctx, host, checkpoint.Policy{Full: true})
+		if err == nil || !errors.Is(err, checkpoint.ErrDamaged) {
+			return
+		}
+		err = checkpoint.VerifyError(ref.what, err)
+		if ref.id != "" {
+			_ = m.store().MarkDamaged(ref.vm, ref.id, err.Error())
+		}
+		m.log.Error("den: a vm runs on memory that failed verification: stopping it", "vm", in.name, "err", err)
+		unlock, lerr := m.lockVM(ctx, in.name, "stop a vm restored from a damaged snapshot")
+		if lerr != nil {
+			m.stopInstance(ctx, in, false)
+			return
+		}
+		defer unlock()
+		if m.instance(in.name) == in {
+			in.close(true)
+			m.stopInstance(ctx, in, false)
+			m.recordStopped(ctx, in.name, "stopped: "+err.Error()+"; restore another checkpoint (den checkpoints), or start it from its disk")
+		}
+	}()
+}
+
+// sealer digests snapshots' large files in the background, one at a
+// time, off the critical path of checkpoint and sleep.
+type sealer struct {
+	mu sync.Mutex // one seal at a time
+}
+
+// sealLater digests dir's large files in the background.
+func (m *Manager) sealLater(dir storage.Path) {
+	if m.cfg.NoDigests {
+		return
+	}
+	m.background.Add(1)
+	go func() {
+		defer m.background.Done()
+		m.seal.mu.Lock()
+		defer m.seal.mu.Unlock()
+		ctx, cancel := m.lifetime()
+		defer cancel()
+		host, err := m.vol.Path(dir)
+		if err != nil {
+			return
+		}
+		start := time.Now()
+		if err := checkpoint.Seal(ctx, host); err != nil {
+			if !errors.Is(err, checkpoint.ErrUnsealed) && ctx.Err() == nil && !notExist(err) {
+				m.log.Warn("den: digest a snapshot", "dir", string(dir), "err", err)
+			}
+			return
+		}
+		m.log.Debug("den: snapshot digested", "dir", string(dir), "took", time.Since(start))
+	}()
+}
+
+// sealSmall digests a new snapshot's small files (in its final or
+// temporary directory) before it is put in place.
+func (m *Manager) sealSmall(ctx context.Context, dir storage.Path) error {
+	if m.cfg.NoDigests {
+		return nil
+	}
+	host, err := m.vol.Path(dir)
+	if err != nil {
+		return err
+	}
+	_, err = checkpoint.SealSmall(ctx, host)
+	return err
+}
+
+// sealPending queues, after a restart, the snapshots whose large files a
+// stop interrupted the digests of.
+func (m *Manager) sealPending(ctx context.Context, vm registry.VM) {
+	dirs := []storage.Path{storage.SuspendDir(vm.Name)}
+	if cps, err := m.db.ListCheckpoints(ctx, vm.Name); err == nil {
+		for _, cp := range cps {
+			dirs = append(dirs, checkpoint.Dir(vm.Name, cp.ID))
+		}
+	}
+	for _, d := range dirs {
+		host, err := m.vol.Path(d)
+		if err != nil {
+			continue
+		}
+		if man, err := checkpoint.ReadManifest(host); err == nil && len(man.Large) > 0 {
+			m.sealLater(d)
+		}
+	}
+}
+
+func notExist(err error) bool { return errors.Is(err, os.ErrNotExist) }
+
+// lifetime is a context that ends when the Manager closes.
+func (m *Manager) lifetime() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-m.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// VerifyCheckpoint reads every file of a checkpoint against its digests,
+// marks it damaged (or clears the mark) and returns what it found per
+// file; the error wraps ErrDamaged when something does not match.
+func (m *Manager) VerifyCheckpoint(ctx context.Context, name, id string, progress Progress) ([]checkpoint.FileResult, error) {
+	if progress == nil {
+		progress = func(string) {}
+	}
+	if _, err := m.getCheckpoint(ctx, name, id); err != nil {
+		return nil, err
+	}
+	progress("verifying checkpoint " + id)
+	res, err := m.store().Verify(ctx, name, id, checkpoint.Policy{Full: true})
+	switch {
+	case errors.Is(err, checkpoint.ErrDamaged):
+		_ = m.store().MarkDamaged(name, id, err.Error())
+	case err == nil:
+		_ = m.store().ClearDamaged(name, id)
+	}
+	return res, err
+}
+
+func baseRef(dir storage.Path, image string) snapshotRef {
+	return snapshotRef{dir: dir, what: fmt.Sprintf("the warm base of image %q", image), disk: true}
+}
+
+// dropBase moves a warm base that failed verification out of the way (a
+// cache: the next create warms a new one); this create boots.
+func (m *Manager) dropBase(ctx context.Context, dir storage.Path, why error) {
+	m.log.Error("den: warm base failed verification: booting, and warming a new one next time", "base", string(dir), "err", why)
+	m.imageMu.Lock()
+	defer m.imageMu.Unlock()
+	bad := storage.Path(string(dir) + "-damaged-" + time.Now().UTC().Format("20060102T150405"))
+	if err := m.vol.Rename(ctx, dir, bad); err != nil {
+		m.log.Warn("den: move a damaged warm base aside", "base", string(dir), "err", err)
+	}
+}
