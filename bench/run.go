@@ -223,7 +223,7 @@ func (d *daemon) runAll(ctx context.Context, o Options, v variant, accel string)
 			return figs, err
 		}
 	}
-	return figs, nil
+	return d.hostlife(ctx, o, v, accel, figs, say)
 }
 
 // lifecycle measures checkpoint, restore, sleep, wake and the gateway on

@@ -57,7 +57,7 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 	grow := vm.DiskBytes > cloned
 	if from.memory != "" {
 		progress("restoring the memory of " + from.what + " (" + vm.VMM + ", " + accel + ")")
-		in, err := m.restoreInto(ctx, vm, sp, from.memory)
+		in, err := m.restoreInto(ctx, vm, sp, from.memory, nil)
 		if err != nil {
 			return vm, err
 		}

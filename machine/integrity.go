@@ -87,6 +87,9 @@ func (m *Manager) verify(ctx context.Context, ref snapshotRef, vmmName string) e
 		m.log.Info("den: restoring a snapshot without digests", "snapshot", ref.what)
 		return nil
 	}
+	if err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
 	if err != nil {
 		err = checkpoint.VerifyError(ref.what, err)
 		if errors.Is(err, checkpoint.ErrDamaged) && ref.id != "" {

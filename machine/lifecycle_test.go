@@ -641,7 +641,7 @@ func TestWakeFailingAfterGuestRan(t *testing.T) {
 			restored.Store(true)
 		case op == "dial" && restored.Load():
 			if v := e.drv.VM(e.state.Run("w")); v != nil {
-				go v.Kill()
+				v.Kill() // before the dial goes on: the guest dies as it is reached
 			}
 		}
 	}

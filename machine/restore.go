@@ -16,8 +16,17 @@ import (
 // restoreInto starts a fresh VMM for vm from the VMM snapshot in snapDir
 // (a volume path), with the VM's own disk and sockets, and waits for its
 // agent; the guest clock is set, since it stopped when the snapshot was
-// taken.
-func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snapDir storage.Path) (*instance, error) {
+// taken. check, when set, runs while the VMM starts (a verification of
+// the snapshot): the restore goes on only if it passes.
+func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snapDir storage.Path, check func(context.Context) error) (*instance, error) {
+	checked := make(chan error, 1)
+	if check == nil {
+		checked <- nil
+	} else {
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel() // the check ends with a restore that failed early
+		go func() { checked <- check(cctx) }()
+	}
 	cfg, err := m.vmmConfig(vm, sp)
 	if err != nil {
 		return nil, err
@@ -51,6 +60,9 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 		_ = hv.Shutdown(context.Background())
 		m.discardRuntime(vm.Name)
 		return nil, err
+	}
+	if err := <-checked; err != nil {
+		return fail(err)
 	}
 	if err := hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg}); err != nil {
 		return fail(err)
@@ -177,7 +189,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 	}
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		progress("restoring memory")
-		in, err := m.restoreInto(ctx, vm, sp, checkpoint.Dir(name, id).Join(checkpoint.VMMDir))
+		in, err := m.restoreInto(ctx, vm, sp, checkpoint.Dir(name, id).Join(checkpoint.VMMDir), nil)
 		if err != nil {
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}

@@ -142,10 +142,14 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 	if err != nil {
 		return err
 	}
-	if err := m.verify(ctx, suspendRef(vm.Name), vm.VMM); err != nil {
-		return fmt.Errorf("wake vm %q: %w; it stays asleep: restore a checkpoint (den checkpoints %s)", vm.Name, err, vm.Name)
+	// The memory is verified while the VMM starts.
+	check := func(ctx context.Context) error {
+		if err := m.verify(ctx, suspendRef(vm.Name), vm.VMM); err != nil {
+			return fmt.Errorf("%w; it stays asleep: restore a checkpoint (den checkpoints %s)", err, vm.Name)
+		}
+		return nil
 	}
-	in, err := m.restoreInto(ctx, vm, sp, suspendRef(vm.Name).dir)
+	in, err := m.restoreInto(ctx, vm, sp, suspendRef(vm.Name).dir, check)
 	if err != nil {
 		if errors.Is(err, errGuestRan) {
 			// The guest ran (and may have written its disk) before the

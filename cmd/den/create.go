@@ -31,7 +31,7 @@ Examples:
 			socketFlag, jsonFlag,
 			&cli.IntFlag{Name: "cpus", Usage: "vCPUs", Value: api.DefaultCPUs},
 			&cli.StringFlag{Name: "memory", Usage: "guest RAM", Value: size.Format(api.DefaultMemory)},
-			&cli.StringFlag{Name: "disk", Usage: "disk size (sparse)", Value: size.Format(api.DefaultDisk)},
+			&cli.StringFlag{Name: "disk", Usage: "disk size (sparse; default " + size.Format(api.DefaultDisk) + ", or the image's disk when larger)"},
 			&cli.StringFlag{Name: "image", Usage: "root filesystem: debian or minimal (default: the daemon's)"},
 			&cli.BoolFlag{Name: "cold", Usage: "boot instead of restoring the image's warm base snapshot"},
 			&cli.StringFlag{Name: "idle-timeout", Usage: "sleep after this long idle; 0 never", Value: api.DefaultIdleTimeout.String()},
@@ -48,9 +48,11 @@ Examples:
 			if err != nil {
 				return usageExit(c, "--memory: %w", err)
 			}
-			disk, err := size.ParseMiB(c.String("disk"))
-			if err != nil {
-				return usageExit(c, "--disk: %w", err)
+			var disk int64 // 0: the daemon's default
+			if c.IsSet("disk") {
+				if disk, err = size.ParseMiB(c.String("disk")); err != nil {
+					return usageExit(c, "--disk: %w", err)
+				}
 			}
 			ctx, cancel := withSignals(c)
 			defer cancel()
