@@ -116,6 +116,9 @@ var (
 	ErrConflict = errors.New("conflicts with the vm's state")
 	ErrNoSpace  = errors.New("no space")
 	ErrBusy     = errors.New("vm busy")
+	// ErrDamaged: a checkpoint or a sleeping VM's memory does not match
+	// its digests; nothing was restored from it.
+	ErrDamaged  = errors.New("snapshot damaged")
 	ErrDaemon   = errors.New("daemon error")
 	ErrNoDaemon = errors.New("daemon not reachable")
 )
@@ -131,6 +134,7 @@ var Codes = map[string]struct {
 	"conflict":  {ErrConflict, 409},
 	"no_space":  {ErrNoSpace, 507},
 	"busy":      {ErrBusy, 409},
+	"damaged":   {ErrDamaged, 409},
 	"internal":  {ErrDaemon, 500},
 }
 

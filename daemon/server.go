@@ -80,6 +80,8 @@ func errorCode(err error) string {
 		return "invalid"
 	case errors.Is(err, machine.ErrBusy):
 		return "busy"
+	case errors.Is(err, machine.ErrDamaged):
+		return "damaged"
 	case errors.Is(err, machine.ErrConflict), errors.Is(err, registry.ErrIllegalTransition), errors.Is(err, registry.ErrStale):
 		return "conflict"
 	case errors.Is(err, machine.ErrNoSpace), errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
