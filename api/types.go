@@ -105,6 +105,8 @@ type DaemonInfo struct {
 	// GatewayFingerprint its host key's SHA256 fingerprint.
 	Gateway            string `json:"gateway,omitempty"`
 	GatewayFingerprint string `json:"gateway_fingerprint,omitempty"`
+	// Memory is the memory budget and its use now (host.go).
+	Memory *MemoryInfo `json:"memory,omitempty"`
 }
 
 // Errors a client can test for with errors.Is; the daemon maps its
@@ -135,6 +137,7 @@ var Codes = map[string]struct {
 	"no_space":  {ErrNoSpace, 507},
 	"busy":      {ErrBusy, 409},
 	"damaged":   {ErrDamaged, 409},
+	"no_memory": {ErrNoMemory, 507},
 	"internal":  {ErrDaemon, 500},
 }
 

@@ -31,6 +31,9 @@ type Record struct {
 	MemoryBytes int64     `json:"memory_bytes"`
 	DiskBytes   int64     `json:"disk_bytes"`
 	VMM         string    `json:"vmm,omitempty"`
+	// Seal is the id of the checkpoint's digests (Manifest.Seal): once
+	// recorded, a checkpoint without them is damaged.
+	Seal string `json:"seal,omitempty"`
 	// Damaged, filled in when listing, says why the checkpoint failed
 	// verification (its DamagedFile); it is not part of the catalog.
 	Damaged string `json:"-"`
@@ -131,16 +134,18 @@ func (p *Pending) Sync() error {
 }
 
 // SealSmall digests the pending checkpoint's small files (the large ones,
-// memory and disk, are left to Store.Seal once it is committed).
-func (p *Pending) SealSmall(ctx context.Context) error {
+// memory and disk, are left to Store.Seal once it is committed) and
+// returns the seal id.
+func (p *Pending) SealSmall(ctx context.Context) (string, error) {
 	dir, err := p.s.Vol.Path(p.dir)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if _, err := SealSmall(ctx, dir); err != nil {
-		return fmt.Errorf("checkpoint %s of %q: %w", p.id, p.vm, err)
+	man, err := SealSmall(ctx, dir)
+	if err != nil {
+		return "", fmt.Errorf("checkpoint %s of %q: %w", p.id, p.vm, err)
 	}
-	return nil
+	return man.Seal, nil
 }
 
 // Commit writes the catalog row into the directory and renames it into

@@ -319,6 +319,12 @@ type Policy struct {
 	// Sample is the number of extents read, besides the first and the
 	// last, of each other large file.
 	Sample int
+	// Seal, when set, is the seal id recorded elsewhere (the registry)
+	// for the snapshot: digests missing, or of another seal, are damage,
+	// and so are large files without digests unless Sealing.
+	Seal string
+	// Sealing: the large files' digests are being written right now.
+	Sealing bool
 }
 
 func (p Policy) whole(rel string) bool {
@@ -348,8 +354,14 @@ type FileResult struct {
 // results name all the damage.
 func Verify(ctx context.Context, dir string, p Policy) ([]FileResult, error) {
 	man, err := ReadManifest(dir)
+	if errors.Is(err, ErrUnsealed) && p.Seal != "" {
+		return nil, &DamageError{File: ManifestFile, Extent: -1, Detail: "is missing (the digests recorded with the snapshot)"}
+	}
 	if err != nil {
 		return nil, err
+	}
+	if p.Seal != "" && man.Seal != p.Seal {
+		return nil, &DamageError{File: ManifestFile, Extent: -1, Detail: "belongs to another snapshot (seal " + man.Seal + ", recorded " + p.Seal + ")"}
 	}
 	var out []FileResult
 	var first error
@@ -365,11 +377,18 @@ func Verify(ctx context.Context, dir string, p Policy) ([]FileResult, error) {
 	}
 	for _, rel := range sortedKeys(man.Large) {
 		res := FileResult{File: rel, Size: man.Large[rel], Status: "unsealed", Detail: "its digests are not written yet"}
-		if st, err := os.Stat(filepath.Join(dir, filepath.FromSlash(rel))); err != nil || st.Size() != man.Large[rel] {
+		st, err := os.Stat(filepath.Join(dir, filepath.FromSlash(rel)))
+		switch {
+		case err != nil && !errors.Is(err, os.ErrNotExist):
+			return out, err
+		case err != nil || st.Size() != man.Large[rel]:
 			res.Status, res.Detail = "missing", "is missing or changed size"
-			if first == nil {
-				first = &DamageError{File: rel, Extent: -1, Detail: res.Detail}
-			}
+		case p.Seal != "" && !p.Sealing:
+			// Recorded as sealed, nothing sealing it: its digests are lost.
+			res.Status, res.Detail = "damaged", "has no digests ("+largeManifest(man.Seal)+" is missing)"
+		}
+		if res.Status != "unsealed" && first == nil {
+			first = &DamageError{File: rel, Extent: -1, Detail: res.Detail}
 		}
 		out = append(out, res)
 	}
@@ -386,13 +405,16 @@ func verifyFile(ctx context.Context, dir, rel string, fd FileDigest, p Policy) (
 		return res, e
 	}
 	f, err := os.Open(filepath.Join(dir, filepath.FromSlash(rel)))
-	if err != nil {
+	if errors.Is(err, os.ErrNotExist) {
 		return damaged(&DamageError{File: rel, Extent: -1, Detail: "is missing"})
+	}
+	if err != nil {
+		return res, err // an I/O error says nothing of the data
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return damaged(&DamageError{File: rel, Extent: -1, Detail: err.Error()})
+		return res, err
 	}
 	if st.Size() != fd.Size {
 		return damaged(&DamageError{File: rel, Extent: -1, Detail: fmt.Sprintf("has %d bytes, its digest %d", st.Size(), fd.Size)})
@@ -402,7 +424,7 @@ func verifyFile(ctx context.Context, dir, rel string, fd FileDigest, p Policy) (
 		off := int64(i) * ExtentSize
 		d, err := hashExtent(f, off, min(ExtentSize, fd.Size-off), buf)
 		if err != nil {
-			return damaged(&DamageError{File: rel, Extent: i, Offset: off, Detail: err.Error()})
+			return res, fmt.Errorf("read %s: %w", rel, err)
 		}
 		res.Extents++
 		if d != fd.Extents[i] {

@@ -221,3 +221,31 @@ func TestSealSmallTakesOverASealedSubdirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRecordedSealMakesLostDigestsDamage: a snapshot recorded with a seal
+// (in the registry) is damaged without its digests, or with another
+// snapshot's; its large files' digests may be missing only while they are
+// being written.
+func TestRecordedSealMakesLostDigestsDamage(t *testing.T) {
+	ctx := context.Background()
+	dir := snapshotDir(t)
+	man := seal(t, dir)
+	corrupt(t, filepath.Join(dir, "vmm", "memory"), 3*ExtentSize)
+	os.Remove(filepath.Join(dir, largeManifest(man.Seal)))
+	if _, err := Verify(ctx, dir, Policy{Full: true, Seal: man.Seal}); !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "vmm/memory has no digests") {
+		t.Fatalf("large digests lost: %v", err)
+	}
+	if res, err := Verify(ctx, dir, Policy{Full: true, Seal: man.Seal, Sealing: true}); err != nil || res[len(res)-1].Status != "unsealed" {
+		t.Fatalf("large digests being written: %v %+v", err, res)
+	}
+	if _, err := Verify(ctx, dir, Policy{Full: true, Seal: "0123"}); !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "belongs to another snapshot") {
+		t.Fatalf("another seal: %v", err)
+	}
+	os.Remove(filepath.Join(dir, ManifestFile))
+	if _, err := Verify(ctx, dir, Policy{Full: true, Seal: man.Seal}); !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "digests.json is missing") {
+		t.Fatalf("manifest lost: %v", err)
+	}
+	if _, err := Verify(ctx, dir, Policy{Full: true}); !errors.Is(err, ErrUnsealed) {
+		t.Fatalf("no seal recorded, no manifest: %v", err)
+	}
+}

@@ -112,7 +112,7 @@ func (s Store) Take(ctx context.Context, rec Record, from From, h TakeHooks) (Re
 		return rec, err
 	}
 	if !s.NoDigests {
-		if err := p.SealSmall(ctx); err != nil {
+		if rec.Seal, err = p.SealSmall(ctx); err != nil {
 			return rec, err
 		}
 	}

@@ -49,6 +49,8 @@ type Options struct {
 	// SSHListen is the SSH gateway's address (host:port); "" or "off"
 	// runs no gateway.
 	SSHListen string
+	// Memory is the memory budget and the pressure watcher.
+	Memory machine.MemoryConfig
 	// Ready, if set, is called once the API socket accepts requests.
 	Ready  func()
 	Logger *slog.Logger
@@ -98,6 +100,7 @@ func Run(ctx context.Context, o Options) error {
 	m, err := machine.New(ctx, machine.Config{
 		State: state, Volume: vol, Registry: db, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
 		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests,
+		Memory: o.Memory,
 	})
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)

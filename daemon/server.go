@@ -86,6 +86,8 @@ func errorCode(err error) string {
 		return "conflict"
 	case errors.Is(err, machine.ErrNoSpace), errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		return "no_space"
+	case errors.Is(err, machine.ErrNoMemory):
+		return "no_memory"
 	}
 	return "internal"
 }
@@ -96,7 +98,9 @@ func writeError(w http.ResponseWriter, err error) {
 }
 
 func (s *Server) getInfo(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, s.info)
+	info := s.info
+	info.Memory = memoryInfo(s.m.Memory(r.Context()))
+	writeJSON(w, http.StatusOK, info)
 }
 
 func toAPI(st machine.Status) api.VM {

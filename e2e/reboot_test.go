@@ -174,6 +174,11 @@ func TestReboot(t *testing.T) {
 	if n := bytes.Count(log, []byte("boot wake: vm woken")); n != len(sleepers) {
 		t.Fatalf("daemon log has %d boot wakes, want %d", n, len(sleepers))
 	}
+	for _, line := range strings.Split(string(log), "\n") {
+		if strings.Contains(line, "boot wake") || strings.Contains(line, "host shutdown") {
+			t.Log(line)
+		}
+	}
 	lost("after the reboot")
 	// Its disk is there; its processes are not.
 	if out := d.must("exec", "hung", "--", "sh", "-c", checkWork); out != "v1\ndead\n" {

@@ -97,7 +97,7 @@ func (m *Manager) warmBase(ctx context.Context, vm registry.VM, sp spec, progres
 	if err := fsutil.WriteJSONAtomic(tmpMeta, bm, 0o600); err != nil {
 		return "", err
 	}
-	if err := m.sealSmall(ctx, tmp); err != nil {
+	if _, err := m.sealSmall(ctx, tmp); err != nil {
 		return "", fmt.Errorf("warm base of image %q: %w", vm.Image, err)
 	}
 	if err := m.vol.Rename(ctx, tmp, dir); err != nil {

@@ -68,6 +68,11 @@ func (m *Manager) boot(ctx context.Context, vm registry.VM, sp spec) error {
 	if err := m.needRAMSpace(vm); err != nil {
 		return err
 	}
+	release, err := m.admitMemory(ctx, vm)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := m.waitDisk(ctx, vm.Name); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}

@@ -84,6 +84,13 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 		from.Guest = guestOf{m, in}
 	case vm.State == registry.StateSleeping:
 		from.Suspend = storage.SuspendDir(vm.Name)
+		if !o.DiskOnly {
+			// The slot is copied as it is: damage must not pass into
+			// a checkpoint (and a fork) with new digests.
+			if err := m.verify(ctx, suspendRef(vm.Name, sp.SuspendSeal), vm.VMM); err != nil {
+				return registry.Checkpoint{}, fmt.Errorf("checkpoint vm %q: %w", vm.Name, err)
+			}
+		}
 	}
 	rec, err = m.store().Take(ctx, rec, from, checkpoint.TakeHooks{Progress: progress, Crash: crashpoint, Log: m.log})
 	if errors.Is(err, checkpoint.ErrLeftPaused) && in != nil {

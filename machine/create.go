@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -50,6 +51,8 @@ type spec struct {
 	Restoring string `json:"restoring,omitempty"`
 	// ForkedFrom is "vm@checkpoint" for a VM made by den fork.
 	ForkedFrom string `json:"forked_from,omitempty"`
+	// SuspendSeal is the seal id of the suspend slot's digests.
+	SuspendSeal string `json:"suspend_seal,omitempty"`
 	// AutoCheckpoint is "vm@checkpoint" that a fork took of its source
 	// to fork from: removed again if the fork is rolled back.
 	AutoCheckpoint string `json:"auto_checkpoint,omitempty"`
@@ -210,9 +213,11 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		if warm, err = m.warmBase(ctx, vm, sp, progress); err != nil {
 			m.log.Warn("den: no warm base snapshot, booting instead", "image", o.Image, "err", err)
 			warm = ""
-		} else if err := m.verify(ctx, baseRef(warm, o.Image), m.vmmName); err != nil {
+		} else if err := m.verify(ctx, baseRef(warm, o.Image), m.vmmName); errors.Is(err, ErrDamaged) {
 			m.dropBase(ctx, warm, err)
 			warm = ""
+		} else if err != nil {
+			return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 		}
 	}
 	undo := cleanups{log: m.log}

@@ -110,7 +110,7 @@ func (m *Manager) forkFrom(ctx context.Context, vm registry.VM, src, id string, 
 	}
 	if sp.AutoCheckpoint == "" { // one just taken needs no check
 		progress("verifying " + src + "@" + id)
-		if err := m.verify(ctx, checkpointRef(src, id), srcVM.VMM); err != nil {
+		if err := m.verify(ctx, checkpointRef(cp), srcVM.VMM); err != nil {
 			return vm, err
 		}
 	}
@@ -123,7 +123,7 @@ func (m *Manager) forkFrom(ctx context.Context, vm registry.VM, src, id string, 
 	if err != nil {
 		return vm, err
 	}
-	from := bringUpFrom{disk: checkpoint.Dir(src, id).Join(checkpoint.DiskFile), what: src + "@" + id, ref: checkpointRef(src, id)}
+	from := bringUpFrom{disk: checkpoint.Dir(src, id).Join(checkpoint.DiskFile), what: src + "@" + id, ref: checkpointRef(cp)}
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		from.memory = checkpoint.Dir(src, id).Join(checkpoint.VMMDir)
 	}

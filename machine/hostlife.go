@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -50,9 +51,10 @@ type HostOptions struct {
 	// new work (nothing may wake a VM before the VMMs are killed) until
 	// it restarts.
 	Shutdown bool
-	// Timeout bounds the whole call (default DefaultHostTimeout). With
-	// Shutdown, the last quarter of it (at most 20 s) is kept for
-	// stopping and recording the VMs that did not sleep by then.
+	// Timeout bounds the whole call (default DefaultHostTimeout). In
+	// SleepAll, sleeps must end before its last quarter (at most 20 s),
+	// which is kept for the sleeps cut short to end and, with Shutdown,
+	// for stopping and recording the VMs that did not sleep.
 	Timeout time.Duration
 	// Parallel is how many VMs are handled at once (default
 	// DefaultHostParallel).
@@ -105,6 +107,17 @@ const reasonAsleep = "asleep for a host shutdown: den wakes it when it next star
 func (m *Manager) SleepAll(ctx context.Context, o HostOptions, report func(HostResult)) ([]HostResult, error) {
 	o = o.WithDefaults()
 	start := time.Now()
+	hard, cancelHard := context.WithTimeout(ctx, o.Timeout)
+	defer cancelHard()
+	soft, cancelSoft := context.WithTimeout(hard, o.Timeout-stopReserve(o.Timeout))
+	defer cancelSoft()
+	if o.Shutdown {
+		// A boot wake still under way (a reboot soon after a boot)
+		// starts no more wakes, and the VMs it is waking are running
+		// before the list below is read.
+		m.hostDown.Store(true)
+		waitGroup(soft, &m.hostWG)
+	}
 	vms, err := m.db.ListVMs(ctx, "")
 	if err != nil {
 		return nil, fmt.Errorf("sleep all vms: %w", err)
@@ -116,10 +129,6 @@ func (m *Manager) SleepAll(ctx context.Context, o HostOptions, report func(HostR
 		}
 	}
 	byActivity(todo)
-	hard, cancelHard := context.WithTimeout(ctx, o.Timeout)
-	defer cancelHard()
-	soft, cancelSoft := context.WithTimeout(hard, o.Timeout-stopReserve(o.Timeout))
-	defer cancelSoft()
 	held := &heldLocks{}
 	if o.Shutdown {
 		m.log.Info("den: host shutting down: putting the running vms to sleep", "vms", len(todo), "timeout", o.Timeout, "parallel", o.Parallel)
@@ -416,6 +425,11 @@ func (m *Manager) WakeAll(ctx context.Context, o HostOptions, report func(HostRe
 			case <-hard.Done():
 				return // collect gives the rest their result
 			}
+			if o.marked && m.hostDown.Load() {
+				<-sem
+				results <- HostResult{Name: vm.Name, Err: fmt.Errorf("vm %q: not woken: the host is shutting down again; it stays marked for the next start: %w", vm.Name, errClosing)}
+				continue
+			}
 			go func() {
 				defer func() { <-sem }()
 				results <- m.wakeForHost(hard, vm, o)
@@ -516,6 +530,10 @@ func (m *Manager) startBootWake() {
 			par = DefaultBootWakeParallel
 		}
 		res, err := m.WakeAll(ctx, HostOptions{Timeout: bootWakeTimeout, Parallel: par, marked: true}, func(r HostResult) {
+			if errors.Is(r.Err, errClosing) {
+				m.log.Info("den: boot wake: vm left for the next start (den is stopping)", "vm", r.Name)
+				return
+			}
 			if r.Err != nil {
 				m.log.Warn("den: boot wake: vm not woken; it wakes when next used", "vm", r.Name, "state", r.State, "err", r.Err)
 				return
@@ -534,6 +552,16 @@ func (m *Manager) startBootWake() {
 		}
 		m.log.Info("den: boot wake done", "woken", woken, "of", len(res), "took", time.Since(start).Round(time.Millisecond))
 	}()
+}
+
+// waitGroup waits for wg, or until ctx ends.
+func waitGroup(ctx context.Context, wg *sync.WaitGroup) {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 // byActivity orders VMs the most recently active first.

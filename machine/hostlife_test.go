@@ -312,3 +312,59 @@ func TestSleepAllAndWakeAll(t *testing.T) {
 		})
 	}
 }
+
+// TestShutdownDuringBootWake: a host shutdown while the boot wake is
+// under way (a reboot soon after a boot) leaves every VM asleep and
+// marked: the VM being woken is put back to sleep, the others are not
+// woken.
+func TestShutdownDuringBootWake(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	names := []string{"a", "b", "c"}
+	for _, n := range names {
+		e.create(n)
+	}
+	if _, err := e.m.SleepAll(ctx, machine.HostOptions{Shutdown: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	in, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	e.drv.Hook = func(op, _ string) {
+		if op != "restore" {
+			return
+		}
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			close(in)
+			select {
+			case <-release:
+			case <-time.After(testTimeout):
+			}
+		}
+	}
+	e.cfg.BootWakeParallel = 1
+	e.open()
+	<-in
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.m.SleepAll(ctx, machine.HostOptions{Shutdown: true, Timeout: 20 * time.Second}, nil)
+		done <- err
+	}()
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	e.drv.Hook = nil
+	for _, n := range names {
+		if vm := e.wantState(n, registry.StateSleeping); !vm.WakeOnBoot {
+			t.Fatalf("%s after a shutdown during the boot wake: %+v", n, vm)
+		}
+	}
+	if live := e.drv.Live(); live != 0 {
+		t.Fatalf("%d vmms left running", live)
+	}
+}

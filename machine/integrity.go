@@ -23,17 +23,21 @@ type snapshotRef struct {
 	what string // `checkpoint cp-3 of "box"`, for messages
 	// vm and id name a checkpoint, which is marked damaged on a mismatch.
 	vm, id string
+	// seal is the seal id recorded for it ("" for none: a snapshot from
+	// before digests, or a warm base).
+	seal string
 	// disk: dir holds a disk (a checkpoint or a warm base); a suspend
 	// slot holds only the VMM's snapshot.
 	disk bool
 }
 
-func checkpointRef(vm, id string) snapshotRef {
-	return snapshotRef{dir: checkpoint.Dir(vm, id), what: fmt.Sprintf("checkpoint %s of %q", id, vm), vm: vm, id: id, disk: true}
+func checkpointRef(cp registry.Checkpoint) snapshotRef {
+	return snapshotRef{dir: checkpoint.Dir(cp.VM, cp.ID), what: fmt.Sprintf("checkpoint %s of %q", cp.ID, cp.VM),
+		vm: cp.VM, id: cp.ID, seal: cp.Seal, disk: true}
 }
 
-func suspendRef(vm string) snapshotRef {
-	return snapshotRef{dir: storage.SuspendDir(vm), what: fmt.Sprintf("the memory %q slept with", vm)}
+func suspendRef(vm, seal string) snapshotRef {
+	return snapshotRef{dir: storage.SuspendDir(vm), what: fmt.Sprintf("the memory %q slept with", vm), seal: seal}
 }
 
 // The verification policy (docs/reliability.md, "Integrity"), from what
@@ -54,13 +58,16 @@ const (
 
 // policy is what verification reads of ref before a VMM restores it.
 func (m *Manager) policy(ref snapshotRef, lazy bool) checkpoint.Policy {
-	if lazy {
-		return checkpoint.Policy{Sample: lazySample}
+	p := checkpoint.Policy{Seal: ref.seal, Sealing: m.seal.busy(ref.dir)}
+	switch {
+	case lazy:
+		p.Sample = lazySample
+	case !ref.disk:
+		p.Full = true
+	default:
+		p.Whole, p.Sample = []string{checkpoint.VMMDir + "/"}, diskSample
 	}
-	if !ref.disk {
-		return checkpoint.Policy{Full: true}
-	}
-	return checkpoint.Policy{Whole: []string{checkpoint.VMMDir + "/"}, Sample: diskSample}
+	return p
 }
 
 // lazyRestore says whether restores map memory lazily.
@@ -110,42 +117,83 @@ func (m *Manager) verifyRunning(in *instance, ref snapshotRef, vmmName string) {
 	if m.cfg.NoDigests || !m.lazyRestore(vmmName) {
 		return
 	}
-	m.background.Add(1)
-	go func() {
-		defer m.background.Done()
+	m.goBackground(func() {
 		ctx, cancel := m.lifetime()
 		defer cancel()
 		host, err := m.vol.Path(ref.dir)
 		if err != nil {
 			return
 		}
-		_, err = checkpoint.Verify(ctx, host, checkpoint.Policy{Full: true})
+		p := m.policy(ref, false)
+		p.Full = true
+		_, err = checkpoint.Verify(ctx, host, p)
 		if err == nil || !errors.Is(err, checkpoint.ErrDamaged) {
 			return
 		}
 		err = checkpoint.VerifyError(ref.what, err)
-		if ref.id != "" {
-			_ = m.store().MarkDamaged(ref.vm, ref.id, err.Error())
-		}
-		m.log.Error("den: a vm runs on memory that failed verification: stopping it", "vm", in.name, "err", err)
 		unlock, lerr := m.lockVM(ctx, in.name, "stop a vm restored from a damaged snapshot")
 		if lerr != nil {
-			m.stopInstance(ctx, in, false)
+			m.log.Error("den: a vm runs on memory that failed verification, and could not be stopped", "vm", in.name, "err", err, "lock", lerr)
 			return
 		}
 		defer unlock()
+		if ref.id != "" {
+			if _, gerr := m.db.GetCheckpoint(ctx, ref.vm, ref.id); gerr != nil {
+				return // deleted meanwhile: its files went, not bad
+			}
+			_ = m.store().MarkDamaged(ref.vm, ref.id, err.Error())
+		}
+		m.log.Error("den: a vm runs on memory that failed verification: stopping it", "vm", in.name, "err", err)
 		if m.instance(in.name) == in {
 			in.close(true)
 			m.stopInstance(ctx, in, false)
 			m.recordStopped(ctx, in.name, "stopped: "+err.Error()+"; restore another checkpoint (den checkpoints), or start it from its disk")
 		}
-	}()
+	})
 }
 
 // sealer digests snapshots' large files in the background, one at a
 // time, off the critical path of checkpoint and sleep.
 type sealer struct {
-	mu sync.Mutex // one seal at a time
+	mu      sync.Mutex // one seal at a time
+	pmu     sync.Mutex
+	pending map[storage.Path]int // directories queued or being sealed
+}
+
+func (s *sealer) add(dir storage.Path, n int) {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	if s.pending == nil {
+		s.pending = map[storage.Path]int{}
+	}
+	if s.pending[dir] += n; s.pending[dir] <= 0 {
+		delete(s.pending, dir)
+	}
+}
+
+// busy says whether dir's digests are queued or being written.
+func (s *sealer) busy(dir storage.Path) bool {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	return s.pending[dir] > 0
+}
+
+// goBackground runs f in the background unless the Manager is closed;
+// Close waits for it.
+func (m *Manager) goBackground(f func()) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	select {
+	case <-m.closed:
+		return false
+	default:
+	}
+	m.background.Add(1)
+	go func() {
+		defer m.background.Done()
+		f()
+	}()
+	return true
 }
 
 // sealLater digests dir's large files in the background.
@@ -153,40 +201,60 @@ func (m *Manager) sealLater(dir storage.Path) {
 	if m.cfg.NoDigests {
 		return
 	}
-	m.background.Add(1)
-	go func() {
-		defer m.background.Done()
-		m.seal.mu.Lock()
-		defer m.seal.mu.Unlock()
-		ctx, cancel := m.lifetime()
-		defer cancel()
-		host, err := m.vol.Path(dir)
-		if err != nil {
+	m.seal.add(dir, 1)
+	if !m.goBackground(func() { m.sealNow(dir) }) {
+		m.seal.add(dir, -1)
+	}
+}
+
+// sealNow digests dir's large files, after any seal under way. A seal
+// that fails leaves them without digests, which verification then
+// reports (the snapshot is recorded with its seal).
+func (m *Manager) sealNow(dir storage.Path) {
+	defer m.seal.add(dir, -1)
+	m.seal.mu.Lock()
+	defer m.seal.mu.Unlock()
+	ctx, cancel := m.lifetime()
+	defer cancel()
+	host, err := m.vol.Path(dir)
+	if err != nil {
+		return
+	}
+	start := time.Now()
+	for try := 1; ; try++ {
+		err := checkpoint.Seal(ctx, host)
+		if err == nil {
+			m.log.Debug("den: snapshot digested", "dir", string(dir), "took", time.Since(start))
 			return
 		}
-		start := time.Now()
-		if err := checkpoint.Seal(ctx, host); err != nil {
-			if !errors.Is(err, checkpoint.ErrUnsealed) && ctx.Err() == nil && !notExist(err) {
-				m.log.Warn("den: digest a snapshot", "dir", string(dir), "err", err)
-			}
+		if errors.Is(err, checkpoint.ErrUnsealed) || ctx.Err() != nil || notExist(err) {
+			return // no snapshot there any more, or den is stopping
+		}
+		m.log.Warn("den: digest a snapshot", "dir", string(dir), "try", try, "err", err)
+		if try == 3 {
+			m.log.Error("den: a snapshot is left without digests of its memory and disk: restoring it will be refused as damaged", "dir", string(dir))
 			return
 		}
-		m.log.Debug("den: snapshot digested", "dir", string(dir), "took", time.Since(start))
-	}()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(try) * 2 * time.Second):
+		}
+	}
 }
 
 // sealSmall digests a new snapshot's small files (in its final or
 // temporary directory) before it is put in place.
-func (m *Manager) sealSmall(ctx context.Context, dir storage.Path) error {
+func (m *Manager) sealSmall(ctx context.Context, dir storage.Path) (string, error) {
 	if m.cfg.NoDigests {
-		return nil
+		return "", nil
 	}
 	host, err := m.vol.Path(dir)
 	if err != nil {
-		return err
+		return "", err
 	}
-	_, err = checkpoint.SealSmall(ctx, host)
-	return err
+	man, err := checkpoint.SealSmall(ctx, host)
+	return man.Seal, err
 }
 
 // sealPending queues, after a restart, the snapshots whose large files a
@@ -234,8 +302,21 @@ func (m *Manager) VerifyCheckpoint(ctx context.Context, name, id string, progres
 	if _, err := m.getCheckpoint(ctx, name, id); err != nil {
 		return nil, err
 	}
+	// Under the VM's lock: a checkpoint deleted meanwhile must not read
+	// as damaged.
+	unlock, err := m.lockVM(ctx, name, "verify "+id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	cp, err := m.getCheckpoint(ctx, name, id)
+	if err != nil {
+		return nil, err
+	}
 	progress("verifying checkpoint " + id)
-	res, err := m.store().Verify(ctx, name, id, checkpoint.Policy{Full: true})
+	p := m.policy(checkpointRef(cp), false)
+	p.Full = true
+	res, err := m.store().Verify(ctx, name, id, p)
 	switch {
 	case errors.Is(err, checkpoint.ErrDamaged):
 		_ = m.store().MarkDamaged(name, id, err.Error())

@@ -195,3 +195,59 @@ func TestLazyRestoreVerifiesAfter(t *testing.T) {
 		t.Fatalf("checkpoint not marked: %+v", cps)
 	}
 }
+
+// TestSleepingSourceIsVerifiedBeforeACopy: a fork (or a checkpoint) of a
+// sleeping VM copies its suspend slot; a damaged slot is refused, not
+// passed on with new digests.
+func TestSleepingSourceIsVerifiedBeforeACopy(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create("a")
+	if err := e.m.Sleep(ctx, "a", false); err != nil {
+		t.Fatal(err)
+	}
+	e.waitSealed(storage.SuspendDir("a"))
+	flip(t, filepath.Join(e.hostDir(storage.SuspendDir("a")), machinetest.RAMFile), 5<<20)
+	if _, err := e.m.Fork(ctx, "a", "", "f", nil); !errors.Is(err, machine.ErrDamaged) {
+		t.Fatalf("fork of a sleeping vm with a damaged slot: %v", err)
+	}
+	if _, err := e.m.Checkpoint(ctx, "a", machine.CheckpointOptions{}, nil); !errors.Is(err, machine.ErrDamaged) {
+		t.Fatalf("checkpoint of a damaged slot: %v", err)
+	}
+	if cps, _, _ := e.m.Checkpoints(ctx, "a"); len(cps) != 0 {
+		t.Fatalf("checkpoints left: %+v", cps)
+	}
+	// Its disk alone is fine to copy.
+	if _, err := e.m.Checkpoint(ctx, "a", machine.CheckpointOptions{DiskOnly: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLostDigestsAreDamage: a checkpoint recorded with digests whose
+// digest files are gone is refused, as damaged.
+func TestLostDigestsAreDamage(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create("a")
+	cp, err := e.m.Checkpoint(ctx, "a", machine.CheckpointOptions{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := checkpoint.Dir("a", cp.ID)
+	e.waitSealed(dir)
+	ents, _ := os.ReadDir(e.hostDir(dir))
+	for _, ent := range ents {
+		if strings.HasPrefix(ent.Name(), "digests-") {
+			os.Remove(filepath.Join(e.hostDir(dir), ent.Name()))
+		}
+	}
+	_, err = e.m.Restore(ctx, "a", cp.ID, machine.RestoreOptions{}, nil)
+	if !errors.Is(err, machine.ErrDamaged) || !strings.Contains(err.Error(), "has no digests") {
+		t.Fatalf("restore without the memory's digests: %v", err)
+	}
+	os.Remove(filepath.Join(e.hostDir(dir), checkpoint.ManifestFile))
+	_, err = e.m.Restore(ctx, "a", cp.ID, machine.RestoreOptions{}, nil)
+	if !errors.Is(err, machine.ErrDamaged) || !strings.Contains(err.Error(), "digests.json is missing") {
+		t.Fatalf("restore without digests: %v", err)
+	}
+}

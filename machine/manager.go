@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -70,6 +71,9 @@ type Config struct {
 	Registry registry.Store
 	// Drivers replaces the VMM drivers found on the host (tests).
 	Drivers map[string]Driver
+	// Memory is the memory budget and the pressure watcher (see
+	// admission.go, pressure.go).
+	Memory MemoryConfig
 	// BootWakeParallel is how many VMs put to sleep by a host shutdown
 	// are woken at once when den starts (default
 	// DefaultBootWakeParallel); see hostlife.go.
@@ -107,6 +111,8 @@ type Manager struct {
 
 	imageMu sync.Mutex // serialises base image imports
 
+	adm *admission // the memory budget (admission.go)
+
 	seal       sealer         // digests snapshots' large files
 	background sync.WaitGroup // digests and verifications under way
 
@@ -118,6 +124,7 @@ type Manager struct {
 	closed    chan struct{}
 	closeOnce sync.Once      // Close's work, once closed is closed
 	hostWG    sync.WaitGroup // the boot wake (hostlife.go)
+	hostDown  atomic.Bool    // a host shutdown began: the boot wake starts no more wakes
 
 	// volumeLostAt is when the volume's mount was last lost, and why:
 	// VMMs started before then run on a dead disk.
@@ -165,6 +172,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		kvm: vmm.DetectKVM(), instances: map[string]*instance{}, holders: map[string]holder{}, waiters: map[string]chan struct{}{},
 		closed: make(chan struct{}),
 	}
+	m.adm = m.newAdmission()
 	if err := m.chooseVMM(); err != nil {
 		closeDB()
 		return nil, err
@@ -174,6 +182,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	go m.watchVolume()
+	go m.watchPressure()
 	// VMs a host shutdown put to sleep wake in the background.
 	m.startBootWake()
 	return m, nil

@@ -38,6 +38,11 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	if err := m.needRAMSpace(vm); err != nil {
 		return nil, err
 	}
+	release, err := m.admitMemory(ctx, vm)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	if err := m.waitDisk(ctx, vm.Name); err != nil {
 		return nil, err
 	}
@@ -121,7 +126,7 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	}
 	// A damaged checkpoint is refused before anything changes.
 	progress("verifying " + id)
-	if err := m.verify(ctx, checkpointRef(name, id), vm.VMM); err != nil {
+	if err := m.verify(ctx, checkpointRef(cp), vm.VMM); err != nil {
 		return "", fmt.Errorf("restore vm %q: %w", name, err)
 	}
 	in := m.instance(name)
@@ -193,7 +198,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 		if err != nil {
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}
-		m.verifyRunning(in, checkpointRef(name, id), vm.VMM)
+		m.verifyRunning(in, checkpointRef(cp), vm.VMM)
 	} else {
 		progress("booting from the checkpoint's disk")
 		if err := m.boot(ctx, vm, sp); err != nil {

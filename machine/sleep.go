@@ -86,8 +86,9 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	if err == nil {
 		err = fsutil.SyncTree(dir)
 	}
+	var seal string
 	if err == nil {
-		err = m.sealSmall(ctx, tmp)
+		seal, err = m.sealSmall(ctx, tmp)
 	}
 	if err != nil {
 		_ = m.vol.Remove(ctx, tmp)
@@ -103,6 +104,12 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	}
 	_, lastAct := in.activity()
 	_, err = m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
+		sp, err := decodeSpec(*v)
+		if err != nil {
+			return err
+		}
+		sp.SuspendSeal = seal // the slot's digests, with the state that uses it
+		v.SpecJSON = mustJSON(sp)
 		v.State, v.Reason = registry.StateSleeping, ""
 		if lastAct.After(v.LastActive) {
 			v.LastActive = lastAct.UTC()
@@ -144,12 +151,12 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 	}
 	// The memory is verified while the VMM starts.
 	check := func(ctx context.Context) error {
-		if err := m.verify(ctx, suspendRef(vm.Name), vm.VMM); err != nil {
+		if err := m.verify(ctx, suspendRef(vm.Name, sp.SuspendSeal), vm.VMM); err != nil {
 			return fmt.Errorf("%w; it stays asleep: restore a checkpoint (den checkpoints %s)", err, vm.Name)
 		}
 		return nil
 	}
-	in, err := m.restoreInto(ctx, vm, sp, suspendRef(vm.Name).dir, check)
+	in, err := m.restoreInto(ctx, vm, sp, suspendRef(vm.Name, sp.SuspendSeal).dir, check)
 	if err != nil {
 		if errors.Is(err, errGuestRan) {
 			// The guest ran (and may have written its disk) before the
@@ -160,7 +167,7 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 		}
 		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
 	}
-	m.verifyRunning(in, suspendRef(vm.Name), vm.VMM)
+	m.verifyRunning(in, suspendRef(vm.Name, sp.SuspendSeal), vm.VMM)
 	crashpoint("wake-after-restore")
 	_, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
 		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()

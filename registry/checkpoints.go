@@ -15,12 +15,12 @@ import (
 // package writes beside its files.
 type Checkpoint = checkpoint.Record
 
-const cpColumns = `vm, id, seq, parent, kind, comment, created_at, memory_bytes, disk_bytes, vmm`
+const cpColumns = `vm, id, seq, parent, kind, comment, created_at, memory_bytes, disk_bytes, vmm, seal`
 
 func scanCheckpoint(s scanner) (Checkpoint, error) {
 	var c Checkpoint
 	var created int64
-	err := s.Scan(&c.VM, &c.ID, &c.Seq, &c.Parent, &c.Kind, &c.Comment, &created, &c.MemoryBytes, &c.DiskBytes, &c.VMM)
+	err := s.Scan(&c.VM, &c.ID, &c.Seq, &c.Parent, &c.Kind, &c.Comment, &created, &c.MemoryBytes, &c.DiskBytes, &c.VMM, &c.Seal)
 	c.CreatedAt = time.UnixMilli(created).UTC()
 	return c, err
 }
@@ -37,8 +37,8 @@ func (d *DB) NextCheckpointSeq(ctx context.Context, vm string) (int, error) {
 
 // AddCheckpoint records a checkpoint.
 func (d *DB) AddCheckpoint(ctx context.Context, c Checkpoint) error {
-	_, err := d.db.ExecContext(ctx, `INSERT INTO checkpoints (`+cpColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?)`,
-		c.VM, c.ID, c.Seq, c.Parent, c.Kind, c.Comment, c.CreatedAt.UnixMilli(), c.MemoryBytes, c.DiskBytes, c.VMM)
+	_, err := d.db.ExecContext(ctx, `INSERT INTO checkpoints (`+cpColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?)`,
+		c.VM, c.ID, c.Seq, c.Parent, c.Kind, c.Comment, c.CreatedAt.UnixMilli(), c.MemoryBytes, c.DiskBytes, c.VMM, c.Seal)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint") {
 			return fmt.Errorf("checkpoint %s of %q: %w", c.ID, c.VM, ErrExists)

@@ -74,6 +74,9 @@ var schema = []string{
 	// wake_on_boot marks a VM put to sleep for a host shutdown: the next
 	// daemon start wakes it (VM.WakeOnBoot).
 	`ALTER TABLE vms ADD COLUMN wake_on_boot INTEGER NOT NULL DEFAULT 0`,
+	// seal names a checkpoint's digests (checkpoint.Record.Seal): a
+	// checkpoint recorded with one is damaged without them.
+	`ALTER TABLE checkpoints ADD COLUMN seal TEXT NOT NULL DEFAULT ''`,
 }
 
 // Open opens (creating if needed) the database at path and brings its

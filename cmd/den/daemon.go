@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/daemon"
 	"github.com/denhq/den/image"
+	"github.com/denhq/den/internal/size"
+	"github.com/denhq/den/machine"
 )
 
 func daemonCommand() *cli.Command {
@@ -26,7 +29,9 @@ Examples:
    den daemon
    den daemon --state-dir /tmp/den --socket /tmp/den/den.sock --default-image minimal
    den daemon --ssh-listen 127.0.0.1:2222     # the SSH gateway on loopback only
-   den daemon --ssh-listen off`,
+   den daemon --ssh-listen off
+   den daemon --memory-budget 75%             # guest RAM den commits at most
+   den daemon --memory-budget 12G --memory-pressure 20`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "state-dir", Value: "/var/lib/den", Usage: "den's local state"},
 			&cli.StringFlag{Name: "socket", Value: api.DefaultSocket, EnvVars: []string{"DEN_SOCKET"}, Usage: "API unix socket"},
@@ -39,6 +44,12 @@ Examples:
 			&cli.BoolFlag{Name: "qemu-stream-ram", Usage: "for comparison: snapshot QEMU RAM through the migration stream, without x-ignore-shared"},
 			&cli.BoolFlag{Name: "restore-copy", Usage: "for comparison: Cloud Hypervisor restores copy memory instead of OnDemand"},
 			&cli.BoolFlag{Name: "no-digests", Usage: "for comparison: snapshots without digests, restores without verification"},
+			&cli.StringFlag{Name: "memory-budget", Usage: "guest RAM (plus --vmm-overhead per VM) den commits at most: a size (12G), a share of the host's RAM (75%) or off; " +
+				"a start that would exceed it first puts the least recently active idle VMs to sleep (default: 80% of the host's RAM, leaving it at least 1 GiB)"},
+			&cli.StringFlag{Name: "vmm-overhead", Value: size.Format(machine.DefaultVMMOverhead), Usage: "memory a VMM process takes beside its guest's RAM, counted per VM against the budget"},
+			&cli.Float64Flag{Name: "memory-pressure", Value: machine.DefaultPressureSome, Usage: "host memory pressure (PSI some avg10, percent) at which idle VMs are put to sleep; 0: ignore PSI"},
+			&cli.StringFlag{Name: "memory-min-available", Value: fmt.Sprintf("%d%%", machine.DefaultMinAvailablePercent), Usage: "host MemAvailable under which idle VMs are put to sleep: a size, a share of the host's RAM, or off"},
+			&cli.DurationFlag{Name: "memory-pressure-cooldown", Value: machine.DefaultPressureCooldown, Usage: "least time between two sleeps for memory pressure"},
 			&cli.BoolFlag{Name: "debug", Usage: "log debug messages"},
 		},
 		Action: func(c *cli.Context) error {
@@ -65,13 +76,50 @@ Examples:
 				}
 				imgs = d
 			}
+			mem, err := memoryConfig(c)
+			if err != nil {
+				return err
+			}
 			ctx, cancel := withSignals(c)
 			defer cancel()
 			return daemon.Run(ctx, daemon.Options{
 				StateDir: c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"),
 				Images: imgs, DefaultImage: c.String("default-image"), VMM: c.String("vmm"), Version: version, Logger: log,
 				IdleCheck: c.Duration("idle-check"), QEMUStreamRAM: c.Bool("qemu-stream-ram"), RestoreCopy: c.Bool("restore-copy"), NoDigests: c.Bool("no-digests"), SSHListen: c.String("ssh-listen"),
+				Memory: mem,
 			})
 		},
 	}
+}
+
+// memoryConfig reads the memory budget and pressure flags.
+func memoryConfig(c *cli.Context) (machine.MemoryConfig, error) {
+	var mc machine.MemoryConfig
+	total, err := machine.HostMemTotal()
+	if err != nil {
+		total = -1
+	}
+	if v := c.String("memory-budget"); v != "" {
+		if mc.Budget, err = machine.ParseMemoryAmount(v, total); err != nil {
+			return mc, usageExit(c, "--memory-budget: %v", err)
+		}
+	}
+	if mc.VMMOverhead, err = size.Parse(c.String("vmm-overhead")); err != nil {
+		return mc, usageExit(c, "--vmm-overhead: %v", err)
+	}
+	switch p := c.Float64("memory-pressure"); {
+	case p < 0 || p > 100:
+		return mc, usageExit(c, "--memory-pressure %g: a percentage from 0 (ignore PSI) to 100", p)
+	case p == 0:
+		mc.PressureSome = -1
+	default:
+		mc.PressureSome = p
+	}
+	if mc.MinAvailable, err = machine.ParseMemoryAmount(c.String("memory-min-available"), total); err != nil {
+		return mc, usageExit(c, "--memory-min-available: %v", err)
+	}
+	if mc.PressureCooldown = c.Duration("memory-pressure-cooldown"); mc.PressureCooldown <= 0 {
+		return mc, usageExit(c, "--memory-pressure-cooldown must be more than 0")
+	}
+	return mc, nil
 }

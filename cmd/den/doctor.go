@@ -14,6 +14,8 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/denhq/den/api"
+	"github.com/denhq/den/machine"
 	"github.com/denhq/den/vmm"
 	"github.com/denhq/den/vmm/cloudhypervisor"
 	"github.com/denhq/den/vmm/qemu"
@@ -31,8 +33,11 @@ func doctorCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "doctor",
 		Usage:     "show what this host offers den, and what to do about what is missing",
-		UsageText: "den doctor [--state-dir DIR] [--json]",
-		Description: `Checks KVM, Cloud Hypervisor, QEMU, FUSE, TAP devices and free disk.
+		UsageText: "den doctor [--state-dir DIR] [--socket PATH] [--json]",
+		Description: `Checks KVM, Cloud Hypervisor, QEMU, FUSE, TAP devices, free disk, and
+the host's memory: the daemon's memory budget and its use (committed,
+budget, free, running VMs) when the daemon answers on --socket, the
+host's RAM and the default budget otherwise.
 Exits non-zero when den cannot run a VM here at all.
 
 Examples:
@@ -41,12 +46,14 @@ Examples:
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "state-dir", Value: "/var/lib/den", Usage: "den's state directory (for the free-disk check)"},
 			&cli.BoolFlag{Name: "json", Usage: "print the checks as JSON"},
+			socketFlag,
 		},
 		Action: func(c *cli.Context) error {
 			if err := noArgs(c); err != nil {
 				return err
 			}
 			checks := runChecks(c.Context, c.String("state-dir"))
+			checks = append(checks, checkMemory(c.Context, newClient(c)))
 			if c.Bool("json") {
 				enc := json.NewEncoder(os.Stdout)
 				enc.SetIndent("", "  ")
@@ -210,4 +217,70 @@ func checkDisk(stateDir string) check {
 		c.Status, c.Fix = "warn", "VM disks, memory snapshots and the volume cache need space: keep 10 GiB or more free"
 	}
 	return c
+}
+
+// checkMemory reports the daemon's memory budget and its use, or, with
+// no daemon answering, the host's RAM and the budget a daemon would take.
+func checkMemory(ctx context.Context, cl *api.Client) check {
+	c := check{Name: "memory", Status: "ok"}
+	gib := fmtMemory
+	total, avail, pressure := int64(-1), int64(-1), -1.0
+	if p, err := machine.HostPressure(); err == nil {
+		total, avail, pressure = p.Total, p.Available, p.SomeAvg10
+	}
+	host := "host RAM unknown"
+	if total > 0 {
+		host = fmt.Sprintf("host %s, %s available", gib(total), gib(avail))
+		if pressure >= 0 {
+			host += fmt.Sprintf(", pressure %.1f%%", pressure)
+		}
+	}
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	info, err := cl.Info(ictx)
+	switch {
+	case err != nil || info.Memory == nil:
+		c.Detail = "daemon not reachable on " + cl.Socket() + "; " + host
+		if total > 0 {
+			c.Detail += "; default budget " + gib(machine.DefaultBudget(total))
+		}
+	case info.Memory.BudgetBytes < 0:
+		mi := info.Memory
+		c.Status = "warn"
+		c.Detail = memoryLine(mi) + "; " + host
+		c.Fix = "without a budget, VMs whose guests touch their memory can meet the host's OOM killer: den daemon --memory-budget 80%"
+	default:
+		mi := info.Memory
+		c.Detail = memoryLine(mi) + "; " + host
+		if mi.HostTotalBytes > 0 && mi.BudgetBytes > mi.HostTotalBytes {
+			c.Status = "warn"
+			c.Fix = "the budget is more than the host's RAM: lower --memory-budget"
+		}
+	}
+	return c
+}
+
+// memoryLine is the budget and its use in one line, for den info and den
+// doctor: "1.2 GiB committed of a 18.8 GiB budget, 17.6 GiB free, 3
+// running VMs (128 MiB each for the VMM)".
+func memoryLine(mi *api.MemoryInfo) string {
+	var s string
+	if mi.BudgetBytes < 0 {
+		s = fmt.Sprintf("%s committed, no budget (--memory-budget off)", fmtMemory(mi.CommittedBytes))
+	} else {
+		s = fmt.Sprintf("%s committed of a %s budget, %s free", fmtMemory(mi.CommittedBytes), fmtMemory(mi.BudgetBytes), fmtMemory(mi.FreeBytes))
+	}
+	s += fmt.Sprintf(", %d running VMs", mi.Running)
+	if mi.Starting > 0 {
+		s += fmt.Sprintf(" and %d starting", mi.Starting)
+	}
+	return s + fmt.Sprintf(" (%s each for the VMM)", fmtMemory(mi.VMMOverheadBytes))
+}
+
+// fmtMemory prints memory for people: 7.5 GiB, 224 MiB.
+func fmtMemory(b int64) string {
+	if b >= 1<<30 {
+		return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
+	}
+	return fmt.Sprintf("%d MiB", max(b, 0)>>20)
 }

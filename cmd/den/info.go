@@ -40,6 +40,9 @@ func infoCommand() *cli.Command {
 				}
 				fmt.Printf("version:  %s\nvmm:      %s\naccel:    %s (%s)\nstate:    %s\nvolume:   %s\nnetwork:  %s\n",
 					info.Version, info.VMM, info.Accel, info.AccelNote, info.StateDir, info.Volume, info.Network)
+				if info.Memory != nil {
+					fmt.Printf("memory:   %s\n", memoryLine(info.Memory))
+				}
 				return printGateway(info, false)
 			}
 			if c.Bool("gateway") {
