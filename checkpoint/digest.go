@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
+	"time"
 
 	"lukechampine.com/blake3"
 
@@ -93,19 +95,28 @@ func (e *DamageError) Error() string {
 
 func (e *DamageError) Unwrap() error { return ErrDamaged }
 
-// hashExtents reads r (size bytes) and returns one digest per extent.
-func hashExtents(ctx context.Context, r io.ReaderAt, n int64) ([]string, error) {
+// hashExtents reads r (size bytes) and returns one digest per extent;
+// after each, it rests idle times as long as the extent took (0: never).
+func hashExtents(ctx context.Context, r io.ReaderAt, n int64, idle float64) ([]string, error) {
 	var out []string
 	buf := make([]byte, 1<<20)
 	for off := int64(0); off < n || (n == 0 && len(out) == 0); off += ExtentSize {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		start := time.Now()
 		d, err := hashExtent(r, off, min(ExtentSize, n-off), buf)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, d)
+		if idle > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(time.Duration(float64(time.Since(start)) * idle)):
+			}
+		}
 	}
 	return out, nil
 }
@@ -129,7 +140,7 @@ func hashExtent(r io.ReaderAt, off, n int64, buf []byte) (string, error) {
 }
 
 // digestFile digests the file at path.
-func digestFile(ctx context.Context, path string) (FileDigest, error) {
+func digestFile(ctx context.Context, path string, idle float64) (FileDigest, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return FileDigest{}, err
@@ -139,7 +150,7 @@ func digestFile(ctx context.Context, path string) (FileDigest, error) {
 	if err != nil {
 		return FileDigest{}, err
 	}
-	ext, err := hashExtents(ctx, f, st.Size())
+	ext, err := hashExtents(ctx, f, st.Size(), idle)
 	if err != nil {
 		return FileDigest{}, fmt.Errorf("digest %s: %w", path, err)
 	}
@@ -199,7 +210,7 @@ func SealSmall(ctx context.Context, dir string) (Manifest, error) {
 			man.Large[rel] = st.Size()
 			return nil
 		}
-		fd, err := digestFile(ctx, path)
+		fd, err := digestFile(ctx, path, 0)
 		if err != nil {
 			return err
 		}
@@ -218,7 +229,10 @@ func SealSmall(ctx context.Context, dir string) (Manifest, error) {
 // Seal digests the large files SealSmall left to it and records them for
 // the manifest's seal id. It is safe to run late, or twice, or against a
 // directory replaced meanwhile (its digests then name another seal).
-func Seal(ctx context.Context, dir string) error {
+// idle paces it: after each extent it rests idle times as long as the
+// extent took, so that a background seal leaves the host's CPU and I/O
+// mostly to the VMs (0: no rest).
+func Seal(ctx context.Context, dir string, idle float64) error {
 	man, err := readManifest(dir)
 	if err != nil {
 		return err
@@ -231,7 +245,7 @@ func Seal(ctx context.Context, dir string) error {
 	}
 	large := map[string]FileDigest{}
 	for _, rel := range sortedKeys(man.Large) {
-		fd, err := digestFile(ctx, filepath.Join(dir, filepath.FromSlash(rel)))
+		fd, err := digestFile(ctx, filepath.Join(dir, filepath.FromSlash(rel)), idle)
 		if err != nil {
 			return fmt.Errorf("seal snapshot: %w", err)
 		}
@@ -313,12 +327,18 @@ func ReadManifest(dir string) (Manifest, error) {
 type Policy struct {
 	// Full reads every extent of every file.
 	Full bool
-	// Whole lists files (slash paths, or a prefix ending in "/") that
-	// are read whole even when Full is not set; small files always are.
+	// Whole lists files (slash paths, a prefix ending in "/", or "" for
+	// every file) that are read whole even when Full is not set; small
+	// files always are.
 	Whole []string
 	// Sample is the number of extents read, besides the first and the
 	// last, of each other large file.
 	Sample int
+	// DataOnly: of the files read whole (not Full), the extents that
+	// were all zeros when sealed (a sparse memory file's holes, which
+	// QEMU's restore does not read: its memory.map lists the data) are
+	// sampled instead.
+	DataOnly bool
 	// Seal, when set, is the seal id recorded elsewhere (the registry)
 	// for the snapshot: digests missing, or of another seal, are damage,
 	// and so are large files without digests unless Sealing.
@@ -329,7 +349,7 @@ type Policy struct {
 
 func (p Policy) whole(rel string) bool {
 	for _, w := range p.Whole {
-		if rel == w || (strings.HasSuffix(w, "/") && strings.HasPrefix(rel, w)) {
+		if w == "" || rel == w || (strings.HasSuffix(w, "/") && strings.HasPrefix(rel, w)) {
 			return true
 		}
 	}
@@ -420,7 +440,11 @@ func verifyFile(ctx context.Context, dir, rel string, fd FileDigest, p Policy) (
 		return damaged(&DamageError{File: rel, Extent: -1, Detail: fmt.Sprintf("has %d bytes, its digest %d", st.Size(), fd.Size)})
 	}
 	buf := make([]byte, 1<<20)
-	for _, i := range pick(len(fd.Extents), fd.Size <= SmallFile || p.Full || p.whole(rel), p.Sample) {
+	idx := pick(len(fd.Extents), fd.Size <= SmallFile || p.Full || p.whole(rel), p.Sample)
+	if p.DataOnly && !p.Full && fd.Size > SmallFile && p.whole(rel) {
+		idx = dataExtents(fd, p.Sample)
+	}
+	for _, i := range idx {
 		off := int64(i) * ExtentSize
 		d, err := hashExtent(f, off, min(ExtentSize, fd.Size-off), buf)
 		if err != nil {
@@ -435,6 +459,39 @@ func verifyFile(ctx context.Context, dir, rel string, fd FileDigest, p Policy) (
 		}
 	}
 	return res, nil
+}
+
+// dataExtents is the extents of fd that held data when sealed, with a
+// sample of the others (the first and the last always).
+func dataExtents(fd FileDigest, sample int) []int {
+	var out, zeros []int
+	for i, d := range fd.Extents {
+		n := min(ExtentSize, fd.Size-int64(i)*ExtentSize)
+		if d == zeroDigest(n) && i != 0 && i != len(fd.Extents)-1 {
+			zeros = append(zeros, i)
+			continue
+		}
+		out = append(out, i)
+	}
+	for _, k := range pick(len(zeros), false, sample) {
+		out = append(out, zeros[k])
+	}
+	sort.Ints(out)
+	return out
+}
+
+var zeroDigests sync.Map // extent length -> digest of that many zero bytes
+
+// zeroDigest is the digest of n zero bytes.
+func zeroDigest(n int64) string {
+	if d, ok := zeroDigests.Load(n); ok {
+		return d.(string)
+	}
+	h := blake3.New(32, nil)
+	h.Write(make([]byte, n))
+	d := hex.EncodeToString(h.Sum(nil))
+	zeroDigests.Store(n, d)
+	return d
 }
 
 // pick is the extents to read of n: all, or the first, the last and

@@ -54,7 +54,7 @@ func seal(t *testing.T, dir string) Manifest {
 	if Sealed(dir) {
 		t.Fatal("sealed before Seal")
 	}
-	if err := Seal(context.Background(), dir); err != nil {
+	if err := Seal(context.Background(), dir, 0); err != nil {
 		t.Fatal(err)
 	}
 	if !Sealed(dir) {
@@ -188,7 +188,7 @@ func TestSealIsTiedToItsManifest(t *testing.T) {
 	if Sealed(dir) {
 		t.Fatal("the old seal's digests were taken for the new snapshot")
 	}
-	if err := Seal(ctx, dir); err != nil {
+	if err := Seal(ctx, dir, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Verify(ctx, dir, Policy{Full: true}); err != nil {
@@ -204,7 +204,7 @@ func TestSealSmallTakesOverASealedSubdirectory(t *testing.T) {
 	if _, err := SealSmall(ctx, vmmDir); err != nil {
 		t.Fatal(err)
 	}
-	if err := Seal(ctx, vmmDir); err != nil {
+	if err := Seal(ctx, vmmDir, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(slot, DiskFile), []byte("disk"), 0o600); err != nil {
@@ -247,5 +247,28 @@ func TestRecordedSealMakesLostDigestsDamage(t *testing.T) {
 	}
 	if _, err := Verify(ctx, dir, Policy{Full: true}); !errors.Is(err, ErrUnsealed) {
 		t.Fatalf("no seal recorded, no manifest: %v", err)
+	}
+}
+
+// TestDataOnlyReadsWhatHeldData: a whole read with DataOnly reads the
+// extents that held data when sealed, the first and the last, and a
+// sample of the zero ones; damage in a data extent is always found.
+func TestDataOnlyReadsWhatHeldData(t *testing.T) {
+	ctx := context.Background()
+	dir := snapshotDir(t) // data in extents 0, 3, 6, 9 of 10
+	seal(t, dir)
+	p := Policy{Whole: []string{""}, DataOnly: true, Sample: 1}
+	res, err := Verify(ctx, dir, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		if r.File == "vmm/memory" && r.Extents != 4+3 {
+			t.Errorf("read %d extents, want the 4 with data and 3 of the zero ones: %+v", r.Extents, r)
+		}
+	}
+	corrupt(t, filepath.Join(dir, "vmm", "memory"), 6*ExtentSize+100)
+	if _, err := Verify(ctx, dir, p); !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "extent 6") {
+		t.Fatalf("damage in a data extent: %v", err)
 	}
 }

@@ -10,18 +10,6 @@ import (
 	"github.com/denhq/den/internal/fsutil"
 )
 
-// Seal digests a committed checkpoint's large files (see Seal).
-func (s Store) Seal(ctx context.Context, vm, id string) error {
-	dir, err := s.Vol.Path(Dir(vm, id))
-	if err != nil {
-		return err
-	}
-	if err := Seal(ctx, dir); err != nil {
-		return fmt.Errorf("checkpoint %s of %q: %w", id, vm, err)
-	}
-	return nil
-}
-
 // Verify checks a checkpoint's files against their digests as p says;
 // damage is an error wrapping ErrDamaged that names the checkpoint, the
 // file and the extent.

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -61,6 +62,32 @@ func waitSealed(t *testing.T, dir string) {
 	}
 }
 
+// dataExtent is a 4 MiB extent of a QEMU snapshot's memory, neither the
+// first nor the last, that holds guest data (its memory.map lists the
+// data): the offset of a byte in it, and the extent's number.
+func dataExtent(t *testing.T, dir string) (int64, int) {
+	t.Helper()
+	var ext []struct{ Off, Len int64 }
+	data, err := os.ReadFile(filepath.Join(dir, "memory.map"))
+	if err != nil || json.Unmarshal(data, &ext) != nil {
+		t.Fatalf("memory.map of %s: %v", dir, err)
+	}
+	st, err := os.Stat(filepath.Join(dir, "memory"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := (st.Size() - 1) / (4 << 20)
+	for _, e := range ext {
+		for k := (e.Off + 4<<20 - 1) / (4 << 20); k*(4<<20)+8192 <= e.Off+e.Len; k++ {
+			if k > 0 && k < last {
+				return k*(4<<20) + 4096, int(k)
+			}
+		}
+	}
+	t.Fatalf("no data extent in the middle of %s: %+v", dir, ext)
+	return 0, 0
+}
+
 type verification struct {
 	Checkpoint string `json:"checkpoint"`
 	Status     string `json:"status"`
@@ -95,6 +122,7 @@ func TestCorruptedSnapshotsAreRefused(t *testing.T) {
 	// restore touched the VM.
 	d.must("exec", "box", "--", "sh", "-c", "echo after > /root/after")
 
+	memOff, memExt := dataExtent(t, filepath.Join(cpDir, "vmm"))
 	for _, tc := range []struct {
 		name, file string
 		off        int64
@@ -102,7 +130,7 @@ func TestCorruptedSnapshotsAreRefused(t *testing.T) {
 	}{
 		{"device state", "vmm/state", 100, "vmm/state extent 0 (offset 0 MiB) does not match its digest"},
 		{"config", "vmm/config.json", 10, "vmm/config.json extent 0"},
-		{"memory extent", "vmm/memory", 48<<20 + 4096, "vmm/memory extent 12 (offset 48 MiB) does not match its digest"},
+		{"memory extent", "vmm/memory", memOff, fmt.Sprintf("vmm/memory extent %d (offset %d MiB) does not match its digest", memExt, memExt*4)},
 		{"disk block", "disk", 1<<20 + 512, "disk extent 0 (offset 0 MiB) does not match its digest"},
 	} {
 		t.Run("checkpoint "+tc.name, func(t *testing.T) {
@@ -147,6 +175,7 @@ func TestCorruptedSnapshotsAreRefused(t *testing.T) {
 	slot := d.volumePath("vms", "box", "suspend")
 	d.must("sleep", "box")
 	waitSealed(t, slot)
+	memOff, memExt = dataExtent(t, slot)
 	for _, tc := range []struct {
 		name, file string
 		off        int64
@@ -154,7 +183,7 @@ func TestCorruptedSnapshotsAreRefused(t *testing.T) {
 	}{
 		{"device state", "state", 100, "state extent 0 (offset 0 MiB) does not match its digest"},
 		{"config", "config.json", 10, "config.json extent 0"},
-		{"memory extent", "memory", 48<<20 + 4096, "memory extent 12 (offset 48 MiB) does not match its digest"},
+		{"memory extent", "memory", memOff, fmt.Sprintf("memory extent %d (offset %d MiB) does not match its digest", memExt, memExt*4)},
 	} {
 		t.Run("suspend slot "+tc.name, func(t *testing.T) {
 			path := filepath.Join(slot, tc.file)

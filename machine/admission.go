@@ -22,6 +22,12 @@ import (
 // naming the VMs that cannot sleep only when none can. Admissions are one
 // at a time, and a VM's memory stays reserved while its VMM starts, so
 // two starts never both count the same free memory.
+//
+// What can sleep is decided as the idle monitor decides what is idle: no
+// session through den, none on the guest agent, no keep-awake lease, and
+// an idle timeout (a VM with none never sleeps on den's own account). A
+// guest busy with its CPU counts as active: the idle monitor touches it
+// every pass, so it comes last in the order.
 
 // ErrNoMemory: starting the VM would go over the memory budget and no
 // running VM could be put to sleep to make room.

@@ -111,7 +111,14 @@ func (m *Manager) SleepAll(ctx context.Context, o HostOptions, report func(HostR
 	defer cancelHard()
 	soft, cancelSoft := context.WithTimeout(hard, o.Timeout-stopReserve(o.Timeout))
 	defer cancelSoft()
+	held := &heldLocks{}
 	if o.Shutdown {
+		// Whatever happens, den then refuses new work: the host is
+		// going down, and a VM woken now would lose its processes.
+		defer func() {
+			m.refuseNew()
+			held.release()
+		}()
 		// A boot wake still under way (a reboot soon after a boot)
 		// starts no more wakes, and the VMs it is waking are running
 		// before the list below is read.
@@ -129,15 +136,8 @@ func (m *Manager) SleepAll(ctx context.Context, o HostOptions, report func(HostR
 		}
 	}
 	byActivity(todo)
-	held := &heldLocks{}
 	if o.Shutdown {
 		m.log.Info("den: host shutting down: putting the running vms to sleep", "vms", len(todo), "timeout", o.Timeout, "parallel", o.Parallel)
-		// Whatever happens, den then refuses new work: the host is
-		// going down, and a VM woken now would lose its processes.
-		defer func() {
-			m.refuseNew()
-			held.release()
-		}()
 	}
 	results := make(chan HostResult, len(todo))
 	sem := make(chan struct{}, o.Parallel)
