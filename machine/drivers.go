@@ -79,7 +79,7 @@ func (m *Manager) builtinDrivers() map[string]Driver {
 			Adopt: func(ctx context.Context, rd vmm.RunDir) (vmm.Hypervisor, error) {
 				return cloudhypervisor.Adopt(ctx, opts(rd))
 			},
-			Kernel:  func(d image.Dir) string { return d.Vmlinux() },
+			Kernel:      func(d image.Dir) string { return d.Vmlinux() },
 			Accel:       "kvm",
 			Network:     "none (Cloud Hypervisor without TAP setup)",
 			LazyRestore: true,
