@@ -118,6 +118,8 @@ var (
 	ErrConflict = errors.New("conflicts with the vm's state")
 	ErrNoSpace  = errors.New("no space")
 	ErrBusy     = errors.New("vm busy")
+	// ErrForbidden: the request is root's (the host's sleep and wake).
+	ErrForbidden = errors.New("forbidden")
 	// ErrDamaged: a checkpoint or a sleeping VM's memory does not match
 	// its digests; nothing was restored from it.
 	ErrDamaged  = errors.New("snapshot damaged")
@@ -137,6 +139,7 @@ var Codes = map[string]struct {
 	"no_space":  {ErrNoSpace, 507},
 	"busy":      {ErrBusy, 409},
 	"damaged":   {ErrDamaged, 409},
+	"forbidden": {ErrForbidden, 403},
 	"no_memory": {ErrNoMemory, 507},
 	"internal":  {ErrDaemon, 500},
 }
