@@ -101,6 +101,8 @@ type DaemonInfo struct {
 	StateDir  string `json:"state_dir"`
 	Volume    string `json:"volume"`
 	Network   string `json:"network"`
+	// GuestRAM says where guest RAM lives (a tmpfs, for QEMU's RAM files).
+	GuestRAM string `json:"guest_ram,omitempty"`
 	// Gateway is the SSH gateway's address ("" when it is off);
 	// GatewayFingerprint its host key's SHA256 fingerprint.
 	Gateway            string `json:"gateway,omitempty"`

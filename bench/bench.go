@@ -123,6 +123,7 @@ func (r *Result) ratios() {
 		put("wake(2 GiB) / wake(512 MiB)", r.find("wake to running", v, "2G"), r.find("wake to running", v, "512M"))
 		for _, f := range []string{"checkpoint (memory+disk)", "sleep", "wake to running", "restore (memory+disk, to running)"} {
 			put(f+" with digests / without", r.find(f, v, "512M"), r.find(f, v+", no digests", "512M"))
+			put(f+" RAM on tmpfs / on disk", r.find(f, v, "512M"), r.find(f, v+", RAM file on the state dir's disk", "512M"))
 		}
 	}
 }
@@ -222,7 +223,8 @@ func variants(vmms []string, quick bool) []variant {
 		}
 		switch v {
 		case "qemu":
-			out = append(out, variant{name: "qemu, RAM in the stream (no x-ignore-shared)", vmm: v, flags: []string{"--qemu-stream-ram"}, compare: true})
+			out = append(out, variant{name: "qemu, RAM in the stream (no x-ignore-shared)", vmm: v, flags: []string{"--qemu-stream-ram"}, compare: true},
+				variant{name: "qemu, RAM file on the state dir's disk", vmm: v, flags: []string{"--ram-dir", "{state}/run-ram"}, compare: true})
 		case "cloud-hypervisor":
 			out = append(out, variant{name: "cloud-hypervisor, Copy restore", vmm: v, flags: []string{"--restore-copy"}, compare: true})
 		}

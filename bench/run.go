@@ -46,7 +46,10 @@ func startDaemon(ctx context.Context, o Options, v variant) (*daemon, error) {
 	}
 	args := []string{"daemon", "--state-dir", filepath.Join(dir, "state"), "--socket", sock,
 		"--images", o.Images, "--default-image", o.Image, "--vmm", v.vmm, "--ssh-listen", fmt.Sprintf("127.0.0.1:%d", port)}
-	d.cmd = exec.Command(o.Den, append(args, v.flags...)...)
+	for _, f := range v.flags {
+		args = append(args, strings.ReplaceAll(f, "{state}", filepath.Join(dir, "state")))
+	}
+	d.cmd = exec.Command(o.Den, args...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {
@@ -108,6 +111,7 @@ func (d *daemon) stop() {
 	go func() { _, _ = d.cmd.Process.Wait(); close(done) }()
 	select {
 	case <-done:
+		_ = syscall.Unmount(filepath.Join(d.dir, "state", "ram"), syscall.MNT_DETACH) // den's tmpfs for guest RAM
 		_ = os.RemoveAll(d.dir)
 	case <-time.After(time.Minute):
 		_ = d.cmd.Process.Kill()

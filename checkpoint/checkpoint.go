@@ -10,11 +10,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/storage"
 )
 
@@ -59,18 +59,13 @@ const (
 	DamagedFile = "damaged"
 )
 
-var idRE = regexp.MustCompile(`^cp-[1-9][0-9]*$`)
-
 // ID is the id of a VM's seq'th checkpoint: cp-1, cp-2...
 func ID(seq int) string { return fmt.Sprintf("cp-%d", seq) }
 
 // ValidateID checks a checkpoint id typed by a user.
-func ValidateID(id string) error {
-	if !idRE.MatchString(id) {
-		return fmt.Errorf("bad checkpoint id %q: ids look like cp-3 (see den checkpoints NAME)", id)
-	}
-	return nil
-}
+// The rules are validate.CheckpointID's; the error wraps
+// validate.ErrInvalid.
+func ValidateID(id string) error { return validate.CheckpointID(id) }
 
 // Dir is the volume directory of a complete checkpoint.
 func Dir(vm, id string) storage.Path { return storage.CheckpointDir(vm, id) }

@@ -43,6 +43,8 @@ type Options struct {
 	QEMUStreamRAM, RestoreCopy bool
 	// NoDigests: snapshots without digests (den bench compares).
 	NoDigests bool
+	// RAMDir: where guest RAM files go ("": a tmpfs in the state dir).
+	RAMDir string
 	// IdleCheck is how often the idle monitor looks at the VMs
 	// (default 5 s).
 	IdleCheck time.Duration
@@ -99,7 +101,7 @@ func Run(ctx context.Context, o Options) error {
 	defer db.Close() // after the manager's Close (deferred below)
 	m, err := machine.New(ctx, machine.Config{
 		State: state, Volume: vol, Registry: db, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
-		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests,
+		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, RAMDir: o.RAMDir,
 		Memory: o.Memory,
 	})
 	if err != nil {
@@ -119,7 +121,7 @@ func Run(ctx context.Context, o Options) error {
 	defer gw.close()
 	accel, note := m.Accel()
 	info := api.DaemonInfo{Version: o.Version, VMM: m.VMMName(), Accel: accel, AccelNote: note,
-		StateDir: state.Path(), Volume: vol.Root(), Network: m.Network(), Gateway: gw.addr, GatewayFingerprint: gw.fingerprint}
+		StateDir: state.Path(), Volume: vol.Root(), Network: m.Network(), GuestRAM: m.GuestRAM(), Gateway: gw.addr, GatewayFingerprint: gw.fingerprint}
 	srv := &http.Server{Handler: NewServer(m, keys, info, hostKey, o.Logger), ReadHeaderTimeout: 10 * time.Second}
 
 	ln, err := listenUnix(o.Socket)

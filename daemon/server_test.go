@@ -59,7 +59,7 @@ func newAPIEnv(t *testing.T) *apiEnv {
 	if err := os.MkdirAll(images.Path(), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	man := image.Manifest{Format: 1, Artifacts: []image.Artifact{{Name: image.Minimal, Key: "0123456789abcdef0123"}}}
+	man := image.Manifest{Format: 1, Artifacts: []image.Artifact{{Name: image.Minimal, Kind: "rootfs", Key: "0123456789abcdef0123"}}}
 	data, _ := json.Marshal(man)
 	if err := os.WriteFile(images.ManifestPath(), data, 0o644); err != nil {
 		t.Fatal(err)

@@ -32,7 +32,7 @@ func (s *Server) verifyCheckpoints(w http.ResponseWriter, r *http.Request) {
 			}
 		case req.Checkpoint != "":
 			if err := checkpoint.ValidateID(req.Checkpoint); err != nil {
-				return api.Event{}, fmt.Errorf("%w: %w", err, machine.ErrInvalid)
+				return api.Event{}, err
 			}
 			ids = []string{req.Checkpoint}
 		case head != "":

@@ -176,6 +176,7 @@ func (d *daemon) teardown(dir string) {
 	if v, err := storage.Open(ctx, storage.Config{StateDir: filepath.Join(d.state, "juicefs")}); err == nil {
 		_ = v.Unmount(ctx)
 	}
+	_ = syscall.Unmount(filepath.Join(d.state, "ram"), syscall.MNT_DETACH) // den's tmpfs for guest RAM
 	if d.t.Failed() {
 		log, _ := os.ReadFile(d.logPath)
 		d.t.Logf("daemon log:\n%s", log)

@@ -111,16 +111,16 @@ func ParseMemoryAmount(s string, total int64) (int64, error) {
 	if p, ok := strings.CutSuffix(s, "%"); ok {
 		f, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
 		if err != nil || f <= 0 || f > 100 {
-			return 0, fmt.Errorf("bad memory amount %q: a percentage of the host's RAM is more than 0%% and at most 100%%: %w", s, ErrInvalid)
+			return 0, fmt.Errorf("bad memory amount %q: a percentage of the host's RAM is more than 0%% and at most 100%%", s)
 		}
 		if total <= 0 {
-			return 0, fmt.Errorf("bad memory amount %q: the host's RAM is unknown, give a size: %w", s, ErrInvalid)
+			return 0, fmt.Errorf("bad memory amount %q: the host's RAM is unknown, give a size", s)
 		}
 		return int64(float64(total) * f / 100), nil
 	}
 	b, err := size.Parse(s)
 	if err != nil {
-		return 0, fmt.Errorf("bad memory amount: %w (or a percentage of the host's RAM, e.g. 75%%, or off): %w", err, ErrInvalid)
+		return 0, fmt.Errorf("%w, or a percentage of the host's RAM (75%%), or off", err)
 	}
 	return b, nil
 }

@@ -6,12 +6,14 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"golang.org/x/crypto/ssh"
 
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/image"
 	"github.com/denhq/den/internal/fsutil"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
@@ -170,13 +172,9 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 // baseImage makes sure the image's root disk is on the volume (imported
 // once per image build) and returns its volume path and size.
 func (m *Manager) baseImage(ctx context.Context, name string, progress Progress) (storage.Path, int64, error) {
-	man, err := m.cfg.Images.Manifest()
+	art, err := m.rootFS(name)
 	if err != nil {
-		return "", 0, fmt.Errorf("image %q: %w (build images with `make image`)", name, err)
-	}
-	art, ok := man.Artifact(name)
-	if !ok {
-		return "", 0, fmt.Errorf("image %q: no such image in %s: %w", name, m.cfg.Images.Path(), ErrInvalid)
+		return "", 0, err
 	}
 	key := art.Key
 	if len(key) > 16 {
@@ -217,4 +215,40 @@ func (m *Manager) baseImage(ctx context.Context, name string, progress Progress)
 		return "", 0, err
 	}
 	return p, st.Size(), nil
+}
+
+// kindRootFS is the manifest's kind of a root filesystem: the only
+// artifacts a VM is made from.
+const kindRootFS = "rootfs"
+
+// checkImage refuses, before any work, an image name that is not a
+// name (invalid) or not one of the image directory's built root
+// filesystems (not found): kernels, the initramfs and other files of
+// the directory are not images.
+func (m *Manager) checkImage(name string) error {
+	_, err := m.rootFS(name)
+	return err
+}
+
+// rootFS is the manifest entry of the named root filesystem, checked as
+// checkImage says.
+func (m *Manager) rootFS(name string) (image.Artifact, error) {
+	if err := ValidateImage(name); err != nil {
+		return image.Artifact{}, err
+	}
+	man, err := m.cfg.Images.Manifest()
+	if err != nil {
+		return image.Artifact{}, fmt.Errorf("image %q: %w (build images with `make image`)", name, err)
+	}
+	art, ok := man.Artifact(name)
+	if !ok || art.Kind != kindRootFS {
+		var names []string
+		for _, a := range man.Artifacts {
+			if a.Kind == kindRootFS {
+				names = append(names, a.Name)
+			}
+		}
+		return image.Artifact{}, fmt.Errorf("no image named %q (images: %s): %w", name, strings.Join(names, ", "), ErrNotFound)
+	}
+	return art, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/denhq/den/agent"
@@ -124,5 +125,8 @@ func (m *Manager) discardRuntime(name string) {
 	rd := m.state.Run(name)
 	for _, p := range []string{rd.MemoryFile(), rd.APISocket(), rd.AgentSocket(), rd.VsockSocket(), rd.PIDFile()} {
 		_ = os.Remove(p)
+	}
+	if m.ramDir != "" {
+		_ = os.RemoveAll(filepath.Dir(m.ramFile(name)))
 	}
 }

@@ -176,7 +176,7 @@ func (m *Manager) Checkpoints(ctx context.Context, name string) ([]registry.Chec
 // complete on the volume.
 func (m *Manager) getCheckpoint(ctx context.Context, vm, id string) (registry.Checkpoint, error) {
 	if err := checkpoint.ValidateID(id); err != nil {
-		return registry.Checkpoint{}, fmt.Errorf("%w: %w", err, ErrInvalid)
+		return registry.Checkpoint{}, err
 	}
 	cp, err := m.db.GetCheckpoint(ctx, vm, id)
 	if errors.Is(err, registry.ErrNotFound) {
@@ -202,7 +202,7 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, name, id string) error {
 	}
 	defer unlock()
 	if err := checkpoint.ValidateID(id); err != nil {
-		return fmt.Errorf("%w: %w", err, ErrInvalid)
+		return err
 	}
 	if _, err := m.db.GetCheckpoint(ctx, name, id); errors.Is(err, registry.ErrNotFound) {
 		return fmt.Errorf("vm %q has no checkpoint %s: %w", name, id, ErrNotFound)

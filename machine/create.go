@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
@@ -172,6 +173,12 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	}
 	if o.Owner == "" {
 		o.Owner = registry.DefaultOwner
+	}
+	if err := validate.User(o.Owner); err != nil {
+		return registry.VM{}, fmt.Errorf("create vm %q: owner: %w", o.Name, err)
+	}
+	if err := m.checkImage(o.Image); err != nil {
+		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
 	diskDefault := o.DiskBytes == 0
 	if err := m.checkSizes(&o); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/vmm"
@@ -54,7 +55,8 @@ func (m *Manager) builtinDrivers() map[string]Driver {
 	ds := map[string]Driver{}
 	if _, err := qemu.FindBinary(); err == nil {
 		opts := func(rd vmm.RunDir) qemu.Options {
-			return qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log, StreamRAM: m.cfg.QEMUStreamRAM}
+			return qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log, StreamRAM: m.cfg.QEMUStreamRAM,
+				RAMFile: m.ramFile(filepath.Base(rd.Path()))}
 		}
 		ds[VMMQEMU] = Driver{
 			Name:   VMMQEMU,

@@ -27,7 +27,7 @@ func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progr
 	}
 	if id != "" {
 		if err := checkpoint.ValidateID(id); err != nil {
-			return registry.VM{}, fmt.Errorf("%w: %w", err, ErrInvalid)
+			return registry.VM{}, err
 		}
 	}
 	srcVM, err := m.get(ctx, src)

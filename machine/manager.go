@@ -63,6 +63,9 @@ type Config struct {
 	// VolumeWait bounds how long starting a VMM waits for a volume being
 	// remounted (default DefaultVolumeWait).
 	VolumeWait time.Duration
+	// RAMDir holds the files that back guest RAM; empty: a tmpfs den
+	// mounts at State.RAM().
+	RAMDir string
 	// NoDigests leaves snapshots without digests and restores without
 	// verification (den bench measures what they cost).
 	NoDigests bool
@@ -112,6 +115,9 @@ type Manager struct {
 	imageMu sync.Mutex // serialises base image imports
 
 	adm *admission // the memory budget (admission.go)
+
+	ramDir   string // guest RAM files (setupRAM)
+	ramWhere string // where that is, for den doctor
 
 	seal       sealer         // digests snapshots' large files
 	background sync.WaitGroup // digests and verifications under way
@@ -177,6 +183,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		closeDB()
 		return nil, err
 	}
+	m.setupRAM()
 	if err := m.reconcile(ctx); err != nil {
 		closeDB()
 		return nil, err

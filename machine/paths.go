@@ -35,4 +35,7 @@ func (s StateDir) Lock(vm string) string { return filepath.Join(string(s), "lock
 
 // VolumeState holds the volume's local parts: JuiceFS cache, metadata,
 // mount point and, for the embedded default, its object store.
+func (s StateDir) RAM() string { return filepath.Join(string(s), "ram") }
+
+// VolumeState is where the storage volume keeps its local state.
 func (s StateDir) VolumeState() string { return filepath.Join(string(s), "juicefs") }

@@ -72,7 +72,7 @@ func (m *Manager) needRAMSpace(vm registry.VM) error {
 		return nil
 	}
 	var st unix.Statfs_t
-	if err := unix.Statfs(m.state.Path(), &st); err != nil {
+	if err := unix.Statfs(m.ramDir, &st); err != nil {
 		return nil
 	}
 	free := int64(st.Bavail) * st.Bsize
@@ -81,8 +81,8 @@ func (m *Manager) needRAMSpace(vm registry.VM) error {
 		need -= cur
 	}
 	if free < need {
-		return fmt.Errorf("start vm %q: host volume full (%d MB free in %s, need %d MB for the guest's RAM): %w",
-			vm.Name, free>>20, m.state.Path(), need>>20, ErrNoSpace)
+		return fmt.Errorf("start vm %q: no room for the guest's RAM (%d MB free in %s, need %d MB): %w",
+			vm.Name, free>>20, m.ramDir, need>>20, ErrNoSpace)
 	}
 	return nil
 }
@@ -90,7 +90,7 @@ func (m *Manager) needRAMSpace(vm registry.VM) error {
 // ramFileAllocated is what a VM's RAM file holds on disk now.
 func (m *Manager) ramFileAllocated(name string) int64 {
 	var st unix.Stat_t
-	if err := unix.Stat(m.state.Run(name).MemoryFile(), &st); err != nil {
+	if err := unix.Stat(m.ramFile(name), &st); err != nil {
 		return 0
 	}
 	return st.Blocks * 512

@@ -37,6 +37,9 @@ func (d *DB) NextCheckpointSeq(ctx context.Context, vm string) (int, error) {
 
 // AddCheckpoint records a checkpoint.
 func (d *DB) AddCheckpoint(ctx context.Context, c Checkpoint) error {
+	if err := checkCheckpoint(c); err != nil {
+		return err
+	}
 	_, err := d.db.ExecContext(ctx, `INSERT INTO checkpoints (`+cpColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?)`,
 		c.VM, c.ID, c.Seq, c.Parent, c.Kind, c.Comment, c.CreatedAt.UnixMilli(), c.MemoryBytes, c.DiskBytes, c.VMM, c.Seal)
 	if err != nil {

@@ -38,6 +38,9 @@ func scanKey(s scanner) (Key, error) {
 // AddKey records a key; ErrExists when its fingerprint is recorded
 // already (for any user).
 func (d *DB) AddKey(ctx context.Context, k Key) error {
+	if err := checkKey(k); err != nil {
+		return err
+	}
 	if k.CreatedAt.IsZero() {
 		k.CreatedAt = time.Now().UTC()
 	}

@@ -146,6 +146,9 @@ func scanVM(s scanner) (VM, error) {
 
 // CreateVM records a new VM; ErrExists when the name is taken.
 func (d *DB) CreateVM(ctx context.Context, vm VM) error {
+	if err := checkVM(vm); err != nil {
+		return err
+	}
 	_, err := d.db.ExecContext(ctx, `INSERT INTO vms (`+vmColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,1,?)`,
 		vm.Name, vm.Owner, vm.Image, vm.CPUs, vm.MemoryBytes, vm.DiskBytes, string(vm.State), vm.Reason,
 		vm.VMM, vm.Accel, vm.IdleTimeout.Milliseconds(), vm.CreatedAt.UnixMilli(), vm.LastActive.UnixMilli(), specOrEmpty(vm.SpecJSON),
@@ -231,6 +234,7 @@ func (d *DB) update(ctx context.Context, name string, gen int64, f func(*VM) err
 		return VM{}, fmt.Errorf("vm %q is at generation %d (%s), not %d: %w", name, vm.Generation, vm.State, gen, ErrStale)
 	}
 	old, oldGen := vm.State, vm.Generation
+	read := vm
 	if err := f(&vm); err != nil {
 		return VM{}, err
 	}
@@ -240,9 +244,17 @@ func (d *DB) update(ctx context.Context, name string, gen int64, f func(*VM) err
 		}
 	}
 	vm.KeepWakeOnBoot(old)
+	if vm.Owner != read.Owner || vm.Image != read.Image {
+		if err := checkVM(vm); err != nil {
+			return VM{}, err
+		}
+	}
+	if vm.LastActive.Before(read.LastActive) {
+		vm.LastActive = read.LastActive // TouchVM's: never lowered
+	}
 	vm.Name, vm.Generation = name, oldGen+1
 	res, err := tx.ExecContext(ctx, `UPDATE vms SET owner=?, image=?, cpus=?, memory_bytes=?, disk_bytes=?, state=?, reason=?, vmm=?, accel=?,
-		idle_timeout_ms=?, created_at=?, last_active=?, spec_json=?, generation=?, wake_on_boot=? WHERE name=? AND generation=?`,
+		idle_timeout_ms=?, created_at=?, last_active=MAX(last_active, ?), spec_json=?, generation=?, wake_on_boot=? WHERE name=? AND generation=?`,
 		vm.Owner, vm.Image, vm.CPUs, vm.MemoryBytes, vm.DiskBytes, string(vm.State), vm.Reason, vm.VMM, vm.Accel,
 		vm.IdleTimeout.Milliseconds(), vm.CreatedAt.UnixMilli(), vm.LastActive.UnixMilli(), specOrEmpty(vm.SpecJSON),
 		vm.Generation, vm.WakeOnBoot, name, oldGen)

@@ -1,6 +1,9 @@
 package registry
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // DefaultOwner owns VMs and keys created without a user.
 const DefaultOwner = "default"
@@ -28,6 +31,8 @@ type VMStore interface {
 	UpdateVM(ctx context.Context, name string, f func(*VM) error) (VM, error)
 	UpdateVMIf(ctx context.Context, name string, gen int64, f func(*VM) error) (VM, error)
 	DeleteVM(ctx context.Context, name string) error
+	// TouchVM raises the VM's last activity, without a new generation.
+	TouchVM(ctx context.Context, name string, t time.Time) error
 }
 
 // CheckpointStore keeps the checkpoint catalog.

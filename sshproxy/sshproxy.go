@@ -14,6 +14,8 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"os"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 )
@@ -126,15 +128,24 @@ func Relay(down ssh.Channel, downReqs <-chan *ssh.Request, up ssh.Channel, upReq
 		// Not before stderr is through: nothing is sent after an EOF.
 		outs.Wait()
 		_ = down.CloseWrite()
+		if os.Getenv("RELAYDEBUG") != "" {
+			fmt.Fprintf(os.Stderr, "%s down EOF sent\n", time.Now().Format("05.000000"))
+		}
 	}()
 	go func() { // downstream requests -> upstream (pty-req, exec, window-change...)
 		forwardRequests(downReqs, up, &inFlight)
+		if os.Getenv("RELAYDEBUG") != "" {
+			fmt.Fprintf(os.Stderr, "%s downReqs closed\n", time.Now().Format("05.000000"))
+		}
 		// The client closed its side of the channel.
 		_ = up.Close()
 	}()
 	go func() { // downstream stdin -> upstream
 		_, _ = io.Copy(up, down)
 		_ = up.CloseWrite()
+		if os.Getenv("RELAYDEBUG") != "" {
+			fmt.Fprintf(os.Stderr, "%s up EOF sent\n", time.Now().Format("05.000000"))
+		}
 	}()
 	upDone.Wait()
 	// A downstream request sent upstream before the upstream closed got
@@ -155,6 +166,9 @@ func forwardRequests(reqs <-chan *ssh.Request, dst ssh.Channel, inFlight *sync.M
 			inFlight.Lock()
 		}
 		ok, err := dst.SendRequest(req.Type, req.WantReply, req.Payload)
+		if os.Getenv("RELAYDEBUG") != "" {
+			fmt.Fprintf(os.Stderr, "%s fwd %s want=%v -> ok=%v err=%v\n", time.Now().Format("05.000000"), req.Type, req.WantReply, ok, err)
+		}
 		if err != nil {
 			ok = false
 		}

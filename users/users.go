@@ -6,29 +6,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"time"
 
+	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/registry"
 )
 
 // Errors callers map onto answers.
 var (
-	ErrInvalid  = errors.New("invalid")
+	ErrInvalid  = validate.ErrInvalid
 	ErrExists   = errors.New("already exists")
 	ErrNotFound = errors.New("not found")
 )
 
-var userRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._@-]{0,63}$`)
-
 // Validate checks a user name: 1 to 64 letters, digits, '.', '_', '@' or
-// '-', starting with a letter or digit.
-func Validate(user string) error {
-	if !userRE.MatchString(user) {
-		return fmt.Errorf("bad user name %q: use letters, digits, '.', '_', '@' or '-' (at most 64): %w", user, ErrInvalid)
-	}
-	return nil
-}
+// '-', starting with a letter or digit (validate.User).
+func Validate(user string) error { return validate.User(user) }
 
 // Keys manages users' keys in a key store.
 type Keys struct {
@@ -45,6 +38,9 @@ func (k Keys) Add(ctx context.Context, user, name string, publicKey []byte) (reg
 	if err := Validate(user); err != nil {
 		return registry.Key{}, err
 	}
+	if err := validate.PublicKey(string(publicKey)); err != nil {
+		return registry.Key{}, err
+	}
 	pk, err := ParseAuthorizedKey(publicKey)
 	if err != nil {
 		return registry.Key{}, fmt.Errorf("%w: %w", err, ErrInvalid)
@@ -52,8 +48,8 @@ func (k Keys) Add(ctx context.Context, user, name string, publicKey []byte) (reg
 	if name == "" {
 		name = pk.Comment
 	}
-	if len(name) > 128 {
-		return registry.Key{}, fmt.Errorf("key name longer than 128 bytes: %w", ErrInvalid)
+	if err := validate.KeyName(name); err != nil {
+		return registry.Key{}, err
 	}
 	key := registry.Key{Fingerprint: pk.Fingerprint, User: user, Name: name, PublicKey: pk.Line,
 		CreatedAt: time.Now().UTC().Truncate(time.Millisecond)}

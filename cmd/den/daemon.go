@@ -44,6 +44,7 @@ Examples:
 			&cli.BoolFlag{Name: "qemu-stream-ram", Usage: "for comparison: snapshot QEMU RAM through the migration stream, without x-ignore-shared"},
 			&cli.BoolFlag{Name: "restore-copy", Usage: "for comparison: Cloud Hypervisor restores copy memory instead of OnDemand"},
 			&cli.BoolFlag{Name: "no-digests", Usage: "for comparison: snapshots without digests, restores without verification"},
+			&cli.StringFlag{Name: "ram-dir", Usage: "where guest RAM files go (default: a tmpfs den mounts at STATE/ram)"},
 			&cli.StringFlag{Name: "memory-budget", Usage: "guest RAM (plus --vmm-overhead per VM) den commits at most: a size (12G), a share of the host's RAM (75%) or off; " +
 				"a start that would exceed it first puts the least recently active idle VMs to sleep (default: 80% of the host's RAM, leaving it at least 1 GiB)"},
 			&cli.StringFlag{Name: "vmm-overhead", Value: size.Format(machine.DefaultVMMOverhead), Usage: "memory a VMM process takes beside its guest's RAM, counted per VM against the budget"},
@@ -85,7 +86,7 @@ Examples:
 			return daemon.Run(ctx, daemon.Options{
 				StateDir: c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"),
 				Images: imgs, DefaultImage: c.String("default-image"), VMM: c.String("vmm"), Version: version, Logger: log,
-				IdleCheck: c.Duration("idle-check"), QEMUStreamRAM: c.Bool("qemu-stream-ram"), RestoreCopy: c.Bool("restore-copy"), NoDigests: c.Bool("no-digests"), SSHListen: c.String("ssh-listen"),
+				IdleCheck: c.Duration("idle-check"), QEMUStreamRAM: c.Bool("qemu-stream-ram"), RestoreCopy: c.Bool("restore-copy"), NoDigests: c.Bool("no-digests"), RAMDir: c.String("ram-dir"), SSHListen: c.String("ssh-listen"),
 				Memory: mem,
 			})
 		},

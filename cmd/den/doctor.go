@@ -251,7 +251,11 @@ func checkMemory(ctx context.Context, cl *api.Client) check {
 		c.Fix = "without a budget, VMs whose guests touch their memory can meet the host's OOM killer: den daemon --memory-budget 80%"
 	default:
 		mi := info.Memory
-		c.Detail = memoryLine(mi) + "; " + host
+		c.Detail = memoryLine(mi) + "; " + host + "; guest RAM: " + info.GuestRAM
+		if strings.Contains(info.GuestRAM, "not a tmpfs") || strings.Contains(info.GuestRAM, "disk") {
+			c.Status = "warn"
+			c.Fix = "guest RAM on a disk filesystem: run den daemon as root so that it can mount a tmpfs for it"
+		}
 		if mi.HostTotalBytes > 0 && mi.BudgetBytes > mi.HostTotalBytes {
 			c.Status = "warn"
 			c.Fix = "the budget is more than the host's RAM: lower --memory-budget"

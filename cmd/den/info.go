@@ -43,6 +43,9 @@ func infoCommand() *cli.Command {
 				if info.Memory != nil {
 					fmt.Printf("memory:   %s\n", memoryLine(info.Memory))
 				}
+				if info.GuestRAM != "" {
+					fmt.Printf("guest RAM: %s\n", info.GuestRAM)
+				}
 				return printGateway(info, false)
 			}
 			if c.Bool("gateway") {

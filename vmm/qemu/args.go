@@ -12,14 +12,14 @@ import (
 // buildArgs is the QEMU command line for cfg: a microvm with virtio-mmio
 // devices, RAM in a shared file, QMP and the agent port on unix sockets,
 // the serial console into a file, and vCPUs stopped at start (-S).
-func buildArgs(cfg vmm.Config, rd vmm.RunDir, accel string, incoming bool) []string {
+func buildArgs(cfg vmm.Config, rd vmm.RunDir, ramFile, accel string, incoming bool) []string {
 	memMiB := cfg.MemoryBytes >> 20
 	args := []string{
 		"-name", "den",
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-machine", "microvm,memory-backend=mem,rtc=on,x-option-roms=off",
 		"-m", fmt.Sprintf("%dM", memMiB),
-		"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=on", memMiB, rd.MemoryFile()),
+		"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=on", memMiB, ramFile),
 		"-smp", strconv.Itoa(cfg.CPUs),
 		"-qmp", "unix:" + rd.APISocket() + ",server=on,wait=off",
 		"-chardev", "file,id=con,path=" + rd.ConsoleLog() + ",append=on",

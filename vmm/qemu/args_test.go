@@ -10,7 +10,7 @@ import (
 func TestBuildArgs(t *testing.T) {
 	cfg := vmm.Config{CPUs: 2, MemoryBytes: 512 << 20, Kernel: "/k", Initramfs: "/i", Cmdline: "console=ttyS0",
 		Disks: []vmm.Disk{{ID: "root", Path: "/d"}, {ID: "ro", Path: "/r", ReadOnly: true}}, Net: []vmm.Net{{ID: "n", MAC: "52:54:00:00:00:01"}}}
-	args := strings.Join(buildArgs(cfg, vmm.RunDir("/run/x"), "tcg", true), " ")
+	args := strings.Join(buildArgs(cfg, vmm.RunDir("/run/x"), "/run/x/memory", "tcg", true), " ")
 	for _, want := range []string{
 		"-machine microvm,memory-backend=mem",
 		"memory-backend-file,id=mem,size=512M,mem-path=/run/x/memory,share=on",
@@ -30,7 +30,7 @@ func TestBuildArgs(t *testing.T) {
 	if strings.Contains(kernelCmdline("console=ttyS0", "kvm"), "tsc_early_khz") {
 		t.Error("kvm cmdline has tsc_early_khz")
 	}
-	kvm := strings.Join(buildArgs(cfg, vmm.RunDir("/run/x"), "kvm", false), " ")
+	kvm := strings.Join(buildArgs(cfg, vmm.RunDir("/run/x"), "/run/x/memory", "kvm", false), " ")
 	if !strings.Contains(kvm, "-accel kvm -cpu host") || strings.Contains(kvm, "-incoming") {
 		t.Errorf("kvm args: %s", kvm)
 	}

@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -44,6 +45,18 @@ type Options struct {
 	// the migration stream instead of a copy of the RAM file. Slower; it
 	// exists to measure what x-ignore-shared saves (den bench).
 	StreamRAM bool
+	// RAMFile backs the guest's RAM; it belongs on a memory filesystem
+	// (tmpfs), never on a disk one, where every dirty guest page becomes
+	// host writeback. Empty: RunDir.MemoryFile().
+	RAMFile string
+}
+
+// ramFile is the file that backs guest RAM.
+func (v *VMM) ramFile() string {
+	if v.opts.RAMFile != "" {
+		return v.opts.RAMFile
+	}
+	return v.opts.RunDir.MemoryFile()
 }
 
 // VMM is one QEMU process and its VM.
@@ -155,6 +168,9 @@ func (v *VMM) Start(ctx context.Context) error {
 	if err := os.MkdirAll(v.opts.RunDir.Path(), 0o700); err != nil {
 		return fmt.Errorf("start qemu: %w", err)
 	}
+	if err := os.MkdirAll(filepath.Dir(v.ramFile()), 0o700); err != nil {
+		return fmt.Errorf("start qemu: %w", err)
+	}
 	v.accelerator()
 	return nil
 }
@@ -205,7 +221,7 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
 	if err := fsutil.WriteJSONAtomic(rd.ConfigFile(), cfg, 0o600); err != nil {
 		return err
 	}
-	args := buildArgs(cfg, rd, v.accelerator(), incoming)
+	args := buildArgs(cfg, rd, v.ramFile(), v.accelerator(), incoming)
 	proc, err := vmm.StartProcess(vmm.ProcessSpec{
 		Binary:  v.opts.Binary,
 		Args:    args,

@@ -54,7 +54,7 @@ func (v *VMM) Snapshot(ctx context.Context, dir string) error {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
 	if !v.opts.StreamRAM {
-		ext, err := fsutil.CopySparseExtents(v.opts.RunDir.MemoryFile(), filepath.Join(dir, snapMemory))
+		ext, err := fsutil.CopySparseExtents(v.ramFile(), filepath.Join(dir, snapMemory))
 		if err != nil {
 			return fmt.Errorf("snapshot vm: memory: %w", err)
 		}
@@ -103,8 +103,8 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	}
 	if meta.RAMInStream {
 		// The stream fills a fresh RAM file.
-		_ = os.Remove(v.opts.RunDir.MemoryFile())
-	} else if err := copyMemory(dir, v.opts.RunDir.MemoryFile()); err != nil {
+		_ = os.Remove(v.ramFile())
+	} else if err := copyMemory(dir, v.ramFile()); err != nil {
 		return fmt.Errorf("restore vm: memory: %w", err)
 	}
 	if err := v.launch(ctx, cfg, true); err != nil {

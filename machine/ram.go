@@ -1,0 +1,102 @@
+package machine
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// Guest RAM lives in memory, never on a disk filesystem: a VMM that keeps
+// it in a file (QEMU's memory-backend-file, which x-ignore-shared
+// snapshots need) gets that file on a tmpfs den mounts at StateDir.RAM(),
+// sized to the host's RAM (the memory budget decides what runs). A daemon
+// restart leaves the mount, and the VMs on it, as they are.
+
+// tmpfsMagic is statfs's f_type of a tmpfs.
+const tmpfsMagic = 0x01021994
+
+// setupRAM decides where guest RAM files go, once the drivers are known:
+// Config.RAMDir as given, else a tmpfs at StateDir.RAM() (mounted unless
+// it is one already), else /dev/shm, else, with a warning, the state
+// dir's filesystem.
+func (m *Manager) setupRAM() {
+	needed := false
+	for _, d := range m.drivers {
+		needed = needed || d.RAMFile
+	}
+	switch {
+	case m.cfg.RAMDir != "":
+		m.ramDir = m.cfg.RAMDir
+		m.ramWhere = describeRAM(m.ramDir)
+		return
+	case !needed:
+		m.ramDir = m.state.RAM()
+		m.ramWhere = "in the VMM's own memory"
+		return
+	}
+	dir := m.state.RAM()
+	err := mountTmpfs(dir)
+	if err == nil {
+		m.ramDir, m.ramWhere = dir, describeRAM(dir)
+		return
+	}
+	if isTmpfs("/dev/shm") {
+		m.ramDir = filepath.Join("/dev/shm", "den-"+strconv.FormatUint(uint64(hashString(m.state.Path())), 16))
+		m.ramWhere = describeRAM(m.ramDir)
+		m.log.Warn("den: guest RAM in /dev/shm: no tmpfs of den's own", "err", err)
+		return
+	}
+	m.ramDir = filepath.Join(m.state.Path(), "run-ram")
+	m.ramWhere = "a file on the state dir's disk (" + m.ramDir + "): every dirty guest page becomes host writeback"
+	m.log.Warn("den: guest RAM on the state dir's disk: no tmpfs could be mounted and /dev/shm is not one", "err", err)
+}
+
+// ramFile is the file backing a VM's guest RAM.
+func (m *Manager) ramFile(name string) string { return filepath.Join(m.ramDir, name, "memory") }
+
+// GuestRAM says where guest RAM lives, for den doctor.
+func (m *Manager) GuestRAM() string { return m.ramWhere }
+
+// mountTmpfs mounts a tmpfs at dir, as large as the host's RAM, unless a
+// tmpfs is there already (a daemon restart).
+func mountTmpfs(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if isTmpfs(dir) {
+		return nil
+	}
+	size := "50%"
+	if b, err := HostMemTotal(); err == nil && b > 0 {
+		size = strconv.FormatInt(b, 10)
+	}
+	if err := unix.Mount("den-ram", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700,size="+size); err != nil {
+		return fmt.Errorf("mount a tmpfs for guest RAM at %s: %w", dir, err)
+	}
+	return nil
+}
+
+func isTmpfs(dir string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(dir, &st) == nil && st.Type == tmpfsMagic
+}
+
+func describeRAM(dir string) string {
+	if isTmpfs(dir) {
+		var st unix.Statfs_t
+		_ = unix.Statfs(dir, &st)
+		return fmt.Sprintf("tmpfs at %s (%d MiB)", dir, int64(st.Blocks)*st.Bsize>>20)
+	}
+	return "a file in " + dir + " (not a tmpfs: every dirty guest page becomes host writeback)"
+}
+
+func hashString(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint32(s[i])) * 16777619
+	}
+	return h
+}

@@ -1,0 +1,23 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// TouchVM raises a VM's last activity to t (never lowers it). It is
+// advisory, not a transition: it leaves the state and the generation
+// alone, so that it never makes an operation's compare-and-set stale,
+// and an update never lowers it either (see update). ErrNotFound when
+// there is no such VM.
+func (d *DB) TouchVM(ctx context.Context, name string, t time.Time) error {
+	res, err := d.db.ExecContext(ctx, `UPDATE vms SET last_active = MAX(last_active, ?) WHERE name = ?`, t.UnixMilli(), name)
+	if err != nil {
+		return fmt.Errorf("record last activity of vm %q: %w", name, err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("vm %q: %w", name, ErrNotFound)
+	}
+	return nil
+}

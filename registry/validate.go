@@ -1,0 +1,60 @@
+package registry
+
+import (
+	"fmt"
+
+	"github.com/denhq/den/internal/validate"
+)
+
+// The registry refuses to store what den's validation layer
+// (internal/validate) would refuse at the CLI, the API and the gateway:
+// a last line of defence, so that a caller that forgot a check cannot
+// write a path, a NUL byte or a megabyte into a record. The errors wrap
+// validate.ErrInvalid.
+
+// checkVM checks a VM record's names.
+func checkVM(vm VM) error {
+	if err := validate.VMName(vm.Name); err != nil {
+		return fmt.Errorf("record vm: %w", err)
+	}
+	if err := validate.User(vm.Owner); err != nil {
+		return fmt.Errorf("record vm %q: owner: %w", vm.Name, err)
+	}
+	if err := validate.Image(vm.Image); err != nil {
+		return fmt.Errorf("record vm %q: %w", vm.Name, err)
+	}
+	return nil
+}
+
+// checkCheckpoint checks a checkpoint row's names and comment.
+func checkCheckpoint(c Checkpoint) error {
+	if err := validate.VMName(c.VM); err != nil {
+		return fmt.Errorf("record checkpoint: %w", err)
+	}
+	if err := validate.CheckpointID(c.ID); err != nil {
+		return fmt.Errorf("record checkpoint of %q: %w", c.VM, err)
+	}
+	if c.Parent != "" {
+		if err := validate.CheckpointID(c.Parent); err != nil {
+			return fmt.Errorf("record checkpoint %s of %q: parent: %w", c.ID, c.VM, err)
+		}
+	}
+	if err := validate.Comment(c.Comment); err != nil {
+		return fmt.Errorf("record checkpoint %s of %q: %w", c.ID, c.VM, err)
+	}
+	return nil
+}
+
+// checkKey checks a key's user, name and length.
+func checkKey(k Key) error {
+	if err := validate.User(k.User); err != nil {
+		return fmt.Errorf("record key %s: %w", k.Fingerprint, err)
+	}
+	if err := validate.KeyName(k.Name); err != nil {
+		return fmt.Errorf("record key %s: %w", k.Fingerprint, err)
+	}
+	if err := validate.PublicKey(k.PublicKey); err != nil {
+		return fmt.Errorf("record key %s: %w", k.Fingerprint, err)
+	}
+	return nil
+}
