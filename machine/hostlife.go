@@ -336,14 +336,16 @@ func (m *Manager) killVMM(ctx context.Context, name string) {
 	}
 }
 
-// loseForHost stops a VM that a shutdown could not put to sleep (the
-// guest is asked to power off first, so that its disk is clean, if it
-// still answers) and records it stopped with what was lost; the caller
-// holds its lock. The error says the same, for the VM's result.
+// loseForHost stops a VM that a shutdown could not put to sleep and
+// records it stopped with what was lost; the caller holds its lock. The
+// error says the same, for the VM's result. The VMM is stopped at once
+// (QEMU flushes its disks as it exits): a guest that did not sleep in
+// time is no more likely to power off in time, and the shutdown's bound
+// is for all the VMs.
 func (m *Manager) loseForHost(ctx context.Context, name, cause string) error {
 	if in := m.instance(name); in != nil {
 		in.close(true)
-		m.stopInstance(ctx, in, alive(in))
+		m.stopInstance(ctx, in, false)
 	} else {
 		m.stopRecorded(name)
 	}
