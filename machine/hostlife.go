@@ -345,6 +345,7 @@ func (m *Manager) killVMM(ctx context.Context, name string) {
 func (m *Manager) loseForHost(ctx context.Context, name, cause string) error {
 	if in := m.instance(name); in != nil {
 		in.close(true)
+		m.killVMM(ctx, name) // a hung VMM answers no quit
 		m.stopInstance(ctx, in, false)
 	} else {
 		m.stopRecorded(name)
