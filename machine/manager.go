@@ -9,7 +9,10 @@
 // and warm bases),
 // checkpoint.go, restore.go, sleep.go and session.go (the transitions),
 // reconcile.go (start-up and VMM deaths), volume.go (storage loss),
-// space.go and disk.go (the host volume and VM disks).
+// space.go and disk.go (the host volume and VM disks), integrity.go
+// (digests of snapshots, verified before a VM runs from one), ram.go
+// (guest RAM on a tmpfs), admission.go and pressure.go (the memory
+// budget), hostlife.go (the host's shutdown and boot).
 package machine
 
 import (
@@ -81,6 +84,10 @@ type Config struct {
 	// are woken at once when den starts (default
 	// DefaultBootWakeParallel); see hostlife.go.
 	BootWakeParallel int
+	// ActivitySave is how often a running VM's last activity is written
+	// to the registry, at most (default DefaultActivitySave); see
+	// activity.go.
+	ActivitySave time.Duration
 	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
 }
@@ -130,6 +137,7 @@ type Manager struct {
 	closed    chan struct{}
 	closeOnce sync.Once      // Close's work, once closed is closed
 	hostWG    sync.WaitGroup // the boot wake (hostlife.go)
+	actWG     sync.WaitGroup // the activity saver (activity.go)
 	hostDown  atomic.Bool    // a host shutdown began: the boot wake starts no more wakes
 
 	// volumeLostAt is when the volume's mount was last lost, and why:
@@ -190,6 +198,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	go m.watchVolume()
 	go m.watchPressure()
+	m.startActivitySaver()
 	// VMs a host shutdown put to sleep wake in the background.
 	m.startBootWake()
 	return m, nil
@@ -237,6 +246,7 @@ func (m *Manager) Close() error {
 	for _, in := range insts {
 		in.closeAgent()
 	}
+	m.stopActivitySaver() // and the last activity written, for the next daemon
 	if m.ownDB {
 		return m.db.Close()
 	}
