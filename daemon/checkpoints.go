@@ -36,6 +36,10 @@ const MaxBodyBytes = 1 << 20
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	err := decodeBody(http.MaxBytesReader(w, r.Body, MaxBodyBytes), v)
 	if err == nil {
+		if err := checkBody(v); err != nil {
+			writeError(w, err)
+			return false
+		}
 		return true
 	}
 	status := http.StatusBadRequest

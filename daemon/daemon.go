@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -122,7 +121,7 @@ func Run(ctx context.Context, o Options) error {
 	accel, note := m.Accel()
 	info := api.DaemonInfo{Version: o.Version, VMM: m.VMMName(), Accel: accel, AccelNote: note,
 		StateDir: state.Path(), Volume: vol.Root(), Network: m.Network(), GuestRAM: m.GuestRAM(), Gateway: gw.addr, GatewayFingerprint: gw.fingerprint}
-	srv := &http.Server{Handler: NewServer(m, keys, info, hostKey, o.Logger), ReadHeaderTimeout: 10 * time.Second}
+	srv := NewHTTPServer(NewServer(m, keys, info, hostKey, o.Logger))
 
 	ln, err := listenUnix(o.Socket)
 	if err != nil {

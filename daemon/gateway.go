@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/sshgw"
 	"github.com/denhq/den/users"
@@ -76,6 +77,12 @@ func (b gatewayBackend) UserForKey(ctx context.Context, fingerprint string) (str
 }
 
 func (b gatewayBackend) Open(ctx context.Context, vm, user string) (*sshgw.Upstream, error) {
+	if err := validate.VMName(vm); err != nil {
+		return nil, err
+	}
+	if err := validate.User(user); err != nil {
+		return nil, err
+	}
 	octx, cancel := detach(ctx) // a wake, once started, finishes
 	defer cancel()
 	s, err := b.m.Open(octx, vm, user)

@@ -106,8 +106,7 @@ func newAPIEnv(t *testing.T) *apiEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: NewServer(m, users.Keys{Store: db}, api.DaemonInfo{VMM: machinetest.Name}, hostKey, log),
-		ReadHeaderTimeout: 10 * time.Second}
+	srv := NewHTTPServer(NewServer(m, users.Keys{Store: db}, api.DaemonInfo{VMM: machinetest.Name}, hostKey, log))
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Close() })
 	e := &apiEnv{t: t, m: m, drv: drv, state: state, socket: socket, client: api.NewClient(socket)}
@@ -210,7 +209,7 @@ func TestRefusedBeforeWork(t *testing.T) {
 		{"POST", "/v1/vms", `{"name":"x"`, 400, "invalid", `bad request body`},
 		{"POST", "/v1/vms", `["x"]`, 400, "invalid", `want a JSON object`},
 		{"POST", "/v1/vms", string(huge), 413, "invalid", `request body too large`},
-		{"POST", "/v1/vms", `{"name":"x","image":"nonesuch"}`, 400, "invalid", `no such image`},
+		{"POST", "/v1/vms", `{"name":"x","image":"nonesuch"}`, 404, "not_found", `no image named "nonesuch"`},
 		{"POST", "/v1/vms", `{"name":"box"}`, 409, "exists", `exists`},
 		{"GET", "/v1/vms/ghost", ``, 404, "not_found", `no vm named "ghost"`},
 		{"POST", "/v1/vms/ghost/restore", `{"checkpoint":"cp-1"}`, 404, "not_found", `no vm named "ghost"`},

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
@@ -32,6 +33,9 @@ func (m *Manager) store() checkpoint.Store {
 func (m *Manager) Checkpoint(ctx context.Context, name string, o CheckpointOptions, progress Progress) (registry.Checkpoint, error) {
 	if progress == nil {
 		progress = func(string) {}
+	}
+	if err := validate.Comment(o.Comment); err != nil {
+		return registry.Checkpoint{}, fmt.Errorf("checkpoint vm %q: %w", name, err)
 	}
 	if _, err := m.get(ctx, name); err != nil {
 		return registry.Checkpoint{}, err

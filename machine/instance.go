@@ -26,6 +26,7 @@ type instance struct {
 	sessions int
 	closing  bool
 	lastAct  time.Time
+	savedAct time.Time // the last activity recorded in the registry (activity.go)
 }
 
 // newInstance is a VMM just started or adopted: closed to sessions until
@@ -34,7 +35,8 @@ type instance struct {
 // the one its record says).
 func newInstance(name string, hv vmm.Hypervisor) *instance {
 	now := time.Now()
-	return &instance{name: name, hv: hv, stopping: make(chan struct{}), started: now, lastAct: now, closing: true}
+	// The operation that made it records now as the VM's last activity.
+	return &instance{name: name, hv: hv, stopping: make(chan struct{}), started: now, lastAct: now, savedAct: now, closing: true}
 }
 
 // isOpen says whether sessions are admitted (the VM is committed running
@@ -92,6 +94,38 @@ func (in *instance) activity() (int, time.Time) {
 	in.actMu.Lock()
 	defer in.actMu.Unlock()
 	return in.sessions, in.lastAct
+}
+
+// adopted sets the last activity of a VMM found running at start to the
+// one the registry recorded: adopting it is no activity.
+func (in *instance) adopted(last time.Time) {
+	if last.IsZero() {
+		return
+	}
+	in.actMu.Lock()
+	defer in.actMu.Unlock()
+	in.lastAct, in.savedAct = last, last
+}
+
+// unsaved is the last activity to record (now while a session is open)
+// if it is newer than what the registry holds.
+func (in *instance) unsaved(now time.Time) (time.Time, bool) {
+	in.actMu.Lock()
+	defer in.actMu.Unlock()
+	t := in.lastAct
+	if in.sessions > 0 {
+		t = now
+	}
+	return t, t.After(in.savedAct)
+}
+
+// saved notes that the registry holds t as the last activity.
+func (in *instance) saved(t time.Time) {
+	in.actMu.Lock()
+	defer in.actMu.Unlock()
+	if t.After(in.savedAct) {
+		in.savedAct = t
+	}
 }
 
 func (in *instance) closeAgent() {

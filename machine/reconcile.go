@@ -64,6 +64,7 @@ func (m *Manager) adopt(ctx context.Context, vm registry.VM) {
 		return
 	}
 	in := newInstance(vm.Name, hv)
+	in.adopted(vm.LastActive)
 	// den never leaves a VM paused between operations: one found paused
 	// was caught by a crash in the middle of a checkpoint or sleep.
 	if info, err := hv.Info(actx); err == nil && info.State == vmm.StatePaused {

@@ -8,9 +8,10 @@ import (
 
 // TouchVM raises a VM's last activity to t (never lowers it). It is
 // advisory, not a transition: it leaves the state and the generation
-// alone, so that it never makes an operation's compare-and-set stale,
-// and an update never lowers it either (see update). ErrNotFound when
-// there is no such VM.
+// alone, so that it never makes an operation's compare-and-set stale (an
+// update reads the record in its transaction, so it keeps what TouchVM
+// wrote unless it sets the field itself). ErrNotFound when there is no
+// such VM.
 func (d *DB) TouchVM(ctx context.Context, name string, t time.Time) error {
 	res, err := d.db.ExecContext(ctx, `UPDATE vms SET last_active = MAX(last_active, ?) WHERE name = ?`, t.UnixMilli(), name)
 	if err != nil {

@@ -249,12 +249,9 @@ func (d *DB) update(ctx context.Context, name string, gen int64, f func(*VM) err
 			return VM{}, err
 		}
 	}
-	if vm.LastActive.Before(read.LastActive) {
-		vm.LastActive = read.LastActive // TouchVM's: never lowered
-	}
 	vm.Name, vm.Generation = name, oldGen+1
 	res, err := tx.ExecContext(ctx, `UPDATE vms SET owner=?, image=?, cpus=?, memory_bytes=?, disk_bytes=?, state=?, reason=?, vmm=?, accel=?,
-		idle_timeout_ms=?, created_at=?, last_active=MAX(last_active, ?), spec_json=?, generation=?, wake_on_boot=? WHERE name=? AND generation=?`,
+		idle_timeout_ms=?, created_at=?, last_active=?, spec_json=?, generation=?, wake_on_boot=? WHERE name=? AND generation=?`,
 		vm.Owner, vm.Image, vm.CPUs, vm.MemoryBytes, vm.DiskBytes, string(vm.State), vm.Reason, vm.VMM, vm.Accel,
 		vm.IdleTimeout.Milliseconds(), vm.CreatedAt.UnixMilli(), vm.LastActive.UnixMilli(), specOrEmpty(vm.SpecJSON),
 		vm.Generation, vm.WakeOnBoot, name, oldGen)

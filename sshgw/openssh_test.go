@@ -10,14 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
-	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 )
 
-// agentLike serves sessions the way den's guest agent ends them: exec
-// reply, output, EOF, exit-status, close.
+// agentLike is a guest agent stand-in that ends "exit N" sessions the way
+// den's agent does: the exec reply, output, EOF, exit-status N, close.
 func agentLike(t *testing.T) *gossh.Client {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -50,15 +50,14 @@ func agentLike(t *testing.T) *gossh.Client {
 					}
 					var p struct{ Command string }
 					_ = gossh.Unmarshal(req.Payload, &p)
-					time.Sleep(50 * time.Millisecond)
 					_ = req.Reply(true, nil)
 					var code uint32
 					fmt.Sscanf(p.Command, "exit %d", &code)
 					go func() {
-						io.WriteString(ch, "ok\n")
-						ch.CloseWrite()
+						_, _ = io.WriteString(ch, "ok\n")
+						_ = ch.CloseWrite()
 						_, _ = ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{code}))
-						ch.Close()
+						_ = ch.Close()
 					}()
 				}
 			}()
@@ -72,38 +71,76 @@ func agentLike(t *testing.T) *gossh.Client {
 	return cl
 }
 
-func TestReproOpenSSHMux(t *testing.T) {
+// TestOpenSSHControlMaster: OpenSSH's shared connections (ControlMaster)
+// get every command's own exit status, with stdin at EOF, one at a time
+// and concurrently (the gateway used to lose it: exit 255 for `exit 7`).
+func TestOpenSSHControlMaster(t *testing.T) {
+	if _, err := exec.LookPath("ssh"); err != nil {
+		t.Skip("ssh (openssh-client) not installed")
+	}
 	f := newFixture(t, nil)
 	f.b.agent = agentLike(t)
-	dir, _ := os.MkdirTemp("/tmp", "mx")
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	_, priv, _ := ed25519.GenerateKey(rand.Reader)
-	sg, _ := gossh.NewSignerFromKey(priv)
+	// A key file for ssh, registered for alice.
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sg, err := gossh.NewSignerFromKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
 	f.b.keys[gossh.FingerprintSHA256(sg.PublicKey())] = "alice"
 	blk, err := gossh.MarshalPrivateKey(priv, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := filepath.Join(dir, "id")
-	os.WriteFile(key, pem.EncodeToMemory(blk), 0o600)
-	_, port, _ := net.SplitHostPort(f.srv.Addr().String())
-	cm := filepath.Join(dir, "cm")
-	opts := []string{"-F", "/dev/null", "-i", key, "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-p", port, "-o", "ControlPath=" + cm}
-	m := exec.Command("ssh", append(opts, "-o", "ControlMaster=yes", "-o", "ControlPersist=60", "-fN", "box@127.0.0.1")...)
-	if out, err := m.CombinedOutput(); err != nil {
-		t.Fatalf("master: %v %s", err, out)
+	dir, err := os.MkdirTemp("", "den-mux") // short: the control socket's path
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Cleanup(func() { exec.Command("ssh", append(opts, "-O", "exit", "box@127.0.0.1")...).Run() })
-	bad := 0
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	key := filepath.Join(dir, "id")
+	if err := os.WriteFile(key, pem.EncodeToMemory(blk), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(f.srv.Addr().String())
+	opts := []string{"-F", "/dev/null", "-i", key, "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none",
+		"-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+		"-o", "LogLevel=ERROR", "-p", port, "-o", "ControlPath=" + filepath.Join(dir, "cm")}
+	if out, err := exec.Command("ssh", append(opts, "-o", "ControlMaster=yes", "-o", "ControlPersist=60", "-fN", "box@127.0.0.1")...).CombinedOutput(); err != nil {
+		t.Fatalf("ssh master: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ssh", append(opts, "-O", "exit", "box@127.0.0.1")...).Run() })
+	run := func(code int) (int, string) {
+		c := exec.Command("ssh", append(opts, "-o", "ControlMaster=no", "box@127.0.0.1", fmt.Sprintf("exit %d", code))...)
+		out, _ := c.CombinedOutput() // stdin: /dev/null
+		return c.ProcessState.ExitCode(), string(out)
+	}
 	for i := 0; i < 20; i++ {
-		c := exec.Command("ssh", append(opts, "box@127.0.0.1", "exit 7")...)
-		out, _ := c.CombinedOutput()
-		if c.ProcessState.ExitCode() != 7 {
-			bad++
-			t.Logf("run %d: %d %q", i, c.ProcessState.ExitCode(), out)
+		if got, out := run(7); got != 7 || out != "ok\n" {
+			t.Fatalf("run %d: exit %d, output %q; want 7", i, got, out)
 		}
 	}
-	if bad > 0 {
-		t.Fatalf("%d of 20 wrong", bad)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 10)
+	errs := make(chan string, 60)
+	for i := 0; i < 60; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if got, out := run(i % 7); got != i%7 {
+				errs <- fmt.Sprintf("exit %d: got %d %q", i%7, got, out)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	if n := f.b.opens.Load(); n != 1 {
+		t.Fatalf("%d claims for one shared connection", n)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	gliderssh "github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/sshproxy"
 )
 
@@ -21,6 +22,8 @@ type connState struct {
 	authed      atomic.Bool
 	timer       *time.Timer
 	releaseSlot func()
+	channels    atomic.Int32 // open at once
+	overCap     atomic.Bool  // a channel over MaxChannels was logged
 
 	mu     sync.Mutex
 	keys   map[string]string // fingerprint -> user, for this handshake
@@ -79,6 +82,15 @@ func (s *Server) channel(_ *gliderssh.Server, conn *gossh.ServerConn, nc gossh.N
 		_ = nc.Reject(gossh.Prohibited, "not authenticated")
 		return
 	}
+	if n := st.channels.Add(1); int(n) > s.cfg.MaxChannels {
+		st.channels.Add(-1)
+		if !st.overCap.Swap(true) { // once a connection
+			s.log.Warn("den: ssh gateway: too many channels on one connection, rejecting one", "remote", conn.RemoteAddr().String(), "user", user, "limit", s.cfg.MaxChannels)
+		}
+		_ = nc.Reject(gossh.ResourceShortage, fmt.Sprintf("den: too many channels open on this connection (the limit is %d)", s.cfg.MaxChannels))
+		return
+	}
+	defer st.channels.Add(-1)
 	vm := conn.User()
 	if vm == DenUser {
 		if nc.ChannelType() != "session" || s.cfg.Den == nil {
@@ -86,6 +98,10 @@ func (s *Server) channel(_ *gliderssh.Server, conn *gossh.ServerConn, nc gossh.N
 			return
 		}
 		s.cfg.Den.serve(ctx, nc, user, s.log)
+		return
+	}
+	if err := validate.VMName(vm); err != nil {
+		refuse(nc, "den: "+err.Error()) // quoted cut short: never echoed whole
 		return
 	}
 	start := time.Now()

@@ -13,6 +13,7 @@ import (
 	gliderssh "github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/sshproxy"
 )
 
@@ -66,17 +67,43 @@ type Config struct {
 	// keeps it open).
 	IdleTimeout time.Duration
 	// MaxUnauthenticated caps connections that have not authenticated
-	// yet; more are closed at once (default 32).
+	// yet; more are closed at once (default DefaultMaxUnauthenticated).
 	MaxUnauthenticated int
+	// MaxUnauthenticatedPerSource caps those of one source address
+	// (default DefaultMaxUnauthenticatedPerSource).
+	MaxUnauthenticatedPerSource int
+	// MaxChannels caps the channels open at once on one connection
+	// (default DefaultMaxChannels).
+	MaxChannels int
 	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
 }
 
-// Defaults of Config.
+// The gateway's limits (defaults of Config, and MaxUserName), listed in
+// docs/api.md under "Limits".
 const (
-	DefaultHandshakeTimeout   = 30 * time.Second
-	DefaultIdleTimeout        = time.Hour
+	// DefaultHandshakeTimeout bounds the time from TCP accept to a
+	// successful authentication; the connection is closed then.
+	DefaultHandshakeTimeout = 30 * time.Second
+	// DefaultIdleTimeout closes a connection on which nothing was sent
+	// or received for this long.
+	DefaultIdleTimeout = time.Hour
+	// DefaultMaxUnauthenticated connections may be authenticating at
+	// once; more are closed at once, before the SSH version line.
 	DefaultMaxUnauthenticated = 32
+	// DefaultMaxUnauthenticatedPerSource of those may come from one
+	// source IP address, so that one address cannot take every slot.
+	DefaultMaxUnauthenticatedPerSource = 8
+	// DefaultMaxChannels channels (sessions and forwards) may be open at
+	// once on one connection; more are rejected with ResourceShortage
+	// and a message ("administratively prohibited" is not used: the
+	// client may retry when one closes). It is also the most sessions
+	// one OpenSSH ControlMaster connection can run at once.
+	DefaultMaxChannels = 64
+	// MaxUserName is the longest SSH user name (a VM name, or "den")
+	// accepted, in bytes: a longer one fails authentication, with a
+	// banner that says why, and is logged cut short.
+	MaxUserName = 256
 )
 
 // Server is a running SSH gateway.
@@ -86,8 +113,11 @@ type Server struct {
 	srv    *gliderssh.Server
 	ln     net.Listener
 	unauth chan struct{} // one token per unauthenticated connection
-	done   chan struct{}
-	closed atomic.Bool
+
+	mu       sync.Mutex
+	bySource map[string]int // unauthenticated connections per source IP
+	done     chan struct{}
+	closed   atomic.Bool
 }
 
 // Permission extensions set at authentication.
@@ -111,6 +141,12 @@ func Listen(addr string, cfg Config) (*Server, error) {
 	if cfg.MaxUnauthenticated <= 0 {
 		cfg.MaxUnauthenticated = DefaultMaxUnauthenticated
 	}
+	if cfg.MaxUnauthenticatedPerSource <= 0 {
+		cfg.MaxUnauthenticatedPerSource = DefaultMaxUnauthenticatedPerSource
+	}
+	if cfg.MaxChannels <= 0 {
+		cfg.MaxChannels = DefaultMaxChannels
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -118,7 +154,8 @@ func Listen(addr string, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ssh gateway: %w", err)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln, unauth: make(chan struct{}, cfg.MaxUnauthenticated), done: make(chan struct{})}
+	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln, unauth: make(chan struct{}, cfg.MaxUnauthenticated),
+		bySource: map[string]int{}, done: make(chan struct{})}
 	s.srv = &gliderssh.Server{
 		Version:              "den",
 		HostSigners:          []gliderssh.Signer{cfg.HostKey},
@@ -163,16 +200,37 @@ func (s *Server) Close() error {
 type stateKey struct{}
 
 // accept admits a new TCP connection while fewer than MaxUnauthenticated
-// are still authenticating, and arms its handshake timeout.
+// (and MaxUnauthenticatedPerSource of its address) are still
+// authenticating, and arms its handshake timeout.
 func (s *Server) accept(ctx gliderssh.Context, c net.Conn) net.Conn {
+	src := c.RemoteAddr().String()
+	if host, _, err := net.SplitHostPort(src); err == nil {
+		src = host
+	}
+	s.mu.Lock()
+	if s.bySource[src] >= s.cfg.MaxUnauthenticatedPerSource {
+		s.mu.Unlock()
+		s.log.Warn("den: ssh gateway: too many unauthenticated connections from one address, refusing one", "remote", c.RemoteAddr().String(), "limit", s.cfg.MaxUnauthenticatedPerSource)
+		return nil
+	}
 	select {
 	case s.unauth <- struct{}{}:
 	default:
+		s.mu.Unlock()
 		s.log.Warn("den: ssh gateway: too many unauthenticated connections, refusing one", "remote", c.RemoteAddr().String(), "limit", cap(s.unauth))
 		return nil
 	}
+	s.bySource[src]++
+	s.mu.Unlock()
 	st := &connState{keys: map[string]string{}}
-	st.releaseSlot = sync.OnceFunc(func() { <-s.unauth })
+	st.releaseSlot = sync.OnceFunc(func() {
+		s.mu.Lock()
+		if s.bySource[src]--; s.bySource[src] <= 0 {
+			delete(s.bySource, src)
+		}
+		s.mu.Unlock()
+		<-s.unauth
+	})
 	st.timer = time.AfterFunc(s.cfg.HandshakeTimeout, func() {
 		if !st.authed.Load() {
 			s.log.Debug("den: gateway handshake timed out", "remote", c.RemoteAddr().String())
@@ -198,7 +256,20 @@ func state(ctx gliderssh.Context) *connState {
 // as is decided in verifiedKey, for the key the client proved it holds.
 func (s *Server) knownKey(ctx gliderssh.Context, key gliderssh.PublicKey) bool {
 	st := state(ctx)
+	if len(ctx.User()) > MaxUserName {
+		return false // said in the banner
+	}
 	return st != nil && st.lookup(ctx, s.cfg.Backend, key, s.log)
+}
+
+// banner is sent before the first authentication answer: empty, except
+// for a user name over MaxUserName, which no key can log in as.
+func (s *Server) banner(c gossh.ConnMetadata) string {
+	if len(c.User()) <= MaxUserName {
+		return ""
+	}
+	s.log.Warn("den: ssh gateway: user name too long, refusing", "remote", c.RemoteAddr().String(), "user", validate.Quote(c.User()), "limit", MaxUserName)
+	return fmt.Sprintf("den: the user name is too long (%d bytes; the limit is %d): it names a VM, or is %q\r\n", len(c.User()), MaxUserName, DenUser)
 }
 
 // serverConfig adds to gliderlabs' per-connection config what it does not
@@ -206,6 +277,7 @@ func (s *Server) knownKey(ctx gliderssh.Context, key gliderssh.PublicKey) bool {
 func (s *Server) serverConfig(ctx gliderssh.Context) *gossh.ServerConfig {
 	st := state(ctx)
 	return &gossh.ServerConfig{
+		BannerCallback: s.banner,
 		VerifiedPublicKeyCallback: func(_ gossh.ConnMetadata, key gossh.PublicKey, _ *gossh.Permissions, _ string) (*gossh.Permissions, error) {
 			return st.verified(key)
 		},

@@ -14,8 +14,6 @@ import (
 	"io"
 	"log/slog"
 	"sync"
-	"os"
-	"time"
 
 	"golang.org/x/crypto/ssh"
 )
@@ -98,23 +96,65 @@ func RelayChannel(nc ssh.NewChannel, upstream Opener, h Hooks) {
 	if h.End != nil {
 		defer h.End(typ)
 	}
-	Relay(down, downReqs, up, upReqs)
+	relay(down, downReqs, up, upReqs, typ == "session")
 }
 
-// Relay copies data and requests between two open channels in both
-// directions and closes both when done. The downstream side is closed
-// only after every upstream request (exit-status above all) has been
-// passed on, and after every downstream request already sent upstream
-// has its reply passed back: a command that ends at once (exit 7) closes
-// the upstream channel right after answering the exec request, and the
-// client must see that answer, then the exit status, before the close.
+// Relay copies data and requests between two open session channels in
+// both directions and closes both when done (RelayChannel relays any
+// channel type).
+//
+// What the client sees of the upstream's end is ordered so that no
+// client can miss the exit status, whatever the order of its own EOF,
+// its exec request and the command's exit:
+//
+//   - a reply to a client's request (exec) is passed back before any
+//     upstream request that came after it (exit-status);
+//   - the upstream's EOF is passed on only after its exit-status or
+//     exit-signal (or once the upstream has no more requests): a client
+//     that has sent its own EOF (stdin at EOF) closes the channel as soon
+//     as it gets ours, as OpenSSH does, and x/crypto/ssh answers a
+//     client's close at once, after which nothing more can be sent on
+//     the channel: an exit status still on its way would be lost (the
+//     guest agent, like sshd, sends its EOF before the exit status);
+//   - the channel is closed only after every upstream request has been
+//     passed on and every client request sent upstream has its reply.
 func Relay(down ssh.Channel, downReqs <-chan *ssh.Request, up ssh.Channel, upReqs <-chan *ssh.Request) {
+	relay(down, downReqs, up, upReqs, true)
+}
+
+// testHookEOFHeld, when set, is called when the relay holds back the
+// upstream's EOF until the exit status has been passed on.
+var testHookEOFHeld func()
+
+// relay is Relay; session says whether the upstream's EOF waits for its
+// exit status (only a session has one: a forward's half-close is passed
+// on at once).
+func relay(down ssh.Channel, downReqs <-chan *ssh.Request, up ssh.Channel, upReqs <-chan *ssh.Request, session bool) {
 	var upDone sync.WaitGroup // what must finish before down is closed
 	var inFlight sync.Mutex   // held while a downstream request is forwarded
+	// statusSent is closed once the exit status is passed on, or when
+	// the upstream sends no more requests.
+	statusSent := make(chan struct{})
 	upDone.Add(2)
 	go func() { // upstream requests -> downstream (exit-status, eow...)
 		defer upDone.Done()
-		forwardRequests(upReqs, down, nil)
+		sent := false
+		defer func() {
+			if !sent {
+				close(statusSent)
+			}
+		}()
+		for req := range upReqs {
+			// The reply to a client's request that the upstream sent
+			// before this request is passed back first.
+			inFlight.Lock()
+			inFlight.Unlock() //nolint:staticcheck // a barrier, not a critical section
+			forward(req, down)
+			if !sent && (req.Type == "exit-status" || req.Type == "exit-signal") {
+				sent = true
+				close(statusSent)
+			}
+		}
 	}()
 	go func() { // upstream stdout and stderr -> downstream, then EOF
 		defer upDone.Done()
@@ -127,15 +167,23 @@ func Relay(down ssh.Channel, downReqs <-chan *ssh.Request, up ssh.Channel, upReq
 		_, _ = io.Copy(down, up)
 		// Not before stderr is through: nothing is sent after an EOF.
 		outs.Wait()
-		_ = down.CloseWrite()
-		if os.Getenv("RELAYDEBUG") != "" {
-			fmt.Fprintf(os.Stderr, "%s down EOF sent\n", time.Now().Format("05.000000"))
+		if session {
+			select {
+			case <-statusSent:
+			default:
+				if testHookEOFHeld != nil {
+					testHookEOFHeld()
+				}
+				<-statusSent
+			}
 		}
+		_ = down.CloseWrite()
 	}()
 	go func() { // downstream requests -> upstream (pty-req, exec, window-change...)
-		forwardRequests(downReqs, up, &inFlight)
-		if os.Getenv("RELAYDEBUG") != "" {
-			fmt.Fprintf(os.Stderr, "%s downReqs closed\n", time.Now().Format("05.000000"))
+		for req := range downReqs {
+			inFlight.Lock()
+			forward(req, up)
+			inFlight.Unlock()
 		}
 		// The client closed its side of the channel.
 		_ = up.Close()
@@ -143,9 +191,6 @@ func Relay(down ssh.Channel, downReqs <-chan *ssh.Request, up ssh.Channel, upReq
 	go func() { // downstream stdin -> upstream
 		_, _ = io.Copy(up, down)
 		_ = up.CloseWrite()
-		if os.Getenv("RELAYDEBUG") != "" {
-			fmt.Fprintf(os.Stderr, "%s up EOF sent\n", time.Now().Format("05.000000"))
-		}
 	}()
 	upDone.Wait()
 	// A downstream request sent upstream before the upstream closed got
@@ -157,26 +202,13 @@ func Relay(down ssh.Channel, downReqs <-chan *ssh.Request, up ssh.Channel, upReq
 	_ = up.Close()
 }
 
-// forwardRequests passes each request on to dst, with dst's reply;
-// inFlight, when set, is held from a request's arrival until its reply
-// is passed back.
-func forwardRequests(reqs <-chan *ssh.Request, dst ssh.Channel, inFlight *sync.Mutex) {
-	for req := range reqs {
-		if inFlight != nil {
-			inFlight.Lock()
-		}
-		ok, err := dst.SendRequest(req.Type, req.WantReply, req.Payload)
-		if os.Getenv("RELAYDEBUG") != "" {
-			fmt.Fprintf(os.Stderr, "%s fwd %s want=%v -> ok=%v err=%v\n", time.Now().Format("05.000000"), req.Type, req.WantReply, ok, err)
-		}
-		if err != nil {
-			ok = false
-		}
-		if req.WantReply {
-			_ = req.Reply(ok, nil)
-		}
-		if inFlight != nil {
-			inFlight.Unlock()
-		}
+// forward passes req on to dst, and dst's reply back.
+func forward(req *ssh.Request, dst ssh.Channel) {
+	ok, err := dst.SendRequest(req.Type, req.WantReply, req.Payload)
+	if err != nil {
+		ok = false
+	}
+	if req.WantReply {
+		_ = req.Reply(ok, nil)
 	}
 }

@@ -7,9 +7,12 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -199,5 +202,190 @@ func TestRelayInstantExit(t *testing.T) {
 		if !errors.As(err, &exit) || exit.ExitStatus() != 7 {
 			t.Fatalf("run %d: %v, want exit status 7", i, err)
 		}
+	}
+}
+
+// gate is one session's: closed when the relay holds back the upstream's
+// EOF for the exit status (see testHookEOFHeld).
+type gate struct {
+	once sync.Once
+	held chan struct{}
+}
+
+// gatedAgent answers "exec" the way den's guest agent ends a command
+// (output, EOF, then the exit status, then close), except that it holds
+// the exit status until either the relay holds back the EOF (the fixed
+// relay) or the client has closed the channel (what OpenSSH does once it
+// has sent its EOF and got ours): with a relay that passes the EOF on at
+// once, the client always closes first, and its exit status is lost.
+func gatedAgent(g *atomic.Pointer[gate], signal bool) func(chans <-chan ssh.NewChannel) {
+	return func(chans <-chan ssh.NewChannel) {
+		for nc := range chans {
+			ch, reqs, err := nc.Accept()
+			if err != nil {
+				continue
+			}
+			cur := g.Load()
+			closed := make(chan struct{})
+			go func() {
+				defer close(closed)
+				for req := range reqs {
+					req.Reply(req.Type == "exec", nil)
+					if req.Type != "exec" {
+						continue
+					}
+					go func() {
+						ch.Write([]byte("ok\n"))
+						ch.CloseWrite()
+						select {
+						case <-cur.held:
+						case <-closed:
+						}
+						if signal {
+							ch.SendRequest("exit-signal", false, ssh.Marshal(struct {
+								Signal     string
+								CoreDumped bool
+								Error      string
+								Lang       string
+							}{Signal: "KILL"}))
+						} else {
+							ch.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{7}))
+						}
+						ch.Close()
+					}()
+				}
+			}()
+		}
+	}
+}
+
+// opensshLike runs "exit 7" on a new channel the way OpenSSH does, in the
+// given order of its EOF and its exec request, and closes the channel
+// as soon as it has both sent and received EOF (OpenSSH's rule). It
+// returns the exit-status or exit-signal request received, if any.
+func opensshLike(t *testing.T, c *ssh.Client, order string) (string, []byte) {
+	t.Helper()
+	ch, reqs, err := c.OpenChannel("session", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		typ     string
+		payload []byte
+	}
+	reqsDone := make(chan struct{})
+	go func() {
+		defer close(reqsDone)
+		for r := range reqs {
+			if r.Type == "exit-status" || r.Type == "exit-signal" {
+				got.typ, got.payload = r.Type, r.Payload
+			}
+			if r.WantReply {
+				r.Reply(false, nil)
+			}
+		}
+	}()
+	exec := ssh.Marshal(struct{ Command string }{"exit 7"})
+	switch order {
+	case "eof-before-exec":
+		ch.CloseWrite()
+		if ok, err := ch.SendRequest("exec", true, exec); !ok || err != nil {
+			t.Fatalf("exec: %v %v", ok, err)
+		}
+	case "eof-right-after-exec": // OpenSSH: exec wants a reply, EOF does not wait for it
+		ch.SendRequest("exec", false, exec)
+		ch.CloseWrite()
+	case "eof-after-exec-reply":
+		if ok, err := ch.SendRequest("exec", true, exec); !ok || err != nil {
+			t.Fatalf("exec: %v %v", ok, err)
+		}
+		ch.CloseWrite()
+	default:
+		t.Fatalf("order %q", order)
+	}
+	out, err := io.ReadAll(ch)
+	if err != nil || string(out) != "ok\n" {
+		t.Fatalf("stdout %q: %v", out, err)
+	}
+	ch.Close() // both EOFs: OpenSSH closes now
+	select {
+	case <-reqsDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("channel not closed")
+	}
+	return got.typ, got.payload
+}
+
+// TestRelayClientEOFBeforeExit: whatever the order of the client's EOF
+// and its exec request, a client that closes the channel as soon as it
+// has both sent and received EOF gets the exit status (or signal) first.
+// The relay used to pass the upstream's EOF on before the exit status
+// that followed it; x/crypto/ssh answers the client's close at once, and
+// the exit status was then lost (OpenSSH with ControlMaster and stdin at
+// EOF exited 255 for `exit 7`).
+func TestRelayClientEOFBeforeExit(t *testing.T) {
+	var g atomic.Pointer[gate]
+	g.Store(&gate{held: make(chan struct{})})
+	testHookEOFHeld = func() {
+		cur := g.Load()
+		cur.once.Do(func() { close(cur.held) })
+	}
+	t.Cleanup(func() { testHookEOFHeld = nil })
+	for _, signal := range []bool{false, true} {
+		upstream := pair(t, gatedAgent(&g, signal))
+		client := pair(t, func(chans <-chan ssh.NewChannel) {
+			Serve(context.Background(), chans, upstream, Hooks{})
+		})
+		for _, order := range []string{"eof-before-exec", "eof-right-after-exec", "eof-after-exec-reply"} {
+			for i := 0; i < 20; i++ {
+				g.Store(&gate{held: make(chan struct{})})
+				typ, payload := opensshLike(t, client, order)
+				switch {
+				case signal && typ == "exit-signal" && strings.HasPrefix(string(payload[4:]), "KILL"):
+				case !signal && typ == "exit-status" && binary.BigEndian.Uint32(payload) == 7:
+				default:
+					t.Fatalf("signal %v, %s, run %d: got %q %q, want the exit status", signal, order, i, typ, payload)
+				}
+			}
+		}
+	}
+}
+
+// TestRelayForwardHalfClose: a forward's EOF is passed on at once (it has
+// no exit status to wait for), so half-closing protocols still work.
+func TestRelayForwardHalfClose(t *testing.T) {
+	upstream := pair(t, func(chans <-chan ssh.NewChannel) {
+		for nc := range chans {
+			ch, reqs, err := nc.Accept()
+			if err != nil {
+				continue
+			}
+			go ssh.DiscardRequests(reqs)
+			go func() { // says hello, half-closes, then echoes what it reads
+				ch.Write([]byte("hello"))
+				ch.CloseWrite()
+				b, _ := io.ReadAll(ch)
+				_ = b
+				ch.Close()
+			}()
+		}
+	})
+	client := pair(t, func(chans <-chan ssh.NewChannel) {
+		Serve(context.Background(), chans, upstream, Hooks{})
+	})
+	ch, reqs, err := client.OpenChannel("direct-tcpip", ssh.Marshal(struct {
+		Host  string
+		Port  uint32
+		OHost string
+		OPort uint32
+	}{"127.0.0.1", 80, "127.0.0.1", 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ssh.DiscardRequests(reqs)
+	defer ch.Close()
+	out, err := io.ReadAll(ch) // EOF while the client's side is open
+	if err != nil || string(out) != "hello" {
+		t.Fatalf("forward: %q %v", out, err)
 	}
 }

@@ -71,6 +71,9 @@ func (k Keys) List(ctx context.Context, user string) ([]registry.Key, error) {
 // Remove unregisters the key whose fingerprint or name is ref (of user
 // only, when set) and returns it.
 func (k Keys) Remove(ctx context.Context, user, ref string) (registry.Key, error) {
+	if err := validate.KeyRef(ref); err != nil {
+		return registry.Key{}, err
+	}
 	key, err := k.Store.RemoveKey(ctx, user, ref)
 	switch {
 	case errors.Is(err, registry.ErrNotFound):

@@ -2,11 +2,14 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/denhq/den/internal/validate"
 )
 
 // commandAfter holds the verbs whose arguments end with a command of
@@ -186,7 +189,30 @@ func needName(c *cli.Context) (string, error) {
 	if c.NArg() < 1 {
 		return "", usageExit(c, "missing VM name")
 	}
-	return c.Args().First(), nil
+	return c.Args().First(), checkArgs(c, validate.VMName, c.Args().First())
+}
+
+// checkArgs refuses, before anything is sent to the daemon, a value
+// that check (internal/validate: the daemon's and the registry's own
+// rules) refuses: a usage error (exit status 2).
+func checkArgs(c *cli.Context, check func(string) error, vals ...string) error {
+	for _, v := range vals {
+		if err := check(v); err != nil {
+			return usageExit(c, "%w", err)
+		}
+	}
+	return nil
+}
+
+// checkOwnerEnv refuses a bad $DEN_OWNER (the user the CLI acts for)
+// before anything is sent.
+func checkOwnerEnv() error {
+	if o := os.Getenv("DEN_OWNER"); o != "" {
+		if err := validate.User(o); err != nil {
+			return cli.Exit(fmt.Errorf("DEN_OWNER: %w", err), 2)
+		}
+	}
+	return nil
 }
 
 // oneName returns the only argument, the VM name, or a usage error.

@@ -8,6 +8,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/internal/validate"
 )
 
 func checkpointCommand() *cli.Command {
@@ -36,6 +37,9 @@ Examples:
 		Action: func(c *cli.Context) error {
 			name, err := oneName(c)
 			if err != nil {
+				return err
+			}
+			if err := checkArgs(c, validate.Comment, c.String("m")); err != nil {
 				return err
 			}
 			ctx, cancel := withSignals(c)
@@ -73,6 +77,12 @@ Examples:
 				return cli.Exit("den checkpoint rm: give a VM name and checkpoint ids (den checkpoint rm NAME cp-3)", 2)
 			}
 			name := c.Args().First()
+			if err := checkArgs(c, validate.VMName, name); err != nil {
+				return err
+			}
+			if err := checkArgs(c, validate.CheckpointID, c.Args().Tail()...); err != nil {
+				return err
+			}
 			cl := newClient(c)
 			for _, id := range c.Args().Tail() {
 				if err := cl.DeleteCheckpoint(c.Context, name, id); err != nil {

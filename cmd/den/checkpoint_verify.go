@@ -9,6 +9,7 @@ import (
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/internal/size"
+	"github.com/denhq/den/internal/validate"
 )
 
 func checkpointVerifyCommand() *cli.Command {
@@ -44,6 +45,9 @@ Examples:
 				return usageExit(c, "give a checkpoint or --all, not both")
 			case c.NArg() == 2:
 				req.Checkpoint = c.Args().Get(1)
+				if err := checkArgs(c, validate.CheckpointID, req.Checkpoint); err != nil {
+					return err
+				}
 			}
 			ctx, cancel := withSignals(c)
 			defer cancel()

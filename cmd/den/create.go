@@ -9,6 +9,7 @@ import (
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/internal/size"
+	"github.com/denhq/den/internal/validate"
 )
 
 func createCommand() *cli.Command {
@@ -40,6 +41,11 @@ Examples:
 			name, err := oneName(c)
 			if err != nil {
 				return err
+			}
+			if img := c.String("image"); img != "" {
+				if err := checkArgs(c, validate.Image, img); err != nil {
+					return err
+				}
 			}
 			if n := c.Int("cpus"); n < 1 {
 				return usageExit(c, "--cpus %d: give 1 or more", n)

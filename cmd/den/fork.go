@@ -8,6 +8,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/internal/validate"
 )
 
 func forkCommand() *cli.Command {
@@ -30,6 +31,14 @@ Examples:
 			}
 			src, id, _ := strings.Cut(c.Args().Get(0), "@")
 			name := c.Args().Get(1)
+			if err := checkArgs(c, validate.VMName, src, name); err != nil {
+				return err
+			}
+			if strings.Contains(c.Args().Get(0), "@") {
+				if err := checkArgs(c, validate.CheckpointID, id); err != nil {
+					return err
+				}
+			}
 			ctx, cancel := withSignals(c)
 			defer cancel()
 			start := time.Now()

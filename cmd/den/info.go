@@ -7,6 +7,7 @@ import (
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/internal/size"
+	"github.com/denhq/den/internal/validate"
 )
 
 func infoCommand() *cli.Command {
@@ -50,6 +51,9 @@ func infoCommand() *cli.Command {
 			}
 			if c.Bool("gateway") {
 				return usageExit(c, "--gateway takes no VM name")
+			}
+			if err := checkArgs(c, validate.VMName, c.Args().First()); err != nil {
+				return err
 			}
 			vm, err := cl.GetVM(c.Context, c.Args().First())
 			if err != nil {

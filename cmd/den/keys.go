@@ -10,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/sshgw"
 )
 
@@ -55,6 +56,14 @@ Examples:
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return cli.Exit("den keys add: give one FILE (or - for stdin): den keys add [--user USER] FILE", 2)
+			}
+			if c.String("user") != "" {
+				if err := checkArgs(c, validate.User, c.String("user")); err != nil {
+					return err
+				}
+			}
+			if err := checkArgs(c, validate.KeyName, c.String("name")); err != nil {
+				return err
 			}
 			data, err := readKeyFile(c.Args().First())
 			if err != nil {
@@ -146,6 +155,9 @@ Examples:
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return cli.Exit("den keys rm: give one FINGERPRINT or NAME (see den keys ls)", 2)
+			}
+			if err := checkArgs(c, validate.KeyRef, c.Args().First()); err != nil {
+				return err
 			}
 			k, err := newClient(c).RemoveKey(c.Context, c.Args().First())
 			if err != nil {

@@ -31,6 +31,7 @@ func main() {
 func newApp() *cli.App {
 	app := &cli.App{
 		Name:    "den",
+		Before:  func(*cli.Context) error { return checkOwnerEnv() },
 		Usage:   "long-lived microVMs that keep their disk and memory",
 		Version: version,
 		Description: `den runs each VM as a real computer that keeps its disk and memory,

@@ -7,6 +7,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/internal/validate"
 )
 
 func restoreCommand() *cli.Command {
@@ -32,6 +33,12 @@ Examples:
 				return cli.Exit("den restore: give a VM name and a checkpoint (den restore box cp-3)", 2)
 			}
 			name, id := c.Args().Get(0), c.Args().Get(1)
+			if err := checkArgs(c, validate.VMName, name); err != nil {
+				return err
+			}
+			if err := checkArgs(c, validate.CheckpointID, id); err != nil {
+				return err
+			}
 			ctx, cancel := withSignals(c)
 			defer cancel()
 			start := time.Now()

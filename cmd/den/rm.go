@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/denhq/den/internal/validate"
 )
 
 func rmCommand() *cli.Command {
@@ -20,6 +22,9 @@ Examples:
 		Flags: []cli.Flag{socketFlag, &cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "do not wait for the guest to power off"}},
 		Action: func(c *cli.Context) error {
 			if _, err := needName(c); err != nil {
+				return err
+			}
+			if err := checkArgs(c, validate.VMName, c.Args().Slice()...); err != nil {
 				return err
 			}
 			cl := newClient(c)

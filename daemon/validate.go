@@ -1,0 +1,126 @@
+package daemon
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/denhq/den/api"
+	"github.com/denhq/den/internal/validate"
+)
+
+// Read deadlines of the API socket's server (docs/api.md, "Limits"). A
+// client has ReadHeaderTimeout to send a request's headers and
+// ReadTimeout to send the whole request, body included. Once the body is
+// read to its end (decode reads it whole), net/http lifts the read
+// deadline itself (it starts its background read, which watches for the
+// client going away, without one), so a stream, a lock wait or the SSH
+// upgrade that runs for minutes is not cut, nor taken for a client that
+// went away (TestReadDeadlineLifted); the SSH upgrade sets deadlines of
+// its own on the hijacked connection. There is no WriteTimeout, for the
+// same answers. A keep-alive connection is closed after IdleTimeout
+// without a request.
+const (
+	ReadHeaderTimeout = 10 * time.Second
+	ReadTimeout       = 30 * time.Second
+	IdleTimeout       = 2 * time.Minute
+	MaxHeaderBytes    = 64 << 10
+)
+
+// NewHTTPServer is the http.Server that serves h (NewServer's) on the API
+// socket, with the read deadlines above.
+func NewHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: ReadHeaderTimeout, ReadTimeout: ReadTimeout,
+		IdleTimeout: IdleTimeout, MaxHeaderBytes: MaxHeaderBytes}
+}
+
+// guard runs before every handler: it refuses a bad owner header, VM
+// name, checkpoint id or key reference in the header, path or query
+// (400, before anything looks them up).
+func guard(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := checkRequest(r); err != nil {
+			writeError(w, err)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// checkRequest checks what names something in a request's header and
+// path.
+func checkRequest(r *http.Request) error {
+	if o := r.Header.Get(api.OwnerHeader); o != "" {
+		if err := validate.User(o); err != nil {
+			return fmt.Errorf("header %s: %w", api.OwnerHeader, err)
+		}
+	}
+	if n := r.PathValue("name"); n != "" {
+		if err := validate.VMName(n); err != nil {
+			return err
+		}
+	}
+	if id := r.PathValue("id"); id != "" {
+		if err := validate.CheckpointID(id); err != nil {
+			return err
+		}
+	}
+	if ref := r.URL.Query().Get("ref"); ref != "" {
+		if err := validate.KeyRef(ref); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkBody checks the names and free strings of a request body that
+// decode read (400 before any work): the same rules as the CLI's, the
+// machine's and the registry's.
+func checkBody(v any) error {
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	switch req := v.(type) {
+	case *api.CreateRequest:
+		add(validate.VMName(req.Name))
+		if req.Owner != "" {
+			add(validate.User(req.Owner))
+		}
+		if req.Image != "" {
+			add(validate.Image(req.Image))
+		}
+		add(validate.Duration("idle timeout", req.IdleTimeout))
+	case *api.CheckpointRequest:
+		add(validate.Comment(req.Comment))
+	case *api.RestoreRequest:
+		if req.Checkpoint != "" {
+			add(validate.CheckpointID(req.Checkpoint))
+		}
+	case *api.ForkRequest:
+		add(validate.VMName(req.Name))
+		if req.Checkpoint != "" {
+			add(validate.CheckpointID(req.Checkpoint))
+		}
+	case *api.VerifyRequest:
+		if req.Checkpoint != "" {
+			add(validate.CheckpointID(req.Checkpoint))
+		}
+	case *api.AddKeyRequest:
+		if req.User != "" {
+			add(validate.User(req.User))
+		}
+		add(validate.KeyName(req.Name))
+		add(validate.PublicKey(req.PublicKey))
+	case *api.HostSleepRequest:
+		add(validate.Duration("timeout", req.Timeout))
+	case *api.HostWakeRequest:
+		add(validate.Duration("timeout", req.Timeout))
+	}
+	if len(errs) > 0 {
+		return errs[0] // the first: one line for the user
+	}
+	return nil
+}
