@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -84,6 +86,43 @@ func TestGatewayMux(t *testing.T) {
 		close(errc)
 		for e := range errc {
 			t.Error(e)
+		}
+	})
+
+	t.Run("sftp, pty and a signal", func(t *testing.T) {
+		data := make([]byte, 256<<10+3)
+		rand.Read(data)
+		local := filepath.Join(g.dir, "mux.bin")
+		if err := os.WriteFile(local, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		batch := fmt.Sprintf("put %s /root/mux.bin\nget /root/mux.bin %s\n", local, local+".back")
+		sftp := exec.CommandContext(ctx, "sftp", append(append(append(g.opts(key), shared...), "-P", g.port, "-b", "-"), vm)...)
+		if _, errs, code := runTool(t, sftp, []byte(batch)); code != 0 {
+			t.Fatalf("sftp: %d %s", code, errs)
+		}
+		if back, _ := os.ReadFile(local + ".back"); !bytes.Equal(back, data) {
+			t.Fatal("sftp over the shared connection: the file came back different")
+		}
+		pty := g.sshCmd(ctx, key, append(append([]string{"-tt"}, shared...), vm)...)
+		pty.Env = append(os.Environ(), "TERM=xterm")
+		checkPTYSession(t, pty)
+		// A command killed by a signal: exit-signal, stdin at EOF.
+		c := goClient(t, g, key)
+		defer c.Close()
+		for i := 0; i < 5; i++ {
+			s, err := c.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = s.Run("echo dying; kill -KILL $$")
+			s.Close()
+			var ee *gossh.ExitError
+			if !errors.As(err, &ee) || ee.Signal() != "KILL" {
+				t.Fatalf("run %d: %v, want exit-signal KILL", i, err)
+			}
 		}
 	})
 

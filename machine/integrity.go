@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/registry"
@@ -221,6 +224,12 @@ func (m *Manager) sealNow(dir storage.Path) {
 	defer m.seal.mu.Unlock()
 	ctx, cancel := m.lifetime()
 	defer cancel()
+	// The digests run on a thread of their own at the lowest CPU
+	// priority: the VMs, and den's own work for them, come first. The
+	// thread is not unlocked, so it ends with this goroutine rather
+	// than go back to Go's pool niced.
+	runtime.LockOSThread()
+	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 19)
 	host, err := m.vol.Path(dir)
 	if err != nil {
 		return

@@ -146,9 +146,10 @@ func relay(down ssh.Channel, downReqs <-chan *ssh.Request, up ssh.Channel, upReq
 		}()
 		for req := range upReqs {
 			// The reply to a client's request that the upstream sent
-			// before this request is passed back first.
+			// before this request is passed back first (a barrier: wait
+			// for the request in flight, if any).
 			inFlight.Lock()
-			inFlight.Unlock() //nolint:staticcheck // a barrier, not a critical section
+			inFlight.Unlock()
 			forward(req, down)
 			if !sent && (req.Type == "exit-status" || req.Type == "exit-signal") {
 				sent = true
