@@ -2,18 +2,18 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -53,16 +53,6 @@ func volumeTree(t *testing.T, d *daemon) string {
 	}
 	sort.Strings(out)
 	return strings.Join(out, "\n")
-}
-
-// socketClient speaks HTTP on the daemon's socket.
-func socketClient(d *daemon) *http.Client {
-	return &http.Client{Timeout: time.Minute, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var dl net.Dialer
-			return dl.DialContext(ctx, "unix", d.socket)
-		},
-	}}
 }
 
 // TestValidation: bad names, owners, images, checkpoint ids and key
@@ -146,7 +136,7 @@ func TestValidation(t *testing.T) {
 	}
 
 	// The socket, with what the CLI would not send.
-	hc := socketClient(d)
+	hc := d.httpClient()
 	pub := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBvb7JXYQ9ZEl7sFq8fBtd0t1S1CMlAhB6Xhjds5AY7x"
 	for _, c := range []struct {
 		method, path, body, owner string
@@ -243,5 +233,127 @@ func TestLastActiveSurvivesRestart(t *testing.T) {
 	}
 	if vm := d.info("box"); vm.State != "running" {
 		t.Errorf("box after the restart: %+v", vm)
+	}
+}
+
+// filler is an endless body: a JSON object whose name never ends.
+type filler struct{ started bool }
+
+func (f *filler) Read(p []byte) (int, error) {
+	if !f.started {
+		f.started = true
+		return copy(p, `{"name":"`), nil
+	}
+	for i := range p {
+		p[i] = 'a'
+	}
+	return len(p), nil
+}
+
+// rss is a process's resident memory in bytes.
+func rss(t *testing.T, pid int) int64 {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kb int64
+			fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// TestBodyFloodKeepsTheDaemonSmall: 8 clients at once, 3 times each,
+// send 20 MB bodies; every one is refused with 413, the daemon's memory
+// grows by less than 64 MiB (the 1 MiB cap per request, and buffers),
+// and another client is answered meanwhile.
+func TestBodyFloodKeepsTheDaemonSmall(t *testing.T) {
+	d := startDaemon(t)
+	hc := d.httpClient()
+	pid := d.cmd.Process.Pid
+	base := rss(t, pid)
+	stop := make(chan struct{})
+	var peak atomic.Int64
+	var served, failed atomic.Int64
+	var bg sync.WaitGroup
+	bg.Add(2)
+	go func() { // memory
+		defer bg.Done()
+		for {
+			if r := rss(t, pid); r > peak.Load() {
+				peak.Store(r)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	go func() { // another client
+		defer bg.Done()
+		for {
+			resp, err := hc.Get("http://den/v1/vms")
+			if err == nil && resp.StatusCode == http.StatusOK {
+				served.Add(1)
+			} else {
+				failed.Add(1)
+			}
+			if resp != nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	var flood sync.WaitGroup
+	codes := make(chan int, 24)
+	for c := 0; c < 8; c++ {
+		flood.Add(1)
+		go func() {
+			defer flood.Done()
+			for i := 0; i < 3; i++ {
+				body := io.LimitReader(&filler{}, 20<<20)
+				resp, err := hc.Post("http://den/v1/vms", "application/json", body)
+				if err != nil {
+					// The daemon may close the connection once it has
+					// answered, before the body is all sent.
+					codes <- -1
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				codes <- resp.StatusCode
+			}
+		}()
+	}
+	flood.Wait()
+	close(stop)
+	bg.Wait()
+	close(codes)
+	for c := range codes {
+		if c != http.StatusRequestEntityTooLarge && c != -1 {
+			t.Errorf("a 20 MB body was answered %d, want 413", c)
+		}
+	}
+	grew := peak.Load() - base
+	t.Logf("daemon RSS %d MiB before, peak %d MiB; %d answers to the other client, %d failures", base>>20, peak.Load()>>20, served.Load(), failed.Load())
+	if grew > 64<<20 {
+		t.Errorf("the daemon grew by %d MiB under the flood (bound 64 MiB)", grew>>20)
+	}
+	if served.Load() == 0 || failed.Load() > 0 {
+		t.Errorf("the other client: %d answers, %d failures", served.Load(), failed.Load())
+	}
+	if out := d.must("ls", "--json"); strings.TrimSpace(out) != "[]" {
+		t.Errorf("the flood left vms: %s", out)
 	}
 }

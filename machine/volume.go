@@ -44,12 +44,19 @@ func (m *Manager) volumeLost(ev storage.Event) {
 	}
 	reason += ": the vm was stopped so that it does not run on a dead disk; it boots from its disk when next used"
 	m.mu.Lock()
-	if ev.Time.After(m.volumeLostAt) {
+	// The VMMs at risk opened their disk on the mount that died. After a
+	// remount that is those started before the loss: one started since
+	// could open its disk only on the new mount (the dead one answers
+	// nothing), even a moment before the remount is announced.
+	cut := ev.Time
+	if ev.Kind == storage.EventRemounted && !m.volumeLostAt.IsZero() {
+		cut = m.volumeLostAt
+	} else if ev.Time.After(m.volumeLostAt) {
 		m.volumeLostAt, m.volumeLostWhy = ev.Time, reason
 	}
 	var hit []*instance
 	for _, in := range m.instances {
-		if in.started.Before(ev.Time) {
+		if in.started.Before(cut) {
 			hit = append(hit, in)
 		}
 	}
