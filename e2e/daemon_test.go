@@ -135,7 +135,7 @@ func TestBadInput(t *testing.T) {
 		{[]string{"create", "big", "--disk", "3T"}, `too large`},
 		{[]string{"create", "big", "--disk", "1900G"}, `does not fit: the volume has`},
 		{[]string{"create", "big", "--memory", "lots"}, `bad size "lots"`},
-		{[]string{"create", "big", "--image", "nosuch"}, `image "nosuch": no such image`},
+		{[]string{"create", "big", "--image", "nosuch"}, `no image named "nosuch" (images: minimal, debian)`},
 		{[]string{"exec", "ghost", "--", "true"}, `no vm named "ghost"`},
 		{[]string{"info", "ghost"}, `no vm named "ghost"`},
 		{[]string{"rm", "ghost"}, `no vm named "ghost"`},

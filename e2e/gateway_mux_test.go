@@ -106,9 +106,11 @@ func TestGatewayMux(t *testing.T) {
 		if back, _ := os.ReadFile(local + ".back"); !bytes.Equal(back, data) {
 			t.Fatal("sftp over the shared connection: the file came back different")
 		}
-		pty := g.sshCmd(ctx, key, append(append([]string{"-tt"}, shared...), vm)...)
-		pty.Env = append(os.Environ(), "TERM=xterm")
-		checkPTYSession(t, pty)
+		// A command on a pseudo-terminal (-tt), with its exit status.
+		out, errs, code := g.ssh(key, nil, append(append([]string{"-tt"}, shared...), vm, "tty | sed 's/^/TTY:/'; exit 3")...)
+		if !strings.HasPrefix(out, "TTY:/dev/pts/") || code != 3 {
+			t.Fatalf("-tt: exit %d, out %q, err %q", code, out, errs)
+		}
 		// A command killed by a signal: exit-signal, stdin at EOF.
 		c := goClient(t, g, key)
 		defer c.Close()
