@@ -137,19 +137,10 @@ func TestMountKilled(t *testing.T) {
 // argv into one space-separated string.
 func juicefsMountPIDs(t *testing.T, state string) []int {
 	t.Helper()
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+	pids := pidsWhere(func(cmdline []byte) bool {
 		f := strings.Fields(string(bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '})))
-		if len(f) > 2 && strings.HasSuffix(f[0], "juicefs") && slices.Contains(f, "mount") && strings.Contains(string(cmdline), state+"/") {
-			pids = append(pids, pid)
-		}
-	}
+		return len(f) > 2 && strings.HasSuffix(f[0], "juicefs") && slices.Contains(f, "mount") && strings.Contains(string(cmdline), state+"/")
+	})
 	if len(pids) == 0 {
 		t.Fatal("no juicefs mount process for " + state)
 	}

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,18 +24,7 @@ func (d *daemon) crashAt(point string, args ...string) {
 
 // vmmsOf counts the QEMU processes whose command line names a VM's
 // runtime dir.
-func (d *daemon) vmmsOf(name string) int {
-	dir := []byte(filepath.Join(d.state, "run", name) + "/")
-	n := 0
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.Contains(cmdline, []byte("qemu")) && bytes.Contains(cmdline, dir) {
-			n++
-		}
-	}
-	return n
-}
+func (d *daemon) vmmsOf(name string) int { return len(d.vmmPIDs(name)) }
 
 // TestCrashAtEveryStep kills the daemon (-9) at each step of create,
 // fork, checkpoint, sleep, wake, restore and rm. After each restart every

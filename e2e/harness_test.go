@@ -187,17 +187,37 @@ func (d *daemon) teardown(dir string) {
 
 // killUnder SIGKILLs QEMU processes whose command line mentions dir.
 func killUnder(dir string) {
+	for _, pid := range pidsWhere(func(cmdline []byte) bool {
+		return bytes.Contains(cmdline, []byte("qemu")) && bytes.Contains(cmdline, []byte(dir))
+	}) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// pidsWhere lists the processes whose command line (NUL-separated
+// arguments) match accepts.
+func pidsWhere(match func(cmdline []byte) bool) []int {
+	var pids []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		var pid int
 		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
 			continue
 		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if bytes.Contains(cmdline, []byte("qemu")) && bytes.Contains(cmdline, []byte(dir)) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+		if cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil && match(cmdline) {
+			pids = append(pids, pid)
 		}
 	}
+	return pids
+}
+
+// vmmPIDs are the QEMU processes whose command line names a VM's
+// runtime dir.
+func (d *daemon) vmmPIDs(name string) []int {
+	dir := []byte(filepath.Join(d.state, "run", name) + "/")
+	return pidsWhere(func(cmdline []byte) bool {
+		return bytes.Contains(cmdline, []byte("qemu")) && bytes.Contains(cmdline, dir)
+	})
 }
 
 // run runs a den client verb and returns its stdout; err carries stderr

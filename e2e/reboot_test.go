@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -13,25 +12,6 @@ import (
 
 	"golang.org/x/sys/unix"
 )
-
-// vmmPIDs are the QEMU processes whose command line names a VM's
-// runtime dir.
-func (d *daemon) vmmPIDs(name string) []int {
-	dir := []byte(filepath.Join(d.state, "run", name) + "/")
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.Contains(cmdline, []byte("qemu")) && bytes.Contains(cmdline, dir) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
 
 // reboot does to den what a host reboot does after the shutdown path
 // ran: the daemon, every VMM of the state dir and the JuiceFS mount are
