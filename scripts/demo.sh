@@ -27,6 +27,8 @@ cleanup() {
 		kill -TERM "$daemon_pid"
 		for _ in $(seq 1 100); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.1; done
 	fi
+	# den's tmpfs for guest RAM outlives the daemon (VMs outlive it too).
+	umount -l "$work/state/ram" 2>/dev/null
 	if [ $status -eq 0 ]; then
 		rm -rf "$work"
 	else
