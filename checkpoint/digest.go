@@ -95,12 +95,25 @@ func (e *DamageError) Error() string {
 
 func (e *DamageError) Unwrap() error { return ErrDamaged }
 
-// hashExtents reads r (size bytes) and returns one digest per extent;
-// after each, it rests idle times as long as the extent took (0: never).
-func hashExtents(ctx context.Context, r io.ReaderAt, n int64, idle float64) ([]string, error) {
+// Pace is how a background seal shares the host.
+type Pace struct {
+	// Idle: after each extent, rest Idle times as long as it took.
+	Idle float64
+	// Yield, when set, is called before each extent and returns when
+	// the seal may go on (it waits while the host has better things to
+	// do).
+	Yield func(ctx context.Context)
+}
+
+// hashExtents reads r (size bytes) and returns one digest per extent,
+// paced by p.
+func hashExtents(ctx context.Context, r io.ReaderAt, n int64, p Pace) ([]string, error) {
 	var out []string
 	buf := make([]byte, 1<<20)
 	for off := int64(0); off < n || (n == 0 && len(out) == 0); off += ExtentSize {
+		if p.Yield != nil {
+			p.Yield(ctx)
+		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
@@ -110,11 +123,11 @@ func hashExtents(ctx context.Context, r io.ReaderAt, n int64, idle float64) ([]s
 			return nil, err
 		}
 		out = append(out, d)
-		if idle > 0 {
+		if p.Idle > 0 {
 			select {
 			case <-ctx.Done():
 				return nil, ctx.Err()
-			case <-time.After(time.Duration(float64(time.Since(start)) * idle)):
+			case <-time.After(time.Duration(float64(time.Since(start)) * p.Idle)):
 			}
 		}
 	}
@@ -140,7 +153,7 @@ func hashExtent(r io.ReaderAt, off, n int64, buf []byte) (string, error) {
 }
 
 // digestFile digests the file at path.
-func digestFile(ctx context.Context, path string, idle float64) (FileDigest, error) {
+func digestFile(ctx context.Context, path string, p Pace) (FileDigest, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return FileDigest{}, err
@@ -150,7 +163,7 @@ func digestFile(ctx context.Context, path string, idle float64) (FileDigest, err
 	if err != nil {
 		return FileDigest{}, err
 	}
-	ext, err := hashExtents(ctx, f, st.Size(), idle)
+	ext, err := hashExtents(ctx, f, st.Size(), p)
 	if err != nil {
 		return FileDigest{}, fmt.Errorf("digest %s: %w", path, err)
 	}
@@ -210,7 +223,7 @@ func SealSmall(ctx context.Context, dir string) (Manifest, error) {
 			man.Large[rel] = st.Size()
 			return nil
 		}
-		fd, err := digestFile(ctx, path, 0)
+		fd, err := digestFile(ctx, path, Pace{})
 		if err != nil {
 			return err
 		}
@@ -229,10 +242,9 @@ func SealSmall(ctx context.Context, dir string) (Manifest, error) {
 // Seal digests the large files SealSmall left to it and records them for
 // the manifest's seal id. It is safe to run late, or twice, or against a
 // directory replaced meanwhile (its digests then name another seal).
-// idle paces it: after each extent it rests idle times as long as the
-// extent took, so that a background seal leaves the host's CPU and I/O
-// mostly to the VMs (0: no rest).
-func Seal(ctx context.Context, dir string, idle float64) error {
+// p paces it, so that a background seal leaves the host's CPU and I/O
+// to the VMs and to the operations on them.
+func Seal(ctx context.Context, dir string, p Pace) error {
 	man, err := readManifest(dir)
 	if err != nil {
 		return err
@@ -245,7 +257,7 @@ func Seal(ctx context.Context, dir string, idle float64) error {
 	}
 	large := map[string]FileDigest{}
 	for _, rel := range sortedKeys(man.Large) {
-		fd, err := digestFile(ctx, filepath.Join(dir, filepath.FromSlash(rel)), idle)
+		fd, err := digestFile(ctx, filepath.Join(dir, filepath.FromSlash(rel)), p)
 		if err != nil {
 			return fmt.Errorf("seal snapshot: %w", err)
 		}

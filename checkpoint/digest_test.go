@@ -54,7 +54,7 @@ func seal(t *testing.T, dir string) Manifest {
 	if Sealed(dir) {
 		t.Fatal("sealed before Seal")
 	}
-	if err := Seal(context.Background(), dir, 0); err != nil {
+	if err := Seal(context.Background(), dir, Pace{}); err != nil {
 		t.Fatal(err)
 	}
 	if !Sealed(dir) {
@@ -188,7 +188,7 @@ func TestSealIsTiedToItsManifest(t *testing.T) {
 	if Sealed(dir) {
 		t.Fatal("the old seal's digests were taken for the new snapshot")
 	}
-	if err := Seal(ctx, dir, 0); err != nil {
+	if err := Seal(ctx, dir, Pace{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Verify(ctx, dir, Policy{Full: true}); err != nil {
@@ -204,7 +204,7 @@ func TestSealSmallTakesOverASealedSubdirectory(t *testing.T) {
 	if _, err := SealSmall(ctx, vmmDir); err != nil {
 		t.Fatal(err)
 	}
-	if err := Seal(ctx, vmmDir, 0); err != nil {
+	if err := Seal(ctx, vmmDir, Pace{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(slot, DiskFile), []byte("disk"), 0o600); err != nil {

@@ -59,10 +59,34 @@ const (
 	lazySample = 8
 )
 
-// sealIdle paces background digests: they rest as long as they work, so
+// sealPace paces background digests: they rest as long as they work, so
 // that they take at most about half of one core and of the volume's
-// reads (a 4 GiB disk is about 2 s of reading through FUSE here).
-const sealIdle = 1.0
+// reads (a 4 GiB disk is about 2 s of reading through FUSE here), and
+// they wait while any operation holds a VM (a wake, a checkpoint...): a
+// digest is never on an operation's critical path, nor competes with
+// one. The wait is bounded (sealYieldMax), so a host never idle still
+// gets its digests.
+func (m *Manager) sealPace() checkpoint.Pace {
+	return checkpoint.Pace{Idle: 1, Yield: func(ctx context.Context) {
+		deadline := time.Now().Add(sealYieldMax)
+		for m.busyOps() > 0 && time.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}}
+}
+
+const sealYieldMax = time.Minute
+
+// busyOps is how many VMs an operation holds now.
+func (m *Manager) busyOps() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.holders)
+}
 
 // policy is what verification reads of ref before a VMM restores it.
 func (m *Manager) policy(ref snapshotRef, lazy bool) checkpoint.Policy {
@@ -236,7 +260,7 @@ func (m *Manager) sealNow(dir storage.Path) {
 	}
 	start := time.Now()
 	for try := 1; ; try++ {
-		err := checkpoint.Seal(ctx, host, sealIdle)
+		err := checkpoint.Seal(ctx, host, m.sealPace())
 		if err == nil {
 			m.log.Debug("den: snapshot digested", "dir", string(dir), "took", time.Since(start))
 			return
