@@ -241,7 +241,7 @@ func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, 
 	if _, err := d.exec(ctx, name, "dd if=/dev/urandom of=/tmp/ballast bs=1M count=64 2>/dev/null; sync"); err != nil {
 		return nil, err
 	}
-	var cpMem, cpDisk, restore, sleep, wake, wakeExec, clone []time.Duration
+	var cpMem, cpDisk, restore, sleep, wake, wakeExec, clone, wakeSealed []time.Duration
 	var sleepingRSS []float64
 	for i := 0; i < o.Runs; i++ {
 		say(fmt.Sprintf("%s: checkpoint, restore, sleep, wake (%d/%d)", label, i+1, o.Runs))
@@ -292,6 +292,12 @@ func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, 
 		if t, err = d.cloneDisk(ctx, name, i); err == nil {
 			clone = append(clone, t)
 		}
+		if gateway { // the main run: a wake that verifies all it reads
+			if t, err = d.sealedWake(ctx, name); err != nil {
+				return nil, fmt.Errorf("wake, memory verified: %w", err)
+			}
+			wakeSealed = append(wakeSealed, t)
+		}
 	}
 	figs := []Figure{
 		figure("checkpoint (memory+disk)", d.vmm, accel, label, cpMem),
@@ -300,6 +306,7 @@ func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, 
 		figure("sleep", d.vmm, accel, label, sleep),
 		figure("wake to running", d.vmm, accel, label, wake),
 		figure("wake to first exec output", d.vmm, accel, label, wakeExec),
+		figure("wake to running, memory digests written and verified", d.vmm, accel, label, wakeSealed),
 	}
 	if len(clone) > 0 {
 		figs = append(figs, figure("clone of the VM disk (juicefs clone)", d.vmm, accel, label, clone))

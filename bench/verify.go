@@ -3,9 +3,11 @@ package bench
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/checkpoint"
 )
 
 // verifyThroughput times `den checkpoint verify` of a fresh checkpoint of
@@ -55,4 +57,22 @@ func (d *daemon) verifyThroughput(ctx context.Context, o Options, accel, label, 
 	f.Median, f.Min, f.Max = stats(f.Samples)
 	_ = d.client.DeleteCheckpoint(ctx, name, cp.ID)
 	return f, nil
+}
+
+// sealedWake puts the VM to sleep, waits until the digests of its
+// suspend slot's memory are written (in the background, after the sleep),
+// and times the wake, which then verifies the memory it restores.
+func (d *daemon) sealedWake(ctx context.Context, name string) (time.Duration, error) {
+	if _, err := d.client.Sleep(ctx, name, api.SleepRequest{}); err != nil {
+		return 0, err
+	}
+	slot := filepath.Join(d.dir, "state", "juicefs", "mnt", "vms", name, "suspend")
+	deadline := time.Now().Add(5 * time.Minute)
+	for !checkpoint.Sealed(slot) {
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("the suspend slot of %s has no digests after 5 minutes", name)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return timed(func() error { _, err := d.client.Wake(ctx, name); return err })
 }
