@@ -306,7 +306,9 @@ func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, 
 		figure("sleep", d.vmm, accel, label, sleep),
 		figure("wake to running", d.vmm, accel, label, wake),
 		figure("wake to first exec output", d.vmm, accel, label, wakeExec),
-		figure("wake to running, memory digests written and verified", d.vmm, accel, label, wakeSealed),
+	}
+	if len(wakeSealed) > 0 {
+		figs = append(figs, figure("wake to running, memory digests written and verified", d.vmm, accel, label, wakeSealed))
 	}
 	if len(clone) > 0 {
 		figs = append(figs, figure("clone of the VM disk (juicefs clone)", d.vmm, accel, label, clone))
