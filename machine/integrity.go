@@ -45,10 +45,12 @@ func suspendRef(vm, seal string) snapshotRef {
 
 // The verification policy (docs/reliability.md, "Integrity"), from what
 // reading costs here: the small files (device state, VMM config) are
-// always read whole (a few ms). The memory is read whole before the guest
-// runs when the VMM reads all of it to restore anyway (QEMU copies it
-// into the guest's RAM file, and the copy then comes from the page
-// cache); where the VMM maps it lazily (Cloud Hypervisor OnDemand), only
+// always read whole (a few ms). The memory's extents that held data when
+// sealed are read whole before the guest runs (with a sample of its zero
+// ones) when the VMM reads all of it to restore anyway (QEMU copies the
+// data extents into the guest's RAM file, and the copy then comes from
+// the page cache); where the VMM maps it lazily (Cloud Hypervisor
+// OnDemand), only
 // the first, the last and lazySample other extents are read before, and a
 // background pass reads the rest while the guest runs, stopping the VM if
 // it finds damage. A checkpoint's disk (gigabytes, mostly read by nobody)
@@ -108,11 +110,10 @@ func (m *Manager) lazyRestore(vmmName string) bool {
 	return err == nil && d.LazyRestore && !m.cfg.RestoreCopy
 }
 
-// verify checks ref against its digests before anything is restored from
-// it; memory says whether its VMM snapshot is restored (a disk-only use
-// reads only the disk and small files). A mismatch marks a checkpoint
+// verify checks ref against its digests, as the policy for vmmName says,
+// before anything is restored from it. A mismatch marks a checkpoint
 // damaged and is refused; a snapshot without digests (taken before den
-// kept them) is used with a log line.
+// kept them, with no seal recorded) is used with a log line.
 func (m *Manager) verify(ctx context.Context, ref snapshotRef, vmmName string) error {
 	if m.cfg.NoDigests {
 		return nil
