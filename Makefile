@@ -36,9 +36,11 @@ build:
 image: build
 	@scripts/build-image.sh $(IMAGE_DIR)
 
-## test: deps, then every test (real QEMU guests, real JuiceFS on MinIO)
+## test: deps, then every test (real QEMU guests, real JuiceFS on MinIO).
+## One package at a time: the e2e and image packages each boot TCG guests,
+## and both at once on 2 cores once stalled a guest past its 4 min boot.
 test: deps build image
-	$(GO) test -count=1 -timeout 60m ./...
+	$(GO) test -p 1 -count=1 -timeout 60m ./...
 
 ## test-unit: the tests that need neither root nor images
 test-unit:
