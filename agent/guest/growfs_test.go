@@ -97,8 +97,15 @@ func (tr *growTree) writeSuper(blockSize, blocks uint64) {
 	}
 }
 
+// setDeviceBytes sets the device's size as the kernel does: the agent
+// reading sysfs meanwhile sees the old size or the new one, never an
+// empty file (so the file is replaced, not rewritten in place).
 func (tr *growTree) setDeviceBytes(n int64) {
-	writeFile(tr.t, filepath.Join(tr.sysDir, "size"), fmt.Sprintf("%d\n", n/512))
+	p := filepath.Join(tr.sysDir, "size")
+	writeFile(tr.t, p+".new", fmt.Sprintf("%d\n", n/512))
+	if err := os.Rename(p+".new", p); err != nil {
+		tr.t.Error(err)
+	}
 }
 
 func (tr *growTree) calls() []uint64 {
