@@ -44,16 +44,9 @@ func (d *daemon) wantStates(want map[string]string) {
 // waitState waits (bounded) until a VM is in state.
 func (d *daemon) waitState(name, state string, within time.Duration) {
 	d.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		vm := d.info(name)
-		if vm.State == state {
-			return
-		}
-		if time.Now().After(deadline) {
-			d.t.Fatalf("vm %s is %s (%s) after %s, want %s", name, vm.State, vm.Reason, within, state)
-		}
-		time.Sleep(200 * time.Millisecond)
+	var vm vmJSON
+	if !eventually(within, func() bool { vm = d.info(name); return vm.State == state }) {
+		d.t.Fatalf("vm %s is %s (%s) after %s, want %s", name, vm.State, vm.Reason, within, state)
 	}
 }
 
@@ -106,12 +99,8 @@ func TestAdmission(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = long.Process.Kill(); _ = long.Wait() }()
-	deadline := time.Now().Add(2 * time.Minute)
-	for !strings.Contains(d.must("exec", "c", "--", "ps"), "sleep 601") {
-		if time.Now().After(deadline) {
-			t.Fatal("the long exec in c did not start")
-		}
-		time.Sleep(200 * time.Millisecond)
+	if !eventually(2*time.Minute, func() bool { return strings.Contains(d.must("exec", "c", "--", "ps"), "sleep 601") }) {
+		t.Fatal("the long exec in c did not start")
 	}
 
 	_, err := d.run("create", "d", "--memory", "128M", "--idle-timeout", "1h")

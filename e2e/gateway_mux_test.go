@@ -190,20 +190,18 @@ func TestGatewayMux(t *testing.T) {
 		for _, ch := range open {
 			ch.Close()
 		}
-		deadline := time.Now().Add(time.Minute)
-		for {
-			s, err := c.NewSession()
-			if err == nil {
-				out, err := s.Output("echo room")
-				s.Close()
-				if err == nil && string(out) == "room\n" {
-					break
-				}
+		var err error
+		if !eventually(time.Minute, func() bool {
+			var s *gossh.Session
+			if s, err = c.NewSession(); err != nil {
+				return false
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no channel after closing: %v", err)
-			}
-			time.Sleep(100 * time.Millisecond)
+			defer s.Close()
+			out, oerr := s.Output("echo room")
+			err = oerr
+			return err == nil && string(out) == "room\n"
+		}) {
+			t.Fatalf("no channel after closing: %v", err)
 		}
 	})
 

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/denhq/den/checkpoint"
 )
 
 // volumePath is a file on the daemon's mounted volume.
@@ -40,25 +42,8 @@ func flipBytes(t *testing.T, path string, off int64) {
 // digests (written in the background after a checkpoint or a sleep).
 func waitSealed(t *testing.T, dir string) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		var man struct {
-			Seal  string           `json:"seal"`
-			Large map[string]int64 `json:"large"`
-		}
-		data, err := os.ReadFile(filepath.Join(dir, "digests.json"))
-		if err == nil && json.Unmarshal(data, &man) == nil {
-			if len(man.Large) == 0 {
-				return
-			}
-			if _, err := os.Stat(filepath.Join(dir, "digests-"+man.Seal+".json")); err == nil {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no digests in %s after 3 minutes", dir)
-		}
-		time.Sleep(200 * time.Millisecond)
+	if !eventually(3*time.Minute, func() bool { return checkpoint.Sealed(dir) }) {
+		t.Fatalf("no digests in %s after 3 minutes", dir)
 	}
 }
 

@@ -25,9 +25,9 @@ func (d *daemon) reboot(t *testing.T) {
 	for _, pid := range mounts {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		left := 0
+	left := 0
+	if !eventually(30*time.Second, func() bool {
+		left = 0
 		for _, pid := range mounts {
 			if syscall.Kill(pid, 0) == nil {
 				left++
@@ -37,13 +37,9 @@ func (d *daemon) reboot(t *testing.T) {
 		for _, e := range ents {
 			left += len(d.vmmPIDs(e.Name()))
 		}
-		if left == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d processes outlived the simulated reboot", left)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return left == 0
+	}) {
+		t.Fatalf("%d processes outlived the simulated reboot", left)
 	}
 	_ = unix.Unmount(filepath.Join(d.state, "juicefs", "mnt"), unix.MNT_DETACH)
 	// Guest RAM is on den's tmpfs, which a reboot empties.
@@ -130,17 +126,10 @@ func TestReboot(t *testing.T) {
 	lost("after the shutdown path")
 
 	d.reboot(t)
-	deadline := time.Now().Add(4 * time.Minute)
 	for _, n := range sleepers {
-		for {
-			vm := d.info(n)
-			if vm.State == "running" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s not woken after the reboot: %s (%s)", n, vm.State, vm.Reason)
-			}
-			time.Sleep(200 * time.Millisecond)
+		var vm vmJSON
+		if !eventually(4*time.Minute, func() bool { vm = d.info(n); return vm.State == "running" }) {
+			t.Fatalf("%s not woken after the reboot: %s (%s)", n, vm.State, vm.Reason)
 		}
 	}
 	for _, n := range sleepers {
