@@ -2,6 +2,7 @@ package machine
 
 import (
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -44,7 +45,9 @@ func (m *Manager) setupRAM() {
 		return
 	}
 	if isTmpfs("/dev/shm") {
-		m.ramDir = filepath.Join("/dev/shm", "den-"+strconv.FormatUint(uint64(hashString(m.state.Path())), 16))
+		h := fnv.New32a()
+		h.Write([]byte(m.state.Path()))
+		m.ramDir = filepath.Join("/dev/shm", fmt.Sprintf("den-%08x", h.Sum32()))
 		m.ramWhere = describeRAM(m.ramDir)
 		m.log.Warn("den: guest RAM in /dev/shm: no tmpfs of den's own", "err", err)
 		return
@@ -91,12 +94,4 @@ func describeRAM(dir string) string {
 		return fmt.Sprintf("tmpfs at %s (%d MiB)", dir, int64(st.Blocks)*st.Bsize>>20)
 	}
 	return "a file in " + dir + " (not a tmpfs: every dirty guest page becomes host writeback)"
-}
-
-func hashString(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h = (h ^ uint32(s[i])) * 16777619
-	}
-	return h
 }
