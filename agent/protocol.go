@@ -105,6 +105,20 @@ type IdentityRequest struct {
 	// first network interface (the device state restored from its
 	// source's memory holds the source's).
 	MAC string `json:"mac,omitempty"`
+	// Net, when set, is the VM's own network configuration for that
+	// interface: the source's addresses are replaced by it (a fork and a
+	// create from a warm base run with their source's until then).
+	Net *NetConfig `json:"net,omitempty"`
+}
+
+// NetConfig is a guest's static network configuration, as den.ip=,
+// den.gw= and den.dns= give it on the kernel command line.
+type NetConfig struct {
+	// IP is the address with its prefix ("10.200.0.6/30").
+	IP string `json:"ip"`
+	// GW is the default gateway, DNS the resolver.
+	GW  string `json:"gw"`
+	DNS string `json:"dns"`
 }
 
 // MinEntropy is the least number of random bytes in an IdentityRequest.

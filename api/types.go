@@ -51,6 +51,11 @@ type VM struct {
 	OperationFor string `json:"operation_for,omitempty"`
 	// Generation counts the writes of the VM's record.
 	Generation int64 `json:"generation"`
+	// Network is how the VM reaches the network ("tap", "user" or
+	// "none"), IP its address with prefix, Egress its egress policy.
+	Network string `json:"network,omitempty"`
+	IP      string `json:"ip,omitempty"`
+	Egress  string `json:"egress,omitempty"`
 }
 
 // CreateRequest asks for a new VM. Zero fields take the daemon's defaults.
@@ -65,6 +70,10 @@ type CreateRequest struct {
 	IdleTimeout string `json:"idle_timeout,omitempty"`
 	// Cold boots instead of restoring the image's warm base snapshot.
 	Cold bool `json:"cold,omitempty"`
+	// Egress is the VM's egress policy: allow-all, deny-all or
+	// allow:LIST (CIDRs and domain names); empty takes the daemon's
+	// default.
+	Egress string `json:"egress,omitempty"`
 }
 
 // Event is one line of a streamed long operation: progress lines, then
@@ -109,6 +118,10 @@ type DaemonInfo struct {
 	GatewayFingerprint string `json:"gateway_fingerprint,omitempty"`
 	// Memory is the memory budget and its use now (host.go).
 	Memory *MemoryInfo `json:"memory,omitempty"`
+	// HTTP is the base URL of the VMs' HTTP URLs ("" when off);
+	// HTTPDomain routes "<vm>.<domain>" there.
+	HTTP       string `json:"http,omitempty"`
+	HTTPDomain string `json:"http_domain,omitempty"`
 }
 
 // Errors a client can test for with errors.Is; the daemon maps its

@@ -52,6 +52,13 @@ type Options struct {
 	SSHListen string
 	// Memory is the memory budget and the pressure watcher.
 	Memory machine.MemoryConfig
+	// Network is how VMs reach the network (TAP and egress).
+	Network machine.NetworkConfig
+	// HTTPListen serves each VM's HTTP port at a URL (host:port; ""
+	// or "off": none); HTTPDomain routes "<vm>.<domain>" by Host
+	// header; TLSCert and TLSKey make it HTTPS.
+	HTTPListen, HTTPDomain string
+	TLSCert, TLSKey        string
 	// Ready, if set, is called once the API socket accepts requests.
 	Ready  func()
 	Logger *slog.Logger
@@ -101,7 +108,7 @@ func Run(ctx context.Context, o Options) error {
 	m, err := machine.New(ctx, machine.Config{
 		State: state, Volume: vol, Registry: db, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
 		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, RAMDir: o.RAMDir,
-		Memory: o.Memory,
+		Memory: o.Memory, Network: o.Network,
 	})
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
@@ -121,7 +128,15 @@ func Run(ctx context.Context, o Options) error {
 	accel, note := m.Accel()
 	info := api.DaemonInfo{Version: o.Version, VMM: m.VMMName(), Accel: accel, AccelNote: note,
 		StateDir: state.Path(), Volume: vol.Root(), Network: m.Network(), GuestRAM: m.GuestRAM(), Gateway: gw.addr, GatewayFingerprint: gw.fingerprint}
-	srv := NewHTTPServer(NewServer(m, keys, info, hostKey, o.Logger))
+	web, err := startIngress(o, m)
+	if err != nil {
+		return fmt.Errorf("daemon: http: %w", err)
+	}
+	defer web.close()
+	info.HTTP, info.HTTPDomain = web.url, o.HTTPDomain
+	apiSrv := NewServer(m, keys, info, hostKey, o.Logger)
+	apiSrv.web = web
+	srv := NewHTTPServer(apiSrv)
 
 	ln, err := listenUnix(o.Socket)
 	if err != nil {

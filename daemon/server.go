@@ -17,6 +17,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/egress"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/users"
@@ -27,6 +28,7 @@ type Server struct {
 	m       *machine.Manager
 	keys    users.Keys
 	info    api.DaemonInfo
+	web     *ingressServer // the VMs' HTTP URLs (nil: off)
 	hostKey ssh.Signer
 	log     *slog.Logger
 	mux     *http.ServeMux
@@ -53,6 +55,10 @@ func NewServer(m *machine.Manager, keys users.Keys, info api.DaemonInfo, hostKey
 	handle("POST /v1/vms/{name}/sleep", s.sleep)
 	handle("POST /v1/vms/{name}/wake", s.wake)
 	handle("POST /v1/vms/{name}/resize", s.resize)
+	handle("GET /v1/vms/{name}/net", s.getNet)
+	handle("POST /v1/vms/{name}/egress", s.setEgress)
+	handle("GET /v1/vms/{name}/url", s.getURL)
+	handle("POST /v1/vms/{name}/url", s.setURL)
 	handle("POST /v1/host/sleep", s.hostSleep)
 	handle("POST /v1/host/wake", s.hostWake)
 	handle("GET /v1/keys", s.listKeys)
@@ -77,7 +83,7 @@ func errorCode(err error) string {
 		return "not_found"
 	case errors.Is(err, machine.ErrExists), errors.Is(err, users.ErrExists):
 		return "exists"
-	case errors.Is(err, machine.ErrInvalid), errors.Is(err, users.ErrInvalid):
+	case errors.Is(err, machine.ErrInvalid), errors.Is(err, users.ErrInvalid), errors.Is(err, egress.ErrInvalid):
 		return "invalid"
 	case errors.Is(err, machine.ErrBusy):
 		return "busy"
@@ -110,6 +116,7 @@ func toAPI(st machine.Status) api.VM {
 		CPUs: st.CPUs, MemoryBytes: st.MemoryBytes, DiskBytes: st.DiskBytes, DiskUsed: st.DiskUsed,
 		VMM: st.VMM, Accel: st.Accel, PID: st.PID, IdleTimeout: st.IdleTimeout.String(),
 		CreatedAt: st.CreatedAt, LastActive: st.LastActive, Operation: st.Op, Generation: st.Generation,
+		Network: st.Net, IP: st.IP, Egress: st.Egress,
 	}
 	if st.Op != "" {
 		vm.OperationFor = st.OpFor.Round(time.Second).String()
@@ -213,6 +220,14 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 	}
 	opts := machine.CreateOptions{Name: req.Name, Owner: req.Owner, Image: req.Image, CPUs: req.CPUs,
 		MemoryBytes: req.MemoryBytes, DiskBytes: req.DiskBytes, IdleTimeout: -1, Cold: req.Cold}
+	if req.Egress != "" {
+		p, err := egress.Parse(req.Egress)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		opts.Egress = &p
+	}
 	if req.IdleTimeout != "" {
 		d, err := time.ParseDuration(req.IdleTimeout)
 		if req.IdleTimeout == "0" {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -110,6 +111,11 @@ func (d *daemon) start() {
 	d.cmd = exec.Command(d.den, "daemon", "--state-dir", d.state, "--socket", d.socket,
 		"--images", d.images.Path(), "--default-image", image.Minimal, "--idle-check", "1s",
 		"--ssh-listen", "127.0.0.1:0") // a port of its own: tests run side by side
+	if !slices.Contains(d.extraArgs, "--net") {
+		// The host's own network stays as it is: tests of TAP
+		// networking run their daemon in a namespace (network_test.go).
+		d.cmd.Args = append(d.cmd.Args, "--net", "user")
+	}
 	d.cmd.Args = append(d.cmd.Args, d.extraArgs...)
 	d.cmd.Env = append(os.Environ(), d.env...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf

@@ -40,6 +40,11 @@ func (m *Manager) baseKey(vm registry.VM, sp spec) (string, error) {
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\n%s\n%d\n%d\n%s\n%s\n", sp.BaseImage, sp.Kernel, vm.CPUs, vm.MemoryBytes, vm.VMM, vm.Accel)
+	if sp.Net != nil {
+		// A snapshot holds its network backend's state (QEMU's user-mode
+		// network has some): TAP VMs restore from TAP bases only.
+		h.Write([]byte("net=tap\n"))
+	}
 	for _, a := range man.Artifacts {
 		fmt.Fprintf(h, "%s=%s\n", a.Name, a.Key)
 	}
@@ -119,6 +124,10 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 	bsp.Cmdline = m.cmdline("den", "")
 	cfg, err := m.vmmConfigDisk(bvm, bsp, dir.Join(checkpoint.DiskFile))
 	if err != nil {
+		return err
+	}
+	// The throwaway VM runs on the network of the VM being made.
+	if err := m.netUp(ctx, vm.Name, sp); err != nil {
 		return err
 	}
 	rd := m.state.Run(bvm.Name)

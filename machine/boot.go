@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/denhq/den/agent"
+	"github.com/denhq/den/network"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/vmm"
@@ -17,7 +18,8 @@ import (
 func (m *Manager) kernel() string { return m.drivers[m.vmmName].Kernel(m.cfg.Images) }
 
 // cmdline is a VM's kernel command line: console, root disk, the daemon's
-// key for the agent, hostname, identity token and (user-mode) network.
+// key for the agent, hostname and identity token (the network's arguments
+// are added when a VMM starts: vmmConfigDisk).
 func (m *Manager) cmdline(name, identity string) string {
 	parts := []string{
 		"console=ttyS0", "root=/dev/vda", "rw", "panic=-1", "loglevel=4",
@@ -29,7 +31,6 @@ func (m *Manager) cmdline(name, identity string) string {
 		// identity in the initramfs (hostname, machine-id, host keys).
 		parts = append(parts, "den.identity="+identity)
 	}
-	parts = append(parts, m.drivers[m.vmmName].NetCmdline...)
 	return strings.Join(parts, " ")
 }
 
@@ -44,8 +45,7 @@ func (m *Manager) vmmConfigDisk(vm registry.VM, sp spec, diskPath storage.Path) 
 	if err != nil {
 		return vmm.Config{}, err
 	}
-	d, err := m.driver(vm.VMM)
-	if err != nil {
+	if _, err := m.driver(vm.VMM); err != nil {
 		return vmm.Config{}, err
 	}
 	cfg := vmm.Config{
@@ -53,8 +53,8 @@ func (m *Manager) vmmConfigDisk(vm registry.VM, sp spec, diskPath storage.Path) 
 		Kernel: sp.Kernel, Initramfs: sp.Initramfs, Cmdline: sp.Cmdline,
 		Disks: []vmm.Disk{{ID: "root", Path: disk}},
 	}
-	if d.UserNet {
-		cfg.Net = []vmm.Net{{ID: "net0", MAC: sp.MAC}}
+	if g, nets, ok := m.guestNet(vm, sp); ok {
+		cfg.Cmdline, cfg.Net = network.WithCmdline(sp.Cmdline, g), nets
 	}
 	return cfg, nil
 }
@@ -75,6 +75,9 @@ func (m *Manager) boot(ctx context.Context, vm registry.VM, sp spec) error {
 	}
 	defer release()
 	if err := m.waitDisk(ctx, vm.Name); err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	if err := m.netUp(ctx, vm.Name, sp); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
 	rd := m.state.Run(vm.Name)

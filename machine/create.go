@@ -15,7 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/egress"
 	"github.com/denhq/den/internal/validate"
+	"github.com/denhq/den/network"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
@@ -33,6 +35,8 @@ type CreateOptions struct {
 	// Cold boots the VM instead of restoring the image's warm base
 	// snapshot.
 	Cold bool
+	// Egress is the VM's egress policy; nil takes the daemon's default.
+	Egress *egress.Policy
 }
 
 // Progress receives one line per step of a long operation.
@@ -60,6 +64,17 @@ type spec struct {
 	// MAC is the VM's own network hardware address (a fork gets a new
 	// one), where its VMM gives it a network device.
 	MAC string `json:"mac,omitempty"`
+	// Net is the VM's subnet and TAP on the host (tap networking; a
+	// fork gets its own).
+	Net *network.Lease `json:"net,omitempty"`
+	// Egress is the VM's egress policy (egress.Parse); empty: the
+	// daemon's default.
+	Egress string `json:"egress,omitempty"`
+	// URLPort, URLPublic and URLToken are the VM's HTTP URL (url.go); a
+	// fork gets its own token.
+	URLPort   int    `json:"url_port,omitempty"`
+	URLPublic bool   `json:"url_public,omitempty"`
+	URLToken  string `json:"url_token,omitempty"`
 	// Identity is the VM's identity token (den.identity= on its kernel
 	// command line): a guest whose disk has another token takes a new
 	// hostname, machine-id and host keys before its services start.
@@ -209,7 +224,17 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	accel, _ := m.Accel()
 	now := time.Now().UTC()
 	sp := spec{Kernel: m.kernel(), Initramfs: m.cfg.Images.Initramfs(), BaseImage: string(base), Identity: newToken(), MAC: newMAC()}
+	if o.Egress != nil {
+		sp.Egress = o.Egress.String()
+	}
 	sp.Cmdline = m.cmdline(o.Name, sp.Identity)
+	undo := cleanups{log: m.log}
+	defer undo.run()
+	// The lease first: the warm base boots on the network the VM will
+	// have.
+	if err := m.takeLease(o.Name, &sp, &undo); err != nil {
+		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
+	}
 	vm := registry.VM{
 		Name: o.Name, Owner: o.Owner, Image: o.Image, CPUs: o.CPUs, MemoryBytes: o.MemoryBytes, DiskBytes: o.DiskBytes,
 		State: registry.StateCreating, VMM: m.vmmName, Accel: accel, IdleTimeout: o.IdleTimeout,
@@ -227,8 +252,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 			return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 		}
 	}
-	undo := cleanups{log: m.log}
-	defer undo.run()
+	vm.SpecJSON = mustJSON(sp)
 	if vm, err = m.reserve(ctx, vm, &undo); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}

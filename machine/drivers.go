@@ -34,12 +34,12 @@ type Driver struct {
 	Kernel func(image.Dir) string
 	// Accel is the accelerator its guests run under ("kvm", "tcg").
 	Accel string
-	// UserNet: guests get the VMM's user-mode network (one net device
-	// without a TAP); NetCmdline is what the guest is told of it.
-	UserNet    bool
-	NetCmdline []string
+	// UserNet: without TAP networking, guests get the VMM's user-mode
+	// network (one net device without a TAP; network.UserNet is what the
+	// guest is told of it).
+	UserNet bool
 	// Network says, for den info and doctor, how guests reach the
-	// network.
+	// network without TAP networking.
 	Network string
 	// RAMFile: the VMM keeps guest RAM in a file in the VM's runtime
 	// dir, which must have room for it.
@@ -65,10 +65,9 @@ func (m *Manager) builtinDrivers() map[string]Driver {
 			Kernel: func(d image.Dir) string { return d.BzImage() },
 			Accel:  m.kvm.Accelerator(),
 			// QEMU's user-mode network: the guest is 10.0.2.15 behind NAT.
-			UserNet:    true,
-			NetCmdline: []string{"den.ip=10.0.2.15/24", "den.gw=10.0.2.2", "den.dns=10.0.2.3"},
-			Network:    "qemu user-mode networking (outbound NAT only, no inbound)",
-			RAMFile:    true,
+			UserNet: true,
+			Network: "qemu user-mode networking (outbound NAT only, no inbound)",
+			RAMFile: true,
 		}
 	}
 	if bin, err := cloudhypervisor.FindBinary(); err == nil {
@@ -83,7 +82,7 @@ func (m *Manager) builtinDrivers() map[string]Driver {
 			},
 			Kernel:      func(d image.Dir) string { return d.Vmlinux() },
 			Accel:       "kvm",
-			Network:     "none (Cloud Hypervisor without TAP setup)",
+			Network:     "none (Cloud Hypervisor has no user-mode network)",
 			LazyRestore: true,
 		}
 	}
@@ -148,6 +147,3 @@ func (m *Manager) VMMName() string { return m.vmmName }
 func (m *Manager) Accel() (string, string) {
 	return m.drivers[m.vmmName].Accel, m.kvm.Reason
 }
-
-// Network says how VMs reach the network.
-func (m *Manager) Network() string { return m.drivers[m.vmmName].Network }

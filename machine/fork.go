@@ -52,9 +52,13 @@ func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progr
 	now := time.Now().UTC()
 	vm := srcVM
 	vm.Name, vm.State, vm.Reason, vm.CreatedAt, vm.LastActive = name, registry.StateCreating, "", now, now
-	vm.SpecJSON = mustJSON(spec{})
 	undo := cleanups{log: m.log}
 	defer undo.run()
+	var own spec
+	if err := m.takeLease(name, &own, &undo); err != nil {
+		return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
+	}
+	vm.SpecJSON = mustJSON(own)
 	if vm, err = m.reserve(ctx, vm, &undo); err != nil {
 		return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
 	}
@@ -84,8 +88,13 @@ func (m *Manager) forkFrom(ctx context.Context, vm registry.VM, src, id string, 
 	if err != nil {
 		return vm, err
 	}
+	own, err := decodeSpec(vm)
+	if err != nil {
+		return vm, err
+	}
 	sp := srcSpec
-	sp.Head, sp.Restoring, sp.Identity, sp.MAC = "", "", newToken(), newMAC()
+	sp.Head, sp.Restoring, sp.Identity, sp.MAC, sp.Net = "", "", newToken(), newMAC(), own.Net
+	sp.URLToken = "" // its own, when first asked for
 	sp.Cmdline = m.cmdline(vm.Name, sp.Identity)
 	if id == "" {
 		progress("checkpointing " + src)
@@ -113,6 +122,12 @@ func (m *Manager) forkFrom(ctx context.Context, vm registry.VM, src, id string, 
 		if err := m.verify(ctx, checkpointRef(cp), srcVM.VMM); err != nil {
 			return vm, err
 		}
+	}
+	if srcSpec.Net == nil && own.Net != nil && cp.Kind == checkpoint.KindMemoryDisk {
+		// The source's memory holds the VMM's user-mode network (a VM
+		// made before TAP networking): the fork restores into the same.
+		m.netDown(ctx, vm.Name)
+		sp.Net = nil
 	}
 	sp.ForkedFrom = src + "@" + id
 	vm, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {

@@ -13,19 +13,18 @@ import (
 // random state; the token is recorded in the guest, so that a later cold
 // boot with the same den.identity keeps this identity.
 //
-// A VM with a network device gets its own MAC too: the device state
-// restored from the source's memory holds the source's, so the agent sets
-// the new one on the guest's interface (a cold boot takes it from the
-// VMM's config).
+// A VM with a network device gets its own MAC and addresses too: the
+// device state and the guest's configuration restored from the source's
+// memory hold the source's, so the agent sets the new ones on the guest's
+// interface (a cold boot takes them from the VMM's config and the kernel
+// command line).
 func (m *Manager) newIdentity(ctx context.Context, in *instance, vm registry.VM, sp spec) error {
 	c, err := m.agentClient(ctx, in)
 	if err != nil {
 		return err
 	}
 	req := agent.IdentityRequest{Hostname: vm.Name, Token: sp.Identity}
-	if d, err := m.driver(vm.VMM); err == nil && d.UserNet {
-		req.MAC = sp.MAC
-	}
+	req.MAC, req.Net = m.identityNet(vm, sp)
 	if _, err := c.NewIdentityWith(ctx, req); err != nil {
 		return fmt.Errorf("new identity: %w", err)
 	}

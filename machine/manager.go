@@ -28,6 +28,7 @@ import (
 
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/image"
+	"github.com/denhq/den/network"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/vmm"
@@ -88,6 +89,8 @@ type Config struct {
 	// to the registry, at most (default DefaultActivitySave); see
 	// activity.go.
 	ActivitySave time.Duration
+	// Network is how VMs reach the network (network.go).
+	Network NetworkConfig
 	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
 }
@@ -122,6 +125,9 @@ type Manager struct {
 	imageMu sync.Mutex // serialises base image imports
 
 	adm *admission // the memory budget (admission.go)
+
+	net    *network.Host // TAP networking; nil: the VMM's own (network.go)
+	netWhy string        // why not TAP networking, for den doctor
 
 	ramDir   string // guest RAM files (setupRAM)
 	ramWhere string // where that is, for den doctor
@@ -192,6 +198,10 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m.setupRAM()
+	if err := m.setupNetwork(ctx); err != nil {
+		closeDB()
+		return nil, err
+	}
 	if err := m.reconcile(ctx); err != nil {
 		closeDB()
 		return nil, err
@@ -247,6 +257,9 @@ func (m *Manager) Close() error {
 		in.closeAgent()
 	}
 	m.stopActivitySaver() // and the last activity written, for the next daemon
+	if m.net != nil {
+		m.net.Close() // the resolvers; TAPs and rules stay with the VMs
+	}
 	if m.ownDB {
 		return m.db.Close()
 	}

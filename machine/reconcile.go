@@ -219,6 +219,7 @@ func (m *Manager) destroy(ctx context.Context, name string) {
 	if err := m.vol.Remove(ctx, storage.VMDir(name)); err != nil {
 		m.log.Warn("den: remove vm files", "vm", name, "err", err)
 	}
+	m.netDown(ctx, name)
 }
 
 // stopInstance stops a VM's VMM: politely through the agent when

@@ -46,6 +46,9 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	if err := m.waitDisk(ctx, vm.Name); err != nil {
 		return nil, err
 	}
+	if err := m.netUp(ctx, vm.Name, sp); err != nil {
+		return nil, err
+	}
 	rd := m.state.Run(vm.Name)
 	m.discardRuntime(vm.Name)
 	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {

@@ -21,6 +21,9 @@ type Status struct {
 	// Op is the operation holding the VM now ("" when none), for OpFor.
 	Op    string
 	OpFor time.Duration
+	// Net is "tap", "user" or "none"; IP the guest's address with its
+	// prefix; Egress its egress policy.
+	Net, IP, Egress string
 }
 
 // get reads a VM's record; ErrNotFound wrapped with the name.
@@ -74,6 +77,9 @@ func (m *Manager) status(ctx context.Context, vm registry.VM) Status {
 	}
 	st := Status{VM: vm}
 	st.Op, st.OpFor = m.Op(vm.Name)
+	if sp, err := decodeSpec(vm); err == nil {
+		st.Net, st.IP, st.Egress = m.netSummary(vm, sp)
+	}
 	if u, err := m.vol.Usage(ctx, storage.VMDisk(vm.Name)); err == nil {
 		st.DiskUsed = u.Data
 	}

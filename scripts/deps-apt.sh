@@ -2,7 +2,7 @@
 # Installs the Debian packages den and its tests need, once.
 set -euo pipefail
 pkgs=(qemu-system-x86 qemu-utils busybox-static fuse3 debootstrap lz4 e2fsprogs cpio
-      openssh-client binutils iproute2 ca-certificates postgresql ansible-core)
+      openssh-client binutils iproute2 ca-certificates postgresql ansible-core nftables iperf3)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -145,6 +146,14 @@ func (s *Server) newIdentity(req agent.IdentityRequest) (agent.IdentityReply, er
 			return agent.IdentityReply{}, errors.New("identity: this guest cannot set its mac")
 		}
 	}
+	if req.Net != nil {
+		if err := checkNet(*req.Net); err != nil {
+			return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
+		}
+		if s.sys.SetNet == nil {
+			return agent.IdentityReply{}, errors.New("identity: this guest cannot set its network")
+		}
+	}
 	if s.freeze.isFrozen() {
 		return agent.IdentityReply{}, errors.New("identity: filesystems are frozen")
 	}
@@ -166,6 +175,11 @@ func (s *Server) newIdentity(req agent.IdentityRequest) (agent.IdentityReply, er
 	}
 	if mac != nil {
 		if err := s.sys.SetMAC(primaryInterface, mac); err != nil {
+			return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
+		}
+	}
+	if req.Net != nil {
+		if err := s.sys.SetNet(primaryInterface, *req.Net); err != nil {
 			return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
 		}
 	}
@@ -191,8 +205,23 @@ func (s *Server) newIdentity(req agent.IdentityRequest) (agent.IdentityReply, er
 	return agent.IdentityReply{Hostname: host, MachineID: id, HostKey: pub}, nil
 }
 
+// checkNet refuses a network configuration that is not an IPv4 address
+// with its prefix, a gateway and a resolver.
+func checkNet(c agent.NetConfig) error {
+	p, err := netip.ParsePrefix(c.IP)
+	if err != nil || !p.Addr().Is4() {
+		return fmt.Errorf("invalid network address %q (want ADDR/PREFIX)", c.IP)
+	}
+	for _, a := range []string{c.GW, c.DNS} {
+		if ip, err := netip.ParseAddr(a); err != nil || !ip.Is4() {
+			return fmt.Errorf("invalid gateway or resolver %q", a)
+		}
+	}
+	return nil
+}
+
 // primaryInterface is the guest's first network interface, the one a
-// new identity's MAC is for.
+// new identity's MAC and network are for.
 const primaryInterface = "eth0"
 
 // setHostname sets the kernel hostname and writes etc/hostname, and

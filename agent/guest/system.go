@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/denhq/den/agent"
 )
 
 // System is the guest's privileged operations, replaceable in tests.
@@ -24,6 +26,10 @@ type System struct {
 	// SetMAC gives a network interface a new hardware address; nil
 	// cannot (a new identity's MAC is then refused).
 	SetMAC func(ifname string, mac net.HardwareAddr) error
+	// SetNet replaces a network interface's addresses, default route
+	// and resolver; nil cannot (a new identity's network is then
+	// refused).
+	SetNet func(ifname string, c agent.NetConfig) error
 	// Reseed mixes host randomness into the kernel RNG and reseeds it.
 	Reseed func(entropy []byte) error
 	// Poweroff stops the guest; nil refuses poweroff requests. It is

@@ -93,6 +93,9 @@ func runAgent(o serveOptions) int {
 	stop := make(chan bool, 1) // true: reboot
 	sys := guest.DefaultSystem()
 	sys.SetMAC = sysinit.SetMAC
+	sys.SetNet = func(ifname string, c agent.NetConfig) error {
+		return sysinit.Reconfigure(log, ifname, sysinit.NetConfig{IP: c.IP, GW: c.GW, DNS: []string{c.DNS}})
+	}
 	sys.Poweroff = func(reboot bool) {
 		select {
 		case stop <- reboot:

@@ -8,6 +8,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/egress"
 	"github.com/denhq/den/internal/size"
 	"github.com/denhq/den/internal/validate"
 )
@@ -17,17 +18,18 @@ func createCommand() *cli.Command {
 		Name:      "create",
 		Usage:     "create a VM and boot it",
 		ArgsUsage: "NAME",
-		UsageText: "den create NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--idle-timeout D] [--cold]",
+		UsageText: "den create NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--idle-timeout D] [--egress POLICY] [--cold]",
 		Description: `NAME is a DNS label (a-z, 0-9, '-'). Sizes are whole MiB, with K, M, G or T
 (powers of 1024): 512M, 1.5G, 20G.
 The disk is a clone of the image's base disk on the storage volume. The VM is
 restored from the image's warm base snapshot (booted once per image and size,
 then reused) with a new identity, so create costs a restore, not a boot;
---cold boots it instead.
+--cold boots it instead. --egress limits where it may connect (see den net).
 
 Examples:
    den create box
-   den create big --cpus 2 --memory 2G --disk 20G --image debian`,
+   den create big --cpus 2 --memory 2G --disk 20G --image debian
+   den create agent --egress allow:github.com,pypi.org,files.pythonhosted.org`,
 		Flags: []cli.Flag{
 			socketFlag, jsonFlag,
 			&cli.IntFlag{Name: "cpus", Usage: "vCPUs", Value: api.DefaultCPUs},
@@ -35,6 +37,7 @@ Examples:
 			&cli.StringFlag{Name: "disk", Usage: "disk size (sparse; default " + size.Format(api.DefaultDisk) + ", or the image's disk when larger)"},
 			&cli.StringFlag{Name: "image", Usage: "root filesystem: debian or minimal (default: the daemon's)"},
 			&cli.BoolFlag{Name: "cold", Usage: "boot instead of restoring the image's warm base snapshot"},
+			&cli.StringFlag{Name: "egress", Usage: "egress policy: allow-all, deny-all or allow:LIST of CIDRs and domains (default: the daemon's)"},
 			&cli.StringFlag{Name: "idle-timeout", Usage: "sleep after this long idle; 0 never", Value: api.DefaultIdleTimeout.String()},
 		},
 		Action: func(c *cli.Context) error {
@@ -60,12 +63,17 @@ Examples:
 					return usageExit(c, "--disk: %w", err)
 				}
 			}
+			if p := c.String("egress"); c.IsSet("egress") {
+				if _, err := egress.Parse(p); err != nil {
+					return usageExit(c, "--egress: %w", err)
+				}
+			}
 			ctx, cancel := withSignals(c)
 			defer cancel()
 			start := time.Now()
 			vm, err := newClient(c).CreateVM(ctx, api.CreateRequest{
 				Name: name, Image: c.String("image"), CPUs: c.Int("cpus"), MemoryBytes: mem, DiskBytes: disk,
-				IdleTimeout: c.String("idle-timeout"), Cold: c.Bool("cold"),
+				IdleTimeout: c.String("idle-timeout"), Cold: c.Bool("cold"), Egress: c.String("egress"),
 			}, func(ev api.Event) {
 				if !c.Bool("json") {
 					fmt.Fprintf(os.Stderr, "  %-8s %s\n", ev.Elapsed, ev.Progress)

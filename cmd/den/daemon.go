@@ -5,15 +5,18 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/daemon"
+	"github.com/denhq/den/egress"
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/internal/size"
 	"github.com/denhq/den/machine"
+	"github.com/denhq/den/network"
 )
 
 func daemonCommand() *cli.Command {
@@ -31,7 +34,10 @@ Examples:
    den daemon --ssh-listen 127.0.0.1:2222     # the SSH gateway on loopback only
    den daemon --ssh-listen off
    den daemon --memory-budget 75%             # guest RAM den commits at most
-   den daemon --memory-budget 12G --memory-pressure 20`,
+   den daemon --memory-budget 12G --memory-pressure 20
+   den daemon --http-listen 127.0.0.1:8081    # VM URLs: den url box
+   den daemon --egress-default allow:github.com,pypi.org
+   den daemon --netns den                     # TAPs, NAT and listeners in netns "den" (ip netns add den)`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "state-dir", Value: "/var/lib/den", Usage: "den's local state"},
 			&cli.StringFlag{Name: "socket", Value: api.DefaultSocket, EnvVars: []string{"DEN_SOCKET"}, Usage: "API unix socket"},
@@ -51,11 +57,23 @@ Examples:
 			&cli.Float64Flag{Name: "memory-pressure", Value: machine.DefaultPressureSome, Usage: "host memory pressure (PSI some avg10, percent) at which idle VMs are put to sleep; 0: ignore PSI"},
 			&cli.StringFlag{Name: "memory-min-available", Value: fmt.Sprintf("%d%%", machine.DefaultMinAvailablePercent), Usage: "host MemAvailable under which idle VMs are put to sleep: a size, a share of the host's RAM, or off"},
 			&cli.DurationFlag{Name: "memory-pressure-cooldown", Value: machine.DefaultPressureCooldown, Usage: "least time between two sleeps for memory pressure"},
+			&cli.StringFlag{Name: "net", Value: machine.NetAuto, Usage: "how VMs reach the network: tap (a TAP and a routed subnet each, NAT and egress policy through nftables), user (QEMU's user-mode network), auto (tap where possible)"},
+			&cli.StringFlag{Name: "net-pool", Value: network.DefaultPool, Usage: "where VMs' subnets (a /30 each) come from"},
+			&cli.StringSliceFlag{Name: "dns-upstream", Usage: "resolver (host[:port]) the VMs' resolver asks; repeat for more (default: the host's /etc/resolv.conf)"},
+			&cli.StringFlag{Name: "egress-default", Value: "allow-all", Usage: "egress policy of VMs created without --egress: allow-all, deny-all or allow:LIST"},
+			&cli.StringFlag{Name: "netns", Usage: "run in this network namespace (a name from ip netns, or a path): VMs' TAPs, NAT and the listeners live there"},
+			&cli.StringFlag{Name: "http-listen", Value: "off", Usage: "serve VMs' URLs (den url) on this address; off: none"},
+			&cli.StringFlag{Name: "http-domain", Usage: "route Host NAME.DOMAIN to VM NAME on --http-listen (else only /vm/NAME/ paths)"},
+			&cli.StringFlag{Name: "tls-cert", Usage: "certificate file: --http-listen serves HTTPS"},
+			&cli.StringFlag{Name: "tls-key", Usage: "key file of --tls-cert"},
 			&cli.BoolFlag{Name: "debug", Usage: "log debug messages"},
 		},
 		Action: func(c *cli.Context) error {
 			if err := noArgs(c); err != nil {
 				return err
+			}
+			if err := enterNetns(c.String("netns")); err != nil {
+				return cli.Exit("den daemon: "+err.Error(), 1)
 			}
 			level := slog.LevelInfo
 			if c.Bool("debug") {
@@ -81,16 +99,52 @@ Examples:
 			if err != nil {
 				return err
 			}
+			nc, err := networkConfig(c)
+			if err != nil {
+				return err
+			}
 			ctx, cancel := withSignals(c)
 			defer cancel()
 			return daemon.Run(ctx, daemon.Options{
 				StateDir: c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"),
 				Images: imgs, DefaultImage: c.String("default-image"), VMM: c.String("vmm"), Version: version, Logger: log,
 				IdleCheck: c.Duration("idle-check"), QEMUStreamRAM: c.Bool("qemu-stream-ram"), RestoreCopy: c.Bool("restore-copy"), NoDigests: c.Bool("no-digests"), RAMDir: c.String("ram-dir"), SSHListen: c.String("ssh-listen"),
-				Memory: mem,
+				Memory: mem, Network: nc,
+				HTTPListen: c.String("http-listen"), HTTPDomain: c.String("http-domain"), TLSCert: c.String("tls-cert"), TLSKey: c.String("tls-key"),
 			})
 		},
 	}
+}
+
+// networkConfig reads the network flags.
+func networkConfig(c *cli.Context) (machine.NetworkConfig, error) {
+	nc := machine.NetworkConfig{Mode: c.String("net")}
+	switch nc.Mode {
+	case machine.NetAuto, machine.NetTap, machine.NetUser:
+	default:
+		return nc, usageExit(c, "--net %q: use auto, tap or user", nc.Mode)
+	}
+	pool, err := network.ParsePool(c.String("net-pool"))
+	if err != nil {
+		return nc, usageExit(c, "--net-pool: %w", err)
+	}
+	nc.Pool = pool
+	for _, u := range c.StringSlice("dns-upstream") {
+		hp, err := network.ParseUpstream(u)
+		if err != nil {
+			return nc, usageExit(c, "--dns-upstream: %w", err)
+		}
+		nc.DNSUpstreams = append(nc.DNSUpstreams, hp)
+	}
+	if nc.DefaultEgress, err = egress.Parse(c.String("egress-default")); err != nil {
+		return nc, usageExit(c, "--egress-default: %w", err)
+	}
+	if d := c.String("http-domain"); d != "" {
+		if _, err := egress.Parse("allow:" + d); err != nil || strings.Contains(d, "*") || strings.Contains(d, ",") {
+			return nc, usageExit(c, "--http-domain %q: want a domain name such as den.example.org", d)
+		}
+	}
+	return nc, nil
 }
 
 // memoryConfig reads the memory budget and pressure flags.

@@ -75,6 +75,21 @@ func infoCommand() *cli.Command {
 			if vm.PID != 0 {
 				fmt.Printf("pid:          %d\n", vm.PID)
 			}
+			if vm.Network != "" {
+				fmt.Printf("network:      %s", vm.Network)
+				if vm.IP != "" {
+					fmt.Printf(", %s", vm.IP)
+				}
+				fmt.Println()
+			}
+			if vm.Egress != "" {
+				fmt.Printf("egress:       %s\n", vm.Egress)
+			}
+			if info, err := cl.Info(c.Context); err == nil && info.HTTP != "" {
+				if u, err := cl.URL(c.Context, vm.Name); err == nil {
+					fmt.Printf("url:          %s (port %d%s)\n", u.URL, u.Port, map[bool]string{true: ", public", false: ""}[u.Public])
+				}
+			}
 			fmt.Printf("idle timeout: %s\ncreated:      %s\nlast active:  %s\n", vm.IdleTimeout,
 				vm.CreatedAt.Local().Format("2006-01-02 15:04:05"), ago(vm.LastActive))
 			return nil

@@ -57,6 +57,7 @@ argument.`,
 		Commands: []*cli.Command{
 			createCommand(), lsCommand(), infoCommand(), execCommand(), sshCommand(), logsCommand(), rmCommand(),
 			checkpointCommand(), checkpointsCommand(), restoreCommand(), forkCommand(), sleepCommand(), wakeCommand(),
+			forwardCommand(), urlCommand(), netCommand(),
 			resizeCommand(),
 			keysCommand(),
 			daemonCommand(), doctorCommand(), benchCommand(),

@@ -59,18 +59,8 @@ func ConfigureNetwork(log *slog.Logger, c NetConfig) error {
 	} else {
 		log.Info("network configured", "interface", ifname, "ip", c.IP, "gw", c.GW)
 	}
-	if len(c.DNS) > 0 {
-		var b strings.Builder
-		for _, d := range c.DNS {
-			fmt.Fprintf(&b, "nameserver %s\n", d)
-		}
-		path := c.ResolvConf
-		if path == "" {
-			path = "/etc/resolv.conf"
-		}
-		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-			errs = append(errs, fmt.Errorf("write resolv.conf: %w", err))
-		}
+	if err := writeResolvConf(c); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -173,11 +163,8 @@ func (n *netlinkConn) addDefaultRoute(index int, gw netip.Addr) error {
 	oif := make([]byte, 4)
 	binary.NativeEndian.PutUint32(oif, uint32(index))
 	b = appendAttr(b, unix.RTA_OIF, oif)
-	err := n.do(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, b)
-	if errors.Is(err, unix.EEXIST) {
-		return nil
-	}
-	return err
+	// Replace: a reconfigured interface's old default route goes.
+	return n.do(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, b)
 }
 
 func appendAttr(b []byte, typ uint16, data []byte) []byte {
@@ -250,4 +237,79 @@ func SetMAC(ifname string, mac net.HardwareAddr) error {
 		return fmt.Errorf("set mac of %s to %s: %w", ifname, mac, err)
 	}
 	return nil
+}
+
+// Reconfigure replaces an interface's IPv4 addresses, default route and
+// resolver by c's: a fork (or a VM created from a warm base) runs with its
+// source's network until then.
+func Reconfigure(log *slog.Logger, ifname string, c NetConfig) error {
+	nl, err := openNetlink()
+	if err != nil {
+		return err
+	}
+	defer nl.close()
+	ifi, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return fmt.Errorf("reconfigure %s: %w", ifname, err)
+	}
+	want, err := netip.ParsePrefix(c.IP)
+	if err != nil {
+		return fmt.Errorf("reconfigure %s: %w", ifname, err)
+	}
+	addrs, err := ifi.Addrs()
+	if err != nil {
+		return fmt.Errorf("reconfigure %s: %w", ifname, err)
+	}
+	for _, a := range addrs {
+		ipn, ok := a.(*net.IPNet)
+		if !ok || ipn.IP.To4() == nil {
+			continue
+		}
+		ip, _ := netip.AddrFromSlice(ipn.IP.To4())
+		ones, _ := ipn.Mask.Size()
+		p := netip.PrefixFrom(ip, ones)
+		if p == want {
+			continue
+		}
+		if err := nl.delAddr(ifi.Index, p); err != nil {
+			return fmt.Errorf("reconfigure %s: remove %s: %w", ifname, p, err)
+		}
+	}
+	if err := nl.configure(ifname, c.IP, c.GW); err != nil {
+		return err
+	}
+	log.Info("network reconfigured", "interface", ifname, "ip", c.IP, "gw", c.GW)
+	return writeResolvConf(c)
+}
+
+// writeResolvConf points the guest's resolver at c's DNS servers.
+func writeResolvConf(c NetConfig) error {
+	if len(c.DNS) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	for _, d := range c.DNS {
+		fmt.Fprintf(&b, "nameserver %s\n", d)
+	}
+	path := c.ResolvConf
+	if path == "" {
+		path = "/etc/resolv.conf"
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		return fmt.Errorf("write resolv.conf: %w", err)
+	}
+	return nil
+}
+
+func (n *netlinkConn) delAddr(index int, p netip.Prefix) error {
+	a := p.Addr().Unmap()
+	b := []byte{family(a), byte(p.Bits()), 0, unix.RT_SCOPE_UNIVERSE, 0, 0, 0, 0}
+	binary.NativeEndian.PutUint32(b[4:], uint32(index))
+	b = appendAttr(b, unix.IFA_LOCAL, a.AsSlice())
+	b = appendAttr(b, unix.IFA_ADDRESS, a.AsSlice())
+	err := n.do(unix.RTM_DELADDR, 0, b)
+	if errors.Is(err, unix.EADDRNOTAVAIL) {
+		return nil
+	}
+	return err
 }

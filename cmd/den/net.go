@@ -1,0 +1,122 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/denhq/den/api"
+	"github.com/denhq/den/egress"
+	"github.com/denhq/den/internal/validate"
+)
+
+func netCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "net",
+		Usage:     "a VM's network: its egress policy, and what the policy refused",
+		UsageText: "den net policy NAME POLICY\n   den net log NAME",
+		Description: `Every VM has a TAP device and an address of its own, NAT out through the
+host, and an egress policy: allow-all, deny-all, or allow:LIST where LIST
+mixes CIDRs (10.0.0.0/8, 1.2.3.4) and domain names (github.com,
+*.example.org). Names are enforced by the VM's resolver in the daemon: it
+answers only allowed names and lets their answers through the firewall;
+traffic to any other address is dropped.
+
+Examples:
+   den net policy box allow:github.com,*.githubusercontent.com,10.0.0.0/8
+   den net policy box deny-all
+   den net log box`,
+		Subcommands: []*cli.Command{netPolicyCommand(), netLogCommand()},
+	}
+}
+
+func netPolicyCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "policy",
+		Usage:     "change a VM's egress policy, at once (running VMs too)",
+		ArgsUsage: "NAME POLICY",
+		UsageText: "den net policy NAME allow-all|deny-all|allow:LIST",
+		Description: `Open connections are cut and meet the new policy when they go on.
+
+Examples:
+   den net policy box allow:pypi.org,files.pythonhosted.org
+   den net policy box allow-all`,
+		Flags: []cli.Flag{socketFlag, jsonFlag},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 2 {
+				return usageExit(c, "want a VM name and a policy")
+			}
+			name, policy := c.Args().Get(0), c.Args().Get(1)
+			if err := checkArgs(c, validate.VMName, name); err != nil {
+				return err
+			}
+			if _, err := egress.Parse(policy); err != nil {
+				return usageExit(c, "%w", err)
+			}
+			n, err := newClient(c).SetEgress(c.Context, name, api.EgressRequest{Policy: policy})
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(n)
+			}
+			fmt.Printf("%s: egress %s\n", name, n.Egress)
+			return nil
+		},
+	}
+}
+
+func netLogCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "log",
+		Usage:     "show a VM's address and policy, and what its policy refused",
+		ArgsUsage: "NAME",
+		UsageText: "den net log NAME [--json]",
+		Description: `Lists the destinations the egress policy dropped (address, protocol, port,
+packets; each kept an hour after its last packet) and the names the VM's
+resolver refused: why a pip install hangs.
+
+Examples:
+   den net log box
+   den net log box --json`,
+		Flags: []cli.Flag{socketFlag, jsonFlag},
+		Action: func(c *cli.Context) error {
+			name, err := oneName(c)
+			if err != nil {
+				return err
+			}
+			n, err := newClient(c).Net(c.Context, name)
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(n)
+			}
+			fmt.Printf("network:  %s", n.Mode)
+			if n.IP != "" {
+				fmt.Printf(", %s", n.IP)
+			}
+			if n.Tap != "" {
+				fmt.Printf(" (tap %s)", n.Tap)
+			}
+			fmt.Printf("\negress:   %s\n", n.Egress)
+			if n.Mode != "tap" {
+				return nil
+			}
+			fmt.Printf("denied:   %d packets\n", n.DeniedPackets)
+			for _, d := range n.Denied {
+				dst := d.Addr
+				if d.Port != 0 {
+					dst = fmt.Sprintf("%s:%d", d.Addr, d.Port)
+				}
+				fmt.Printf("  %-22s %-5s %d packets\n", dst, d.Proto, d.Packets)
+			}
+			fmt.Printf("dns:      %d queries, %d refused\n", n.DNSQueries, n.DNSRefused)
+			if len(n.RefusedNames) > 0 {
+				fmt.Printf("  refused: %s\n", strings.Join(n.RefusedNames, ", "))
+			}
+			return nil
+		},
+	}
+}

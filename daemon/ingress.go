@@ -1,0 +1,165 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/denhq/den/ingress"
+	"github.com/denhq/den/internal/validate"
+	"github.com/denhq/den/machine"
+)
+
+// ingressServer serves the VMs' HTTP URLs on --http-listen.
+type ingressServer struct {
+	srv    *http.Server
+	url    string // base URL ("" when off)
+	domain string
+	tls    bool
+}
+
+// startIngress listens on o.HTTPListen ("" or "off": no URLs) and serves
+// each VM's port there, waking VMs for their requests.
+func startIngress(o Options, m *machine.Manager) (*ingressServer, error) {
+	if o.HTTPListen == "" || o.HTTPListen == "off" {
+		return &ingressServer{}, nil
+	}
+	if (o.TLSCert == "") != (o.TLSKey == "") {
+		return nil, errors.New("give both --tls-cert and --tls-key, or neither")
+	}
+	ln, err := net.Listen("tcp", o.HTTPListen)
+	if err != nil {
+		return nil, fmt.Errorf("%w (choose another with --http-listen ADDR, or off)", err)
+	}
+	h := &ingress.Handler{Backend: ingressBackend{m}, Domain: o.HTTPDomain, Logger: o.Logger}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: nil}
+	in := &ingressServer{srv: srv, domain: o.HTTPDomain, tls: o.TLSCert != ""}
+	scheme := "http"
+	if in.tls {
+		scheme = "https"
+	}
+	in.url = scheme + "://" + ln.Addr().String()
+	go func() {
+		var err error
+		if in.tls {
+			err = srv.ServeTLS(ln, o.TLSCert, o.TLSKey)
+		} else {
+			err = srv.Serve(ln)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			o.Logger.Error("den: http listener", "err", err)
+		}
+	}()
+	o.Logger.Info("den: vm urls", "listen", in.url, "domain", o.HTTPDomain)
+	return in, nil
+}
+
+// close stops the listener and ends its connections.
+func (in *ingressServer) close() {
+	if in.srv != nil {
+		_ = in.srv.Close()
+	}
+}
+
+// vmURL is the URL of a VM's port: by host name with a domain, else by
+// path; with the token in it unless public.
+func (in *ingressServer) vmURL(vm string, u machine.URLSettings) string {
+	if in == nil || in.url == "" {
+		return ""
+	}
+	base := in.url + "/vm/" + vm + "/"
+	if in.domain != "" {
+		scheme := "http"
+		if in.tls {
+			scheme = "https"
+		}
+		_, port, _ := net.SplitHostPort(in.url[len(scheme)+3:])
+		host := vm + "." + in.domain
+		if !(port == "80" && !in.tls) && !(port == "443" && in.tls) {
+			host += ":" + port
+		}
+		base = scheme + "://" + host + "/"
+	}
+	if !u.Public {
+		base += "?den_token=" + u.Token
+	}
+	return base
+}
+
+// ingressBackend gives the ingress the VMs' URL settings and streams to
+// their ports over the agent channel (direct-tcpip), which works the same
+// under every VMM and network mode.
+type ingressBackend struct{ m *machine.Manager }
+
+func (b ingressBackend) Lookup(ctx context.Context, vm string) (ingress.Target, error) {
+	if validate.VMName(vm) != nil {
+		return ingress.Target{}, ingress.ErrNotFound
+	}
+	u, err := b.m.URLTarget(ctx, vm)
+	if errors.Is(err, machine.ErrNotFound) {
+		return ingress.Target{}, fmt.Errorf("%w: %w", err, ingress.ErrNotFound)
+	}
+	if err != nil {
+		return ingress.Target{}, err
+	}
+	return ingress.Target{VM: vm, Port: u.Port, Public: u.Public, Token: u.Token}, nil
+}
+
+func (b ingressBackend) Dial(ctx context.Context, vm string, port int) (net.Conn, func(), error) {
+	sess, err := b.m.Open(ctx, vm, "")
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err := dialGuest(sess.Conn, vm, port)
+	if err != nil {
+		sess.Release()
+		return nil, nil, err
+	}
+	return conn, sess.Release, nil
+}
+
+// dialGuest opens a direct-tcpip channel to 127.0.0.1:port in the guest.
+func dialGuest(c ssh.Conn, vm string, port int) (net.Conn, error) {
+	payload := ssh.Marshal(struct {
+		Host     string
+		Port     uint32
+		OrigHost string
+		OrigPort uint32
+	}{"127.0.0.1", uint32(port), "127.0.0.1", 0})
+	ch, reqs, err := c.OpenChannel("direct-tcpip", payload)
+	if err != nil {
+		var oce *ssh.OpenChannelError
+		if errors.As(err, &oce) && oce.Reason == ssh.ConnectionFailed {
+			return nil, fmt.Errorf("port %d in vm %s: %s: %w", port, vm, oce.Message, syscall.ECONNREFUSED)
+		}
+		return nil, fmt.Errorf("port %d in vm %s: %w", port, vm, err)
+	}
+	go ssh.DiscardRequests(reqs)
+	return &chanConn{Channel: ch, remote: vm + ":" + strconv.Itoa(port)}, nil
+}
+
+// chanConn is an SSH channel as a net.Conn (without deadlines: the
+// proxy's request context bounds it).
+type chanConn struct {
+	ssh.Channel
+	remote string
+}
+
+func (c *chanConn) LocalAddr() net.Addr              { return chanAddr("den") }
+func (c *chanConn) RemoteAddr() net.Addr             { return chanAddr(c.remote) }
+func (c *chanConn) SetDeadline(time.Time) error      { return nil }
+func (c *chanConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *chanConn) SetWriteDeadline(time.Time) error { return nil }
+
+// chanAddr names one end of a channel.
+type chanAddr string
+
+func (a chanAddr) Network() string { return "ssh" }
+func (a chanAddr) String() string  { return string(a) }

@@ -1,0 +1,249 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+
+	"github.com/denhq/den/agent"
+	"github.com/denhq/den/egress"
+	"github.com/denhq/den/network"
+	"github.com/denhq/den/registry"
+	"github.com/denhq/den/vmm"
+)
+
+// Network modes (NetworkConfig.Mode).
+const (
+	// NetAuto: a TAP per VM where the host allows it, else the VMM's
+	// user-mode network.
+	NetAuto = "auto"
+	// NetTap: a TAP per VM, or the daemon does not start.
+	NetTap = "tap"
+	// NetUser: the VMM's user-mode network (QEMU only).
+	NetUser = "user"
+)
+
+// NetworkConfig is how VMs reach the network.
+type NetworkConfig struct {
+	// Mode is NetAuto, NetTap or NetUser ("": NetUser, so that a zero
+	// Config, in tests, leaves the host's network alone; den daemon's
+	// default is NetAuto).
+	Mode string
+	// Pool is where VMs' subnets come from (network.DefaultPool).
+	Pool network.Pool
+	// DNSUpstreams are the resolvers behind the VMs' resolver (host:port;
+	// empty: /etc/resolv.conf).
+	DNSUpstreams []string
+	// DefaultEgress is the policy of VMs created without one (allow-all
+	// when zero).
+	DefaultEgress egress.Policy
+}
+
+// setupNetwork opens the host network for the VMs on record (tap mode),
+// or says why VMs use the VMM's own network.
+func (m *Manager) setupNetwork(ctx context.Context) error {
+	c := m.cfg.Network
+	switch c.Mode {
+	case NetAuto, NetTap:
+	case "", NetUser: // a Config's zero value changes nothing on the host
+		return nil
+	default:
+		return fmt.Errorf("bad network mode %q: use auto, tap or user: %w", c.Mode, ErrInvalid)
+	}
+	if err := network.Unavailable(); err != nil {
+		if c.Mode == NetTap {
+			return fmt.Errorf("network: tap networking asked for, but not possible here: %w", err)
+		}
+		m.netWhy = err.Error()
+		m.log.Warn("den: VMs get the VMM's user-mode network (no TAP): " + err.Error())
+		return nil
+	}
+	vms, err := m.db.ListVMs(ctx, "")
+	if err != nil {
+		return err
+	}
+	var on []network.VM
+	for _, vm := range vms {
+		sp, err := decodeSpec(vm)
+		if err != nil || sp.Net == nil {
+			continue
+		}
+		on = append(on, network.VM{Name: vm.Name, Lease: *sp.Net, Policy: m.policyOf(sp)})
+	}
+	h, err := network.Open(ctx, network.Config{Pool: c.Pool, ID: m.netID(), DNSUpstreams: c.DNSUpstreams, Logger: m.log}, on)
+	if err != nil {
+		return err
+	}
+	m.net = h
+	return nil
+}
+
+// netID tells this daemon's TAPs and table from another daemon's: a hash
+// of its state directory.
+func (m *Manager) netID() string {
+	h := fnv.New32a()
+	h.Write([]byte(m.state.Path()))
+	return fmt.Sprintf("%04x", h.Sum32()&0xffff)
+}
+
+// policyOf is a VM's egress policy (the daemon's default if it has none
+// recorded, or a record that does not parse).
+func (m *Manager) policyOf(sp spec) egress.Policy {
+	if sp.Egress == "" {
+		return m.cfg.Network.DefaultEgress
+	}
+	p, err := egress.Parse(sp.Egress)
+	if err != nil {
+		m.log.Warn("den: bad recorded egress policy, using the default", "policy", sp.Egress, "err", err)
+		return m.cfg.Network.DefaultEgress
+	}
+	return p
+}
+
+// takeLease gives a new VM its own subnet and TAP (a fork gets new ones),
+// undone if the VM is rolled back.
+func (m *Manager) takeLease(name string, sp *spec, undo *cleanups) error {
+	sp.Net = nil
+	if m.net == nil {
+		return nil
+	}
+	l, err := m.net.Reserve(name)
+	if err != nil {
+		return err
+	}
+	sp.Net = &l
+	undo.push("release the network of vm "+name, func() error {
+		return m.net.Detach(context.Background(), name)
+	})
+	return nil
+}
+
+// netUp puts a VM on its TAP before its VMM starts (it opens the TAP by
+// name); VMs without a lease are left alone.
+func (m *Manager) netUp(ctx context.Context, name string, sp spec) error {
+	if m.net == nil || sp.Net == nil {
+		return nil
+	}
+	if err := m.net.Attach(ctx, name, *sp.Net, m.policyOf(sp)); err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	return nil
+}
+
+// netDown takes a removed VM off the network.
+func (m *Manager) netDown(ctx context.Context, name string) {
+	if m.net == nil {
+		return
+	}
+	if err := m.net.Detach(ctx, name); err != nil {
+		m.log.Warn("den: remove the network of a vm", "vm", name, "err", err)
+	}
+}
+
+// guestNet is what a VM's guest is told of its network, and the VMM's
+// network devices for it.
+func (m *Manager) guestNet(vm registry.VM, sp spec) (network.GuestConfig, []vmm.Net, bool) {
+	if sp.Net != nil && m.net != nil {
+		return sp.Net.Guest(), []vmm.Net{{ID: "net0", Tap: sp.Net.Tap, MAC: sp.MAC}}, true
+	}
+	if d, err := m.driver(vm.VMM); err == nil && d.UserNet {
+		return network.UserNet, []vmm.Net{{ID: "net0", MAC: sp.MAC}}, true
+	}
+	return network.GuestConfig{}, nil, false
+}
+
+// identityNet is the network a fork or a create from a warm base is told
+// with its new identity (it runs with its source's until then).
+func (m *Manager) identityNet(vm registry.VM, sp spec) (mac string, nc *agent.NetConfig) {
+	g, nets, ok := m.guestNet(vm, sp)
+	if !ok {
+		return "", nil
+	}
+	return nets[0].MAC, &agent.NetConfig{IP: g.IP, GW: g.GW, DNS: g.DNS}
+}
+
+// Network says how VMs reach the network, for den info and doctor.
+func (m *Manager) Network() string {
+	if m.net != nil {
+		return m.net.String()
+	}
+	d := m.drivers[m.vmmName].Network
+	if m.netWhy != "" {
+		d += " (no tap: " + m.netWhy + ")"
+	}
+	return d
+}
+
+// NetStatus is a VM's network, for den info and den net log.
+type NetStatus struct {
+	Mode   string
+	IP     string
+	Policy string
+	Host   *network.Status
+}
+
+// NetStatus reads a VM's network state.
+func (m *Manager) NetStatus(ctx context.Context, name string) (NetStatus, error) {
+	vm, err := m.get(ctx, name)
+	if err != nil {
+		return NetStatus{}, err
+	}
+	sp, err := decodeSpec(vm)
+	if err != nil {
+		return NetStatus{}, err
+	}
+	st := NetStatus{}
+	st.Mode, st.IP, st.Policy = m.netSummary(vm, sp)
+	if st.Mode == "tap" {
+		hs, err := m.net.Status(ctx, name)
+		if err != nil {
+			m.log.Debug("den: network status", "vm", name, "err", err)
+		}
+		st.Host = &hs
+	}
+	return st, nil
+}
+
+// netSummary is a VM's network mode ("tap", "user", "none"), address and
+// egress policy (only a TAP enforces one).
+func (m *Manager) netSummary(vm registry.VM, sp spec) (mode, ip, policy string) {
+	g, _, ok := m.guestNet(vm, sp)
+	switch {
+	case sp.Net != nil && m.net != nil:
+		return "tap", g.IP, m.policyOf(sp).String()
+	case ok:
+		return "user", g.IP, "allow-all (user-mode network: not enforced)"
+	}
+	return "none", "", ""
+}
+
+// SetEgress changes a VM's egress policy, at once on a running VM.
+func (m *Manager) SetEgress(ctx context.Context, name string, p egress.Policy) error {
+	if _, err := m.get(ctx, name); err != nil {
+		return err
+	}
+	unlock, err := m.lockVM(ctx, name, "egress policy")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	vm, err := m.get(ctx, name)
+	if err != nil {
+		return err
+	}
+	sp, err := decodeSpec(vm)
+	if err != nil {
+		return err
+	}
+	if sp.Net == nil || m.net == nil {
+		return fmt.Errorf("vm %q has no tap network, so no egress policy can be enforced (%s): %w", name, m.Network(), ErrInvalid)
+	}
+	sp.Egress = p.String()
+	if _, err := m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
+		v.SpecJSON = mustJSON(sp)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("set egress policy of vm %q: %w", name, err)
+	}
+	return m.net.SetPolicy(ctx, name, p)
+}

@@ -1,0 +1,108 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/denhq/den/registry"
+)
+
+// DefaultURLPort is the guest port a VM's URL reaches unless set.
+const DefaultURLPort = 8080
+
+// URLSettings is how a VM's HTTP URL reaches it.
+type URLSettings struct {
+	// Port is the guest's port the URL proxies to.
+	Port int
+	// Public: no token needed.
+	Public bool
+	// Token opens a private URL (32 hex digits).
+	Token string
+}
+
+// URLChange changes a VM's URL settings; nil fields stay.
+type URLChange struct {
+	Port   *int
+	Public *bool
+	// Rotate replaces the token (old URLs stop working).
+	Rotate bool
+}
+
+// urlOf is a VM's URL settings as recorded (a token is made when missing).
+func urlOf(sp spec) URLSettings {
+	u := URLSettings{Port: sp.URLPort, Public: sp.URLPublic, Token: sp.URLToken}
+	if u.Port == 0 {
+		u.Port = DefaultURLPort
+	}
+	return u
+}
+
+// URL returns a VM's URL settings, recording a token the first time.
+func (m *Manager) URL(ctx context.Context, name string) (URLSettings, error) {
+	vm, err := m.get(ctx, name)
+	if err != nil {
+		return URLSettings{}, err
+	}
+	sp, err := decodeSpec(vm)
+	if err != nil {
+		return URLSettings{}, err
+	}
+	if sp.URLToken != "" {
+		return urlOf(sp), nil
+	}
+	return m.SetURL(ctx, name, URLChange{})
+}
+
+// URLTarget reads a VM's URL settings without writing anything (the
+// ingress asks for every request): a VM without a token yet has a
+// private URL nobody can open.
+func (m *Manager) URLTarget(ctx context.Context, name string) (URLSettings, error) {
+	vm, err := m.get(ctx, name)
+	if err != nil {
+		return URLSettings{}, err
+	}
+	sp, err := decodeSpec(vm)
+	if err != nil {
+		return URLSettings{}, err
+	}
+	return urlOf(sp), nil
+}
+
+// SetURL changes a VM's URL settings (and makes its token if it has none).
+func (m *Manager) SetURL(ctx context.Context, name string, c URLChange) (URLSettings, error) {
+	if c.Port != nil && (*c.Port < 1 || *c.Port > 65535) {
+		return URLSettings{}, fmt.Errorf("bad port %d: 1 to 65535: %w", *c.Port, ErrInvalid)
+	}
+	if _, err := m.get(ctx, name); err != nil {
+		return URLSettings{}, err
+	}
+	unlock, err := m.lockVM(ctx, name, "url settings")
+	if err != nil {
+		return URLSettings{}, err
+	}
+	defer unlock()
+	vm, err := m.get(ctx, name)
+	if err != nil {
+		return URLSettings{}, err
+	}
+	sp, err := decodeSpec(vm)
+	if err != nil {
+		return URLSettings{}, err
+	}
+	if c.Port != nil {
+		sp.URLPort = *c.Port
+	}
+	if c.Public != nil {
+		sp.URLPublic = *c.Public
+	}
+	if sp.URLToken == "" || c.Rotate {
+		sp.URLToken = newToken()
+	}
+	if _, err := m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
+		v.SpecJSON = mustJSON(sp)
+		return nil
+	}); err != nil {
+		return URLSettings{}, fmt.Errorf("url of vm %q: %w", name, err)
+	}
+	return urlOf(sp), nil
+}

@@ -1,0 +1,424 @@
+package network
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os/exec"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/denhq/den/egress"
+)
+
+// Config configures a Host.
+type Config struct {
+	// Pool is where VMs' subnets come from (DefaultPool when zero).
+	Pool Pool
+	// ID tells this daemon's devices and table from another's on the same
+	// host: TAPs are "dn<ID>-<slot>", the table "den_<ID>" (up to 6
+	// lower-case letters or digits).
+	ID string
+	// DNSUpstreams are the resolvers the VMs' resolver asks (host:port);
+	// empty: the host's /etc/resolv.conf.
+	DNSUpstreams []string
+	// Logger gets what the host network does.
+	Logger *slog.Logger
+}
+
+// VM is what the host network holds for one VM: its lease and its egress
+// policy.
+type VM struct {
+	Name   string
+	Lease  Lease
+	Policy egress.Policy
+}
+
+// Host is the host side of den's VM network: TAP devices, the nftables
+// table and the VMs' DNS resolver. Its methods are safe for concurrent
+// use. VMs keep their devices and rules while the daemon is down (their
+// VMMs run on); a restart makes the table anew from the VMs' records and
+// removes what no VM owns.
+type Host struct {
+	cfg   Config
+	table table
+	res   *egress.Resolver
+	log   *slog.Logger
+
+	mu    sync.Mutex
+	slots map[int]string         // slot -> vm
+	vms   map[string]*attachment // attached
+}
+
+// Unavailable says why a host cannot give VMs TAP networking (no root,
+// no /dev/net/tun, no nft), nil if it can.
+func Unavailable() error {
+	if err := checkTun(); err != nil {
+		return err
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		return errors.New("no nft command (install Debian's nftables package)")
+	}
+	return nil
+}
+
+// Open takes over the host network for the VMs in vms (their records):
+// forwarding on, a fresh table with every VM in it (addresses their
+// resolvers let through are carried over from a table an earlier run
+// left), their TAPs made where missing, their resolvers started, and
+// every device of this daemon no VM owns removed.
+func Open(ctx context.Context, cfg Config, vms []VM) (*Host, error) {
+	if !cfg.Pool.prefix.IsValid() {
+		p, err := ParsePool(DefaultPool)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Pool = p
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if !validID(cfg.ID) {
+		return nil, fmt.Errorf("network: bad id %q: 1 to 6 lower-case letters or digits", cfg.ID)
+	}
+	if err := Unavailable(); err != nil {
+		return nil, fmt.Errorf("network: tap networking is not possible here: %w", err)
+	}
+	h := &Host{
+		cfg:   cfg,
+		table: table{name: "den_" + cfg.ID, pool: cfg.Pool.prefix},
+		log:   cfg.Logger,
+		slots: map[int]string{},
+		vms:   map[string]*attachment{},
+	}
+	if used, err := overlapping(cfg.Pool.prefix, h.tapPrefix()); err != nil {
+		return nil, err
+	} else if used != "" {
+		return nil, fmt.Errorf("network pool %s overlaps route %s (another network, or another den daemon's pool): choose another pool (--net-pool)", cfg.Pool.prefix, used)
+	}
+	if on, err := enableForwarding(); err != nil {
+		return nil, err
+	} else if on {
+		h.log.Info("den: turned on IPv4 forwarding for VM traffic (net.ipv4.ip_forward=1)")
+	}
+	var atts []attachment
+	for _, v := range vms {
+		a, err := h.claim(v)
+		if err != nil {
+			h.log.Warn("den: vm left off the network", "vm", v.Name, "err", err)
+			continue
+		}
+		atts = append(atts, a)
+	}
+	// What the resolvers let through survives the remade table.
+	carried := map[string]map[netip.Addr]time.Duration{}
+	for _, a := range atts {
+		if m, err := h.table.dnsAllowed(ctx, a.slot); err == nil && len(m) > 0 {
+			carried[a.vm] = m
+		}
+	}
+	if err := h.table.run(ctx, h.table.base(atts)); err != nil {
+		return nil, err
+	}
+	h.res = egress.NewResolver(egress.Options{Upstreams: cfg.DNSUpstreams, Allow: h.allow, Logger: cfg.Logger})
+	for _, a := range atts {
+		for addr, left := range carried[a.vm] {
+			if s := h.table.allow(a.slot, []netip.Addr{addr}, left); s != "" {
+				_ = h.table.run(ctx, s)
+			}
+		}
+		if err := h.up(a); err != nil {
+			h.log.Warn("den: vm network", "vm", a.vm, "err", err)
+		}
+	}
+	if err := h.prune(); err != nil {
+		h.log.Warn("den: remove stale taps", "err", err)
+	}
+	return h, nil
+}
+
+// validID: what a daemon id may be.
+func validID(id string) bool {
+	if id == "" || len(id) > 6 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// tapPrefix starts the names of this daemon's TAPs.
+func (h *Host) tapPrefix() string { return "dn" + h.cfg.ID + "-" }
+
+// TableName is the nftables table of this daemon (family inet).
+func (h *Host) TableName() string { return h.table.name }
+
+// Pool is the pool VMs' subnets come from.
+func (h *Host) Pool() netip.Prefix { return h.cfg.Pool.prefix }
+
+// claim records a VM's lease as taken (at start-up).
+func (h *Host) claim(v VM) (attachment, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !v.Lease.Valid() {
+		return attachment{}, fmt.Errorf("bad network lease %+v", v.Lease)
+	}
+	slot := h.cfg.Pool.Slot(v.Lease.Subnet)
+	if slot < 0 {
+		return attachment{}, fmt.Errorf("its subnet %s is outside the pool %s", v.Lease.Subnet, h.cfg.Pool.prefix)
+	}
+	if other, ok := h.slots[slot]; ok && other != v.Name {
+		return attachment{}, fmt.Errorf("its subnet %s is vm %q's too", v.Lease.Subnet, other)
+	}
+	h.slots[slot] = v.Name
+	a := &attachment{vm: v.Name, slot: slot, lease: v.Lease, policy: v.Policy}
+	h.vms[v.Name] = a
+	return *a, nil
+}
+
+// Reserve takes a new lease for vm: the pool's lowest free subnet.
+func (h *Host) Reserve(vm string) (Lease, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for n := 0; n < h.cfg.Pool.Slots(); n++ {
+		if _, ok := h.slots[n]; ok {
+			continue
+		}
+		h.slots[n] = vm
+		return h.lease(n), nil
+	}
+	return Lease{}, fmt.Errorf("network pool %s is full (%d VMs): remove VMs or choose a larger pool", h.cfg.Pool.prefix, h.cfg.Pool.Slots())
+}
+
+// Attach puts a VM on the network (again): its TAP, its rules and its
+// resolver, with policy p. It is idempotent; a VMM can then open the TAP.
+func (h *Host) Attach(ctx context.Context, vm string, l Lease, p egress.Policy) error {
+	h.mu.Lock()
+	slot := h.cfg.Pool.Slot(l.Subnet)
+	if slot < 0 || !l.Valid() {
+		h.mu.Unlock()
+		return fmt.Errorf("attach vm %q: its subnet %s is not in the pool %s", vm, l.Subnet, h.cfg.Pool.prefix)
+	}
+	if other, ok := h.slots[slot]; ok && other != vm {
+		h.mu.Unlock()
+		return fmt.Errorf("attach vm %q: subnet %s is vm %q's", vm, l.Subnet, other)
+	}
+	h.slots[slot] = vm
+	a := attachment{vm: vm, slot: slot, lease: l, policy: p}
+	old, had := h.vms[vm]
+	same := had && old.lease == l && old.policy.String() == p.String()
+	h.vms[vm] = &a
+	h.mu.Unlock()
+	if !same {
+		if err := h.table.run(ctx, h.table.vm(a, true)); err != nil {
+			return fmt.Errorf("attach vm %q: %w", vm, err)
+		}
+	}
+	if err := h.up(a); err != nil {
+		return fmt.Errorf("attach vm %q: %w", vm, err)
+	}
+	return nil
+}
+
+// up makes the TAP of an attachment and starts its resolver.
+func (h *Host) up(a attachment) error {
+	if err := ensureTap(a.lease); err != nil {
+		return err
+	}
+	return h.res.Serve(a.vm, netip.AddrPortFrom(a.lease.HostIP(), 53), a.policy)
+}
+
+// SetPolicy changes a VM's egress policy at once, on a running VM too:
+// its rules are replaced in one transaction, its resolver answers by the
+// new policy, and its open connections are cut so that they meet the new
+// rules.
+func (h *Host) SetPolicy(ctx context.Context, vm string, p egress.Policy) error {
+	h.mu.Lock()
+	old, ok := h.vms[vm]
+	if !ok {
+		h.mu.Unlock()
+		return fmt.Errorf("set egress policy of vm %q: it is not on the network", vm)
+	}
+	a := *old
+	a.policy = p
+	h.vms[vm] = &a
+	h.mu.Unlock()
+	if err := h.table.run(ctx, h.table.vm(a, true)); err != nil {
+		return fmt.Errorf("set egress policy of vm %q: %w", vm, err)
+	}
+	h.res.SetPolicy(vm, p)
+	f := &netlink.ConntrackFilter{}
+	if err := f.AddIP(netlink.ConntrackOrigSrcIP, net.IP(a.lease.GuestIP().AsSlice())); err == nil {
+		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f); err != nil {
+			h.log.Debug("den: cut connections after a policy change", "vm", vm, "err", err)
+		}
+	}
+	return nil
+}
+
+// Detach takes a VM off the network (it is removed, or its creation
+// rolled back): its rules, its resolver and its TAP go, and its subnet is
+// free again. A VM that only reserved a lease frees it.
+func (h *Host) Detach(ctx context.Context, vm string) error {
+	h.mu.Lock()
+	slot, l := -1, Lease{}
+	if a, ok := h.vms[vm]; ok {
+		slot, l = a.slot, a.lease
+	} else {
+		for n, owner := range h.slots {
+			if owner == vm {
+				slot, l = n, h.lease(n)
+			}
+		}
+	}
+	h.mu.Unlock()
+	if slot < 0 {
+		return nil
+	}
+	h.res.Stop(vm)
+	var errs []error
+	if err := h.table.run(ctx, h.table.remove(slot, l.Tap)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeTap(l.Tap); err != nil {
+		errs = append(errs, err)
+	}
+	h.mu.Lock()
+	delete(h.vms, vm)
+	if h.slots[slot] == vm {
+		delete(h.slots, slot)
+	}
+	h.mu.Unlock()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("detach vm %q: %w", vm, err)
+	}
+	return nil
+}
+
+// lease is the lease of pool slot n.
+func (h *Host) lease(n int) Lease {
+	return Lease{Subnet: h.cfg.Pool.Subnet(n), Tap: fmt.Sprintf("%s%d", h.tapPrefix(), n)}
+}
+
+// prune removes this daemon's TAPs that no VM owns (left by a VM removed
+// while the daemon was killed).
+func (h *Host) prune() error {
+	names, err := taps(h.tapPrefix())
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	owned := map[string]bool{}
+	for _, a := range h.vms {
+		owned[a.lease.Tap] = true
+	}
+	h.mu.Unlock()
+	var errs []error
+	for _, n := range names {
+		if owned[n] {
+			continue
+		}
+		h.log.Info("den: removing a tap no vm owns", "tap", n)
+		errs = append(errs, removeTap(n))
+	}
+	return errors.Join(errs...)
+}
+
+// allow is the resolver's hook: a VM may reach addrs for ttl.
+func (h *Host) allow(vm string, addrs []netip.Addr, ttl time.Duration) {
+	h.mu.Lock()
+	a, ok := h.vms[vm]
+	h.mu.Unlock()
+	if !ok {
+		return
+	}
+	s := h.table.allow(a.slot, addrs, ttl)
+	if s == "" {
+		return
+	}
+	if err := h.table.run(context.Background(), s); err != nil {
+		h.log.Warn("den: let resolved addresses through", "vm", vm, "err", err)
+	}
+}
+
+// Status is what den net log shows of a VM.
+type Status struct {
+	IP     string `json:"ip"`
+	Tap    string `json:"tap"`
+	Policy string `json:"policy"`
+	// DeniedPackets counts packets the policy dropped; Denied lists the
+	// destinations, most refused first (kept an hour after the last).
+	DeniedPackets uint64   `json:"denied_packets"`
+	Denied        []Denied `json:"denied,omitempty"`
+	// DNS: queries answered and refused, and the last names refused.
+	DNSQueries   uint64   `json:"dns_queries"`
+	DNSRefused   uint64   `json:"dns_refused"`
+	RefusedNames []string `json:"refused_names,omitempty"`
+}
+
+// Status reads a VM's network counters.
+func (h *Host) Status(ctx context.Context, vm string) (Status, error) {
+	h.mu.Lock()
+	a, ok := h.vms[vm]
+	h.mu.Unlock()
+	if !ok {
+		return Status{}, fmt.Errorf("vm %q is not on the network", vm)
+	}
+	st := Status{IP: a.lease.GuestIP().String(), Tap: a.lease.Tap, Policy: a.policy.String()}
+	var err error
+	st.DeniedPackets, st.Denied, err = h.table.denied(ctx, a.slot)
+	ds := h.res.Stats(vm)
+	st.DNSQueries, st.DNSRefused, st.RefusedNames = ds.Queries, ds.Refused, ds.LastRefused
+	return st, err
+}
+
+// Attached lists the VMs on the network, sorted.
+func (h *Host) Attached() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for n := range h.vms {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Close stops the resolvers. Devices and rules stay: VMs run on while the
+// daemon is down, and the next start takes them over.
+func (h *Host) Close() {
+	if h.res != nil {
+		h.res.Close()
+	}
+}
+
+// Remove takes den's table and every TAP of this daemon off the host
+// (for tests and a host without den).
+func (h *Host) Remove(ctx context.Context) error {
+	h.Close()
+	var errs []error
+	if err := h.table.run(ctx, fmt.Sprintf("table inet %s {}\ndelete table inet %s\n", h.table.name, h.table.name)); err != nil {
+		errs = append(errs, err)
+	}
+	names, err := taps(h.tapPrefix())
+	errs = append(errs, err)
+	for _, n := range names {
+		errs = append(errs, removeTap(n))
+	}
+	return errors.Join(errs...)
+}
+
+// String describes the host network for den info and doctor.
+func (h *Host) String() string {
+	return fmt.Sprintf("tap per vm, routed /%d subnets from %s, nat through nftables table inet %s", SubnetBits, h.cfg.Pool.prefix, h.table.name)
+}

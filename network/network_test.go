@@ -1,0 +1,92 @@
+package network
+
+import (
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/denhq/den/egress"
+)
+
+func TestPool(t *testing.T) {
+	p, err := ParsePool("10.200.0.0/16")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Slots() != 16384 {
+		t.Fatalf("slots %d", p.Slots())
+	}
+	l := Lease{Subnet: p.Subnet(5), Tap: "dnx-5"}
+	if l.Subnet.String() != "10.200.0.20/30" || l.HostIP().String() != "10.200.0.21" || l.GuestCIDR() != "10.200.0.22/30" {
+		t.Fatalf("lease %v host %v guest %v", l.Subnet, l.HostIP(), l.GuestCIDR())
+	}
+	if p.Slot(l.Subnet) != 5 || p.Slot(netip.MustParsePrefix("10.201.0.0/30")) != -1 {
+		t.Fatal("slot")
+	}
+	for in, want := range map[string]string{
+		"10.200.0.0/33": "want an IPv4 prefix",
+		"10.200.0.1/16": "use 10.200.0.0/16",
+		"fd00::/64":     "IPv4",
+		"10.0.0.0/30":   "/8 to /29",
+		"127.0.0.0/8":   "not a unicast range",
+		"garbage":       "want an IPv4 prefix",
+	} {
+		if _, err := ParsePool(in); err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("ParsePool(%q) = %v, want one line with %q", in, err, want)
+		}
+	}
+}
+
+func TestCmdline(t *testing.T) {
+	g := Lease{Subnet: netip.MustParsePrefix("10.200.0.4/30"), Tap: "t"}.Guest()
+	got := WithCmdline("console=ttyS0 den.ip=10.0.2.15/24 den.gw=10.0.2.2 den.dns=10.0.2.3 rw", g)
+	if got != "console=ttyS0 rw den.ip=10.200.0.6/30 den.gw=10.200.0.5 den.dns=10.200.0.5" {
+		t.Fatal(got)
+	}
+	for in, want := range map[string]string{"10.0.0.1": "10.0.0.1:53", "10.0.0.1:5353": "10.0.0.1:5353", "::1": "[::1]:53"} {
+		if got, err := ParseUpstream(in); err != nil || got != want {
+			t.Errorf("ParseUpstream(%q) = %q %v", in, got, err)
+		}
+	}
+	if _, err := ParseUpstream("dns.example"); err == nil {
+		t.Error("a name as upstream was taken")
+	}
+}
+
+// TestTableScripts has nft check (-c: nothing is applied) every script
+// den writes, in the order a daemon's life runs them.
+func TestTableScripts(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("nft -c needs root")
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("no nft (make deps installs nftables)")
+	}
+	tb := table{name: "den_test", pool: netip.MustParsePrefix("10.200.0.0/16")}
+	pool, _ := ParsePool("10.200.0.0/16")
+	allow, err := egress.Parse("allow:github.com,10.0.0.0/8,1.2.3.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	atts := []attachment{
+		{vm: "a", slot: 0, lease: Lease{Subnet: pool.Subnet(0), Tap: "dntest-0"}},
+		{vm: "b", slot: 1, lease: Lease{Subnet: pool.Subnet(1), Tap: "dntest-1"}, policy: allow},
+		{vm: "c", slot: 7, lease: Lease{Subnet: pool.Subnet(7), Tap: "dntest-7"}, policy: egress.Policy{Mode: egress.DenyAll}},
+	}
+	script := tb.base(atts) +
+		tb.vm(atts[0], false) + // re-attached as is
+		tb.allow(1, []netip.Addr{netip.MustParseAddr("140.82.112.3"), netip.MustParseAddr("140.82.112.4")}, time.Minute) +
+		tb.remove(7, "dntest-7") +
+		tb.remove(9, "dntest-9") // never attached
+	cmd := exec.Command("nft", "-c", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft -c: %v\n%s\nscript:\n%s", err, out, script)
+	}
+	if !strings.Contains(script, "ip daddr @cidr_1 accept") || strings.Contains(tb.vm(atts[2], true), "@dns_7 accept") {
+		t.Fatal("policies are not rendered as they say")
+	}
+}
