@@ -3,6 +3,7 @@ package cloudhypervisor
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -40,12 +41,22 @@ func TestRealBinaryLifecycle(t *testing.T) {
 	if ver := v.Capabilities().Version; !IsPinned(ver) {
 		t.Logf("binary reports %s, den pins %s", ver, PinnedVersion)
 	}
+	// den's whole config: a raw root disk, the vsock, and a TAP of the
+	// VM's own with its MAC (den's network makes the TAP and its address
+	// before the VMM starts; the VMM opens it by name).
+	disk := filepath.Join(shortDir(t), "root.raw")
+	must(t, "disk", os.WriteFile(disk, nil, 0o600))
+	must(t, "disk size", os.Truncate(disk, 64<<20))
 	cfg := vmm.Config{
 		CPUs:        1,
 		MemoryBytes: 256 << 20,
 		Kernel:      kernel,
 		Initramfs:   initramfs,
-		Cmdline:     "console=ttyS0 panic=-1",
+		Cmdline:     "console=ttyS0 panic=-1 den.ip=10.254.0.2/30 den.gw=10.254.0.1 den.dns=10.254.0.1",
+		Disks:       []vmm.Disk{{ID: "root", Path: disk}},
+	}
+	if tap := testTap(t); tap != "" {
+		cfg.Net = []vmm.Net{{ID: "net0", Tap: tap, MAC: "02:de:00:00:00:01"}}
 	}
 	must(t, "create", v.Create(ctx, cfg))
 	wantState(t, ctx, v, vmm.StateCreated)
@@ -85,7 +96,8 @@ func TestRealBinaryLifecycle(t *testing.T) {
 			must(t, "start", r.Start(ctx))
 			wantState(t, ctx, r, vmm.StateNotCreated)
 			start := time.Now()
-			hostRefused(t, r, "restore ("+name+")", r.Restore(ctx, snap, vmm.RestoreOptions{OnDemand: onDemand}))
+			rcfg := cfg
+			hostRefused(t, r, "restore ("+name+")", r.Restore(ctx, snap, vmm.RestoreOptions{OnDemand: onDemand, Config: &rcfg}))
 			t.Logf("restore %s: %s", name, time.Since(start).Round(time.Millisecond))
 			wantState(t, ctx, r, vmm.StatePaused)
 			must(t, "resume", r.Resume(ctx))
@@ -94,6 +106,24 @@ func TestRealBinaryLifecycle(t *testing.T) {
 			waitExited(t, r, 10*time.Second)
 		})
 	}
+}
+
+// testTap makes a TAP device for the test (removed after it), "" where
+// it cannot (not root).
+func testTap(t *testing.T) string {
+	if os.Geteuid() != 0 {
+		t.Log("not root: the VM gets no TAP network device")
+		return ""
+	}
+	name := fmt.Sprintf("dnchtest%d", os.Getpid()%10000)
+	if out, err := exec.Command("ip", "tuntap", "add", "dev", name, "mode", "tap").CombinedOutput(); err != nil {
+		t.Fatalf("ip tuntap add %s: %v: %s", name, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", name).Run() })
+	if out, err := exec.Command("ip", "addr", "add", "10.254.0.1/30", "dev", name).CombinedOutput(); err != nil {
+		t.Fatalf("address on %s: %v: %s", name, err, out)
+	}
+	return name
 }
 
 // testKernel finds the guest kernel and initramfs, or says what is missing.
