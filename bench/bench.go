@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -28,6 +29,8 @@ type Options struct {
 	Runs int
 	// Quick skips the 2 GiB ratios and the gateway.
 	Quick bool
+	// NetworkOnly measures only the network figures (network.go).
+	NetworkOnly bool
 	// VMMs to benchmark ("qemu", "cloud-hypervisor"); default: every one
 	// present.
 	VMMs []string
@@ -121,6 +124,9 @@ func (r *Result) ratios() {
 		put("wake(1 GiB) / wake(512 MiB)", r.find("wake to running", v, "1G"), r.find("wake to running", v, "512M"))
 		put("checkpoint(2 GiB) / checkpoint(512 MiB)", r.find("checkpoint (memory+disk)", v, "2G"), r.find("checkpoint (memory+disk)", v, "512M"))
 		put("wake(2 GiB) / wake(512 MiB)", r.find("wake to running", v, "2G"), r.find("wake to running", v, "512M"))
+		put("TCP throughput tap / user-mode", r.find("guest to host TCP (tap)", v, ""), r.find("guest to host TCP (qemu user-mode)", v, ""))
+		put("HTTP first byte sleeping / running", r.find("HTTP first byte through --http-listen (sleeping vm, woken)", v, ""), r.find("HTTP first byte through --http-listen (running vm)", v, ""))
+		put("DNS through the vm's resolver / upstream", r.find("DNS answer through the vm's resolver (allow-list: opens the firewall)", v, ""), r.find("DNS answer from the upstream directly", v, ""))
 		for _, f := range []string{"checkpoint (memory+disk)", "sleep", "wake to running", "restore (memory+disk, to running)"} {
 			put(f+" with digests / without", r.find(f, v, "512M"), r.find(f, v+", no digests", "512M"))
 			put(f+" RAM on tmpfs / on disk", r.find(f, v, "512M"), r.find(f, v+", RAM file on the state dir's disk", "512M"))
@@ -177,6 +183,10 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		vmms = available()
 	}
 	for _, v := range variants(vmms, o.Quick) {
+		if o.NetworkOnly {
+			res.VMMs[v.name] = vmmVersion(v.vmm)
+			break
+		}
 		d, err := startDaemon(ctx, o, v)
 		if err != nil {
 			return res, fmt.Errorf("bench %s: %w", v.name, err)
@@ -191,6 +201,13 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		d.stop()
 		if err != nil {
 			return res, fmt.Errorf("bench %s: %w", v.name, err)
+		}
+	}
+	if slices.Contains(vmms, "qemu") {
+		figs, err := networkFigures(ctx, o, o.Progress)
+		res.Figures = append(res.Figures, figs...)
+		if err != nil {
+			return res, fmt.Errorf("bench network: %w", err)
 		}
 	}
 	res.ratios()

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -46,6 +47,9 @@ func startDaemon(ctx context.Context, o Options, v variant) (*daemon, error) {
 	}
 	args := []string{"daemon", "--state-dir", filepath.Join(dir, "state"), "--socket", sock,
 		"--images", o.Images, "--default-image", o.Image, "--vmm", v.vmm, "--ssh-listen", fmt.Sprintf("127.0.0.1:%d", port)}
+	if !slices.Contains(v.flags, "--net") {
+		args = append(args, "--net", "user") // the host's network stays as it is (network.go has its own)
+	}
 	for _, f := range v.flags {
 		args = append(args, strings.ReplaceAll(f, "{state}", filepath.Join(dir, "state")))
 	}

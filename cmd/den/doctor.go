@@ -16,6 +16,7 @@ import (
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/machine"
+	"github.com/denhq/den/network"
 	"github.com/denhq/den/vmm"
 	"github.com/denhq/den/vmm/cloudhypervisor"
 	"github.com/denhq/den/vmm/qemu"
@@ -53,7 +54,7 @@ Examples:
 				return err
 			}
 			checks := runChecks(c.Context, c.String("state-dir"))
-			checks = append(checks, checkMemory(c.Context, newClient(c)))
+			checks = append(checks, checkMemory(c.Context, newClient(c)), checkNetwork(c.Context, newClient(c)))
 			if c.Bool("json") {
 				enc := json.NewEncoder(os.Stdout)
 				enc.SetIndent("", "  ")
@@ -192,7 +193,29 @@ func checkTAP() check {
 		c.Status, c.Detail, c.Fix = "warn", fmt.Sprintf("cannot create a TAP device: %v", errno), "run as root (CAP_NET_ADMIN); VMs fall back to user-mode networking"
 		return c
 	}
-	c.Status, c.Detail = "ok", "TAP devices can be created"
+	if err := network.Unavailable(); err != nil {
+		c.Status, c.Detail, c.Fix = "warn", "TAP devices can be created, but "+err.Error(), "apt-get install nftables (make deps); meanwhile QEMU VMs fall back to user-mode networking and Cloud Hypervisor VMs have none"
+		return c
+	}
+	c.Status, c.Detail = "ok", "TAP devices can be created and nft is there: every VM gets a TAP, a routed /30, NAT and its egress policy"
+	return c
+}
+
+// checkNetwork says how the running daemon's VMs reach the network.
+func checkNetwork(ctx context.Context, cl *api.Client) check {
+	c := check{Name: "network"}
+	info, err := cl.Info(ctx)
+	if err != nil {
+		c.Status, c.Detail = "ok", "daemon not reachable on "+cl.Socket()+"; den daemon --net auto gives VMs TAPs where the tap check passes"
+		return c
+	}
+	c.Status, c.Detail = "ok", info.Network
+	if !strings.HasPrefix(info.Network, "tap") {
+		c.Status, c.Fix = "warn", "VMs have no TAP of their own (no egress policy, no inbound): see the tap check"
+	}
+	if info.HTTP != "" {
+		c.Detail += "; VM URLs on " + info.HTTP
+	}
 	return c
 }
 
