@@ -14,6 +14,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/denhq/den/vmm"
 )
 
 // Options configures a run.
@@ -126,7 +128,7 @@ func (r *Result) ratios() {
 		put("wake(2 GiB) / wake(512 MiB)", r.find("wake to running", v, "2G"), r.find("wake to running", v, "512M"))
 		put("TCP throughput tap / user-mode", r.find("guest to host TCP (tap)", v, ""), r.find("guest to host TCP (qemu user-mode)", v, ""))
 		put("HTTP first byte sleeping / running", r.find("HTTP first byte through --http-listen (sleeping vm, woken)", v, ""), r.find("HTTP first byte through --http-listen (running vm)", v, ""))
-		put("DNS through the vm's resolver / upstream", r.find("DNS answer through the vm's resolver (allow-list: opens the firewall)", v, ""), r.find("DNS answer from the upstream directly", v, ""))
+		put("DNS through the vm's resolver (allow-list, again) / upstream", r.find("DNS answer through the vm's resolver, allow-list, again", v, ""), r.find("DNS answer from the upstream directly", v, ""))
 		for _, f := range []string{"checkpoint (memory+disk)", "sleep", "wake to running", "restore (memory+disk, to running)"} {
 			put(f+" with digests / without", r.find(f, v, "512M"), r.find(f, v+", no digests", "512M"))
 			put(f+" RAM on tmpfs / on disk", r.find(f, v, "512M"), r.find(f, v+", RAM file on the state dir's disk", "512M"))
@@ -185,6 +187,11 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	for _, v := range variants(vmms, o.Quick) {
 		if o.NetworkOnly {
 			res.VMMs[v.name] = vmmVersion(v.vmm)
+			if k := vmm.DetectKVM(); k.Usable {
+				res.Machine = machineInfo("kvm")
+			} else {
+				res.Machine = machineInfo("tcg: " + k.Reason)
+			}
 			break
 		}
 		d, err := startDaemon(ctx, o, v)

@@ -55,6 +55,10 @@ type Host struct {
 	mu    sync.Mutex
 	slots map[int]string         // slot -> vm
 	vms   map[string]*attachment // attached
+	// opened is, per VM, until when its resolver's answers are let
+	// through: an answer the table holds for long enough yet costs no
+	// nft transaction.
+	opened map[string]map[netip.Addr]time.Time
 }
 
 // Unavailable says why a host cannot give VMs TAP networking (no root,
@@ -95,8 +99,9 @@ func Open(ctx context.Context, cfg Config, vms []VM) (*Host, error) {
 		cfg:   cfg,
 		table: table{name: "den_" + cfg.ID, pool: cfg.Pool.prefix},
 		log:   cfg.Logger,
-		slots: map[int]string{},
-		vms:   map[string]*attachment{},
+		slots:  map[int]string{},
+		vms:    map[string]*attachment{},
+		opened: map[string]map[netip.Addr]time.Time{},
 	}
 	if used, err := overlapping(cfg.Pool.prefix, h.tapPrefix()); err != nil {
 		return nil, err
@@ -217,7 +222,12 @@ func (h *Host) Attach(ctx context.Context, vm string, l Lease, p egress.Policy) 
 	a := attachment{vm: vm, slot: slot, lease: l, policy: p}
 	old, had := h.vms[vm]
 	same := had && old.lease == l && old.policy.String() == p.String()
-	h.vms[vm] = &a
+	if same {
+		a = *old
+	} else {
+		h.vms[vm] = &a
+		delete(h.opened, vm) // the table's set is flushed
+	}
 	h.mu.Unlock()
 	if !same {
 		if err := h.table.run(ctx, h.table.vm(a, true)); err != nil {
@@ -252,6 +262,7 @@ func (h *Host) SetPolicy(ctx context.Context, vm string, p egress.Policy) error 
 	a := *old
 	a.policy = p
 	h.vms[vm] = &a
+	delete(h.opened, vm) // the table's set is flushed
 	h.mu.Unlock()
 	if err := h.table.run(ctx, h.table.vm(a, true)); err != nil {
 		return fmt.Errorf("set egress policy of vm %q: %w", vm, err)
@@ -295,6 +306,7 @@ func (h *Host) Detach(ctx context.Context, vm string) error {
 	}
 	h.mu.Lock()
 	delete(h.vms, vm)
+	delete(h.opened, vm)
 	if h.slots[slot] == vm {
 		delete(h.slots, slot)
 	}
@@ -334,20 +346,41 @@ func (h *Host) prune() error {
 	return errors.Join(errs...)
 }
 
-// allow is the resolver's hook: a VM may reach addrs for ttl.
+// allow is the resolver's hook: a VM may reach addrs for ttl. Addresses
+// the table lets through for more than half of ttl yet are left as they
+// are.
 func (h *Host) allow(vm string, addrs []netip.Addr, ttl time.Duration) {
+	now := time.Now()
 	h.mu.Lock()
 	a, ok := h.vms[vm]
+	var need []netip.Addr
+	for _, ad := range addrs {
+		if h.opened[vm][ad].Sub(now) < ttl/2 {
+			need = append(need, ad)
+		}
+	}
 	h.mu.Unlock()
-	if !ok {
+	if !ok || len(need) == 0 {
 		return
 	}
-	s := h.table.allow(a.slot, addrs, ttl)
+	s := h.table.allow(a.slot, need, ttl)
 	if s == "" {
 		return
 	}
 	if err := h.table.run(context.Background(), s); err != nil {
 		h.log.Warn("den: let resolved addresses through", "vm", vm, "err", err)
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.vms[vm] != a { // detached or given a new policy meanwhile
+		return
+	}
+	if h.opened[vm] == nil {
+		h.opened[vm] = map[netip.Addr]time.Time{}
+	}
+	for _, ad := range need {
+		h.opened[vm][ad] = now.Add(ttl)
 	}
 }
 

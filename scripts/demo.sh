@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # den's main job, end to end, on a temporary state dir: start a daemon with
 # the embedded volume, create a VM, use it, wreck it and roll it back, fork
-# it, let it sleep and wake it, reach it through the SSH gateway, clean up.
+# it, let it sleep and wake it, use its network (a page from a server
+# outside, an egress denial, its URL waking it), reach it through the SSH
+# gateway, clean up. The daemon runs in a network namespace of its own,
+# joined by a veth pair to a second one standing for the internet: the
+# host's own network is left as it is.
 # Prints what each step took. Run by `make demo` after deps, build, image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +19,10 @@ work=$(mktemp -d /tmp/den-demo-XXXXXX)
 export DEN_SOCKET=$work/den.sock
 den=$PWD/bin/den
 daemon_pid=
+wan_pid=
 key=$work/id_ed25519
+ns_den=dendemo-den
+ns_wan=dendemo-wan
 
 cleanup() {
 	status=$?
@@ -29,6 +36,9 @@ cleanup() {
 	fi
 	# den's tmpfs for guest RAM outlives the daemon (VMs outlive it too).
 	umount -l "$work/state/ram" 2>/dev/null
+	[ -n "$wan_pid" ] && kill "$wan_pid" 2>/dev/null
+	ip netns del "$ns_den" 2>/dev/null
+	ip netns del "$ns_wan" 2>/dev/null
 	if [ $status -eq 0 ]; then
 		rm -rf "$work"
 	else
@@ -53,12 +63,32 @@ step() {
 }
 timings=()
 
+# The network: the daemon's namespace (its VMs' TAPs, NAT and nftables
+# table, its listeners) and "the internet", a namespace with a web server
+# on 10.99.0.2, joined by a veth pair.
+make_net() {
+	ip netns del "$ns_den" 2>/dev/null || true
+	ip netns del "$ns_wan" 2>/dev/null || true
+	ip netns add "$ns_den" && ip netns add "$ns_wan" &&
+		ip link add vd netns "$ns_den" type veth peer name vw netns "$ns_wan" &&
+		ip -n "$ns_den" addr add 10.99.0.1/24 dev vd && ip -n "$ns_den" link set vd up &&
+		ip -n "$ns_den" link set lo up && ip -n "$ns_den" route add default via 10.99.0.2 &&
+		ip -n "$ns_wan" addr add 10.99.0.2/24 dev vw && ip -n "$ns_wan" link set vw up &&
+		ip -n "$ns_wan" link set lo up &&
+		mkdir -p "$work/www" && echo "a page from a server outside the host's VMs" >"$work/www/index.html"
+}
+make_net
+ip netns exec "$ns_wan" busybox httpd -f -p 10.99.0.2:80 -h "$work/www" &
+wan_pid=$!
+in_den() { ip netns exec "$ns_den" "$@"; }
+
 ssh_port=$((20000 + RANDOM % 20000))
 gateway="--ssh-listen 127.0.0.1:$ssh_port"
 # start_daemon: den daemon in the background, waiting for its socket.
 start_daemon() {
 	"$den" daemon --state-dir "$work/state" --socket "$DEN_SOCKET" --images "$PWD/build/images" \
-		--default-image "$IMAGE" $gateway >"$work/daemon.log" 2>&1 &
+		--default-image "$IMAGE" $gateway --netns "$ns_den" --net tap --http-listen 127.0.0.1:8081 \
+		>"$work/daemon.log" 2>&1 &
 	echo $! >"$work/daemon.pid"
 	for _ in $(seq 1 300); do
 		[ -S "$DEN_SOCKET" ] && return 0
@@ -87,10 +117,22 @@ step "sleep (no VMM process, no RAM held)" "$den" sleep box
 step "list VMs" "$den" ls
 step "exec wakes it" "$den" exec box -- sh -c 'cat /root/work.txt; kill -0 $(cat /tmp/worker.pid) && echo "worker alive"'
 
+step "its network: a TAP, an address, an egress policy" "$den" net log box
+step "fetch a page from a server outside, through its TAP" "$den" exec box -- curl -sS --max-time 10 http://10.99.0.2/
+step "deny all egress, live" "$den" net policy box deny-all
+step "the same fetch is refused" bash -c "'$den' exec box -- curl -sS --max-time 5 http://10.99.0.2/ || echo \"refused (exit \$?)\""
+step "what the policy dropped" "$den" net log box
+step "serve a page from the VM" "$den" exec box -- sh -c 'mkdir -p /tmp/www && echo "hello from $(hostname), through its URL" >/tmp/www/index.html && cd /tmp/www && setsid python3 -m http.server 8080 >/dev/null 2>&1 < /dev/null & sleep 1'
+url=$("$den" url box)
+step "its private URL" echo "$url"
+step "a request without the token is refused" in_den curl -s -o /dev/null -w "%{http_code}\n" http://127.0.0.1:8081/vm/box/
+step "sleep it" "$den" sleep box
+step "a request to its URL wakes it" in_den curl -sS --max-time 60 "$url"
+
 ssh-keygen -q -t ed25519 -N '' -f "$key"
 step "add an ssh key for the gateway" "$den" keys add "$key.pub"
 sshgw() {
-	ssh -p "$ssh_port" -i "$key" -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+	in_den ssh -p "$ssh_port" -i "$key" -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
 		-o LogLevel=ERROR "$@"
 }
 step "sleep it again" "$den" sleep box

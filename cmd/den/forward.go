@@ -28,8 +28,8 @@ sleeping VM is started first, and stays awake while den forward runs. If
 the VM stops, den forward says so and exits with status 1.
 
 Examples:
-   den forward box 3000                 # localhost:3000 -> box:3000
-   den forward box 8080:80 5432         # localhost:8080 -> box:80, localhost:5432 -> box:5432
+   den forward box 3000                   # localhost:3000 -> box:3000
+   den forward box 8080:80 5432           # localhost:8080 -> box:80, localhost:5432 -> box:5432
    den forward box 3000 --listen 0.0.0.0  # other hosts may connect too`,
 		Flags: []cli.Flag{
 			socketFlag,

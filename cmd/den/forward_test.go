@@ -108,7 +108,20 @@ func fakeVM(t *testing.T, ports map[uint32]string) *ssh.Client {
 	}
 	cfg := &ssh.ServerConfig{NoClientAuth: true}
 	cfg.AddHostKey(signer)
-	a, b := net.Pipe()
+	// Not net.Pipe: both ends write their version at once.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	a, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
 	go func() {
 		_, chans, reqs, err := ssh.NewServerConn(b, cfg)
 		if err != nil {
