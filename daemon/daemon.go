@@ -85,6 +85,9 @@ func Run(ctx context.Context, o Options) error {
 	if err := o.Images.Check(); err != nil {
 		return fmt.Errorf("daemon: %w (build them with `make image`)", err)
 	}
+	if err := machine.CheckNetwork(state, o.Network); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
 	vcfg := storage.Config{StateDir: state.VolumeState()}
 	if o.VolumeConfig != "" {
 		c, err := storage.LoadConfig(o.VolumeConfig)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -112,17 +113,40 @@ func (b ingressBackend) Lookup(ctx context.Context, vm string) (ingress.Target, 
 	return ingress.Target{VM: vm, Port: u.Port, Public: u.Public, Token: u.Token}, nil
 }
 
+// Dial wakes or starts the VM (a wake, once started, finishes even if the
+// request gives up: it is not cut half-way) and opens a stream to port.
 func (b ingressBackend) Dial(ctx context.Context, vm string, port int) (net.Conn, func(), error) {
-	sess, err := b.m.Open(ctx, vm, "")
+	type opened struct {
+		sess *machine.Session
+		err  error
+	}
+	ch := make(chan opened, 1)
+	go func() {
+		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), OpTimeout)
+		defer cancel()
+		s, err := b.m.Open(octx, vm, "")
+		ch <- opened{s, err}
+	}()
+	var o opened
+	select {
+	case o = <-ch:
+	case <-ctx.Done():
+		go func() { // the session, when it comes, is nobody's
+			if o := <-ch; o.err == nil {
+				o.sess.Release()
+			}
+		}()
+		return nil, nil, ctx.Err()
+	}
+	if o.err != nil {
+		return nil, nil, o.err
+	}
+	conn, err := dialGuest(o.sess.Conn, vm, port)
 	if err != nil {
+		o.sess.Release()
 		return nil, nil, err
 	}
-	conn, err := dialGuest(sess.Conn, vm, port)
-	if err != nil {
-		sess.Release()
-		return nil, nil, err
-	}
-	return conn, sess.Release, nil
+	return conn, o.sess.Release, nil
 }
 
 // dialGuest opens a direct-tcpip channel to 127.0.0.1:port in the guest.
@@ -136,7 +160,7 @@ func dialGuest(c ssh.Conn, vm string, port int) (net.Conn, error) {
 	ch, reqs, err := c.OpenChannel("direct-tcpip", payload)
 	if err != nil {
 		var oce *ssh.OpenChannelError
-		if errors.As(err, &oce) && oce.Reason == ssh.ConnectionFailed {
+		if errors.As(err, &oce) && oce.Reason == ssh.ConnectionFailed && strings.Contains(oce.Message, "refused") {
 			return nil, fmt.Errorf("port %d in vm %s: %s: %w", port, vm, oce.Message, syscall.ECONNREFUSED)
 		}
 		return nil, fmt.Errorf("port %d in vm %s: %w", port, vm, err)

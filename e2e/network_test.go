@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -285,6 +289,33 @@ func TestEgress(t *testing.T) {
 	if vm := d.netInfo("box"); vm.Egress != "allow:"+wanHostB {
 		t.Fatalf("a refused change changed the policy: %q", vm.Egress)
 	}
+
+	// A second daemon whose pool the first one's VMs use, and malformed
+	// pools: refused with one line, before anything is mounted.
+	dir := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--netns", n.den, "--net", "tap"}, "network pool 10.200.0.0/16 overlaps route 10.200.0.0/30 on dn"},
+		{[]string{"--net-pool", "10.200.0.0/33"}, "bad network pool"},
+		{[]string{"--net-pool", "10.200.0.1/16"}, "use 10.200.0.0/16"},
+		{[]string{"--dns-upstream", "resolver.example"}, "bad resolver"},
+		{[]string{"--egress-default", "allow:bad..name"}, "bad egress entry"},
+	} {
+		args := append([]string{"daemon", "--state-dir", filepath.Join(dir, "state"), "--socket", filepath.Join(dir, "den.sock"),
+			"--images", d.images.Path(), "--ssh-listen", "off"}, c.args...)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		out, err := exec.CommandContext(ctx, d.den, args...).CombinedOutput()
+		cancel()
+		line := strings.TrimSpace(string(out))
+		if err == nil || !strings.Contains(line, c.want) || strings.Contains(line, "\n") {
+			t.Errorf("den daemon %s: %v\n%s\nwant one line with %q", strings.Join(c.args, " "), err, out, c.want)
+		}
+	}
+	if out, _ := exec.Command("mount").Output(); strings.Contains(string(out), dir) {
+		t.Fatalf("a refused daemon left a mount:\n%s", out)
+	}
 }
 
 // TestVMURL: a VM's port through --http-listen, private by its token;
@@ -368,5 +399,28 @@ func TestVMURL(t *testing.T) {
 	}
 	if !strings.Contains(got.String(), "tick 12") {
 		t.Fatalf("the stream: %q", got.String())
+	}
+
+	// den forward: a local port to the VM's, over the agent channel.
+	fwd := exec.Command(d.den, "forward", "web", "18480:8080")
+	fwd.Env = append(os.Environ(), "DEN_SOCKET="+d.socket)
+	var stderr strings.Builder
+	fwd.Stderr = &stderr
+	if err := fwd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = fwd.Process.Kill(); _ = fwd.Wait() }()
+	var body string
+	if !eventually(30*time.Second, func() bool {
+		resp, err := http.Get("http://127.0.0.1:18480/")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+		return true
+	}) || body != "hi from web\n" {
+		t.Fatalf("den forward: %q (%s)", body, stderr.String())
 	}
 }

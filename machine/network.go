@@ -80,10 +80,37 @@ func (m *Manager) setupNetwork(ctx context.Context) error {
 
 // netID tells this daemon's TAPs and table from another daemon's: a hash
 // of its state directory.
-func (m *Manager) netID() string {
+func (m *Manager) netID() string { return netID(m.state) }
+
+func netID(state StateDir) string {
 	h := fnv.New32a()
-	h.Write([]byte(m.state.Path()))
+	h.Write([]byte(state.Path()))
 	return fmt.Sprintf("%04x", h.Sum32()&0xffff)
+}
+
+// CheckNetwork is what a daemon checks before it mounts anything: that
+// the network it is asked for can be had (TAP networking, and a pool no
+// other network uses).
+func CheckNetwork(state StateDir, c NetworkConfig) error {
+	switch c.Mode {
+	case NetAuto, NetTap:
+	default:
+		return nil
+	}
+	if err := network.Unavailable(); err != nil {
+		if c.Mode == NetTap {
+			return fmt.Errorf("network: tap networking asked for, but not possible here: %w", err)
+		}
+		return nil
+	}
+	pool := c.Pool
+	if !pool.Prefix().IsValid() {
+		var err error
+		if pool, err = network.ParsePool(network.DefaultPool); err != nil {
+			return err
+		}
+	}
+	return network.CheckPool(pool, netID(state))
 }
 
 // policyOf is a VM's egress policy (the daemon's default if it has none

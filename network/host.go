@@ -103,10 +103,8 @@ func Open(ctx context.Context, cfg Config, vms []VM) (*Host, error) {
 		vms:    map[string]*attachment{},
 		opened: map[string]map[netip.Addr]time.Time{},
 	}
-	if used, err := overlapping(cfg.Pool.prefix, h.tapPrefix()); err != nil {
+	if err := CheckPool(cfg.Pool, cfg.ID); err != nil {
 		return nil, err
-	} else if used != "" {
-		return nil, fmt.Errorf("network pool %s overlaps route %s (another network, or another den daemon's pool): choose another pool (--net-pool)", cfg.Pool.prefix, used)
 	}
 	if on, err := enableForwarding(); err != nil {
 		return nil, err
@@ -147,6 +145,20 @@ func Open(ctx context.Context, cfg Config, vms []VM) (*Host, error) {
 		h.log.Warn("den: remove stale taps", "err", err)
 	}
 	return h, nil
+}
+
+// CheckPool refuses a pool that a route of the host overlaps (another
+// network, or another den daemon's pool), other than routes on the TAPs
+// of the daemon with this id.
+func CheckPool(pool Pool, id string) error {
+	used, err := overlapping(pool.prefix, "dn"+id+"-")
+	if err != nil {
+		return err
+	}
+	if used != "" {
+		return fmt.Errorf("network pool %s overlaps route %s (another network, or another den daemon's pool): choose another pool (--net-pool)", pool.prefix, used)
+	}
+	return nil
 }
 
 // validID: what a daemon id may be.

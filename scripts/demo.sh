@@ -59,7 +59,7 @@ step() {
 	"$@" 2>&1 | sed 's/^/   /'
 	end=$(date +%s%N)
 	printf '   (%d ms)\n' $(((end - start) / 1000000))
-	timings+=("$(printf '%-44s %6d ms' "$title" $(((end - start) / 1000000)))")
+	timings+=("$(printf '%-48s %6d ms' "$title" $(((end - start) / 1000000)))")
 }
 timings=()
 
@@ -117,12 +117,12 @@ step "sleep (no VMM process, no RAM held)" "$den" sleep box
 step "list VMs" "$den" ls
 step "exec wakes it" "$den" exec box -- sh -c 'cat /root/work.txt; kill -0 $(cat /tmp/worker.pid) && echo "worker alive"'
 
-step "its network: a TAP, an address, an egress policy" "$den" net log box
-step "fetch a page from a server outside, through its TAP" "$den" exec box -- curl -sS --max-time 10 http://10.99.0.2/
+step "its network: TAP, address, egress policy" "$den" net log box
+step "fetch a page from outside, through its TAP" "$den" exec box -- curl -sS --max-time 10 http://10.99.0.2/
 step "deny all egress, live" "$den" net policy box deny-all
 step "the same fetch is refused" bash -c "'$den' exec box -- curl -sS --max-time 5 http://10.99.0.2/ || echo \"refused (exit \$?)\""
 step "what the policy dropped" "$den" net log box
-step "serve a page from the VM" "$den" exec box -- sh -c 'mkdir -p /tmp/www && echo "hello from $(hostname), through its URL" >/tmp/www/index.html && cd /tmp/www && setsid python3 -m http.server 8080 >/dev/null 2>&1 < /dev/null & sleep 1'
+step "serve a page from the VM" "$den" exec box -- sh -c 'mkdir -p /tmp/www && echo "hello from $(hostname), through its URL" >/tmp/www/index.html && cd /tmp/www && setsid python3 -m http.server 8080 >/dev/null 2>&1 < /dev/null & for i in $(seq 1 150); do curl -s -o /dev/null localhost:8080 && exit 0; sleep 0.2; done; exit 1'
 url=$("$den" url box)
 step "its private URL" echo "$url"
 step "a request without the token is refused" in_den curl -s -o /dev/null -w "%{http_code}\n" http://127.0.0.1:8081/vm/box/
