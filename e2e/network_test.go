@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/denhq/den/internal/netns"
 )
 
 // netVM is what the network tests read of a VM.
@@ -422,5 +425,39 @@ func TestVMURL(t *testing.T) {
 		return true
 	}) || body != "hi from web\n" {
 		t.Fatalf("den forward: %q (%s)", body, stderr.String())
+	}
+
+	// A WebSocket-style upgrade passes through: a guest server on 8081
+	// answers 101 and echoes what follows.
+	d.must("exec", "web", "--", "sh", "-c", `printf '#!/bin/sh\nwhile IFS= read -r l; do l=$(printf %%s "$l" | tr -d "\\r"); [ -z "$l" ] && break; done\nprintf "HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\n\\r\\n"\nexec cat\n' > /tmp/ws.sh && chmod +x /tmp/ws.sh && (nc -ll -p 8081 -e /tmp/ws.sh >/dev/null 2>&1 &)`)
+	d.must("url", "web", "--port", "8081")
+	conn, err := netns.Dialer(n.den)(context.Background(), "tcp", "127.0.0.1:8081")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(60 * time.Second))
+	fmt.Fprintf(conn, "GET /vm/web/ws HTTP/1.1\r\nHost: den\r\nAuthorization: Bearer %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", u.Token)
+	br := bufio.NewReader(conn)
+	status, err := br.ReadString('\n')
+	if err != nil || !strings.Contains(status, " 101 ") {
+		t.Fatalf("upgrade: %q %v", status, err)
+	}
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l == "\r\n" {
+			break
+		}
+	}
+	for _, msg := range []string{"ping 1\n", "ping 2\n"} {
+		if _, err := conn.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := br.ReadString('\n'); err != nil || got != msg {
+			t.Fatalf("echo over the upgraded connection: %q %v", got, err)
+		}
 	}
 }
