@@ -211,11 +211,7 @@ type NetStatus struct {
 
 // NetStatus reads a VM's network state.
 func (m *Manager) NetStatus(ctx context.Context, name string) (NetStatus, error) {
-	vm, err := m.get(ctx, name)
-	if err != nil {
-		return NetStatus{}, err
-	}
-	sp, err := decodeSpec(vm)
+	vm, sp, err := m.getSpec(ctx, name)
 	if err != nil {
 		return NetStatus{}, err
 	}
@@ -246,31 +242,16 @@ func (m *Manager) netSummary(vm registry.VM, sp spec) (mode, ip, policy string) 
 
 // SetEgress changes a VM's egress policy, at once on a running VM.
 func (m *Manager) SetEgress(ctx context.Context, name string, p egress.Policy) error {
-	if _, err := m.get(ctx, name); err != nil {
-		return err
-	}
-	unlock, err := m.lockVM(ctx, name, "egress policy")
+	_, err := m.updateSpec(ctx, name, "egress policy", func(sp *spec) error {
+		if sp.Net == nil || m.net == nil {
+			return fmt.Errorf("it has no tap network, so no egress policy can be enforced (%s): %w", m.Network(), ErrInvalid)
+		}
+		sp.Egress = p.String()
+		// The rules change under the VM's lock, with the record.
+		return m.net.SetPolicy(ctx, name, p)
+	})
 	if err != nil {
-		return err
-	}
-	defer unlock()
-	vm, err := m.get(ctx, name)
-	if err != nil {
-		return err
-	}
-	sp, err := decodeSpec(vm)
-	if err != nil {
-		return err
-	}
-	if sp.Net == nil || m.net == nil {
-		return fmt.Errorf("vm %q has no tap network, so no egress policy can be enforced (%s): %w", name, m.Network(), ErrInvalid)
-	}
-	sp.Egress = p.String()
-	if _, err := m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
-		v.SpecJSON = mustJSON(sp)
-		return nil
-	}); err != nil {
 		return fmt.Errorf("set egress policy of vm %q: %w", name, err)
 	}
-	return m.net.SetPolicy(ctx, name, p)
+	return nil
 }

@@ -39,16 +39,9 @@ func urlOf(sp spec) URLSettings {
 
 // URL returns a VM's URL settings, recording a token the first time.
 func (m *Manager) URL(ctx context.Context, name string) (URLSettings, error) {
-	vm, err := m.get(ctx, name)
-	if err != nil {
-		return URLSettings{}, err
-	}
-	sp, err := decodeSpec(vm)
-	if err != nil {
-		return URLSettings{}, err
-	}
-	if sp.URLToken != "" {
-		return urlOf(sp), nil
+	u, err := m.URLTarget(ctx, name)
+	if err != nil || u.Token != "" {
+		return u, err
 	}
 	return m.SetURL(ctx, name, URLChange{})
 }
@@ -57,11 +50,7 @@ func (m *Manager) URL(ctx context.Context, name string) (URLSettings, error) {
 // ingress asks for every request): a VM without a token yet has a
 // private URL nobody can open.
 func (m *Manager) URLTarget(ctx context.Context, name string) (URLSettings, error) {
-	vm, err := m.get(ctx, name)
-	if err != nil {
-		return URLSettings{}, err
-	}
-	sp, err := decodeSpec(vm)
+	_, sp, err := m.getSpec(ctx, name)
 	if err != nil {
 		return URLSettings{}, err
 	}
@@ -73,36 +62,57 @@ func (m *Manager) SetURL(ctx context.Context, name string, c URLChange) (URLSett
 	if c.Port != nil && (*c.Port < 1 || *c.Port > 65535) {
 		return URLSettings{}, fmt.Errorf("bad port %d: 1 to 65535: %w", *c.Port, ErrInvalid)
 	}
-	if _, err := m.get(ctx, name); err != nil {
-		return URLSettings{}, err
-	}
-	unlock, err := m.lockVM(ctx, name, "url settings")
+	sp, err := m.updateSpec(ctx, name, "url settings", func(sp *spec) error {
+		if c.Port != nil {
+			sp.URLPort = *c.Port
+		}
+		if c.Public != nil {
+			sp.URLPublic = *c.Public
+		}
+		if sp.URLToken == "" || c.Rotate {
+			sp.URLToken = newToken()
+		}
+		return nil
+	})
 	if err != nil {
-		return URLSettings{}, err
+		return URLSettings{}, fmt.Errorf("url of vm %q: %w", name, err)
 	}
-	defer unlock()
+	return urlOf(sp), nil
+}
+
+// getSpec reads a VM's record and its spec.
+func (m *Manager) getSpec(ctx context.Context, name string) (registry.VM, spec, error) {
 	vm, err := m.get(ctx, name)
 	if err != nil {
-		return URLSettings{}, err
+		return vm, spec{}, err
 	}
 	sp, err := decodeSpec(vm)
+	return vm, sp, err
+}
+
+// updateSpec changes a VM's spec under its lock (op names the holder)
+// with f, and records it: the spec as recorded is returned.
+func (m *Manager) updateSpec(ctx context.Context, name, op string, f func(*spec) error) (spec, error) {
+	if _, err := m.get(ctx, name); err != nil {
+		return spec{}, err
+	}
+	unlock, err := m.lockVM(ctx, name, op)
 	if err != nil {
-		return URLSettings{}, err
+		return spec{}, err
 	}
-	if c.Port != nil {
-		sp.URLPort = *c.Port
+	defer unlock()
+	vm, sp, err := m.getSpec(ctx, name)
+	if err != nil {
+		return spec{}, err
 	}
-	if c.Public != nil {
-		sp.URLPublic = *c.Public
-	}
-	if sp.URLToken == "" || c.Rotate {
-		sp.URLToken = newToken()
+	if err := f(&sp); err != nil {
+		return spec{}, err
 	}
 	if _, err := m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
 		v.SpecJSON = mustJSON(sp)
 		return nil
 	}); err != nil {
-		return URLSettings{}, fmt.Errorf("url of vm %q: %w", name, err)
+		return spec{}, err
 	}
-	return urlOf(sp), nil
+	return sp, nil
 }

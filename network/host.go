@@ -96,9 +96,9 @@ func Open(ctx context.Context, cfg Config, vms []VM) (*Host, error) {
 		return nil, fmt.Errorf("network: tap networking is not possible here: %w", err)
 	}
 	h := &Host{
-		cfg:   cfg,
-		table: table{name: "den_" + cfg.ID, pool: cfg.Pool.prefix},
-		log:   cfg.Logger,
+		cfg:    cfg,
+		table:  table{name: "den_" + cfg.ID, pool: cfg.Pool.prefix},
+		log:    cfg.Logger,
 		slots:  map[int]string{},
 		vms:    map[string]*attachment{},
 		opened: map[string]map[netip.Addr]time.Time{},
