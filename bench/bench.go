@@ -33,6 +33,9 @@ type Options struct {
 	Quick bool
 	// NetworkOnly measures only the network figures (network.go).
 	NetworkOnly bool
+	// Breakdown adds each timed operation's steps, as the daemon
+	// traced them (breakdown.go).
+	Breakdown bool
 	// VMMs to benchmark ("qemu", "cloud-hypervisor"); default: every one
 	// present.
 	VMMs []string
@@ -65,6 +68,8 @@ type Result struct {
 	Quick   bool               `json:"quick"`
 	Figures []Figure           `json:"figures"`
 	Ratios  map[string]float64 `json:"ratios"`
+	// Breakdowns are the steps of each timed operation (with Breakdown).
+	Breakdowns []Breakdown `json:"breakdowns,omitempty"`
 	Took    string             `json:"took"`
 }
 
@@ -205,6 +210,12 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 		figs, err := d.runAll(ctx, o, v, info.Accel)
 		res.Figures = append(res.Figures, figs...)
+		for _, b := range d.breakdowns() {
+			if v.name != v.vmm {
+				b.VMM = v.name
+			}
+			res.Breakdowns = append(res.Breakdowns, b)
+		}
 		d.stop()
 		if err != nil {
 			return res, fmt.Errorf("bench %s: %w", v.name, err)

@@ -99,6 +99,11 @@ func Markdown(r Result) string {
 			fmt.Fprintf(&b, "| %s | %.2f |\n", k, r.Ratios[k])
 		}
 	}
+	if len(r.Breakdowns) > 0 {
+		b.WriteString("\n## Where the time goes (den bench --breakdown)\n")
+		b.WriteString("\nSteps as the daemon traced them (medians; steps nest and overlap, so shares need not add up to 100%).\n")
+		b.WriteString(breakdownMarkdown(r.Breakdowns))
+	}
 	b.WriteString("\n| anchor | figure | published | conditions |\n|---|---|---|---|\n")
 	for _, a := range Anchors {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", a.System, a.Figure, a.Value, a.Conditions)

@@ -25,6 +25,7 @@ type daemon struct {
 	client  *api.Client
 	version string
 	vmm     string
+	traces  traces // the daemon's traces of timed operations (breakdown.go)
 }
 
 // startDaemon starts `den daemon` for one VMM on a fresh state dir, with
@@ -210,6 +211,9 @@ func (d *daemon) runAll(ctx context.Context, o Options, v variant, accel string)
 				return figs, fmt.Errorf("create %s: %w", name, err)
 			}
 			*c.ds = append(*c.ds, t)
+			if err := d.addTrace(ctx, o, map[bool]string{true: "create (cold boot)", false: "create (warm base)"}[c.cold], "512M", name); err != nil {
+				return figs, err
+			}
 			_ = d.client.RemoveVM(ctx, name, true)
 		}
 	}
@@ -259,6 +263,9 @@ func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, 
 			return nil, fmt.Errorf("checkpoint: %w", err)
 		}
 		cpMem = append(cpMem, t)
+		if err := d.addTrace(ctx, o, "checkpoint (memory+disk)", label, name); err != nil {
+			return nil, err
+		}
 		if t, err = timed(func() error {
 			_, err := d.client.Checkpoint(ctx, name, api.CheckpointRequest{DiskOnly: true}, nil)
 			return err
@@ -273,10 +280,16 @@ func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, 
 			return nil, fmt.Errorf("restore: %w", err)
 		}
 		restore = append(restore, t)
+		if err := d.addTrace(ctx, o, "restore (memory+disk)", label, name); err != nil {
+			return nil, err
+		}
 		if t, err = timed(func() error { _, err := d.client.Sleep(ctx, name, api.SleepRequest{}); return err }); err != nil {
 			return nil, fmt.Errorf("sleep: %w", err)
 		}
 		sleep = append(sleep, t)
+		if err := d.addTrace(ctx, o, "sleep", label, name); err != nil {
+			return nil, err
+		}
 		rss, err := d.vmmRSS(name)
 		if err != nil {
 			return nil, err
@@ -286,6 +299,9 @@ func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, 
 			return nil, fmt.Errorf("wake: %w", err)
 		}
 		wake = append(wake, t)
+		if err := d.addTrace(ctx, o, "wake", label, name); err != nil {
+			return nil, err
+		}
 		if _, err := d.client.Sleep(ctx, name, api.SleepRequest{}); err != nil {
 			return nil, err
 		}

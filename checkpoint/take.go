@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/storage"
 )
 
@@ -68,7 +69,9 @@ func (s Store) Take(ctx context.Context, rec Record, from From, h TakeHooks) (Re
 	if h.Log == nil {
 		h.Log = slog.Default()
 	}
+	end := phase.Begin(ctx, "volume: make the directory")
 	p, err := s.Begin(ctx, rec.VM, rec.ID)
+	end()
 	if err != nil {
 		return rec, err
 	}
@@ -101,23 +104,34 @@ func (s Store) Take(ctx context.Context, rec Record, from From, h TakeHooks) (Re
 	if err != nil {
 		return rec, fmt.Errorf("checkpoint vm %q: %w", rec.VM, err)
 	}
+	end = phase.Begin(ctx, "volume: sizes")
 	if u, err := s.Vol.Usage(ctx, p.Path(VMMDir)); err == nil {
 		rec.MemoryBytes = u.Data
 	}
 	if u, err := s.Vol.Usage(ctx, p.Path(DiskFile)); err == nil {
 		rec.DiskBytes = u.Data
 	}
+	end()
 	rec.CreatedAt = time.Now().UTC()
-	if err := p.Sync(); err != nil {
+	end = phase.Begin(ctx, "sync the checkpoint")
+	err = p.Sync()
+	end()
+	if err != nil {
 		return rec, err
 	}
 	if !s.NoDigests {
-		if rec.Seal, err = p.SealSmall(ctx); err != nil {
+		end = phase.Begin(ctx, "digests of the small files")
+		rec.Seal, err = p.SealSmall(ctx)
+		end()
+		if err != nil {
 			return rec, err
 		}
 	}
 	h.Crash("checkpoint-before-commit")
-	if err := p.Commit(ctx, rec); err != nil {
+	end = phase.Begin(ctx, "commit (rename, record)")
+	err = p.Commit(ctx, rec)
+	end()
+	if err != nil {
 		return rec, err
 	}
 	ok = true
@@ -135,18 +149,26 @@ func (s Store) pausedSnapshot(ctx context.Context, from From, p *Pending, h Take
 	if err != nil {
 		return err
 	}
-	if err := from.Guest.Pause(ctx); err != nil {
+	end := phase.Begin(ctx, "pause")
+	err = from.Guest.Pause(ctx)
+	end()
+	if err != nil {
 		return err
 	}
 	defer func() {
+		defer phase.Begin(ctx, "resume")()
 		if rerr := Resume(context.WithoutCancel(ctx), from.Guest, h.Log); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("%w: %w", ErrLeftPaused, rerr))
 		}
 	}()
-	if err := from.Guest.Snapshot(ctx, dir); err != nil {
+	end = phase.Begin(ctx, "vmm snapshot")
+	err = from.Guest.Snapshot(ctx, dir)
+	end()
+	if err != nil {
 		return err
 	}
 	h.Crash("checkpoint-after-snapshot")
+	defer phase.Begin(ctx, "clone disk")()
 	return s.Vol.Clone(ctx, from.Disk, p.Path(DiskFile))
 }
 

@@ -163,6 +163,8 @@ func (s *Server) createCheckpoint(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.stream(w, r, func(ctx context.Context, progress machine.Progress) (api.Event, error) {
+		ctx, done := s.trace(ctx, name, "checkpoint")
+		defer done()
 		cp, err := s.m.Checkpoint(ctx, name, machine.CheckpointOptions{Comment: req.Comment, DiskOnly: req.DiskOnly, Keep: req.Keep}, progress)
 		if err != nil {
 			return api.Event{}, err
@@ -194,6 +196,8 @@ func (s *Server) restore(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.stream(w, r, func(ctx context.Context, progress machine.Progress) (api.Event, error) {
+		ctx, done := s.trace(ctx, name, "restore")
+		defer done()
 		saved, err := s.m.Restore(ctx, name, req.Checkpoint, machine.RestoreOptions{NoSave: req.NoSave, Force: req.Force}, progress)
 		if saved != "" {
 			progress("the state before the restore is checkpoint " + saved)
@@ -212,6 +216,8 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.stream(w, r, func(ctx context.Context, progress machine.Progress) (api.Event, error) {
+		ctx, done := s.trace(ctx, req.Name, "fork")
+		defer done()
 		vm, err := s.m.Fork(ctx, src, req.Checkpoint, req.Name, progress)
 		if err != nil {
 			return api.Event{}, err
@@ -228,7 +234,10 @@ func (s *Server) sleep(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := opContext(r)
 	defer cancel()
-	if err := s.m.Sleep(ctx, name, req.Force); err != nil {
+	ctx, done := s.trace(ctx, name, "sleep")
+	err := s.m.Sleep(ctx, name, req.Force)
+	done() // before the answer: a client reads the trace right after
+	if err != nil {
 		writeError(w, err)
 		return
 	}
@@ -243,7 +252,10 @@ func (s *Server) wake(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := opContext(r)
 	defer cancel()
-	if err := s.m.Wake(ctx, name); err != nil {
+	ctx, done := s.trace(ctx, name, "wake")
+	err := s.m.Wake(ctx, name)
+	done() // before the answer: a client reads the trace right after
+	if err != nil {
 		writeError(w, err)
 		return
 	}

@@ -29,6 +29,7 @@ type Server struct {
 	keys    users.Keys
 	info    api.DaemonInfo
 	web     *ingressServer // the VMs' HTTP URLs (nil: off)
+	traces  traces         // each VM's last operation's steps
 	hostKey ssh.Signer
 	log     *slog.Logger
 	mux     *http.ServeMux
@@ -55,6 +56,7 @@ func NewServer(m *machine.Manager, keys users.Keys, info api.DaemonInfo, hostKey
 	handle("POST /v1/vms/{name}/sleep", s.sleep)
 	handle("POST /v1/vms/{name}/wake", s.wake)
 	handle("POST /v1/vms/{name}/resize", s.resize)
+	handle("GET /v1/vms/{name}/trace", s.getTrace)
 	handle("GET /v1/vms/{name}/net", s.getNet)
 	handle("POST /v1/vms/{name}/egress", s.setEgress)
 	handle("GET /v1/vms/{name}/url", s.getURL)
@@ -240,7 +242,9 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 		opts.IdleTimeout = d
 	}
 	s.stream(w, r, func(ctx context.Context, progress machine.Progress) (api.Event, error) {
+		ctx, done := s.trace(ctx, opts.Name, "create")
 		vm, err := s.m.Create(ctx, opts, progress)
+		done()
 		if err != nil {
 			return api.Event{}, err
 		}

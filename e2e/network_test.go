@@ -37,9 +37,17 @@ func (d *daemon) netInfo(name string) netVM {
 	return vm
 }
 
-// fetch runs wget in a VM (bounded): the body, or an error.
+// fetch runs wget in a VM (bounded by 30 s, for a loaded host): the
+// body, or an error.
 func (d *daemon) fetch(vm, url string) (string, error) {
-	return d.run("exec", vm, "--", "sh", "-c", "timeout 8 wget -q -O - "+url)
+	return d.run("exec", vm, "--", "sh", "-c", "timeout 30 wget -q -O - "+url)
+}
+
+// blocked says whether a fetch that should not get through does not
+// (within 6 s: a dropped SYN only times out).
+func (d *daemon) blocked(vm, url string) (string, bool) {
+	out, err := d.run("exec", vm, "--", "sh", "-c", "timeout 6 wget -q -O - "+url)
+	return out, err != nil
 }
 
 // guestAddr is the VM's own view of eth0: its MAC and IPv4 address.
@@ -100,7 +108,7 @@ func TestNetwork(t *testing.T) {
 	bIP := strings.Split(b.IP, "/")[0]
 	aGW := gateway(a.IP)
 	for _, url := range []string{"http://" + bIP + ":8080/", "http://" + denUplink + ":9999/", "http://" + aGW + ":9999/"} {
-		if out, err := d.fetch("a", url); err == nil {
+		if out, ok := d.blocked("a", url); !ok {
 			t.Fatalf("a reached %s: %q", url, out)
 		}
 	}
@@ -129,6 +137,13 @@ func TestNetwork(t *testing.T) {
 	d.waitExit()
 	d.start()
 	reach("a daemon restart")
+	// A reboot: the VM was put to sleep, then the host lost its TAPs.
+	aTap := tapOf(t, d, "a")
+	d.must("sleep", "a")
+	d.kill()
+	n.ip(n.den, "link", "del", aTap)
+	d.start()
+	reach("a reboot (its tap gone while it slept)")
 
 	// A fork has its own MAC and address, and the network works there.
 	d.must("fork", "a", "c")
@@ -214,7 +229,7 @@ func TestEgress(t *testing.T) {
 	if vm := d.netInfo("box"); vm.Egress != "deny-all" {
 		t.Fatalf("egress %q, want deny-all", vm.Egress)
 	}
-	if out, err := d.fetch("box", "http://"+wanHostA+"/"); err == nil {
+	if out, ok := d.blocked("box", "http://"+wanHostA+"/"); !ok {
 		t.Fatalf("deny-all let a connection through: %q", out)
 	}
 	var log struct {
@@ -239,7 +254,7 @@ func TestEgress(t *testing.T) {
 
 	d.must("net", "policy", "box", "allow:allowed.test")
 	// An address before any allowed name resolved to it: dropped.
-	if out, err := d.fetch("box", "http://"+wanHostA+"/"); err == nil {
+	if out, ok := d.blocked("box", "http://"+wanHostA+"/"); !ok {
 		t.Fatalf("a direct connection to an unresolved address went through: %q", out)
 	}
 	if out, err := d.fetch("box", "http://allowed.test/"); err != nil || out != "this is "+wanHostA+"\n" {
@@ -249,7 +264,7 @@ func TestEgress(t *testing.T) {
 	if err == nil || strings.Contains(out, wanHostB) {
 		t.Fatalf("other.test resolved under allow:allowed.test: %q %v", out, err)
 	}
-	if out, err := d.fetch("box", "http://"+wanHostB+"/"); err == nil {
+	if out, ok := d.blocked("box", "http://"+wanHostB+"/"); !ok {
 		t.Fatalf("a direct connection to other.test's address went through: %q", out)
 	}
 	readLog()
@@ -268,7 +283,7 @@ func TestEgress(t *testing.T) {
 	if out, err := d.fetch("box", "http://"+wanHostB+"/"); err != nil {
 		t.Fatalf("a CIDR entry: %q %v", out, err)
 	}
-	if out, err := d.fetch("box", "http://"+wanHostA+"/"); err == nil {
+	if out, ok := d.blocked("box", "http://"+wanHostA+"/"); !ok {
 		t.Fatalf("an address out of the new list went through: %q", out)
 	}
 
@@ -369,7 +384,7 @@ func TestVMURL(t *testing.T) {
 	}
 
 	// A sleeping VM is woken by a request, its server still there.
-	if !eventually(60*time.Second, func() bool { return d.netInfo("web").State == "sleeping" }) {
+	if !eventually(2*time.Minute, func() bool { return d.netInfo("web").State == "sleeping" }) {
 		t.Fatalf("web did not fall asleep after its idle timeout: %+v", d.netInfo("web"))
 	}
 	start := time.Now()

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/denhq/den/agent"
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/network"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
@@ -99,13 +100,20 @@ func (m *Manager) boot(ctx context.Context, vm registry.VM, sp spec) error {
 		_ = hv.Shutdown(context.Background())
 		return fmt.Errorf("boot: %w%s", err, consoleHint(rd))
 	}
+	end := phase.Begin(ctx, "vmm create and boot")
 	if err := hv.Create(ctx, cfg); err != nil {
+		end()
 		return fail(err)
 	}
-	if err := hv.Boot(ctx); err != nil {
+	err = hv.Boot(ctx)
+	end()
+	if err != nil {
 		return fail(err)
 	}
-	if err := m.connectAgent(ctx, in, m.cfg.BootTimeout); err != nil {
+	end = phase.Begin(ctx, "guest boot to agent")
+	err = m.connectAgent(ctx, in, m.cfg.BootTimeout)
+	end()
+	if err != nil {
 		return fail(err)
 	}
 	m.setInstance(in)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
@@ -46,7 +47,10 @@ type bringUpFrom struct {
 func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bringUpFrom, progress Progress) (registry.VM, error) {
 	accel, _ := m.Accel()
 	progress("cloning the disk of " + from.what)
-	if err := m.vol.Clone(ctx, from.disk, storage.VMDisk(vm.Name)); err != nil {
+	end := phase.Begin(ctx, "clone disk")
+	err := m.vol.Clone(ctx, from.disk, storage.VMDisk(vm.Name))
+	end()
+	if err != nil {
 		return vm, fmt.Errorf("clone disk: %w", err)
 	}
 	crashpoint("bringup-after-clone")
@@ -63,12 +67,18 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 		}
 		m.verifyRunning(in, from.ref, vm.VMM)
 		progress("new identity")
-		if err := m.newIdentity(ctx, in, vm, sp); err != nil {
+		end := phase.Begin(ctx, "new identity")
+		err = m.newIdentity(ctx, in, vm, sp)
+		end()
+		if err != nil {
 			return vm, err
 		}
 		if grow {
 			progress("growing the disk to " + FormatSize(vm.DiskBytes))
-			if err := m.growDisk(ctx, vm, in); err != nil {
+			end := phase.Begin(ctx, "grow disk")
+			err := m.growDisk(ctx, vm, in)
+			end()
+			if err != nil {
 				return vm, err
 			}
 		}
@@ -88,10 +98,12 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 		}
 	}
 	crashpoint("bringup-before-commit")
+	end = phase.Begin(ctx, "registry")
 	vm, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
 		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
 		return nil
 	})
+	end()
 	if err != nil {
 		return vm, err
 	}

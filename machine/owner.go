@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
 )
 
@@ -39,6 +40,7 @@ func (m *Manager) lockVM(ctx context.Context, name, op string) (func(), error) {
 	}
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
+	defer phase.Begin(ctx, "lock")()
 	for {
 		unlock, err := m.tryLockVM(name, op)
 		if err != nil || unlock != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/vmm"
@@ -25,7 +26,10 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	} else {
 		cctx, cancel := context.WithCancel(ctx)
 		defer cancel() // the check ends with a restore that failed early
-		go func() { checked <- check(cctx) }()
+		go func() {
+			defer phase.Begin(cctx, "verify (beside the vmm's start)")()
+			checked <- check(cctx)
+		}()
 	}
 	cfg, err := m.vmmConfig(vm, sp)
 	if err != nil {
@@ -38,17 +42,26 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	if err := m.needRAMSpace(vm); err != nil {
 		return nil, err
 	}
+	end := phase.Begin(ctx, "admit memory")
 	release, err := m.admitMemory(ctx, vm)
+	end()
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	if err := m.waitDisk(ctx, vm.Name); err != nil {
+	end = phase.Begin(ctx, "wait for the volume")
+	err = m.waitDisk(ctx, vm.Name)
+	end()
+	if err != nil {
 		return nil, err
 	}
-	if err := m.netUp(ctx, vm.Name, sp); err != nil {
+	end = phase.Begin(ctx, "network up")
+	err = m.netUp(ctx, vm.Name, sp)
+	end()
+	if err != nil {
 		return nil, err
 	}
+	end = phase.Begin(ctx, "start vmm")
 	rd := m.state.Run(vm.Name)
 	m.discardRuntime(vm.Name)
 	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
@@ -58,7 +71,9 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	if err != nil {
 		return nil, err
 	}
-	if err := hv.Start(ctx); err != nil {
+	err = hv.Start(ctx)
+	end()
+	if err != nil {
 		return nil, err
 	}
 	in := newInstance(vm.Name, hv)
@@ -69,22 +84,35 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 		m.discardRuntime(vm.Name)
 		return nil, err
 	}
-	if err := <-checked; err != nil {
+	end = phase.Begin(ctx, "wait for the verification")
+	err = <-checked
+	end()
+	if err != nil {
 		return fail(err)
 	}
-	if err := hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg}); err != nil {
+	end = phase.Begin(ctx, "vmm restore")
+	err = hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg})
+	end()
+	if err != nil {
 		return fail(err)
 	}
 	// From here the guest runs: a failure is one after it ran.
 	ran := func(err error) (*instance, error) { return fail(fmt.Errorf("%w: %w", errGuestRan, err)) }
-	if err := m.connectAgent(ctx, in, time.Minute); err != nil {
-		return ran(err)
-	}
-	c, err := m.agentClient(ctx, in)
+	end = phase.Begin(ctx, "agent reconnect")
+	err = m.connectAgent(ctx, in, time.Minute)
+	end()
 	if err != nil {
 		return ran(err)
 	}
-	if _, err := c.SetClock(ctx, time.Now()); err != nil {
+	end = phase.Begin(ctx, "clock")
+	c, err := m.agentClient(ctx, in)
+	if err != nil {
+		end()
+		return ran(err)
+	}
+	_, err = c.SetClock(ctx, time.Now())
+	end()
+	if err != nil {
 		return ran(fmt.Errorf("set guest clock: %w", err))
 	}
 	m.setInstance(in)
@@ -129,7 +157,10 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	}
 	// A damaged checkpoint is refused before anything changes.
 	progress("verifying " + id)
-	if err := m.verify(ctx, checkpointRef(cp), vm.VMM); err != nil {
+	end := phase.Begin(ctx, "verify")
+	err = m.verify(ctx, checkpointRef(cp), vm.VMM)
+	end()
+	if err != nil {
 		return "", fmt.Errorf("restore vm %q: %w", name, err)
 	}
 	in := m.instance(name)
@@ -147,6 +178,7 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	}
 	if !o.NoSave && vm.State != registry.StateStopped {
 		progress("saving the current state first (--no-save skips this)")
+		defer phase.Begin(ctx, "save the current state")()
 		row, err := m.checkpointLocked(ctx, vm, CheckpointOptions{Comment: "auto: before restore to " + id}, func(string) {})
 		if err != nil {
 			return "", fmt.Errorf("restore vm %q: save current state: %w", name, err)
@@ -155,10 +187,13 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	}
 	if in != nil {
 		progress("stopping the vm")
+		end := phase.Begin(ctx, "stop vmm")
 		m.stopInstance(ctx, in, false)
+		end()
 	}
 	// From here the VM is stopped with the restore recorded: a crash
 	// anywhere after leaves it to be finished when the VM is next reached.
+	end = phase.Begin(ctx, "registry: restoring")
 	vm, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
 		sp, err := decodeSpec(*v)
 		if err != nil {
@@ -172,6 +207,7 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 		v.Reason = "restoring " + id
 		return nil
 	})
+	end()
 	if err != nil {
 		return saved, err
 	}
@@ -186,11 +222,16 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry.Checkpoint, progress Progress) error {
 	name, id := vm.Name, cp.ID
 	progress("cloning the checkpoint's disk over the vm's disk")
-	if err := m.vol.CloneOver(ctx, checkpoint.Dir(name, id).Join(checkpoint.DiskFile), storage.VMDisk(name)); err != nil {
+	end := phase.Begin(ctx, "clone disk over the vm's")
+	err := m.vol.CloneOver(ctx, checkpoint.Dir(name, id).Join(checkpoint.DiskFile), storage.VMDisk(name))
+	end()
+	if err != nil {
 		return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 	}
 	crashpoint("restore-after-disk")
+	end = phase.Begin(ctx, "volume: drop the suspend slot")
 	_ = m.vol.Remove(ctx, storage.SuspendDir(name)) // a sleeping VM's old memory is obsolete
+	end()
 	sp, err := decodeSpec(vm)
 	if err != nil {
 		return err
@@ -208,6 +249,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}
 	}
+	end = phase.Begin(ctx, "registry")
 	_, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
 		sp, err := decodeSpec(*v)
 		if err != nil {
@@ -218,6 +260,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
 		return nil
 	})
+	end()
 	in := m.instance(name)
 	if err != nil {
 		// A VMM whose record does not say running must not run on; the

@@ -8,6 +8,7 @@ import (
 
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
@@ -58,17 +59,22 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 		}
 	}()
 	tmp := suspendNew(name)
+	end := phase.Begin(ctx, "volume: make the slot")
 	if err := m.vol.Remove(ctx, tmp); err != nil {
 		return err
 	}
 	if err := m.vol.MkdirAll(ctx, tmp); err != nil {
 		return err
 	}
+	end()
 	dir, err := m.vol.Path(tmp)
 	if err != nil {
 		return err
 	}
-	if err := in.hv.Pause(ctx); err != nil {
+	end = phase.Begin(ctx, "pause")
+	err = in.hv.Pause(ctx)
+	end()
+	if err != nil {
 		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
 	crashpoint("sleep-after-pause")
@@ -82,13 +88,19 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 		}
 		return fmt.Errorf("sleep vm %q: %w", name, cause)
 	}
+	end = phase.Begin(ctx, "vmm snapshot")
 	err = in.hv.Snapshot(ctx, dir)
+	end()
 	if err == nil {
+		end = phase.Begin(ctx, "sync the snapshot")
 		err = fsutil.SyncTree(dir)
+		end()
 	}
 	var seal string
 	if err == nil {
+		end = phase.Begin(ctx, "digests of the small files")
 		seal, err = m.sealSmall(ctx, tmp)
+		end()
 	}
 	if err != nil {
 		_ = m.vol.Remove(ctx, tmp)
@@ -99,10 +111,14 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	// says sleeping, before the VMM stops. A crash in between leaves a
 	// whole slot, a sleeping record and a paused VMM, which the next
 	// start stops.
-	if err := m.swapSuspend(ctx, name); err != nil {
+	end = phase.Begin(ctx, "volume: swap the slot")
+	err = m.swapSuspend(ctx, name)
+	end()
+	if err != nil {
 		return undo(err)
 	}
 	_, lastAct := in.activity()
+	end = phase.Begin(ctx, "registry")
 	_, err = m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
 		sp, err := decodeSpec(*v)
 		if err != nil {
@@ -116,12 +132,15 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 		}
 		return nil
 	})
+	end()
 	if err != nil {
 		return undo(err)
 	}
 	crashpoint("sleep-after-record")
 	stopped = true
+	end = phase.Begin(ctx, "stop vmm")
 	m.stopInstance(ctx, in, false)
+	end()
 	m.sealLater(storage.SuspendDir(name))
 	return nil
 }
@@ -169,10 +188,12 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 	}
 	m.verifyRunning(in, suspendRef(vm.Name, sp.SuspendSeal), vm.VMM)
 	crashpoint("wake-after-restore")
+	end := phase.Begin(ctx, "registry")
 	_, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
 		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
 		return nil
 	})
+	end()
 	if err != nil {
 		if in := m.instance(vm.Name); in != nil {
 			m.stopInstance(ctx, in, false)
