@@ -70,7 +70,7 @@ type Result struct {
 	Ratios  map[string]float64 `json:"ratios"`
 	// Breakdowns are the steps of each timed operation (with Breakdown).
 	Breakdowns []Breakdown `json:"breakdowns,omitempty"`
-	Took    string             `json:"took"`
+	Took       string      `json:"took"`
 }
 
 // Machine describes the host.
