@@ -131,6 +131,14 @@ func (r *Result) ratios() {
 		put("wake(1 GiB) / wake(512 MiB)", r.find("wake to running", v, "1G"), r.find("wake to running", v, "512M"))
 		put("checkpoint(2 GiB) / checkpoint(512 MiB)", r.find("checkpoint (memory+disk)", v, "2G"), r.find("checkpoint (memory+disk)", v, "512M"))
 		put("wake(2 GiB) / wake(512 MiB)", r.find("wake to running", v, "2G"), r.find("wake to running", v, "512M"))
+		if v == "qemu" {
+			// Issue 15's goals: den's operations against the VMM's own floor.
+			floor := r.find("vmm floor: restore to agent ready (QEMU alone, local disk)", v, "512M")
+			put("wake to running / vmm floor", r.find("wake to running", v, "512M"), floor)
+			put("create (warm base) / vmm floor", r.find("create to exec-ready (warm base)", v, "512M"), floor)
+			put("restore (memory+disk) / vmm floor", r.find("restore (memory+disk, to running)", v, "512M"), floor)
+		}
+		put("checkpoint (memory+disk) / sleep", r.find("checkpoint (memory+disk)", v, "512M"), r.find("sleep", v, "512M"))
 		put("TCP throughput tap / user-mode", r.find("guest to host TCP (tap)", v, ""), r.find("guest to host TCP (qemu user-mode)", v, ""))
 		put("HTTP first byte sleeping / running", r.find("HTTP first byte through --http-listen (sleeping vm, woken)", v, ""), r.find("HTTP first byte through --http-listen (running vm)", v, ""))
 		put("DNS through the vm's resolver (allow-list, again) / upstream", r.find("DNS answer through the vm's resolver, allow-list, again", v, ""), r.find("DNS answer from the upstream directly", v, ""))
@@ -220,6 +228,13 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		if err != nil {
 			return res, fmt.Errorf("bench %s: %w", v.name, err)
 		}
+	}
+	if slices.Contains(vmms, "qemu") && !o.NetworkOnly {
+		f, err := floorFigure(ctx, o, o.Progress)
+		if err != nil {
+			return res, fmt.Errorf("bench floor: %w", err)
+		}
+		res.Figures = append(res.Figures, f)
 	}
 	if slices.Contains(vmms, "qemu") {
 		figs, err := networkFigures(ctx, o, o.Progress)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/denhq/den/internal/phase"
@@ -104,28 +106,19 @@ func (s Store) Take(ctx context.Context, rec Record, from From, h TakeHooks) (Re
 	if err != nil {
 		return rec, fmt.Errorf("checkpoint vm %q: %w", rec.VM, err)
 	}
-	end = phase.Begin(ctx, "volume: sizes")
-	if u, err := s.Vol.Usage(ctx, p.Path(VMMDir)); err == nil {
-		rec.MemoryBytes = u.Data
-	}
-	if u, err := s.Vol.Usage(ctx, p.Path(DiskFile)); err == nil {
-		rec.DiskBytes = u.Data
-	}
-	end()
+	// Its sizes are read after (Sizes): a juicefs process each, which
+	// the operation does not wait for.
 	rec.CreatedAt = time.Now().UTC()
 	end = phase.Begin(ctx, "sync the checkpoint")
 	err = p.Sync()
 	end()
-	if err != nil {
-		return rec, err
-	}
-	if !s.NoDigests {
+	if err == nil && !s.NoDigests {
 		end = phase.Begin(ctx, "digests of the small files")
 		rec.Seal, err = p.SealSmall(ctx)
 		end()
-		if err != nil {
-			return rec, err
-		}
+	}
+	if err != nil {
+		return rec, err
 	}
 	h.Crash("checkpoint-before-commit")
 	end = phase.Begin(ctx, "commit (rename, record)")
@@ -136,6 +129,32 @@ func (s Store) Take(ctx context.Context, rec Record, from From, h TakeHooks) (Re
 	}
 	ok = true
 	return rec, nil
+}
+
+// Sizes reads the data sizes of a checkpoint's memory and disk (what
+// they hold, not their apparent sizes), both at once. Take leaves them
+// 0: reading them costs a juicefs process each, which no operation
+// waits for.
+func (s Store) Sizes(ctx context.Context, vm, id string) (memory, disk int64, err error) {
+	dir := Dir(vm, id)
+	var wg sync.WaitGroup
+	var errs [2]error
+	for i, f := range []struct {
+		path storage.Path
+		to   *int64
+	}{{dir.Join(VMMDir), &memory}, {dir.Join(DiskFile), &disk}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			u, err := s.Vol.Usage(ctx, f.path)
+			if errors.Is(err, fs.ErrNotExist) { // a disk-only checkpoint has no memory
+				err = nil
+			}
+			*f.to, errs[i] = u.Data, err
+		}()
+	}
+	wg.Wait()
+	return memory, disk, errors.Join(errs[:]...)
 }
 
 // pausedSnapshot pauses the guest, writes the VMM snapshot into the

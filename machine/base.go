@@ -40,6 +40,10 @@ func (m *Manager) baseKey(vm registry.VM, sp spec) (string, error) {
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\n%s\n%d\n%d\n%s\n%s\n", sp.BaseImage, sp.Kernel, vm.CPUs, vm.MemoryBytes, vm.VMM, vm.Accel)
+	// The base's disk and root filesystem are already the VM's size, so a
+	// create grows nothing (a resize of the guest's filesystem costs more
+	// than the restore).
+	fmt.Fprintf(h, "disk=%d\n", vm.DiskBytes)
 	if sp.Net != nil {
 		// A snapshot holds its network backend's state (QEMU's user-mode
 		// network has some): TAP VMs restore from TAP bases only.
@@ -90,6 +94,9 @@ func (m *Manager) warmBase(ctx context.Context, vm registry.VM, sp spec, progres
 		return "", err
 	}
 	if err := m.vol.Clone(ctx, storage.Path(sp.BaseImage), tmp.Join(checkpoint.DiskFile)); err != nil {
+		return "", err
+	}
+	if err := m.growFile(tmp.Join(checkpoint.DiskFile), vm.DiskBytes); err != nil {
 		return "", err
 	}
 	if err := m.snapshotBase(ctx, vm, sp, tmp); err != nil {
@@ -160,6 +167,9 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 	c, err := m.agentClient(ctx, in)
 	if err != nil {
 		return err
+	}
+	if _, err := c.GrowRoot(ctx, vm.DiskBytes); err != nil {
+		return fmt.Errorf("grow the base's root filesystem: %w", err)
 	}
 	// Snapshot a settled system: with systemd, once its boot is over, so
 	// that every VM created from the base does not redo the boot's work.

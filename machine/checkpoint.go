@@ -109,11 +109,29 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 	if err := m.db.AddCheckpoint(ctx, rec); err != nil {
 		return rec, err
 	}
+	m.sizesLater(vm.Name, id)
 	m.sealLater(checkpoint.Dir(vm.Name, id))
 	if err := m.setHead(ctx, vm.Name, id); err != nil {
 		return rec, err
 	}
 	return rec, nil
+}
+
+// sizesLater reads a new checkpoint's data sizes in the background and
+// records them (den checkpoints shows them; nothing waits for them).
+func (m *Manager) sizesLater(vm, id string) {
+	m.goBackground(func() {
+		ctx, cancel := m.lifetime()
+		defer cancel()
+		mem, disk, err := m.store().Sizes(ctx, vm, id)
+		if err != nil {
+			m.log.Debug("den: checkpoint sizes", "vm", vm, "checkpoint", id, "err", err)
+			return
+		}
+		if err := m.db.SetCheckpointSizes(ctx, vm, id, mem, disk); err != nil {
+			m.log.Debug("den: checkpoint sizes", "vm", vm, "checkpoint", id, "err", err)
+		}
+	})
 }
 
 // guestOf is a running VM as the checkpoint package takes it: its VMM
@@ -172,6 +190,9 @@ func (m *Manager) Checkpoints(ctx context.Context, name string) ([]registry.Chec
 	cps, err := m.db.ListCheckpoints(ctx, name)
 	for i := range cps {
 		cps[i].Damaged = m.store().Damaged(name, cps[i].ID)
+		if cps[i].MemoryBytes == 0 && cps[i].DiskBytes == 0 {
+			m.sizesLater(name, cps[i].ID) // a stop came before they were read
+		}
 	}
 	return cps, sp.Head, err
 }

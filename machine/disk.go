@@ -25,7 +25,12 @@ func (m *Manager) diskFileSize(name string) (int64, error) {
 // growDiskFile extends a VM's disk file to size (never shrinks it): a
 // VM that boots next sees the whole disk.
 func (m *Manager) growDiskFile(name string, size int64) error {
-	p, err := m.vol.Path(storage.VMDisk(name))
+	return m.growFile(storage.VMDisk(name), size)
+}
+
+// growFile grows a disk image on the volume to size (never shrinks it).
+func (m *Manager) growFile(disk storage.Path, size int64) error {
+	p, err := m.vol.Path(disk)
 	if err != nil {
 		return err
 	}

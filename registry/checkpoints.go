@@ -51,6 +51,16 @@ func (d *DB) AddCheckpoint(ctx context.Context, c Checkpoint) error {
 	return nil
 }
 
+// SetCheckpointSizes records the data sizes of a checkpoint's memory and
+// disk, read after it was taken; a checkpoint deleted meanwhile is left
+// alone.
+func (d *DB) SetCheckpointSizes(ctx context.Context, vm, id string, memory, disk int64) error {
+	if _, err := d.db.ExecContext(ctx, `UPDATE checkpoints SET memory_bytes = ?, disk_bytes = ? WHERE vm = ? AND id = ?`, memory, disk, vm, id); err != nil {
+		return fmt.Errorf("sizes of checkpoint %s of %q: %w", id, vm, err)
+	}
+	return nil
+}
+
 // GetCheckpoint returns one checkpoint; ErrNotFound when there is none.
 func (d *DB) GetCheckpoint(ctx context.Context, vm, id string) (Checkpoint, error) {
 	c, err := scanCheckpoint(d.db.QueryRowContext(ctx, `SELECT `+cpColumns+` FROM checkpoints WHERE vm = ? AND id = ?`, vm, id))

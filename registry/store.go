@@ -39,6 +39,7 @@ type VMStore interface {
 type CheckpointStore interface {
 	NextCheckpointSeq(ctx context.Context, vm string) (int, error)
 	AddCheckpoint(ctx context.Context, c Checkpoint) error
+	SetCheckpointSizes(ctx context.Context, vm, id string, memory, disk int64) error
 	GetCheckpoint(ctx context.Context, vm, id string) (Checkpoint, error)
 	ListCheckpoints(ctx context.Context, vm string) ([]Checkpoint, error)
 	DeleteCheckpoint(ctx context.Context, vm, id string) error

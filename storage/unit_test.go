@@ -159,6 +159,10 @@ func TestParseInfoData(t *testing.T) {
 	if n, err := parseInfoData([]byte("/f :\n  inode: 3\n")); err != nil || n != 0 {
 		t.Fatalf("empty file: %d %v", n, err)
 	}
+	// Several files in one call: a table each, each with its header.
+	if n, err := parseInfoData(append(append([]byte{}, out...), out...)); err != nil || n != 16<<20 {
+		t.Fatalf("two files: %d %v", n, err)
+	}
 }
 
 func TestLastLines(t *testing.T) {

@@ -48,6 +48,7 @@ func (v *JuiceFS) Usage(ctx context.Context, p Path) (Usage, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	var u Usage
+	var files []string
 	err = filepath.WalkDir(hp, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -59,27 +60,35 @@ func (v *JuiceFS) Usage(ctx context.Context, p Path) (Usage, error) {
 		if err != nil {
 			return err
 		}
-		out, err := v.run(ctx, false, "info", "--raw", path)
-		if err != nil {
-			return err
-		}
-		data, err := parseInfoData(out)
-		if err != nil {
-			return fmt.Errorf("juicefs info %s: %w", path, err)
-		}
 		u.Files++
 		u.Logical += info.Size()
-		u.Data += data
+		files = append(files, path)
 		return nil
 	})
 	if err != nil {
 		return Usage{}, fmt.Errorf("usage of %s: %w", p, err)
 	}
+	// One juicefs process per batch of files, not per file: each start
+	// costs tens of milliseconds (a checkpoint's directory has several).
+	const batch = 64
+	for len(files) > 0 {
+		n := min(batch, len(files))
+		out, err := v.run(ctx, false, append([]string{"info", "--raw"}, files[:n]...)...)
+		if err != nil {
+			return Usage{}, fmt.Errorf("usage of %s: %w", p, err)
+		}
+		data, err := parseInfoData(out)
+		if err != nil {
+			return Usage{}, fmt.Errorf("usage of %s: juicefs info: %w", p, err)
+		}
+		u.Data += data
+		files = files[n:]
+	}
 	return u, nil
 }
 
-// parseInfoData sums the length column of the chunks table of
-// `juicefs info --raw FILE` for slices that hold data (id not 0):
+// parseInfoData sums the length column of the chunks tables of
+// `juicefs info --raw FILE...` for slices that hold data (id not 0):
 //
 //	 chunks:
 //	+------------+---------+---------+--------+---------+
@@ -94,8 +103,8 @@ func parseInfoData(out []byte) (int64, error) {
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
 		switch {
-		case line == "chunks:":
-			inChunks = true
+		case line == "chunks:": // one table per file: each has its header
+			inChunks, cols = true, nil
 			continue
 		case strings.HasSuffix(line, ":") && !strings.HasPrefix(line, "|"):
 			inChunks = false

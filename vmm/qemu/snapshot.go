@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/vmm"
 )
 
@@ -104,10 +105,18 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	if meta.RAMInStream {
 		// The stream fills a fresh RAM file.
 		_ = os.Remove(v.ramFile())
-	} else if err := copyMemory(dir, v.ramFile()); err != nil {
-		return fmt.Errorf("restore vm: memory: %w", err)
+	} else {
+		end := phase.Begin(ctx, "qemu: copy memory")
+		err := copyMemory(dir, v.ramFile())
+		end()
+		if err != nil {
+			return fmt.Errorf("restore vm: memory: %w", err)
+		}
 	}
-	if err := v.launch(ctx, cfg, true); err != nil {
+	end := phase.Begin(ctx, "qemu: launch")
+	err = v.launch(ctx, cfg, true)
+	end()
+	if err != nil {
 		return fmt.Errorf("restore vm: %w", err)
 	}
 	fail := func(err error) error {
@@ -117,10 +126,14 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	if err := v.setIgnoreShared(ctx, !meta.RAMInStream); err != nil {
 		return fail(err)
 	}
+	end = phase.Begin(ctx, "qemu: incoming migration")
 	if _, err := v.call(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(filepath.Join(dir, snapState))}); err != nil {
+		end()
 		return fail(err)
 	}
-	if err := v.waitIncoming(ctx); err != nil {
+	err = v.waitIncoming(ctx)
+	end()
+	if err != nil {
 		return fail(err)
 	}
 	v.mu.Lock()
