@@ -46,22 +46,24 @@ type bringUpFrom struct {
 // VM's size, and record the VM running.
 func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bringUpFrom, progress Progress) (registry.VM, error) {
 	accel, _ := m.Accel()
-	progress("cloning the disk of " + from.what)
-	end := phase.Begin(ctx, "clone disk")
-	err := m.vol.Clone(ctx, from.disk, storage.VMDisk(vm.Name))
-	end()
-	if err != nil {
-		return vm, fmt.Errorf("clone disk: %w", err)
-	}
-	crashpoint("bringup-after-clone")
-	cloned, err := m.diskFileSize(vm.Name)
+	srcSize, err := m.fileSize(from.disk)
 	if err != nil {
 		return vm, err
 	}
-	grow := vm.DiskBytes > cloned
+	grow := vm.DiskBytes > srcSize
+	progress("cloning the disk of " + from.what)
+	// The clone runs while the memory is read in; it is over before this
+	// returns (and a rollback removes the VM's files), whatever happens.
+	cloned := m.cloneAsync(ctx, "clone disk", "bringup-after-clone", func() error {
+		if err := m.vol.Clone(ctx, from.disk, storage.VMDisk(vm.Name)); err != nil {
+			return fmt.Errorf("clone disk: %w", err)
+		}
+		return nil
+	})
+	defer cloned() // never returns before the clone is over; its error comes from the wait in the restore or the boot
 	if from.memory != "" {
 		progress("restoring the memory of " + from.what + " (" + vm.VMM + ", " + accel + ")")
-		in, err := m.restoreInto(ctx, vm, sp, from.memory, nil)
+		in, err := m.restoreInto(ctx, vm, sp, from.memory, nil, cloned)
 		if err != nil {
 			return vm, err
 		}
@@ -83,6 +85,9 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 			}
 		}
 	} else {
+		if err := cloned(); err != nil {
+			return vm, err
+		}
 		if err := m.growDiskFile(vm.Name, vm.DiskBytes); err != nil {
 			return vm, err
 		}
@@ -98,7 +103,7 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 		}
 	}
 	crashpoint("bringup-before-commit")
-	end = phase.Begin(ctx, "registry")
+	end := phase.Begin(ctx, "registry")
 	vm, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
 		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
 		return nil

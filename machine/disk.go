@@ -11,21 +11,30 @@ import (
 
 // diskFileSize is the size of a VM's disk file.
 func (m *Manager) diskFileSize(name string) (int64, error) {
-	p, err := m.vol.Path(storage.VMDisk(name))
+	size, err := m.fileSize(storage.VMDisk(name))
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("vm %q: %w", name, err)
 	}
-	st, err := os.Stat(p)
-	if err != nil {
-		return 0, fmt.Errorf("disk of vm %q: %w", name, err)
-	}
-	return st.Size(), nil
+	return size, nil
 }
 
 // growDiskFile extends a VM's disk file to size (never shrinks it): a
 // VM that boots next sees the whole disk.
 func (m *Manager) growDiskFile(name string, size int64) error {
 	return m.growFile(storage.VMDisk(name), size)
+}
+
+// fileSize is the apparent size of a file on the volume.
+func (m *Manager) fileSize(p storage.Path) (int64, error) {
+	host, err := m.vol.Path(p)
+	if err != nil {
+		return 0, err
+	}
+	st, err := os.Stat(host)
+	if err != nil {
+		return 0, fmt.Errorf("disk: %w", err)
+	}
+	return st.Size(), nil
 }
 
 // growFile grows a disk image on the volume to size (never shrinks it).

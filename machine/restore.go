@@ -18,8 +18,10 @@ import (
 // (a volume path), with the VM's own disk and sockets, and waits for its
 // agent; the guest clock is set, since it stopped when the snapshot was
 // taken. check, when set, runs while the VMM starts (a verification of
-// the snapshot): the restore goes on only if it passes.
-func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snapDir storage.Path, check func(context.Context) error) (*instance, error) {
+// the snapshot): the restore goes on only if it passes. disks, when set,
+// is waited for before the VMM opens the VM's disk (a clone still under
+// way while the memory is read in).
+func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snapDir storage.Path, check func(context.Context) error, disks func() error) (*instance, error) {
 	checked := make(chan error, 1)
 	if check == nil {
 		checked <- nil
@@ -49,11 +51,24 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 		return nil, err
 	}
 	defer release()
-	end = phase.Begin(ctx, "wait for the volume")
-	err = m.waitDisk(ctx, vm.Name)
-	end()
-	if err != nil {
-		return nil, err
+	// The VM's disk must be on a live volume: checked now, or, while it
+	// is still being cloned, once the clone is over.
+	waitDisk := func() error {
+		defer phase.Begin(ctx, "wait for the volume")()
+		return m.waitDisk(ctx, vm.Name)
+	}
+	if disks == nil {
+		if err := waitDisk(); err != nil {
+			return nil, err
+		}
+	} else {
+		cloned := disks
+		disks = func() error {
+			if err := cloned(); err != nil {
+				return err
+			}
+			return waitDisk()
+		}
 	}
 	end = phase.Begin(ctx, "network up")
 	err = m.netUp(ctx, vm.Name, sp)
@@ -91,7 +106,7 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 		return fail(err)
 	}
 	end = phase.Begin(ctx, "vmm restore")
-	err = hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg})
+	err = hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg, DisksReady: disks})
 	end()
 	if err != nil {
 		return fail(err)
@@ -118,6 +133,27 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	m.setInstance(in)
 	go m.watch(in)
 	return in, nil
+}
+
+// cloneAsync runs a disk clone in the background (traced as step, with
+// crash point after it) and returns the wait for it: called any number of
+// times, it returns the clone's error once the clone is over.
+func (m *Manager) cloneAsync(ctx context.Context, step, after string, clone func() error) func() error {
+	done := make(chan struct{})
+	var err error
+	go func() {
+		defer close(done)
+		end := phase.Begin(ctx, step)
+		err = clone()
+		end()
+		if err == nil {
+			crashpoint(after)
+		}
+	}()
+	return func() error {
+		<-done
+		return err
+	}
 }
 
 // errGuestRan marks a restore that failed after the restored guest ran.
@@ -221,29 +257,31 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 // it again.
 func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry.Checkpoint, progress Progress) error {
 	name, id := vm.Name, cp.ID
-	progress("cloning the checkpoint's disk over the vm's disk")
-	end := phase.Begin(ctx, "clone disk over the vm's")
-	err := m.vol.CloneOver(ctx, checkpoint.Dir(name, id).Join(checkpoint.DiskFile), storage.VMDisk(name))
-	end()
-	if err != nil {
-		return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
-	}
-	crashpoint("restore-after-disk")
-	end = phase.Begin(ctx, "volume: drop the suspend slot")
-	_ = m.vol.Remove(ctx, storage.SuspendDir(name)) // a sleeping VM's old memory is obsolete
-	end()
 	sp, err := decodeSpec(vm)
 	if err != nil {
 		return err
 	}
+	progress("cloning the checkpoint's disk over the vm's disk")
+	// The clone runs while the memory is read in; it is over before this
+	// returns, whatever happens.
+	cloned := m.cloneAsync(ctx, "clone disk over the vm's", "restore-after-disk", func() error {
+		return m.vol.CloneOver(ctx, checkpoint.Dir(name, id).Join(checkpoint.DiskFile), storage.VMDisk(name))
+	})
+	defer cloned() // never returns before the clone is over; its error comes from the wait in the restore or the boot
+	end := phase.Begin(ctx, "volume: drop the suspend slot")
+	_ = m.vol.Remove(ctx, storage.SuspendDir(name)) // a sleeping VM's old memory is obsolete
+	end()
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		progress("restoring memory")
-		in, err := m.restoreInto(ctx, vm, sp, checkpoint.Dir(name, id).Join(checkpoint.VMMDir), nil)
+		in, err := m.restoreInto(ctx, vm, sp, checkpoint.Dir(name, id).Join(checkpoint.VMMDir), nil, cloned)
 		if err != nil {
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}
 		m.verifyRunning(in, checkpointRef(cp), vm.VMM)
 	} else {
+		if err := cloned(); err != nil {
+			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
+		}
 		progress("booting from the checkpoint's disk")
 		if err := m.boot(ctx, vm, sp); err != nil {
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)

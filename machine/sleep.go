@@ -175,7 +175,7 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 		}
 		return nil
 	}
-	in, err := m.restoreInto(ctx, vm, sp, suspendRef(vm.Name, sp.SuspendSeal).dir, check)
+	in, err := m.restoreInto(ctx, vm, sp, suspendRef(vm.Name, sp.SuspendSeal).dir, check, nil)
 	if err != nil {
 		if errors.Is(err, errGuestRan) {
 			// The guest ran (and may have written its disk) before the

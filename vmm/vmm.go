@@ -214,6 +214,21 @@ type RestoreOptions struct {
 	// restored as another VM (a fork) or after its files moved. Its CPU
 	// and memory sizes must match the snapshot.
 	Config *Config
+	// DisksReady, when set, is waited for before the VMM opens the VM's
+	// disks: a disk still being cloned while the memory is read in. Its
+	// error fails the restore before the guest runs.
+	DisksReady func() error
+}
+
+// WaitDisks waits for o.DisksReady, if any.
+func (o RestoreOptions) WaitDisks() error {
+	if o.DisksReady == nil {
+		return nil
+	}
+	if err := o.DisksReady(); err != nil {
+		return fmt.Errorf("disks: %w", err)
+	}
+	return nil
 }
 
 // State is a VM's state as its VMM reports it.

@@ -333,6 +333,9 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	if err := json.Unmarshal(data, &s); err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
+	if err := opts.WaitDisks(); err != nil { // as a real VMM opens its disks
+		return fmt.Errorf("restore: %w", err)
+	}
 	v.mu.Lock()
 	if err := vmm.CheckTransition("restore", v.state); err != nil {
 		v.mu.Unlock()

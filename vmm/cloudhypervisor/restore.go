@@ -71,6 +71,9 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 		mode = RestoreOnDemand
 	}
 	removeStaleSocket(v.opts.RunDir.VsockSocket())
+	if err := opts.WaitDisks(); err != nil {
+		return fmt.Errorf("ch restore: %w", err)
+	}
 	req := RestoreConfig{SourceURL: "file://" + src, MemoryRestoreMode: mode, Resume: opts.Resume}
 	if err := v.call(ctx, http.MethodPut, "vm.restore", req, nil); err != nil {
 		return err

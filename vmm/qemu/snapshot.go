@@ -113,7 +113,13 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 			return fmt.Errorf("restore vm: memory: %w", err)
 		}
 	}
-	end := phase.Begin(ctx, "qemu: launch")
+	end := phase.Begin(ctx, "wait for the disks")
+	err = opts.WaitDisks()
+	end()
+	if err != nil {
+		return fmt.Errorf("restore vm: %w", err)
+	}
+	end = phase.Begin(ctx, "qemu: launch")
 	err = v.launch(ctx, cfg, true)
 	end()
 	if err != nil {
