@@ -12,6 +12,7 @@ package network
 import (
 	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 )
@@ -32,6 +33,14 @@ const SubnetBits = 30
 
 // HostIP is the host side's address (the guest's gateway and resolver).
 func (l Lease) HostIP() netip.Addr { return l.Subnet.Masked().Addr().Next() }
+
+// HostMAC is the hardware address of the host side of the TAP: fixed by
+// the host address (locally administered), so that a TAP made anew has
+// the one the guest knows.
+func (l Lease) HostMAC() net.HardwareAddr {
+	a := l.HostIP().As4()
+	return net.HardwareAddr{0x02, 0xde, a[0], a[1], a[2], a[3]}
+}
 
 // GuestIP is the guest's address.
 func (l Lease) GuestIP() netip.Addr { return l.HostIP().Next() }

@@ -23,6 +23,9 @@ func TestPool(t *testing.T) {
 	if l.Subnet.String() != "10.200.0.20/30" || l.HostIP().String() != "10.200.0.21" || l.GuestCIDR() != "10.200.0.22/30" {
 		t.Fatalf("lease %v host %v guest %v", l.Subnet, l.HostIP(), l.GuestCIDR())
 	}
+	if l.HostMAC().String() != "02:de:0a:c8:00:15" {
+		t.Fatalf("host mac %s", l.HostMAC())
+	}
 	if p.Slot(l.Subnet) != 5 || p.Slot(netip.MustParsePrefix("10.201.0.0/30")) != -1 {
 		t.Fatal("slot")
 	}

@@ -37,6 +37,12 @@ func ensureTap(l Lease) error {
 		if link, err = netlink.LinkByName(l.Tap); err != nil {
 			return fmt.Errorf("tap %s: %w", l.Tap, err)
 		}
+		// The same hardware address every time the TAP is made: a guest
+		// that slept through a reboot (its TAP made anew) still has the
+		// gateway's address in its ARP cache.
+		if err := netlink.LinkSetHardwareAddr(link, l.HostMAC()); err != nil {
+			return fmt.Errorf("tap %s: hardware address: %w", l.Tap, err)
+		}
 	} else if err != nil {
 		return fmt.Errorf("tap %s: %w", l.Tap, err)
 	} else if link.Type() != "tuntap" {
