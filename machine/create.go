@@ -16,6 +16,7 @@ import (
 
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/egress"
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/network"
 	"github.com/denhq/den/registry"
@@ -192,6 +193,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	if err := validate.User(o.Owner); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: owner: %w", o.Name, err)
 	}
+	end := phase.Begin(ctx, "check image and sizes")
 	if err := m.checkImage(o.Image); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
@@ -199,9 +201,12 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	if err := m.checkSizes(&o); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
+	end()
+	end = phase.Begin(ctx, "check space")
 	if err := m.needSpace(spaceMargin, "create vm "+o.Name); err != nil {
 		return registry.VM{}, err
 	}
+	end()
 	unlock, err := m.lockVM(ctx, o.Name, "create")
 	if err != nil {
 		return registry.VM{}, err
@@ -245,7 +250,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		if warm, err = m.warmBase(ctx, vm, sp, progress); err != nil {
 			m.log.Warn("den: no warm base snapshot, booting instead", "image", o.Image, "err", err)
 			warm = ""
-		} else if err := m.verify(ctx, baseRef(warm, o.Image), m.vmmName); errors.Is(err, ErrDamaged) {
+		} else if err := m.verifyTraced(ctx, baseRef(warm, o.Image), m.vmmName); errors.Is(err, ErrDamaged) {
 			m.dropBase(ctx, warm, err)
 			warm = ""
 		} else if err != nil {

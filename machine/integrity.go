@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
@@ -227,6 +228,12 @@ func (m *Manager) goBackground(f func()) bool {
 		f()
 	}()
 	return true
+}
+
+// verifyTraced is verify as a step of the operation ctx traces.
+func (m *Manager) verifyTraced(ctx context.Context, ref snapshotRef, vmmName string) error {
+	defer phase.Begin(ctx, "verify")()
+	return m.verify(ctx, ref, vmmName)
 }
 
 // sealLater digests dir's large files in the background.
