@@ -135,9 +135,10 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	return in, nil
 }
 
-// cloneAsync runs a disk clone in the background (traced as step, with
-// crash point after it) and returns the wait for it: called any number of
-// times, it returns the clone's error once the clone is over.
+// cloneAsync runs a volume operation (a disk clone) in the background,
+// traced as step, with crash point after (if any) once it succeeded, and
+// returns the wait for it: called any number of times, it returns the
+// operation's error once it is over.
 func (m *Manager) cloneAsync(ctx context.Context, step, after string, clone func() error) func() error {
 	done := make(chan struct{})
 	var err error
@@ -146,7 +147,7 @@ func (m *Manager) cloneAsync(ctx context.Context, step, after string, clone func
 		end := phase.Begin(ctx, step)
 		err = clone()
 		end()
-		if err == nil {
+		if err == nil && after != "" {
 			crashpoint(after)
 		}
 	}()
@@ -268,9 +269,13 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 		return m.vol.CloneOver(ctx, checkpoint.Dir(name, id).Join(checkpoint.DiskFile), storage.VMDisk(name))
 	})
 	defer cloned() // never returns before the clone is over; its error comes from the wait in the restore or the boot
-	end := phase.Begin(ctx, "volume: drop the suspend slot")
-	_ = m.vol.Remove(ctx, storage.SuspendDir(name)) // a sleeping VM's old memory is obsolete
-	end()
+	// A sleeping VM's old memory is obsolete: dropped meanwhile (a crash
+	// before it is gone leaves it to the next try; no wake uses it, the
+	// VM being recorded as restoring).
+	dropped := m.cloneAsync(ctx, "volume: drop the suspend slot", "", func() error {
+		return m.vol.Remove(ctx, storage.SuspendDir(name))
+	})
+	defer dropped() // never returns before it is gone
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		progress("restoring memory")
 		in, err := m.restoreInto(ctx, vm, sp, checkpoint.Dir(name, id).Join(checkpoint.VMMDir), nil, cloned)
@@ -287,7 +292,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}
 	}
-	end = phase.Begin(ctx, "registry")
+	end := phase.Begin(ctx, "registry")
 	_, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
 		sp, err := decodeSpec(*v)
 		if err != nil {
