@@ -70,7 +70,7 @@ func TestTableScripts(t *testing.T) {
 	}
 	tb := table{name: "den_test", pool: netip.MustParsePrefix("10.200.0.0/16")}
 	pool, _ := ParsePool("10.200.0.0/16")
-	allow, err := egress.Parse("allow:github.com,10.0.0.0/8,1.2.3.4")
+	allow, err := egress.Parse("allow:github.com,10.0.0.0/8,1.2.3.4,10.1.0.0/16,1.2.3.0/24")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,6 +88,9 @@ func TestTableScripts(t *testing.T) {
 	cmd.Stdin = strings.NewReader(script)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("nft -c: %v\n%s\nscript:\n%s", err, out, script)
+	}
+	if !strings.Contains(script, "add element inet den_test cidr_1 { 10.0.0.0/8, 1.2.3.0/24 }") {
+		t.Fatalf("overlapping prefixes are not collapsed:\n%s", script)
 	}
 	if !strings.Contains(script, "ip daddr @cidr_1 accept") || strings.Contains(tb.vm(atts[2], true), "@dns_7 accept") {
 		t.Fatal("policies are not rendered as they say")

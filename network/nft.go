@@ -139,9 +139,9 @@ func (t table) vm(a attachment, flushDNS bool) string {
 	}
 	w("add set inet %s %s { type ipv4_addr; flags interval; }", T, cidrSet(n))
 	w("flush set inet %s %s", T, cidrSet(n))
-	if len(a.policy.CIDRs) > 0 {
+	if cidrs := collapse(a.policy.CIDRs); len(cidrs) > 0 {
 		var els []string
-		for _, c := range a.policy.CIDRs {
+		for _, c := range cidrs {
 			els = append(els, c.String())
 		}
 		w("add element inet %s %s { %s }", T, cidrSet(n), strings.Join(els, ", "))
@@ -175,6 +175,27 @@ func (t table) vm(a attachment, flushDNS bool) string {
 	w(`add element inet %s egress { "%s" : jump %s }`, T, a.lease.Tap, vmChain(n))
 	w(`add element inet %s ingress { "%s" : jump %s }`, T, a.lease.Tap, inChain(n))
 	return b.String()
+}
+
+// collapse drops the prefixes another of the list contains: an interval
+// set refuses overlapping elements (allow:10.0.0.0/8,10.1.0.0/16).
+func collapse(ps []netip.Prefix) []netip.Prefix {
+	s := append([]netip.Prefix(nil), ps...)
+	sort.Slice(s, func(i, j int) bool { return s[i].Bits() < s[j].Bits() })
+	var out []netip.Prefix
+	for _, p := range s {
+		covered := false
+		for _, q := range out {
+			if q.Overlaps(p) { // q is no longer than p: it contains p
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // remove is the script that takes a VM's objects out of the table; each
