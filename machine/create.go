@@ -230,6 +230,9 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	now := time.Now().UTC()
 	sp := spec{Kernel: m.kernel(), Initramfs: m.cfg.Images.Initramfs(), BaseImage: string(base), Identity: newToken(), MAC: newMAC()}
 	if o.Egress != nil {
+		if m.net == nil && o.Egress.Mode != egress.AllowAll {
+			return registry.VM{}, fmt.Errorf("create vm %q: egress policy %s needs tap networking, and VMs here get %s: %w", o.Name, o.Egress, m.Network(), ErrInvalid)
+		}
 		sp.Egress = o.Egress.String()
 	}
 	sp.Cmdline = m.cmdline(o.Name, sp.Identity)
