@@ -237,7 +237,10 @@ func TestGateway(t *testing.T) {
 		if out != "a b c\n" || code != 0 {
 			t.Fatalf("den@ exec quoting: %q %q %d", out, errs, code)
 		}
-		for _, verb := range []string{"daemon", "doctor", "ls --socket /run/other.sock"} {
+		// Every spelling that would reach --socket: before "--", after
+		// it through a subverb, and as a subverb's own flag.
+		for _, verb := range []string{"daemon", "doctor", "ls --socket /run/other.sock",
+			"keys -- ls --socket /run/other.sock", "keys ls -- --socket=/run/other.sock", "checkpoint -- verify bobs --socket /run/other.sock"} {
 			if _, errs, code := g.ssh(bob, nil, "den@127.0.0.1", verb); code != 2 || strings.Count(errs, "\n") != 1 {
 				t.Fatalf("den@ %s: %d %q", verb, code, errs)
 			}

@@ -96,6 +96,12 @@ func scanLevel(cmd *cli.Command, path string, rest []string) (level, error) {
 	for i := 0; i < len(rest); i++ {
 		a := rest[i]
 		if a == "--" {
+			// A verb never follows "--": urfave/cli would still run it
+			// as a subverb, parsing the words after it as flags (the SSH
+			// gateway's checks stop at "--").
+			if i+1 < len(rest) && len(cmd.Subcommands) > 0 && (cmd.Action == nil || findCommand(cmd.Subcommands, rest[i+1]) != nil) {
+				return l, fmt.Errorf(`%s: a verb cannot come after "--" (see %s --help)`, path, path)
+			}
 			l.pos = append(l.pos, rest[i+1:]...)
 			break
 		}

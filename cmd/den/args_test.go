@@ -35,6 +35,11 @@ func TestParseArgs(t *testing.T) {
 		{in: "keys add - --user alice", want: "keys add --user alice -- -"},
 		{in: "info", want: "info"},
 		{in: "info --gateway", want: "info --gateway"},
+		// No verb after "--": urfave/cli would run it with the words after
+		// it as its flags (a gateway user's --socket).
+		{in: "keys -- ls --socket /other.sock", err: `den keys: a verb cannot come after "--"`},
+		{in: "checkpoint -- verify box --socket /s", err: `den checkpoint: a verb cannot come after "--"`},
+		{in: "net -- log box", err: `den net: a verb cannot come after "--"`},
 		// Subverbs take the flags, wherever they are.
 		{in: "checkpoint rm box cp-1 cp-2 --socket /s", want: "checkpoint rm --socket /s -- box cp-1 cp-2"},
 		{in: "checkpoint --socket /s rm box cp-1", want: "checkpoint rm --socket /s -- box cp-1"},

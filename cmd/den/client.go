@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/sshgw"
 )
 
 // socketFlag is the daemon socket flag shared by every client verb.
@@ -24,6 +26,12 @@ var socketFlag = &cli.StringFlag{
 var jsonFlag = &cli.BoolFlag{Name: "json", Usage: "print JSON for scripts"}
 
 func newClient(c *cli.Context) *api.Client {
+	if os.Getenv(sshgw.EnvRemote) != "" && c.IsSet("socket") {
+		// Run by the SSH gateway for a remote user: the daemon is the
+		// one whose socket the gateway gave, never one the user names.
+		fmt.Fprintln(os.Stderr, "den: --socket cannot be given through the gateway")
+		os.Exit(2)
+	}
 	return api.NewClient(c.String("socket"))
 }
 
