@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -131,12 +132,18 @@ func Open(ctx context.Context, cfg Config, vms []VM) (*Host, error) {
 		return nil, err
 	}
 	h.res = egress.NewResolver(egress.Options{Upstreams: cfg.DNSUpstreams, Allow: h.allow, Logger: cfg.Logger})
+	var again strings.Builder // one transaction for them all
 	for _, a := range atts {
 		for addr, left := range carried[a.vm] {
-			if s := h.table.allow(a.slot, []netip.Addr{addr}, left); s != "" {
-				_ = h.table.run(ctx, s)
-			}
+			again.WriteString(h.table.allow(a.slot, []netip.Addr{addr}, left))
 		}
+	}
+	if again.Len() > 0 {
+		if err := h.table.run(ctx, again.String()); err != nil {
+			h.log.Warn("den: addresses the resolvers let through before the restart", "err", err)
+		}
+	}
+	for _, a := range atts {
 		if err := h.up(a); err != nil {
 			h.log.Warn("den: vm network", "vm", a.vm, "err", err)
 		}
