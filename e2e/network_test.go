@@ -260,6 +260,14 @@ func TestEgress(t *testing.T) {
 	if out, err := d.fetch("box", "http://allowed.test/"); err != nil || out != "this is "+wanHostA+"\n" {
 		t.Fatalf("allowed.test: %q %v", out, err)
 	}
+	// What the resolver let through survives a daemon restart (the table
+	// is made anew): the address answers without a new lookup.
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	d.waitExit()
+	d.start()
+	if out, err := d.fetch("box", "http://"+wanHostA+"/"); err != nil || out != "this is "+wanHostA+"\n" {
+		t.Fatalf("allowed.test's address after a daemon restart: %q %v", out, err)
+	}
 	out, err := d.run("exec", "box", "--", "sh", "-c", "nslookup other.test")
 	if err == nil || strings.Contains(out, wanHostB) {
 		t.Fatalf("other.test resolved under allow:allowed.test: %q %v", out, err)
