@@ -26,9 +26,10 @@ var socketFlag = &cli.StringFlag{
 var jsonFlag = &cli.BoolFlag{Name: "json", Usage: "print JSON for scripts"}
 
 func newClient(c *cli.Context) *api.Client {
-	if os.Getenv(sshgw.EnvRemote) != "" && c.IsSet("socket") {
+	if os.Getenv(sshgw.EnvRemote) != "" && c.String("socket") != os.Getenv("DEN_SOCKET") {
 		// Run by the SSH gateway for a remote user: the daemon is the
-		// one whose socket the gateway gave, never one the user names.
+		// one whose socket the gateway gave ($DEN_SOCKET, which IsSet
+		// counts too), never one the user names.
 		fmt.Fprintln(os.Stderr, "den: --socket cannot be given through the gateway")
 		os.Exit(2)
 	}
