@@ -90,10 +90,3 @@ func (c *Client) SetURL(ctx context.Context, name string, req URLRequest) (URLIn
 	err := c.do(ctx, "POST", "/v1/vms/"+url.PathEscape(name)+"/url", req, &u)
 	return u, err
 }
-
-// Trace returns the steps of a VM's last operation.
-func (c *Client) Trace(ctx context.Context, name string) (Trace, error) {
-	var t Trace
-	err := c.do(ctx, "GET", "/v1/vms/"+url.PathEscape(name)+"/trace", nil, &t)
-	return t, err
-}

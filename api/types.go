@@ -178,23 +178,3 @@ func (e *Error) Unwrap() error {
 	}
 	return ErrDaemon
 }
-
-// Trace is the steps of a VM's last operation (create, checkpoint,
-// restore, fork, sleep, wake) and how long each took: every millisecond
-// above the VMM's own work has a name. Steps may nest and overlap (a
-// verification runs beside a VMM's start).
-type Trace struct {
-	VM      string      `json:"vm"`
-	Op      string      `json:"op"`
-	Started time.Time   `json:"started"`
-	TotalMS float64     `json:"total_ms"`
-	Steps   []TraceStep `json:"steps"`
-}
-
-// TraceStep is one step: when it began (from the start of the
-// operation) and how long it took.
-type TraceStep struct {
-	Name string  `json:"name"`
-	AtMS float64 `json:"at_ms"`
-	MS   float64 `json:"ms"`
-}

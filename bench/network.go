@@ -76,18 +76,18 @@ func networkFigures(ctx context.Context, o Options, say func(string)) ([]Figure,
 	if err != nil {
 		return figs, err
 	}
-	figs = append(figs, fig(f, accel))
+	figs = append(figs, f)
 
 	say("network: first byte through --http-listen")
 	f2, err := tap.httpFirstByte(ctx, o, pair.Den)
-	figs = append(figs, fixAccel(f2, accel)...)
+	figs = append(figs, f2...)
 	if err != nil {
 		return figs, err
 	}
 
 	say("network: dns through the vm's resolver")
 	f3, err := tap.dnsAnswer(ctx, o, pair.Den)
-	figs = append(figs, fixAccel(f3, accel)...)
+	figs = append(figs, f3...)
 	if err != nil {
 		return figs, err
 	}
@@ -108,16 +108,11 @@ func networkFigures(ctx context.Context, o Options, say func(string)) ([]Figure,
 	if err != nil {
 		return figs, err
 	}
-	return append(figs, fig(f, accel)), nil
-}
-
-func fig(f Figure, accel string) Figure { f.Accel = accel; return f }
-
-func fixAccel(fs []Figure, accel string) []Figure {
-	for i := range fs {
-		fs[i].Accel = accel
+	figs = append(figs, f)
+	for i := range figs { // one accelerator for the whole run: the daemon's
+		figs[i].Accel = accel
 	}
-	return fs
+	return figs, nil
 }
 
 // throughput has a guest send netBytes to ln (reached as host from the

@@ -8,6 +8,7 @@ import (
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/internal/poll"
 )
 
 // verifyThroughput times `den checkpoint verify` of a fresh checkpoint of
@@ -67,12 +68,8 @@ func (d *daemon) sealedWake(ctx context.Context, name string) (time.Duration, er
 		return 0, err
 	}
 	slot := filepath.Join(d.dir, "state", "juicefs", "mnt", "vms", name, "suspend")
-	deadline := time.Now().Add(5 * time.Minute)
-	for !checkpoint.Sealed(slot) {
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("the suspend slot of %s has no digests after 5 minutes", name)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if !poll.Until(5*time.Minute, func() bool { return checkpoint.Sealed(slot) }) {
+		return 0, fmt.Errorf("the suspend slot of %s has no digests after 5 minutes", name)
 	}
 	return timed(func() error { _, err := d.client.Wake(ctx, name); return err })
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"syscall"
@@ -75,23 +76,22 @@ func (in *ingressServer) vmURL(vm string, u machine.URLSettings) string {
 	if in == nil || in.url == "" {
 		return ""
 	}
-	base := in.url + "/vm/" + vm + "/"
+	base, err := url.Parse(in.url)
+	if err != nil {
+		return ""
+	}
+	base.Path = "/vm/" + vm + "/"
 	if in.domain != "" {
-		scheme := "http"
-		if in.tls {
-			scheme = "https"
-		}
-		_, port, _ := net.SplitHostPort(in.url[len(scheme)+3:])
 		host := vm + "." + in.domain
-		if !(port == "80" && !in.tls) && !(port == "443" && in.tls) {
-			host += ":" + port
+		if p := base.Port(); !(p == "80" && base.Scheme == "http") && !(p == "443" && base.Scheme == "https") {
+			host = net.JoinHostPort(host, p)
 		}
-		base = scheme + "://" + host + "/"
+		base.Host, base.Path = host, "/"
 	}
 	if !u.Public {
-		base += "?den_token=" + u.Token
+		base.RawQuery = "den_token=" + u.Token
 	}
-	return base
+	return base.String()
 }
 
 // ingressBackend gives the ingress the VMs' URL settings and streams to
@@ -113,40 +113,23 @@ func (b ingressBackend) Lookup(ctx context.Context, vm string) (ingress.Target, 
 	return ingress.Target{VM: vm, Port: u.Port, Public: u.Public, Token: u.Token}, nil
 }
 
-// Dial wakes or starts the VM (a wake, once started, finishes even if the
-// request gives up: it is not cut half-way) and opens a stream to port.
+// Dial wakes or starts the VM and opens a stream to port. The wake is
+// not cut by the request's deadline (a wake once started finishes, as
+// for every API operation): the ingress bounds the wait itself, and gives
+// back the claim of a Dial that comes after it gave up.
 func (b ingressBackend) Dial(ctx context.Context, vm string, port int) (net.Conn, func(), error) {
-	type opened struct {
-		sess *machine.Session
-		err  error
-	}
-	ch := make(chan opened, 1)
-	go func() {
-		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), OpTimeout)
-		defer cancel()
-		s, err := b.m.Open(octx, vm, "")
-		ch <- opened{s, err}
-	}()
-	var o opened
-	select {
-	case o = <-ch:
-	case <-ctx.Done():
-		go func() { // the session, when it comes, is nobody's
-			if o := <-ch; o.err == nil {
-				o.sess.Release()
-			}
-		}()
-		return nil, nil, ctx.Err()
-	}
-	if o.err != nil {
-		return nil, nil, o.err
-	}
-	conn, err := dialGuest(o.sess.Conn, vm, port)
+	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), OpTimeout)
+	defer cancel()
+	sess, err := b.m.Open(octx, vm, "")
 	if err != nil {
-		o.sess.Release()
 		return nil, nil, err
 	}
-	return conn, o.sess.Release, nil
+	conn, err := dialGuest(sess.Conn, vm, port)
+	if err != nil {
+		sess.Release()
+		return nil, nil, err
+	}
+	return conn, sess.Release, nil
 }
 
 // dialGuest opens a direct-tcpip channel to 127.0.0.1:port in the guest.

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/denhq/den/machine"
 )
 
 // TestIngressTLS: with --tls-cert and --tls-key the URLs are served over
@@ -89,4 +91,26 @@ func writeCert(t *testing.T, certFile, keyFile string) *x509.CertPool {
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
 	return pool
+}
+
+// TestVMURLForms: the URL den url prints, by path and by host name, with
+// the token unless public.
+func TestVMURLForms(t *testing.T) {
+	priv := machine.URLSettings{Port: 8080, Token: "0123"}
+	for _, c := range []struct {
+		in   *ingressServer
+		u    machine.URLSettings
+		want string
+	}{
+		{&ingressServer{url: "http://127.0.0.1:8081"}, priv, "http://127.0.0.1:8081/vm/box/?den_token=0123"},
+		{&ingressServer{url: "http://127.0.0.1:8081"}, machine.URLSettings{Port: 8080, Public: true}, "http://127.0.0.1:8081/vm/box/"},
+		{&ingressServer{url: "http://127.0.0.1:8081", domain: "den.test"}, priv, "http://box.den.test:8081/?den_token=0123"},
+		{&ingressServer{url: "https://0.0.0.0:443", domain: "den.test", tls: true}, priv, "https://box.den.test/?den_token=0123"},
+		{&ingressServer{}, priv, ""},
+		{nil, priv, ""},
+	} {
+		if got := c.in.vmURL("box", c.u); got != c.want {
+			t.Errorf("vmURL = %q, want %q", got, c.want)
+		}
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/image"
+	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/storage"
 )
 
@@ -203,16 +204,7 @@ func killUnder(dir string) {
 // eventually polls cond until it holds (true) or within has passed
 // (false). Only the poll interval sleeps: a test waits on conditions,
 // never on a time that is long enough here.
-func eventually(within time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return true
-}
+func eventually(within time.Duration, cond func() bool) bool { return poll.Until(within, cond) }
 
 // pidsWhere lists the processes whose command line (NUL-separated
 // arguments) match accepts.

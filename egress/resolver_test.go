@@ -16,6 +16,8 @@ import (
 
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
+
+	"github.com/denhq/den/internal/poll"
 )
 
 // The upstream's zone: names and their A records. big.test is
@@ -250,12 +252,8 @@ func mustParse(t *testing.T, s string) Policy {
 // waitFor polls cond until it holds, failing after 10 seconds.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !poll.Until(10*time.Second, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 

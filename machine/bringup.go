@@ -54,7 +54,7 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 	progress("cloning the disk of " + from.what)
 	// The clone runs while the memory is read in; it is over before this
 	// returns (and a rollback removes the VM's files), whatever happens.
-	cloned := m.cloneAsync(ctx, "clone disk", "bringup-after-clone", func() error {
+	cloned := m.meanwhile(ctx, "clone disk", "bringup-after-clone", func() error {
 		if err := m.vol.Clone(ctx, from.disk, storage.VMDisk(vm.Name)); err != nil {
 			return fmt.Errorf("clone disk: %w", err)
 		}

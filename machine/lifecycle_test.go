@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
@@ -582,12 +583,8 @@ func TestRestartAdopts(t *testing.T) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(testTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !poll.Until(testTimeout, cond) {
+		t.Fatalf("timed out waiting: %s", what)
 	}
 }
 

@@ -39,24 +39,37 @@ type NetworkConfig struct {
 	DefaultEgress egress.Policy
 }
 
+// tapWanted says whether VMs get TAP networking under c: no (why says
+// why, for den doctor) where the mode is user, or auto on a host that
+// cannot; an error where tap is asked for and the host cannot.
+func tapWanted(c NetworkConfig) (use bool, why string, err error) {
+	switch c.Mode {
+	case NetAuto, NetTap:
+	case "", NetUser: // a Config's zero value changes nothing on the host
+		return false, "", nil
+	default:
+		return false, "", fmt.Errorf("bad network mode %q: use auto, tap or user: %w", c.Mode, ErrInvalid)
+	}
+	if err := network.Unavailable(); err != nil {
+		if c.Mode == NetTap {
+			return false, "", fmt.Errorf("network: tap networking asked for, but not possible here: %w", err)
+		}
+		return false, err.Error(), nil
+	}
+	return true, "", nil
+}
+
 // setupNetwork opens the host network for the VMs on record (tap mode),
 // or says why VMs use the VMM's own network.
 func (m *Manager) setupNetwork(ctx context.Context) error {
 	c := m.cfg.Network
-	switch c.Mode {
-	case NetAuto, NetTap:
-	case "", NetUser: // a Config's zero value changes nothing on the host
-		return nil
-	default:
-		return fmt.Errorf("bad network mode %q: use auto, tap or user: %w", c.Mode, ErrInvalid)
-	}
-	if err := network.Unavailable(); err != nil {
-		if c.Mode == NetTap {
-			return fmt.Errorf("network: tap networking asked for, but not possible here: %w", err)
+	use, why, err := tapWanted(c)
+	if err != nil || !use {
+		if why != "" {
+			m.netWhy = why
+			m.log.Warn("den: VMs get the VMM's user-mode network (no TAP): " + why)
 		}
-		m.netWhy = err.Error()
-		m.log.Warn("den: VMs get the VMM's user-mode network (no TAP): " + err.Error())
-		return nil
+		return err
 	}
 	vms, err := m.db.ListVMs(ctx, "")
 	if err != nil {
@@ -92,25 +105,10 @@ func netID(state StateDir) string {
 // the network it is asked for can be had (TAP networking, and a pool no
 // other network uses).
 func CheckNetwork(state StateDir, c NetworkConfig) error {
-	switch c.Mode {
-	case NetAuto, NetTap:
-	default:
-		return nil
+	if use, _, err := tapWanted(c); err != nil || !use {
+		return err
 	}
-	if err := network.Unavailable(); err != nil {
-		if c.Mode == NetTap {
-			return fmt.Errorf("network: tap networking asked for, but not possible here: %w", err)
-		}
-		return nil
-	}
-	pool := c.Pool
-	if !pool.Prefix().IsValid() {
-		var err error
-		if pool, err = network.ParsePool(network.DefaultPool); err != nil {
-			return err
-		}
-	}
-	return network.CheckPool(pool, netID(state))
+	return network.CheckPool(c.Pool, netID(state))
 }
 
 // policyOf is a VM's egress policy (the daemon's default if it has none

@@ -135,17 +135,17 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	return in, nil
 }
 
-// cloneAsync runs a volume operation (a disk clone) in the background,
+// meanwhile runs a volume operation (a disk clone) in the background,
 // traced as step, with crash point after (if any) once it succeeded, and
 // returns the wait for it: called any number of times, it returns the
 // operation's error once it is over.
-func (m *Manager) cloneAsync(ctx context.Context, step, after string, clone func() error) func() error {
+func (m *Manager) meanwhile(ctx context.Context, step, after string, op func() error) func() error {
 	done := make(chan struct{})
 	var err error
 	go func() {
 		defer close(done)
 		end := phase.Begin(ctx, step)
-		err = clone()
+		err = op()
 		end()
 		if err == nil && after != "" {
 			crashpoint(after)
@@ -265,14 +265,14 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 	progress("cloning the checkpoint's disk over the vm's disk")
 	// The clone runs while the memory is read in; it is over before this
 	// returns, whatever happens.
-	cloned := m.cloneAsync(ctx, "clone disk over the vm's", "restore-after-disk", func() error {
+	cloned := m.meanwhile(ctx, "clone disk over the vm's", "restore-after-disk", func() error {
 		return m.vol.CloneOver(ctx, checkpoint.Dir(name, id).Join(checkpoint.DiskFile), storage.VMDisk(name))
 	})
 	defer cloned() // never returns before the clone is over; its error comes from the wait in the restore or the boot
 	// A sleeping VM's old memory is obsolete: dropped meanwhile (a crash
 	// before it is gone leaves it to the next try; no wake uses it, the
 	// VM being recorded as restoring).
-	dropped := m.cloneAsync(ctx, "volume: drop the suspend slot", "", func() error {
+	dropped := m.meanwhile(ctx, "volume: drop the suspend slot", "", func() error {
 		return m.vol.Remove(ctx, storage.SuspendDir(name))
 	})
 	defer dropped() // never returns before it is gone

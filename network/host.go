@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -80,13 +79,7 @@ func Unavailable() error {
 // left), their TAPs made where missing, their resolvers started, and
 // every device of this daemon no VM owns removed.
 func Open(ctx context.Context, cfg Config, vms []VM) (*Host, error) {
-	if !cfg.Pool.prefix.IsValid() {
-		p, err := ParsePool(DefaultPool)
-		if err != nil {
-			return nil, err
-		}
-		cfg.Pool = p
-	}
+	cfg.Pool = cfg.Pool.orDefault()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -114,7 +107,7 @@ func Open(ctx context.Context, cfg Config, vms []VM) (*Host, error) {
 	}
 	var atts []attachment
 	for _, v := range vms {
-		a, err := h.claim(v)
+		a, _, err := h.register(v.Name, v.Lease, v.Policy)
 		if err != nil {
 			h.log.Warn("den: vm left off the network", "vm", v.Name, "err", err)
 			continue
@@ -122,19 +115,14 @@ func Open(ctx context.Context, cfg Config, vms []VM) (*Host, error) {
 		atts = append(atts, a)
 	}
 	// What the resolvers let through survives the remade table.
-	carried := map[string]map[netip.Addr]time.Duration{}
-	for _, a := range atts {
-		if m, err := h.table.dnsAllowed(ctx, a.slot); err == nil && len(m) > 0 {
-			carried[a.vm] = m
-		}
-	}
+	carried := h.table.dnsAllowed(ctx)
 	if err := h.table.run(ctx, h.table.base(atts)); err != nil {
 		return nil, err
 	}
 	h.res = egress.NewResolver(egress.Options{Upstreams: cfg.DNSUpstreams, Allow: h.allow, Logger: cfg.Logger})
 	var again strings.Builder // one transaction for them all
 	for _, a := range atts {
-		for addr, left := range carried[a.vm] {
+		for addr, left := range carried[a.slot] {
 			again.WriteString(h.table.allow(a.slot, []netip.Addr{addr}, left))
 		}
 	}
@@ -158,6 +146,7 @@ func Open(ctx context.Context, cfg Config, vms []VM) (*Host, error) {
 // network, or another den daemon's pool), other than routes on the TAPs
 // of the daemon with this id.
 func CheckPool(pool Pool, id string) error {
+	pool = pool.orDefault()
 	used, err := overlapping(pool.prefix, "dn"+id+"-")
 	if err != nil {
 		return err
@@ -184,30 +173,27 @@ func validID(id string) bool {
 // tapPrefix starts the names of this daemon's TAPs.
 func (h *Host) tapPrefix() string { return "dn" + h.cfg.ID + "-" }
 
-// TableName is the nftables table of this daemon (family inet).
-func (h *Host) TableName() string { return h.table.name }
-
-// Pool is the pool VMs' subnets come from.
-func (h *Host) Pool() netip.Prefix { return h.cfg.Pool.prefix }
-
-// claim records a VM's lease as taken (at start-up).
-func (h *Host) claim(v VM) (attachment, error) {
+// register records a VM's lease and policy as the network's, and says
+// whether they changed (its rules and resolver must then be made anew). A
+// subnet outside the pool, or another VM's, is refused.
+func (h *Host) register(vm string, l Lease, p egress.Policy) (attachment, bool, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !v.Lease.Valid() {
-		return attachment{}, fmt.Errorf("bad network lease %+v", v.Lease)
+	slot := h.cfg.Pool.Slot(l.Subnet)
+	if slot < 0 || !l.Valid() {
+		return attachment{}, false, fmt.Errorf("its subnet %s is not one of the pool %s", l.Subnet, h.cfg.Pool.prefix)
 	}
-	slot := h.cfg.Pool.Slot(v.Lease.Subnet)
-	if slot < 0 {
-		return attachment{}, fmt.Errorf("its subnet %s is outside the pool %s", v.Lease.Subnet, h.cfg.Pool.prefix)
+	if other, ok := h.slots[slot]; ok && other != vm {
+		return attachment{}, false, fmt.Errorf("its subnet %s is vm %q's", l.Subnet, other)
 	}
-	if other, ok := h.slots[slot]; ok && other != v.Name {
-		return attachment{}, fmt.Errorf("its subnet %s is vm %q's too", v.Lease.Subnet, other)
+	h.slots[slot] = vm
+	if old, ok := h.vms[vm]; ok && old.lease == l && old.policy.String() == p.String() {
+		return *old, false, nil
 	}
-	h.slots[slot] = v.Name
-	a := &attachment{vm: v.Name, slot: slot, lease: v.Lease, policy: v.Policy}
-	h.vms[v.Name] = a
-	return *a, nil
+	a := &attachment{vm: vm, slot: slot, lease: l, policy: p}
+	h.vms[vm] = a
+	delete(h.opened, vm) // the table's set is flushed with the new rules
+	return *a, true, nil
 }
 
 // Reserve takes a new lease for vm: the pool's lowest free subnet.
@@ -226,34 +212,19 @@ func (h *Host) Reserve(vm string) (Lease, error) {
 
 // Attach puts a VM on the network (again): its TAP, its rules and its
 // resolver, with policy p. It is idempotent; a VMM can then open the TAP.
+// Rules and resolver are made anew only when lease or policy changed; the
+// TAP is checked every time (a reboot takes TAPs away).
 func (h *Host) Attach(ctx context.Context, vm string, l Lease, p egress.Policy) error {
-	h.mu.Lock()
-	slot := h.cfg.Pool.Slot(l.Subnet)
-	if slot < 0 || !l.Valid() {
-		h.mu.Unlock()
-		return fmt.Errorf("attach vm %q: its subnet %s is not in the pool %s", vm, l.Subnet, h.cfg.Pool.prefix)
-	}
-	if other, ok := h.slots[slot]; ok && other != vm {
-		h.mu.Unlock()
-		return fmt.Errorf("attach vm %q: subnet %s is vm %q's", vm, l.Subnet, other)
-	}
-	h.slots[slot] = vm
-	a := attachment{vm: vm, slot: slot, lease: l, policy: p}
-	old, had := h.vms[vm]
-	same := had && old.lease == l && old.policy.String() == p.String()
-	if same {
-		a = *old
-	} else {
-		h.vms[vm] = &a
-		delete(h.opened, vm) // the table's set is flushed
-	}
-	h.mu.Unlock()
-	if !same {
-		if err := h.table.run(ctx, h.table.vm(a, true)); err != nil {
-			return fmt.Errorf("attach vm %q: %w", vm, err)
+	a, changed, err := h.register(vm, l, p)
+	if err == nil && changed {
+		err = h.table.run(ctx, h.table.vm(a, true))
+		if err == nil {
+			err = h.up(a)
 		}
+	} else if err == nil {
+		err = ensureTap(a.lease)
 	}
-	if err := h.up(a); err != nil {
+	if err != nil {
 		return fmt.Errorf("attach vm %q: %w", vm, err)
 	}
 	return nil
@@ -274,16 +245,15 @@ func (h *Host) up(a attachment) error {
 func (h *Host) SetPolicy(ctx context.Context, vm string, p egress.Policy) error {
 	h.mu.Lock()
 	old, ok := h.vms[vm]
+	h.mu.Unlock()
 	if !ok {
-		h.mu.Unlock()
 		return fmt.Errorf("set egress policy of vm %q: it is not on the network", vm)
 	}
-	a := *old
-	a.policy = p
-	h.vms[vm] = &a
-	delete(h.opened, vm) // the table's set is flushed
-	h.mu.Unlock()
-	if err := h.table.run(ctx, h.table.vm(a, true)); err != nil {
+	a, _, err := h.register(vm, old.lease, p)
+	if err == nil {
+		err = h.table.run(ctx, h.table.vm(a, true))
+	}
+	if err != nil {
 		return fmt.Errorf("set egress policy of vm %q: %w", vm, err)
 	}
 	h.res.SetPolicy(vm, p)
@@ -434,40 +404,12 @@ func (h *Host) Status(ctx context.Context, vm string) (Status, error) {
 	return st, err
 }
 
-// Attached lists the VMs on the network, sorted.
-func (h *Host) Attached() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []string
-	for n := range h.vms {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
-
 // Close stops the resolvers. Devices and rules stay: VMs run on while the
 // daemon is down, and the next start takes them over.
 func (h *Host) Close() {
 	if h.res != nil {
 		h.res.Close()
 	}
-}
-
-// Remove takes den's table and every TAP of this daemon off the host
-// (for tests and a host without den).
-func (h *Host) Remove(ctx context.Context) error {
-	h.Close()
-	var errs []error
-	if err := h.table.run(ctx, fmt.Sprintf("table inet %s {}\ndelete table inet %s\n", h.table.name, h.table.name)); err != nil {
-		errs = append(errs, err)
-	}
-	names, err := taps(h.tapPrefix())
-	errs = append(errs, err)
-	for _, n := range names {
-		errs = append(errs, removeTap(n))
-	}
-	return errors.Join(errs...)
 }
 
 // String describes the host network for den info and doctor.

@@ -121,6 +121,15 @@ func ParsePool(s string) (Pool, error) {
 	return Pool{prefix: p}, nil
 }
 
+// orDefault is p, or DefaultPool for the zero Pool.
+func (p Pool) orDefault() Pool {
+	if p.prefix.IsValid() {
+		return p
+	}
+	d, _ := ParsePool(DefaultPool) // a constant that parses
+	return d
+}
+
 // Prefix is the pool's prefix.
 func (p Pool) Prefix() netip.Prefix { return p.prefix }
 

@@ -217,10 +217,10 @@ func (t table) remove(slot int, tap string) string {
 	w("delete chain inet %s %s", T, vmChain(n))
 	w("flush chain inet %s %s", T, inChain(n))
 	w("delete chain inet %s %s", T, inChain(n))
-	for _, s := range []string{dnsSet(n), cidrSet(n)} {
-		w("add set inet %s %s { type ipv4_addr; flags %s; }", T, s, map[bool]string{true: "timeout", false: "interval"}[s == dnsSet(n)])
-		w("delete set inet %s %s", T, s)
-	}
+	w("add set inet %s %s { type ipv4_addr; flags timeout; }", T, dnsSet(n))
+	w("delete set inet %s %s", T, dnsSet(n))
+	w("add set inet %s %s { type ipv4_addr; flags interval; }", T, cidrSet(n))
+	w("delete set inet %s %s", T, cidrSet(n))
 	w("add set inet %s %s { type ipv4_addr . inet_proto . inet_service; flags dynamic,timeout; timeout 1h; size 256; counter; }", T, logSet(n))
 	w("delete set inet %s %s", T, logSet(n))
 	w("add counter inet %s %s", T, deniedName(n))
@@ -351,16 +351,19 @@ func parseDenied(raw json.RawMessage) (Denied, bool) {
 	return d, d.Addr != ""
 }
 
-// dnsAllowed reads the addresses a VM's resolver let through, with what
-// is left of their time, to carry them into a remade table.
-func (t table) dnsAllowed(ctx context.Context, slot int) (map[netip.Addr]time.Duration, error) {
-	out, err := t.list(ctx, "set", "inet", t.name, dnsSet(slot))
+// dnsAllowed reads, from one listing of the table an earlier run left,
+// the addresses each VM's resolver let through (by slot) with what is
+// left of their time, to carry them into the remade table. No table, no
+// addresses.
+func (t table) dnsAllowed(ctx context.Context) map[int]map[netip.Addr]time.Duration {
+	out, err := t.list(ctx, "table", "inet", t.name)
 	if err != nil {
-		return nil, err
+		return nil
 	}
-	var set struct {
+	var tab struct {
 		Nftables []struct {
 			Set *struct {
+				Name string `json:"name"`
 				Elem []struct {
 					Elem struct {
 						Val     string `json:"val"`
@@ -370,19 +373,25 @@ func (t table) dnsAllowed(ctx context.Context, slot int) (map[netip.Addr]time.Du
 			} `json:"set"`
 		} `json:"nftables"`
 	}
-	if err := json.Unmarshal(out, &set); err != nil {
-		return nil, fmt.Errorf("nft set: %w", err)
+	if json.Unmarshal(out, &tab) != nil {
+		return nil
 	}
-	m := map[netip.Addr]time.Duration{}
-	for _, o := range set.Nftables {
-		if o.Set == nil {
+	bySlot := map[int]map[netip.Addr]time.Duration{}
+	for _, o := range tab.Nftables {
+		var slot int
+		if o.Set == nil || len(o.Set.Elem) == 0 {
 			continue
 		}
+		if _, err := fmt.Sscanf(o.Set.Name, "dns_%d", &slot); err != nil || dnsSet(slot) != o.Set.Name {
+			continue
+		}
+		m := map[netip.Addr]time.Duration{}
 		for _, e := range o.Set.Elem {
 			if a, err := netip.ParseAddr(e.Elem.Val); err == nil && e.Elem.Expires > 0 {
 				m[a] = time.Duration(e.Elem.Expires) * time.Second
 			}
 		}
+		bySlot[slot] = m
 	}
-	return m, nil
+	return bySlot
 }

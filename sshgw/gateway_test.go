@@ -15,6 +15,8 @@ import (
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/denhq/den/internal/poll"
 )
 
 func newSigner(t *testing.T) gossh.Signer {
@@ -334,12 +336,9 @@ func TestHandshakeLimits(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if cond() {
-			return
-		}
+	if !poll.Until(5*time.Second, cond) {
+		t.Fatal("condition not met within 5s")
 	}
-	t.Fatal("condition not met within 5s")
 }
 
 func TestIdleTimeout(t *testing.T) {

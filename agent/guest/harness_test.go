@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/agent"
+	"github.com/denhq/den/internal/poll"
 	gossh "golang.org/x/crypto/ssh"
 )
 
@@ -223,12 +224,8 @@ func (b *syncBuffer) String() string {
 // waitFor polls cond until it holds or the timeout passes.
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !poll.Until(timeout, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 

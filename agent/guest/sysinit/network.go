@@ -87,6 +87,19 @@ func openNetlink() (*netlinkConn, error) {
 
 func (n *netlinkConn) close() { unix.Close(n.fd) }
 
+// openLink opens a netlink socket for requests about interface ifname.
+func openLink(ifname string) (*netlinkConn, *net.Interface, error) {
+	ifi, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return nil, nil, err
+	}
+	nl, err := openNetlink()
+	if err != nil {
+		return nil, nil, err
+	}
+	return nl, ifi, nil
+}
+
 // configure sets cidr on ifname, brings it up and adds a default route
 // via gw (if any).
 func (n *netlinkConn) configure(ifname, cidr, gw string) error {
@@ -217,15 +230,11 @@ func (n *netlinkConn) do(typ, flags uint16, body []byte) error {
 // SetMAC gives a network interface a new hardware address (a fork's own:
 // the device state restored from its source's memory holds the source's).
 func SetMAC(ifname string, mac net.HardwareAddr) error {
-	nl, err := openNetlink()
-	if err != nil {
-		return err
-	}
-	defer nl.close()
-	ifi, err := net.InterfaceByName(ifname)
+	nl, ifi, err := openLink(ifname)
 	if err != nil {
 		return fmt.Errorf("set mac of %s: %w", ifname, err)
 	}
+	defer nl.close()
 	if ifi.HardwareAddr.String() == mac.String() {
 		return nil
 	}
@@ -243,15 +252,11 @@ func SetMAC(ifname string, mac net.HardwareAddr) error {
 // resolver by c's: a fork (or a VM created from a warm base) runs with its
 // source's network until then.
 func Reconfigure(log *slog.Logger, ifname string, c NetConfig) error {
-	nl, err := openNetlink()
-	if err != nil {
-		return err
-	}
-	defer nl.close()
-	ifi, err := net.InterfaceByName(ifname)
+	nl, ifi, err := openLink(ifname)
 	if err != nil {
 		return fmt.Errorf("reconfigure %s: %w", ifname, err)
 	}
+	defer nl.close()
 	want, err := netip.ParsePrefix(c.IP)
 	if err != nil {
 		return fmt.Errorf("reconfigure %s: %w", ifname, err)
