@@ -1,6 +1,8 @@
 package network
 
 import (
+	"context"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -9,6 +11,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/egress"
+	"github.com/denhq/den/internal/netns"
 )
 
 func TestPool(t *testing.T) {
@@ -94,5 +97,44 @@ func TestTableScripts(t *testing.T) {
 	}
 	if !strings.Contains(script, "ip daddr @cidr_1 accept") || strings.Contains(tb.vm(atts[2], true), "@dns_7 accept") {
 		t.Fatal("policies are not rendered as they say")
+	}
+}
+
+// TestCarriedAddresses: in a network namespace of its own, a table with
+// VMs in it (their other sets holding elements of other shapes) gives
+// back the addresses each VM's resolver let through, by slot.
+func TestCarriedAddresses(t *testing.T) {
+	if err := netns.Usable(); err != nil {
+		t.Skip(err)
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("no nft (make deps installs nftables)")
+	}
+	ns := fmt.Sprintf("dntest%d", os.Getpid()%100000)
+	_ = exec.Command("ip", "netns", "del", ns).Run()
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	defer exec.Command("ip", "netns", "del", ns).Run()
+	pool, _ := ParsePool("10.200.0.0/16")
+	tb := table{name: "den_test", pool: pool.Prefix()}
+	atts := []attachment{
+		{vm: "a", slot: 0, lease: Lease{Subnet: pool.Subnet(0), Tap: "dntest-0"}},
+		{vm: "b", slot: 3, lease: Lease{Subnet: pool.Subnet(3), Tap: "dntest-3"}},
+	}
+	a1, a2 := netip.MustParseAddr("140.82.112.3"), netip.MustParseAddr("140.82.112.4")
+	var got map[int]map[netip.Addr]time.Duration
+	err := netns.In(ns, func() error { // nft runs in the namespace of this thread
+		if err := tb.run(context.Background(), tb.base(atts)+tb.allow(3, []netip.Addr{a1, a2}, time.Hour)); err != nil {
+			return err
+		}
+		got = tb.dnsAllowed(context.Background())
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || len(got[3]) != 2 || got[3][a1] < 59*time.Minute || got[3][a2] > time.Hour {
+		t.Fatalf("carried addresses: %v", got)
 	}
 }

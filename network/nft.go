@@ -360,16 +360,13 @@ func (t table) dnsAllowed(ctx context.Context) map[int]map[netip.Addr]time.Durat
 	if err != nil {
 		return nil
 	}
+	// Other sets' elements have other shapes (names, concatenations):
+	// only the dns sets' are decoded.
 	var tab struct {
 		Nftables []struct {
 			Set *struct {
-				Name string `json:"name"`
-				Elem []struct {
-					Elem struct {
-						Val     string `json:"val"`
-						Expires int    `json:"expires"`
-					} `json:"elem"`
-				} `json:"elem"`
+				Name string            `json:"name"`
+				Elem []json.RawMessage `json:"elem"`
 			} `json:"set"`
 		} `json:"nftables"`
 	}
@@ -386,7 +383,16 @@ func (t table) dnsAllowed(ctx context.Context) map[int]map[netip.Addr]time.Durat
 			continue
 		}
 		m := map[netip.Addr]time.Duration{}
-		for _, e := range o.Set.Elem {
+		for _, raw := range o.Set.Elem {
+			var e struct {
+				Elem struct {
+					Val     string `json:"val"`
+					Expires int    `json:"expires"`
+				} `json:"elem"`
+			}
+			if json.Unmarshal(raw, &e) != nil {
+				continue
+			}
 			if a, err := netip.ParseAddr(e.Elem.Val); err == nil && e.Elem.Expires > 0 {
 				m[a] = time.Duration(e.Elem.Expires) * time.Second
 			}
