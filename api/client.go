@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,11 +19,14 @@ import (
 	"golang.org/x/crypto/ssh"
 )
 
-// Client talks to a den daemon over its unix socket.
+// Client talks to a den daemon: over its unix socket, where the daemon
+// knows the caller from the connection, or over its TLS listener with a
+// bearer token (NewRemoteClient).
 type Client struct {
-	socket string
-	owner  string
-	http   *http.Client
+	where string // the daemon, for messages
+	dial  func(ctx context.Context) (net.Conn, error)
+	token string
+	http  *http.Client
 }
 
 // NewClient returns a client for the daemon at socket ($DEN_SOCKET or
@@ -34,7 +38,60 @@ func NewClient(socket string) *Client {
 	if socket == "" {
 		socket = DefaultSocket
 	}
-	c := &Client{socket: socket, owner: os.Getenv("DEN_OWNER")}
+	return NewDialClient(socket, func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, "unix", socket)
+		if err != nil {
+			// One line: the cause, then the kind (errors.Join would add a
+			// line break).
+			return nil, fmt.Errorf("connect to den daemon at %s (is `den daemon` running? set DEN_SOCKET): %w: %w", socket, err, ErrNoDaemon)
+		}
+		return conn, nil
+	})
+}
+
+// NewRemoteClient returns a client for the daemon's TLS API listener at
+// addr (host:port, or an https:// URL) that authenticates with token.
+// tlsConfig may be nil (the system's roots verify the daemon).
+func NewRemoteClient(addr, token string, tlsConfig *tls.Config) (*Client, error) {
+	hostport := addr
+	if strings.Contains(addr, "://") {
+		u, err := url.Parse(addr)
+		if err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
+			return nil, fmt.Errorf("den api url %q: want https://HOST:PORT", addr)
+		}
+		hostport = u.Host
+	}
+	if _, _, err := net.SplitHostPort(hostport); err != nil {
+		return nil, fmt.Errorf("den api address %q: want HOST:PORT or https://HOST:PORT", addr)
+	}
+	if token == "" {
+		return nil, errors.New("den api at " + addr + ": no token (den tokens add, then DEN_TOKEN)")
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if tlsConfig != nil {
+		cfg = tlsConfig.Clone()
+	}
+	if cfg.ServerName == "" {
+		cfg.ServerName, _, _ = net.SplitHostPort(hostport)
+	}
+	c := NewDialClient("https://"+hostport, func(ctx context.Context) (net.Conn, error) {
+		d := tls.Dialer{Config: cfg}
+		conn, err := d.DialContext(ctx, "tcp", hostport)
+		if err != nil {
+			return nil, fmt.Errorf("connect to den daemon at %s: %w: %w", hostport, err, ErrNoDaemon)
+		}
+		return conn, nil
+	})
+	c.token = token
+	return c, nil
+}
+
+// NewDialClient returns a client whose connections to the daemon come
+// from dial (TLS, if any, done by dial); where names the daemon in
+// messages. The SSH gateway uses it to call the API in-process.
+func NewDialClient(where string, dial func(ctx context.Context) (net.Conn, error)) *Client {
+	c := &Client{where: where, dial: dial}
 	c.http = &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return c.dial(ctx)
@@ -44,25 +101,14 @@ func NewClient(socket string) *Client {
 	return c
 }
 
-// WithOwner returns a client whose requests act for owner only.
-func (c *Client) WithOwner(owner string) *Client {
-	cc := *c
-	cc.owner = owner
-	return &cc
-}
+// Socket is the daemon this client uses: its socket, or its URL.
+func (c *Client) Socket() string { return c.where }
 
-// Socket is the daemon socket this client uses.
-func (c *Client) Socket() string { return c.socket }
-
-func (c *Client) dial(ctx context.Context) (net.Conn, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", c.socket)
-	if err != nil {
-		// One line: the cause, then the kind (errors.Join would add a
-		// line break).
-		return nil, fmt.Errorf("connect to den daemon at %s (is `den daemon` running? set DEN_SOCKET): %w: %w", c.socket, err, ErrNoDaemon)
+// authorize adds the client's credentials to req.
+func (c *Client) authorize(req *http.Request) {
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
-	return conn, nil
 }
 
 // do sends a JSON request and decodes a JSON answer into out (if not nil).
@@ -99,9 +145,7 @@ func (c *Client) send(ctx context.Context, method, path string, in any) (*http.R
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if c.owner != "" {
-		req.Header.Set(OwnerHeader, c.owner)
-	}
+	c.authorize(req)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		var ue *url.Error
@@ -250,9 +294,7 @@ func (c *Client) SSH(ctx context.Context, name string) (*ssh.Client, error) {
 	req, _ := http.NewRequest(http.MethodPost, "http://den/v1/vms/"+url.PathEscape(name)+"/ssh", nil)
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", UpgradeSSH)
-	if c.owner != "" {
-		req.Header.Set(OwnerHeader, c.owner)
-	}
+	c.authorize(req)
 	if err := req.Write(conn); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("ssh %s: %w", name, err)
@@ -270,7 +312,7 @@ func (c *Client) SSH(ctx context.Context, name string) (*ssh.Client, error) {
 	bc := &bufferedConn{Conn: conn, r: br}
 	sc, chans, reqs, err := ssh.NewClientConn(bc, "den/"+name, &ssh.ClientConfig{
 		User:            name,
-		HostKeyCallback: ssh.InsecureIgnoreHostKey(), // the daemon's own socket, root-only
+		HostKeyCallback: ssh.InsecureIgnoreHostKey(), // the daemon itself, reached by its socket or TLS
 		Timeout:         time.Minute,
 	})
 	if err != nil {

@@ -29,7 +29,7 @@ func serve(t *testing.T, h http.HandlerFunc) *Client {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Close() })
-	return NewClient(socket).WithOwner("")
+	return NewClient(socket)
 }
 
 // streamOf answers a stream of lines.
