@@ -8,11 +8,6 @@ import (
 	"time"
 )
 
-// OwnerHeader scopes a request to one user's VMs: the SSH gateway sets
-// it for the key's user; the CLI sets it from $DEN_OWNER. Without it a
-// request acts for root (the socket is root's only) and sees every VM.
-const OwnerHeader = "X-Den-Owner"
-
 // DefaultSocket is where the daemon listens unless told otherwise; the
 // CLI also reads $DEN_SOCKET.
 const DefaultSocket = "/run/den/den.sock"
@@ -133,8 +128,12 @@ var (
 	ErrConflict = errors.New("conflicts with the vm's state")
 	ErrNoSpace  = errors.New("no space")
 	ErrBusy     = errors.New("vm busy")
-	// ErrForbidden: the request is root's (the host's sleep and wake).
+	// ErrForbidden: the request is an admin's (the host's sleep and
+	// wake, other users' tokens).
 	ErrForbidden = errors.New("forbidden")
+	// ErrUnauthenticated: the connection proves no den user (an unknown
+	// uid, a missing, wrong or revoked token).
+	ErrUnauthenticated = errors.New("unauthenticated")
 	// ErrDamaged: a checkpoint or a sleeping VM's memory does not match
 	// its digests; nothing was restored from it.
 	ErrDamaged  = errors.New("snapshot damaged")
@@ -147,16 +146,17 @@ var Codes = map[string]struct {
 	Err    error
 	Status int
 }{
-	"not_found": {ErrNotFound, 404},
-	"exists":    {ErrExists, 409},
-	"invalid":   {ErrInvalid, 400},
-	"conflict":  {ErrConflict, 409},
-	"no_space":  {ErrNoSpace, 507},
-	"busy":      {ErrBusy, 409},
-	"damaged":   {ErrDamaged, 409},
-	"forbidden": {ErrForbidden, 403},
-	"no_memory": {ErrNoMemory, 507},
-	"internal":  {ErrDaemon, 500},
+	"not_found":       {ErrNotFound, 404},
+	"exists":          {ErrExists, 409},
+	"invalid":         {ErrInvalid, 400},
+	"conflict":        {ErrConflict, 409},
+	"no_space":        {ErrNoSpace, 507},
+	"busy":            {ErrBusy, 409},
+	"damaged":         {ErrDamaged, 409},
+	"forbidden":       {ErrForbidden, 403},
+	"unauthenticated": {ErrUnauthenticated, 401},
+	"no_memory":       {ErrNoMemory, 507},
+	"internal":        {ErrDaemon, 500},
 }
 
 // Error is an error answer of the daemon: a non-2xx answer, or the

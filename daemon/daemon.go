@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -59,6 +60,13 @@ type Options struct {
 	// header; TLSCert and TLSKey make it HTTPS.
 	HTTPListen, HTTPDomain string
 	TLSCert, TLSKey        string
+	// Den runs a den command line for the SSH gateway's den@ verbs, in
+	// this process, with client (the API as the key's user); nil: den@
+	// verbs are off. cmd/den gives its own command line.
+	Den func(ctx context.Context, client *api.Client, args []string, stdin io.Reader, stdout, stderr io.Writer) int
+	// AdminGroup's members administer den through the socket, as root
+	// does (DefaultAdminGroup when empty).
+	AdminGroup string
 	// Ready, if set, is called once the API socket accepts requests.
 	Ready  func()
 	Logger *slog.Logger
@@ -123,7 +131,9 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	keys := users.Keys{Store: db}
-	gw, err := startGateway(o, m, keys, hostKey)
+	inproc := newInProcess()
+	defer inproc.Close()
+	gw, err := startGateway(o, m, keys, hostKey, inproc)
 	if err != nil {
 		return fmt.Errorf("daemon: ssh gateway: %w", err)
 	}
@@ -139,7 +149,10 @@ func Run(ctx context.Context, o Options) error {
 	info.HTTP, info.HTTPDomain = web.url, o.HTTPDomain
 	apiSrv := NewServer(m, keys, info, hostKey, o.Logger)
 	apiSrv.web = web
-	srv := NewHTTPServer(apiSrv)
+	if o.AdminGroup == "" {
+		o.AdminGroup = DefaultAdminGroup
+	}
+	srv := NewHTTPServer(apiSrv, &Identities{AdminGroup: o.AdminGroup})
 
 	ln, err := listenUnix(o.Socket)
 	if err != nil {
@@ -155,6 +168,7 @@ func Run(ctx context.Context, o Options) error {
 	go mon.Run(monCtx)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	go func() { _ = srv.Serve(inproc) }()
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -180,8 +194,10 @@ func Run(ctx context.Context, o Options) error {
 	return nil
 }
 
-// listenUnix listens on a 0600 unix socket, replacing a stale socket file
-// but refusing to take over one that a live daemon answers on.
+// listenUnix listens on a unix socket every local user may connect to
+// (0666: the daemon learns who each is from the connection), replacing a
+// stale socket file but refusing to take over one that a live daemon
+// answers on.
 func listenUnix(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
@@ -199,7 +215,7 @@ func listenUnix(path string) (net.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
+	if err := os.Chmod(path, 0o666); err != nil {
 		ln.Close()
 		return nil, err
 	}

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"io"
+	"net"
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/denhq/den/api"
 	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/sshgw"
@@ -28,22 +29,24 @@ type gateway struct {
 
 // startGateway starts the SSH gateway on o.SSHListen ("" or "off": none)
 // with the daemon's gateway host key, backed by m; `ssh den@host` runs
-// this very binary against the API socket.
-func startGateway(o Options, m *machine.Manager, keys users.Keys, hostKey ssh.Signer) (*gateway, error) {
+// o.Den in this process against the API, through inproc, as the key's
+// user.
+func startGateway(o Options, m *machine.Manager, keys users.Keys, hostKey ssh.Signer, inproc *inProcess) (*gateway, error) {
 	if o.SSHListen == "" || o.SSHListen == "off" {
 		o.Logger.Info("den: ssh gateway off")
 		return &gateway{}, nil
 	}
 	cfg := sshgw.Config{HostKey: hostKey, Backend: gatewayBackend{m, keys}, Logger: o.Logger}
-	den, err := os.Executable()
-	if err == nil {
-		var sock string
-		if sock, err = filepath.Abs(o.Socket); err == nil {
-			cfg.Den = &sshgw.DenCommand{Binary: den, Socket: sock}
-		}
-	}
-	if err != nil {
-		o.Logger.Warn("den: ssh gateway: den@ commands off", "err", err)
+	if o.Den != nil {
+		cfg.Den = &sshgw.DenCommand{Run: func(ctx context.Context, user, source string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+			caller := Caller{User: user, Source: "ssh " + source}
+			client := api.NewDialClient("the den daemon", func(ctx context.Context) (net.Conn, error) {
+				return inproc.dial(ctx, caller)
+			})
+			return o.Den(ctx, client, args, stdin, stdout, stderr)
+		}}
+	} else {
+		o.Logger.Warn("den: ssh gateway: den@ commands off (no runner)")
 	}
 	srv, err := sshgw.Listen(o.SSHListen, cfg)
 	if err != nil {

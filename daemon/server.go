@@ -34,6 +34,9 @@ type Server struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	conns   sync.WaitGroup
+	// tokens establishes a caller from a request's bearer token (nil:
+	// no TLS listener).
+	tokens func(*http.Request) (Caller, error)
 }
 
 // NewServer returns the API handler for m.
@@ -69,7 +72,32 @@ func NewServer(m *machine.Manager, keys users.Keys, info api.DaemonInfo, hostKey
 	return s
 }
 
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP establishes the request's caller from its connection (or its
+// bearer token, on the TLS listener), refusing it (401) when there is
+// none, and serves it as that caller.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	caller, err := s.identify(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.mux.ServeHTTP(w, r.WithContext(withCaller(r.Context(), caller)))
+}
+
+// identify is the request's caller: the one its connection established,
+// or, on a connection that establishes none (TLS), its bearer token's.
+func (s *Server) identify(r *http.Request) (Caller, error) {
+	if c, ok := r.Context().Value(callerKey{}).(Caller); ok {
+		return c, nil
+	}
+	if err, ok := r.Context().Value(connErrKey{}).(error); ok {
+		return Caller{}, fmt.Errorf("who is calling: %w: %w", err, api.ErrUnauthenticated)
+	}
+	if s.tokens == nil {
+		return Caller{}, fmt.Errorf("who is calling: no credentials: %w", api.ErrUnauthenticated)
+	}
+	return s.tokens(r)
+}
 
 // writeJSON answers v with status.
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -97,6 +125,10 @@ func errorCode(err error) string {
 		return "no_space"
 	case errors.Is(err, machine.ErrNoMemory):
 		return "no_memory"
+	case errors.Is(err, api.ErrUnauthenticated):
+		return "unauthenticated"
+	case errors.Is(err, api.ErrForbidden):
+		return "forbidden"
 	}
 	return "internal"
 }
@@ -125,9 +157,6 @@ func toAPI(st machine.Status) api.VM {
 	}
 	return vm
 }
-
-// owner is the user a request acts for ("" for root: every VM).
-func owner(r *http.Request) string { return r.Header.Get(api.OwnerHeader) }
 
 // authorize checks, from the VM's record alone and before anything looks
 // at the VM itself, that the request's owner may use it: another user's

@@ -106,7 +106,7 @@ func newAPIEnv(t *testing.T) *apiEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := NewHTTPServer(NewServer(m, users.Keys{Store: db}, api.DaemonInfo{VMM: machinetest.Name}, hostKey, log))
+	srv := NewHTTPServer(NewServer(m, users.Keys{Store: db}, api.DaemonInfo{VMM: machinetest.Name}, hostKey, log), nil)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Close() })
 	e := &apiEnv{t: t, m: m, drv: drv, state: state, socket: socket, client: api.NewClient(socket)}

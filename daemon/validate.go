@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"fmt"
 	"net/http"
 	"time"
 
@@ -28,14 +27,17 @@ const (
 )
 
 // NewHTTPServer is the http.Server that serves h (NewServer's) on the API
-// socket, with the read deadlines above.
-func NewHTTPServer(h http.Handler) *http.Server {
+// socket, with the read deadlines above, learning each connection's
+// caller as ids says (nil: root and DefaultAdminGroup administer).
+func NewHTTPServer(h http.Handler, ids *Identities) *http.Server {
+	if ids == nil {
+		ids = &Identities{AdminGroup: DefaultAdminGroup}
+	}
 	return &http.Server{Handler: h, ReadHeaderTimeout: ReadHeaderTimeout, ReadTimeout: ReadTimeout,
-		IdleTimeout: IdleTimeout, MaxHeaderBytes: MaxHeaderBytes}
+		IdleTimeout: IdleTimeout, MaxHeaderBytes: MaxHeaderBytes, ConnContext: ids.connContext}
 }
 
-// guard runs before every handler: it refuses a bad owner header, VM
-// name, checkpoint id or key reference in the header, path or query
+// guard runs before every handler: it refuses a bad VM name, checkpoint id or key reference in the header, path or query
 // (400, before anything looks them up).
 func guard(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -50,11 +52,6 @@ func guard(h http.HandlerFunc) http.HandlerFunc {
 // checkRequest checks what names something in a request's header and
 // path.
 func checkRequest(r *http.Request) error {
-	if o := r.Header.Get(api.OwnerHeader); o != "" {
-		if err := validate.User(o); err != nil {
-			return fmt.Errorf("header %s: %w", api.OwnerHeader, err)
-		}
-	}
 	if n := r.PathValue("name"); n != "" {
 		if err := validate.VMName(n); err != nil {
 			return err

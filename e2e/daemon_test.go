@@ -127,7 +127,7 @@ func TestBadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"create", "one"}, `a vm of that name exists`},
+		{[]string{"create", "one"}, `the name is taken`},
 		{[]string{"create", "Bad_Name"}, `bad vm name "Bad_Name"`},
 		{[]string{"create", "trailing-"}, `bad vm name "trailing-"`},
 		{[]string{"create", "big", "--memory", "100T"}, `more than this host has`},

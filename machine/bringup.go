@@ -16,7 +16,7 @@ import (
 func (m *Manager) reserve(ctx context.Context, vm registry.VM, undo *cleanups) (registry.VM, error) {
 	if err := m.db.CreateVM(ctx, vm); err != nil {
 		if errors.Is(err, registry.ErrExists) {
-			return vm, fmt.Errorf("a vm of that name exists: %w", ErrExists)
+			return vm, fmt.Errorf("the name %q is taken (vm names are one namespace per host; whose is not said): %w", vm.Name, ErrExists)
 		}
 		return vm, err
 	}

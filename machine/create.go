@@ -213,7 +213,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	}
 	defer unlock()
 	if _, err := m.db.GetVM(ctx, o.Name); err == nil {
-		return registry.VM{}, fmt.Errorf("create vm %q: a vm of that name exists: %w", o.Name, ErrExists)
+		return registry.VM{}, fmt.Errorf("create vm %q: the name is taken (vm names are one namespace per host; whose is not said): %w", o.Name, ErrExists)
 	}
 
 	base, baseSize, err := m.baseImage(ctx, o.Image, progress)

@@ -6,75 +6,35 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os/exec"
-	"slices"
-	"strings"
-	"syscall"
 	"time"
 
 	shlex "github.com/anmitsu/go-shlex"
 	gossh "golang.org/x/crypto/ssh"
 )
 
-// DefaultDenVerbs are the verbs `ssh den@host` runs: those that act on
-// the daemon only through its API, where the key's user scopes what they
-// see and touch. Verbs that work on the host itself (daemon, doctor) are
-// not among them, nor ssh (use `ssh VM@host`, which has a terminal).
-// Verbs this den does not have yet are harmless: den says so.
-var DefaultDenVerbs = []string{
-	"ls", "info", "create", "rm", "exec", "logs", "keys",
-	"sleep", "wake", "resize", "checkpoint", "checkpoints", "restore", "fork", "help",
-}
-
-// EnvRemote is set (to "1") in the environment of den verbs run for the
-// gateway: verbs that would read the host's files refuse to.
-const EnvRemote = "DEN_REMOTE"
+// DenRunner runs one den command line for a remote user, in the
+// daemon's own process: as user, whose key the gateway verified, from
+// source (the client's address). It returns the exit status. The daemon's
+// runner calls its API as that user, over the same handlers as its
+// socket, and lets no verb or flag name a host file or another daemon.
+type DenRunner func(ctx context.Context, user, source string, args []string, stdin io.Reader, stdout, stderr io.Writer) int
 
 // DenCommand runs den verbs for `ssh den@host VERB ARGS`.
 type DenCommand struct {
-	// Binary is the den executable (the daemon's own).
-	Binary string
-	// Socket is the daemon's API socket.
-	Socket string
-	// Verbs allowed (nil: DefaultDenVerbs).
-	Verbs []string
+	// Run runs a command line (split, without the program's name).
+	Run DenRunner
 }
 
 // DenArgs splits an SSH command line into den's arguments, shell-like
-// (quotes and backslashes; no expansion, no shell), and checks it: the
-// first word must be an allowed verb (or --help, --version), and no
-// --socket flag may send den elsewhere.
-func (d *DenCommand) DenArgs(cmdline string) ([]string, error) {
+// (quotes and backslashes; no expansion, no shell). Which verbs and flags
+// may run is the runner's to check.
+func DenArgs(cmdline string) ([]string, error) {
 	args, err := shlex.Split(cmdline, true)
 	if err != nil {
 		return nil, fmt.Errorf("cannot split the command: %w", err)
 	}
-	verbs := d.Verbs
-	if verbs == nil {
-		verbs = DefaultDenVerbs
-	}
-	usage := "usage: ssh -p PORT " + DenUser + "@HOST VERB [ARGS] (verbs: " + strings.Join(verbs, ", ") + ")"
 	if len(args) == 0 {
-		return nil, errors.New(usage)
-	}
-	switch args[0] {
-	case "--help", "-h", "--version", "-v":
-		if len(args) > 1 {
-			return nil, errors.New(usage)
-		}
-		return args, nil
-	}
-	if !slices.Contains(verbs, args[0]) {
-		return nil, fmt.Errorf("%q cannot be run through the gateway; %s", args[0], usage)
-	}
-	for _, a := range args[1:] {
-		if a == "--" {
-			break
-		}
-		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if strings.HasPrefix(a, "-") && name == "socket" {
-			return nil, errors.New("--socket cannot be given through the gateway")
-		}
+		return nil, errors.New("usage: ssh -p PORT " + DenUser + "@HOST VERB [ARGS] (ssh -p PORT " + DenUser + "@HOST help: the verbs)")
 	}
 	return args, nil
 }
@@ -82,7 +42,7 @@ func (d *DenCommand) DenArgs(cmdline string) ([]string, error) {
 // serve runs one session channel of a den@ connection: it waits for the
 // command, runs den with it for user, and passes back stdin, stdout,
 // stderr and the exit status.
-func (d *DenCommand) serve(ctx context.Context, nc gossh.NewChannel, user string, log *slog.Logger) {
+func (d *DenCommand) serve(ctx context.Context, nc gossh.NewChannel, user, source string, log *slog.Logger) {
 	ch, reqs, err := nc.Accept()
 	if err != nil {
 		return
@@ -103,12 +63,12 @@ func (d *DenCommand) serve(ctx context.Context, nc gossh.NewChannel, user string
 		cancel() // the client closed the channel
 	}()
 	status := 2
-	args, err := d.DenArgs(cmdline)
+	args, err := DenArgs(cmdline)
 	if err != nil {
 		fmt.Fprintf(ch.Stderr(), "den: %v\n", err)
 	} else {
 		log.Info("den: gateway den command", "user", user, "args", args)
-		status = d.run(ctx, ch, user, args)
+		status = d.Run(ctx, user, source, args, ch, ch, ch.Stderr())
 	}
 	_, _ = ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{uint32(status)}))
 	_ = ch.CloseWrite()
@@ -148,45 +108,4 @@ func waitCommand(ctx context.Context, reqs <-chan *gossh.Request) (string, bool)
 			return "", false
 		}
 	}
-}
-
-// run runs den and returns its exit status.
-func (d *DenCommand) run(ctx context.Context, ch gossh.Channel, user string, args []string) int {
-	cmd := exec.CommandContext(ctx, d.Binary, args...)
-	cmd.Env = []string{
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"DEN_SOCKET=" + d.Socket,
-		"DEN_OWNER=" + user,
-		EnvRemote + "=1",
-	}
-	cmd.Dir = "/"
-	cmd.Stdout = ch
-	cmd.Stderr = ch.Stderr()
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = 5 * time.Second
-	stdin, err := cmd.StdinPipe()
-	if err == nil {
-		err = cmd.Start()
-	}
-	if err != nil {
-		fmt.Fprintf(ch.Stderr(), "den: cannot run den: %v\n", err)
-		return 255
-	}
-	go func() {
-		_, _ = io.Copy(stdin, ch)
-		_ = stdin.Close()
-	}()
-	err = cmd.Wait()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return 0
-	case errors.As(err, &ee):
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal())
-		}
-		return ee.ExitCode()
-	}
-	fmt.Fprintf(ch.Stderr(), "den: %v\n", err)
-	return 255
 }

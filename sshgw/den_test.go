@@ -1,8 +1,9 @@
 package sshgw
 
 import (
-	"os"
-	"path/filepath"
+	"context"
+	"fmt"
+	"io"
 	"reflect"
 	"strings"
 	"testing"
@@ -11,48 +12,40 @@ import (
 )
 
 func TestDenArgs(t *testing.T) {
-	d := &DenCommand{}
 	ok := map[string][]string{
 		`ls`:                             {"ls"},
 		`ls --json`:                      {"ls", "--json"},
 		`create box2 --memory 256M`:      {"create", "box2", "--memory", "256M"},
 		`exec box -- sh -c 'echo $HOME'`: {"exec", "box", "--", "sh", "-c", "echo $HOME"},
 		`exec box -- printf "%s|" "a b"`: {"exec", "box", "--", "printf", "%s|", "a b"},
-		`exec box -- grep --socket x`:    {"exec", "box", "--", "grep", "--socket", "x"},
 		`--help`:                         {"--help"},
 		`keys add -`:                     {"keys", "add", "-"},
 	}
 	for in, want := range ok {
-		got, err := d.DenArgs(in)
+		got, err := DenArgs(in)
 		if err != nil || !reflect.DeepEqual(got, want) {
 			t.Errorf("DenArgs(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
 	bad := map[string]string{
-		``:                        "usage: ssh",
-		`daemon`:                  `"daemon" cannot be run`,
-		`doctor`:                  `"doctor" cannot be run`,
-		`ssh box`:                 `"ssh" cannot be run`,
-		`--socket /x ls`:          `"--socket" cannot be run`,
-		`ls --socket /tmp/x.sock`: "--socket cannot be given",
-		`ls -socket=/tmp/x.sock`:  "--socket cannot be given",
-		`ls 'unterminated`:        "cannot split",
-		`--help ls`:               "usage: ssh",
+		``:                 "usage: ssh",
+		`ls 'unterminated`: "cannot split",
 	}
 	for in, want := range bad {
-		if _, err := d.DenArgs(in); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := DenArgs(in); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("DenArgs(%q): %v; want an error with %q", in, err, want)
 		}
 	}
 }
 
 func TestDenCommand(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "den")
-	script := "#!/bin/sh\necho \"owner=$DEN_OWNER socket=$DEN_SOCKET remote=$DEN_REMOTE args=$*\"\ncat >&2\nexit 4\n"
-	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
+	runner := func(ctx context.Context, user, source string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+		in, _ := io.ReadAll(stdin)
+		fmt.Fprintf(stdout, "user=%s local=%v args=%s\n", user, strings.HasPrefix(source, "127.0.0.1:"), strings.Join(args, " "))
+		stderr.Write(in)
+		return 4
 	}
-	f := newFixture(t, func(c *Config) { c.Den = &DenCommand{Binary: bin, Socket: "/run/den/test.sock"} })
+	f := newFixture(t, func(c *Config) { c.Den = &DenCommand{Run: runner} })
 	c, err := f.dial(DenUser, f.bob)
 	if err != nil {
 		t.Fatal(err)
@@ -68,16 +61,16 @@ func TestDenCommand(t *testing.T) {
 	if ee, ok := err.(*gossh.ExitError); !ok || ee.ExitStatus() != 4 {
 		t.Fatalf("exit: %v", err)
 	}
-	if want := "owner=bob socket=/run/den/test.sock remote=1 args=ls --json two words\n"; out.String() != want {
+	if want := "user=bob local=true args=ls --json two words\n"; out.String() != want {
 		t.Fatalf("stdout %q, want %q", out.String(), want)
 	}
 	if errb.String() != "from stdin" {
 		t.Fatalf("stderr %q", errb.String())
 	}
-	// A refused verb: one line, exit 2, den not run.
-	_, errs, code := run(t, c, "daemon")
-	if code != 2 || strings.Count(errs, "\n") != 1 || !strings.HasPrefix(errs, `den: "daemon" cannot be run through the gateway`) {
-		t.Fatalf("daemon verb: %d %q", code, errs)
+	// A command line that does not split: one line, exit 2, den not run.
+	_, errs, code := run(t, c, "ls 'open")
+	if code != 2 || strings.Count(errs, "\n") != 1 || !strings.HasPrefix(errs, `den: cannot split the command`) {
+		t.Fatalf("bad command line: %d %q", code, errs)
 	}
 	// den@ relays no forwards.
 	if _, err := c.Dial("tcp", "127.0.0.1:80"); err == nil {

@@ -97,7 +97,7 @@ func (s *Server) channel(_ *gliderssh.Server, conn *gossh.ServerConn, nc gossh.N
 			_ = nc.Reject(gossh.Prohibited, "den: "+DenUser+"@ runs den commands only (ssh "+DenUser+"@HOST ls)")
 			return
 		}
-		s.cfg.Den.serve(ctx, nc, user, s.log)
+		s.cfg.Den.serve(ctx, nc, user, conn.RemoteAddr().String(), s.log)
 		return
 	}
 	if err := validate.VMName(vm); err != nil {

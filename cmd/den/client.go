@@ -12,7 +12,6 @@ import (
 	"golang.org/x/term"
 
 	"github.com/denhq/den/api"
-	"github.com/denhq/den/sshgw"
 )
 
 // socketFlag is the daemon socket flag shared by every client verb.
@@ -26,7 +25,7 @@ var socketFlag = &cli.StringFlag{
 var jsonFlag = &cli.BoolFlag{Name: "json", Usage: "print JSON for scripts"}
 
 func newClient(c *cli.Context) *api.Client {
-	if os.Getenv(sshgw.EnvRemote) != "" && c.String("socket") != os.Getenv("DEN_SOCKET") {
+	if os.Getenv("DEN_REMOTE") != "" && c.String("socket") != os.Getenv("DEN_SOCKET") {
 		// Run by the SSH gateway for a remote user: the daemon is the
 		// one whose socket the gateway gave ($DEN_SOCKET, which IsSet
 		// counts too), never one the user names.

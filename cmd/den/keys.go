@@ -11,7 +11,6 @@ import (
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/internal/validate"
-	"github.com/denhq/den/sshgw"
 )
 
 func keysCommand() *cli.Command {
@@ -90,7 +89,7 @@ func readKeyFile(path string) ([]byte, error) {
 	if path == "-" {
 		data, err = io.ReadAll(io.LimitReader(os.Stdin, 64<<10))
 	} else {
-		if os.Getenv(sshgw.EnvRemote) != "" {
+		if os.Getenv("DEN_REMOTE") != "" {
 			return nil, cli.Exit("den keys add: through the gateway the key comes on stdin: ssh den@HOST keys add - < key.pub", 2)
 		}
 		data, err = os.ReadFile(path)
