@@ -9,7 +9,8 @@ import (
 	"time"
 )
 
-// ErrAmbiguous is wrapped when a key name matches more than one key.
+// ErrAmbiguous is wrapped when a key or token name matches more than one
+// key or token.
 var ErrAmbiguous = errors.New("ambiguous")
 
 // Key is one user's SSH public key: it logs the user in to the SSH

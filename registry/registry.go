@@ -77,6 +77,18 @@ var schema = []string{
 	// seal names a checkpoint's digests (checkpoint.Record.Seal): a
 	// checkpoint recorded with one is damaged without them.
 	`ALTER TABLE checkpoints ADD COLUMN seal TEXT NOT NULL DEFAULT ''`,
+	// tokens are the API's bearer tokens (Token): only the secret's hash
+	// is kept. A name is unique per user; last_used 0 is never.
+	`CREATE TABLE tokens (
+		id          TEXT PRIMARY KEY,
+		user        TEXT NOT NULL,
+		name        TEXT NOT NULL,
+		admin       INTEGER NOT NULL DEFAULT 0,
+		hash        TEXT NOT NULL UNIQUE,
+		created_at  INTEGER NOT NULL,
+		last_used   INTEGER NOT NULL DEFAULT 0,
+		UNIQUE (user, name)
+	)`,
 }
 
 // Open opens (creating if needed) the database at path and brings its

@@ -8,8 +8,8 @@ import (
 // DefaultOwner owns VMs and keys created without a user.
 const DefaultOwner = "default"
 
-// Store is den's durable record: VMs, their checkpoints' catalog and
-// users' keys. *DB (SQLite, one host) is the one implementation today;
+// Store is den's durable record: VMs, their checkpoints' catalog,
+// users' keys and API tokens. *DB (SQLite, one host) is the one implementation today;
 // a PostgreSQL store shared by several hosts implements the same
 // interface, where UpdateVMIf's generation becomes the owning host's
 // fencing token.
@@ -17,6 +17,7 @@ type Store interface {
 	VMStore
 	CheckpointStore
 	KeyStore
+	TokenStore
 	Close() error
 }
 
@@ -52,6 +53,27 @@ type KeyStore interface {
 	ListKeys(ctx context.Context, user string) ([]Key, error)
 	RemoveKey(ctx context.Context, user, ref string) (Key, error)
 	UserForKey(ctx context.Context, fingerprint string) (string, error)
+}
+
+// TokenStore keeps users' API tokens, by the hash of their secret (the
+// secret itself is never given to the store).
+type TokenStore interface {
+	// AddToken records a token; ErrExists when its id or hash is taken,
+	// or its user has a token of that name.
+	AddToken(ctx context.Context, t Token) error
+	// ListTokens returns the tokens ordered by user, then date; of one
+	// user when user is set.
+	ListTokens(ctx context.Context, user string) ([]Token, error)
+	// RemoveToken deletes the token whose id or name is ref (of user
+	// only, when user is set) and returns it: ErrNotFound when none
+	// matches, ErrAmbiguous when a name matches several users' tokens.
+	RemoveToken(ctx context.Context, user, ref string) (Token, error)
+	// TokenByHash returns the token whose secret hashes to hash;
+	// ErrNotFound when there is none.
+	TokenByHash(ctx context.Context, hash string) (Token, error)
+	// TouchToken raises the token's last use to t (never lowers it);
+	// ErrNotFound when there is no token of that id.
+	TouchToken(ctx context.Context, id string, t time.Time) error
 }
 
 var _ Store = (*DB)(nil)

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"fmt"
+	"regexp"
 
 	"github.com/denhq/den/internal/validate"
 )
@@ -58,3 +59,23 @@ func checkKey(k Key) error {
 	}
 	return nil
 }
+
+// checkToken checks a token's id, user, name and hash.
+func checkToken(t Token) error {
+	if err := validate.TokenID(t.ID); err != nil {
+		return fmt.Errorf("record token: %w", err)
+	}
+	if err := validate.User(t.User); err != nil {
+		return fmt.Errorf("record token %s: %w", t.ID, err)
+	}
+	if err := validate.TokenName(t.Name); err != nil {
+		return fmt.Errorf("record token %s: %w", t.ID, err)
+	}
+	if !hexSHA256.MatchString(t.Hash) {
+		return fmt.Errorf("record token %s: the hash is not a hex sha-256: %w", t.ID, validate.ErrInvalid)
+	}
+	return nil
+}
+
+// hexSHA256 is a SHA-256 digest in lower-case hex.
+var hexSHA256 = regexp.MustCompile(`^[0-9a-f]{64}$`)

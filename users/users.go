@@ -1,5 +1,6 @@
-// Package users keeps who may reach den through the SSH gateway: user
-// names and the SSH public keys they log in with, in the registry.
+// Package users keeps who may reach den from afar: user names, the SSH
+// public keys they log in to the gateway with, and the bearer tokens
+// they call the API with, in the registry.
 package users
 
 import (

@@ -1,5 +1,5 @@
 // Package validate holds den's rules, in one place, for every input that
-// names something (a VM, a user, an image, a checkpoint, a key) and the
+// names something (a VM, a user, an image, a checkpoint, a key, a token) and the
 // length limits of every free string a client sends. The CLI, the API,
 // the SSH gateway and the registry all check with these functions, so a
 // value one of them takes, the others take too. Every error wraps
@@ -30,6 +30,8 @@ const (
 	MaxKeyName      = 128     // a key's name (default: its comment)
 	MaxPublicKey    = 16 << 10
 	MaxKeyRef       = 128 // a key's fingerprint or name, to remove it
+	MaxTokenName    = 64  // an API token's name
+	MaxTokenRef     = 64  // an API token's id or name, to remove it
 	MaxDuration     = 64  // a duration such as an idle timeout
 	// QuoteMax bounds how much of a refused value an error quotes.
 	QuoteMax = 64
@@ -49,6 +51,8 @@ var (
 	userRE   = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._@-]{0,63}$`)
 	imageRE  = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$`)
 	cpRE     = regexp.MustCompile(`^cp-[1-9][0-9]{0,19}$`)
+	tokIDRE  = regexp.MustCompile(`^tok_[0-9a-f]{8}$`)
+	tokRE    = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._@-]{0,63}$`)
 )
 
 // reserved VM names mean something else to the SSH gateway ("den"), or
@@ -128,6 +132,40 @@ func KeyRef(s string) error {
 		return fmt.Errorf("missing key fingerprint or name: %w", ErrInvalid)
 	}
 	return text("key fingerprint or name", s, MaxKeyRef)
+}
+
+// TokenID checks an API token's public id: "tok_" and 8 lower-case hex
+// digits.
+func TokenID(id string) error {
+	if !tokIDRE.MatchString(id) {
+		return fmt.Errorf("bad token id %s: ids look like tok_0a1b2c3d (see den tokens ls): %w", Quote(id), ErrInvalid)
+	}
+	return nil
+}
+
+// TokenName checks an API token's name: 1 to 64 letters, digits, '.',
+// '_', '@' or '-', starting with a letter or digit, and not of a token
+// id's form (a name is given on the command line to remove the token,
+// where it must not be taken for another token's id).
+func TokenName(name string) error {
+	if !tokRE.MatchString(name) {
+		return fmt.Errorf("bad token name %s: use 1-%d letters, digits, '.', '_', '@' or '-', starting with a letter or digit: %w", Quote(name), MaxTokenName, ErrInvalid)
+	}
+	if tokIDRE.MatchString(name) {
+		return fmt.Errorf("bad token name %q: it has the form of a token id: %w", name, ErrInvalid)
+	}
+	return nil
+}
+
+// TokenRef checks an API token's id or name given to remove it.
+func TokenRef(s string) error {
+	if s == "" {
+		return fmt.Errorf("missing token id or name: %w", ErrInvalid)
+	}
+	if TokenID(s) != nil && TokenName(s) != nil {
+		return fmt.Errorf("bad token id or name %s: %w", Quote(s), ErrInvalid)
+	}
+	return nil
 }
 
 // Duration checks the length of a duration as sent (its form is

@@ -35,6 +35,15 @@ func TestRules(t *testing.T) {
 		{"key ref", KeyRef,
 			[]string{"laptop", "SHA256:uNiVztksCsDhcc0u9e8BujQXVUpKZIDTMczCvj3tD2s"},
 			[]string{"", "a\x00", long}},
+		{"token id", TokenID,
+			[]string{"tok_0a1b2c3d", "tok_ffffffff"},
+			[]string{"", "tok_", "tok_0A1B2C3D", "tok_0a1b2c3", "tok_0a1b2c3d4", "tok-0a1b2c3d", "tok_0a1b2c3d\x00", long}},
+		{"token name", TokenName,
+			[]string{"ci", "laptop-sdk", "alice@host", "tok_ci", "tok_0a1b2c3", strings.Repeat("t", MaxTokenName)},
+			[]string{"", "-x", ".x", "a b", "a/b", "a\x00", "a\nb", "é", "tok_0a1b2c3d", strings.Repeat("t", MaxTokenName+1), long}},
+		{"token ref", TokenRef,
+			[]string{"ci", "tok_0a1b2c3d"},
+			[]string{"", "a b", "a\x00", "den_secret/x", long}},
 	} {
 		for _, v := range c.ok {
 			if err := c.check(v); err != nil {
