@@ -17,8 +17,8 @@ type Key struct {
 	CreatedAt   time.Time `json:"created_at"`
 }
 
-// AddKeyRequest registers a public key. With OwnerHeader set, User is
-// that owner whatever the body says.
+// AddKeyRequest registers a public key. User is an admin's to choose;
+// any other caller's keys are their own whatever the body says.
 type AddKeyRequest struct {
 	// User the key logs in as (default "default").
 	User string `json:"user,omitempty"`
@@ -35,8 +35,8 @@ func (c *Client) AddKey(ctx context.Context, req AddKeyRequest) (Key, error) {
 	return k, err
 }
 
-// ListKeys lists the registered keys (GET /v1/keys), the owner's only
-// when the client acts for one.
+// ListKeys lists the registered keys (GET /v1/keys): every user's for an
+// admin, the caller's own for anyone else.
 func (c *Client) ListKeys(ctx context.Context) ([]Key, error) {
 	var keys []Key
 	err := c.do(ctx, http.MethodGet, "/v1/keys", nil, &keys)

@@ -111,6 +111,10 @@ type DaemonInfo struct {
 	// GatewayFingerprint its host key's SHA256 fingerprint.
 	Gateway            string `json:"gateway,omitempty"`
 	GatewayFingerprint string `json:"gateway_fingerprint,omitempty"`
+	// API is the TLS listener's address ("" when off); APIFingerprint
+	// the SHA-256 of its certificate (hex).
+	API            string `json:"api,omitempty"`
+	APIFingerprint string `json:"api_fingerprint,omitempty"`
 	// Memory is the memory budget and its use now (host.go).
 	Memory *MemoryInfo `json:"memory,omitempty"`
 	// HTTP is the base URL of the VMs' HTTP URLs ("" when off);

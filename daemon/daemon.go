@@ -13,6 +13,7 @@ import (
 
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/audit"
 	"github.com/denhq/den/idle"
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/machine"
@@ -64,6 +65,11 @@ type Options struct {
 	// this process, with client (the API as the key's user); nil: den@
 	// verbs are off. cmd/den gives its own command line.
 	Den func(ctx context.Context, client *api.Client, args []string, stdin io.Reader, stdout, stderr io.Writer) int
+	// APIListen serves the API over TLS on a TCP address too (""
+	// or "off": none), for callers with a bearer token (den tokens);
+	// APITLSCert and APITLSKey are its certificate (default: one the
+	// daemon makes, self-signed, in the state dir).
+	APIListen, APITLSCert, APITLSKey string
 	// AdminGroup's members administer den through the socket, as root
 	// does (DefaultAdminGroup when empty).
 	AdminGroup string
@@ -131,9 +137,14 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	keys := users.Keys{Store: db}
+	auditLog, err := audit.Open(state.Audit(), audit.Options{})
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	defer auditLog.Close()
 	inproc := newInProcess()
 	defer inproc.Close()
-	gw, err := startGateway(o, m, keys, hostKey, inproc)
+	gw, err := startGateway(o, m, keys, hostKey, inproc, auditLog)
 	if err != nil {
 		return fmt.Errorf("daemon: ssh gateway: %w", err)
 	}
@@ -149,6 +160,16 @@ func Run(ctx context.Context, o Options) error {
 	info.HTTP, info.HTTPDomain = web.url, o.HTTPDomain
 	apiSrv := NewServer(m, keys, info, hostKey, o.Logger)
 	apiSrv.web = web
+	apiSrv.audit = auditLog
+	apiSrv.tokens = users.Tokens{Store: db}
+	apiSrv.bearer = tokenCaller(apiSrv.tokens)
+	apiLn, err := listenAPI(o, state)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	defer apiLn.close()
+	info.API, info.APIFingerprint = apiLn.addr, apiLn.fingerprint
+	apiSrv.info = info
 	if o.AdminGroup == "" {
 		o.AdminGroup = DefaultAdminGroup
 	}
@@ -169,6 +190,10 @@ func Run(ctx context.Context, o Options) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	go func() { _ = srv.Serve(inproc) }()
+	if apiLn.ln != nil {
+		o.Logger.Info("den: api listener (tls)", "addr", apiLn.addr, "certificate", apiLn.certFile, "sha256", apiLn.fingerprint)
+		go func() { _ = srv.Serve(apiLn.ln) }()
+	}
 	select {
 	case <-ctx.Done():
 	case err := <-errc:

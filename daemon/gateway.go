@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/audit"
 	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/sshgw"
@@ -31,19 +34,23 @@ type gateway struct {
 // with the daemon's gateway host key, backed by m; `ssh den@host` runs
 // o.Den in this process against the API, through inproc, as the key's
 // user.
-func startGateway(o Options, m *machine.Manager, keys users.Keys, hostKey ssh.Signer, inproc *inProcess) (*gateway, error) {
+func startGateway(o Options, m *machine.Manager, keys users.Keys, hostKey ssh.Signer, inproc *inProcess, log *audit.Log) (*gateway, error) {
 	if o.SSHListen == "" || o.SSHListen == "off" {
 		o.Logger.Info("den: ssh gateway off")
 		return &gateway{}, nil
 	}
-	cfg := sshgw.Config{HostKey: hostKey, Backend: gatewayBackend{m, keys}, Logger: o.Logger}
+	cfg := sshgw.Config{HostKey: hostKey, Backend: gatewayBackend{m, keys, log, o.Logger}, Logger: o.Logger}
 	if o.Den != nil {
 		cfg.Den = &sshgw.DenCommand{Run: func(ctx context.Context, user, source string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			caller := Caller{User: user, Source: "ssh " + source}
 			client := api.NewDialClient("the den daemon", func(ctx context.Context) (net.Conn, error) {
 				return inproc.dial(ctx, caller)
 			})
-			return o.Den(ctx, client, args, stdin, stdout, stderr)
+			start := time.Now()
+			status := o.Den(ctx, client, args, stdin, stdout, stderr)
+			writeAudit(log, o.Logger, audit.Record{Time: start.UTC(), User: user, Source: caller.Source, Verb: "den@ " + args[0],
+				Result: exitResult(status), Duration: time.Since(start)})
+			return status
 		}}
 	} else {
 		o.Logger.Warn("den: ssh gateway: den@ commands off (no runner)")
@@ -67,8 +74,10 @@ func (g *gateway) close() {
 // gatewayBackend gives the gateway the registry's keys and the
 // manager's VMs.
 type gatewayBackend struct {
-	m    *machine.Manager
-	keys users.Keys
+	m     *machine.Manager
+	keys  users.Keys
+	audit *audit.Log
+	log   *slog.Logger
 }
 
 func (b gatewayBackend) UserForKey(ctx context.Context, fingerprint string) (string, error) {
@@ -95,5 +104,11 @@ func (b gatewayBackend) Open(ctx context.Context, vm, user string) (*sshgw.Upstr
 	if err != nil {
 		return nil, err
 	}
-	return &sshgw.Upstream{Conn: s.Conn, Done: s.Done, Release: s.Release}, nil
+	start := time.Now()
+	release := func() {
+		s.Release()
+		writeAudit(b.audit, b.log, audit.Record{Time: start.UTC(), User: user, Source: "ssh", Verb: "ssh session", VM: vm,
+			Result: "ok", Duration: time.Since(start)})
+	}
+	return &sshgw.Upstream{Conn: s.Conn, Done: s.Done, Release: release}, nil
 }

@@ -65,7 +65,7 @@ func rootOnly(w http.ResponseWriter, r *http.Request, what string) bool {
 		return true
 	}
 	writeJSON(w, http.StatusForbidden, api.ErrorBody{Code: "forbidden",
-		Error: fmt.Sprintf("%s acts on every user's vms: root only (user %q may not)", what, owner(r))})
+		Error: fmt.Sprintf("%s acts on every user's vms: an admin's (root or --admin-group; user %q is not)", what, owner(r))})
 	return false
 }
 

@@ -7,8 +7,8 @@ import (
 	"github.com/denhq/den/registry"
 )
 
-// The keys API: users' SSH public keys for the gateway. A request with
-// the owner header sees and changes that owner's keys only.
+// The keys API: users' SSH public keys for the gateway. An admin sees
+// and changes every user's keys; anyone else only their own.
 
 func keyToAPI(k registry.Key) api.Key {
 	return api.Key{Fingerprint: k.Fingerprint, User: k.User, Name: k.Name, PublicKey: k.PublicKey, CreatedAt: k.CreatedAt}

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/audit"
 	"github.com/denhq/den/egress"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
@@ -34,9 +35,11 @@ type Server struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	conns   sync.WaitGroup
-	// tokens establishes a caller from a request's bearer token (nil:
+	// bearer establishes a caller from a request's bearer token (nil:
 	// no TLS listener).
-	tokens func(*http.Request) (Caller, error)
+	bearer func(*http.Request) (Caller, error)
+	tokens users.Tokens
+	audit  *audit.Log // nil: none
 }
 
 // NewServer returns the API handler for m.
@@ -69,6 +72,10 @@ func NewServer(m *machine.Manager, keys users.Keys, info api.DaemonInfo, hostKey
 	handle("GET /v1/keys", s.listKeys)
 	handle("POST /v1/keys", s.addKey)
 	handle("DELETE /v1/keys", s.removeKey)
+	handle("GET /v1/tokens", s.listTokens)
+	handle("POST /v1/tokens", s.addToken)
+	handle("DELETE /v1/tokens", s.removeToken)
+	handle("GET /v1/audit", s.getAudit)
 	return s
 }
 
@@ -76,12 +83,25 @@ func NewServer(m *machine.Manager, keys users.Keys, info api.DaemonInfo, hostKey
 // bearer token, on the TLS listener), refusing it (401) when there is
 // none, and serves it as that caller.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
 	caller, err := s.identify(r)
 	if err != nil {
 		writeError(w, err)
+		s.auditCall(Caller{Source: sourceOf(r)}, r, http.StatusUnauthorized, start)
 		return
 	}
-	s.mux.ServeHTTP(w, r.WithContext(withCaller(r.Context(), caller)))
+	rec := &statusRecorder{ResponseWriter: w}
+	r = r.WithContext(withCaller(r.Context(), caller))
+	s.mux.ServeHTTP(rec, r)
+	s.auditCall(caller, r, rec.status, start)
+}
+
+// sourceOf names where a request that proved no caller came from.
+func sourceOf(r *http.Request) string {
+	if r.RemoteAddr == "" || r.RemoteAddr == "@" {
+		return "unix"
+	}
+	return "tls " + r.RemoteAddr
 }
 
 // identify is the request's caller: the one its connection established,
@@ -93,10 +113,10 @@ func (s *Server) identify(r *http.Request) (Caller, error) {
 	if err, ok := r.Context().Value(connErrKey{}).(error); ok {
 		return Caller{}, fmt.Errorf("who is calling: %w: %w", err, api.ErrUnauthenticated)
 	}
-	if s.tokens == nil {
+	if s.bearer == nil {
 		return Caller{}, fmt.Errorf("who is calling: no credentials: %w", api.ErrUnauthenticated)
 	}
-	return s.tokens(r)
+	return s.bearer(r)
 }
 
 // writeJSON answers v with status.

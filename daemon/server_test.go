@@ -23,6 +23,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/audit"
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/machine/machinetest"
@@ -46,6 +47,9 @@ type apiEnv struct {
 	socket string
 	client *api.Client // the Go client
 	http   *http.Client
+	srv    *Server
+	inproc *inProcess // connections as any caller (asCaller)
+	tlsLn  *apiListener
 }
 
 func newAPIEnv(t *testing.T) *apiEnv {
@@ -106,10 +110,23 @@ func newAPIEnv(t *testing.T) *apiEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := NewHTTPServer(NewServer(m, users.Keys{Store: db}, api.DaemonInfo{VMM: machinetest.Name}, hostKey, log), nil)
+	s := NewServer(m, users.Keys{Store: db}, api.DaemonInfo{VMM: machinetest.Name}, hostKey, log)
+	s.tokens = users.Tokens{Store: db}
+	s.bearer = tokenCaller(s.tokens)
+	if s.audit, err = audit.Open(state.Audit(), audit.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	tlsLn, err := listenAPI(Options{APIListen: "127.0.0.1:0"}, state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewHTTPServer(s, nil)
+	inproc := newInProcess()
 	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Close() })
-	e := &apiEnv{t: t, m: m, drv: drv, state: state, socket: socket, client: api.NewClient(socket)}
+	go func() { _ = srv.Serve(inproc) }()
+	go func() { _ = srv.Serve(tlsLn.ln) }()
+	t.Cleanup(func() { srv.Close(); inproc.Close(); s.audit.Close() })
+	e := &apiEnv{t: t, m: m, drv: drv, state: state, socket: socket, client: api.NewClient(socket), srv: s, inproc: inproc, tlsLn: tlsLn}
 	e.http = &http.Client{Timeout: testTimeout, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer

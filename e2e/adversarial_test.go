@@ -24,14 +24,15 @@ import (
 // process survives every wake.
 func TestStrangerReadsDuringSleep(t *testing.T) {
 	d := startDaemon(t)
-	alice := []string{"DEN_OWNER=alice"}
+	d.reachableBy()
+	alice, bob := localUser(t, "den-alice"), localUser(t, "den-bob")
 	d.mustAs(alice, "create", "nap", "--memory", "256M", "--idle-timeout", "0")
 	d.mustAs(alice, "exec", "nap", "--", "sh", "-c", startWork)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var polls, bad atomic.Int64
 	var badLine atomic.Value
-	poll := func(env []string, args ...string) {
+	poll := func(u osUser, args ...string) {
 		defer wg.Done()
 		for {
 			select {
@@ -39,20 +40,20 @@ func TestStrangerReadsDuringSleep(t *testing.T) {
 				return
 			default:
 			}
-			out, err := d.runAs(env, args...)
+			out, err := d.runAs(u, args...)
 			polls.Add(1)
 			if strings.Contains(out, "vmm process not found") || strings.Contains(out, `"stopped"`) {
 				bad.Add(1)
 				badLine.Store(out)
 			}
-			if env[0] == "DEN_OWNER=bob" && (err == nil || !strings.Contains(stderrOf(err), `no vm named "nap"`)) {
+			if u == bob && (err == nil || !strings.Contains(stderrOf(err), `no vm named "nap"`)) {
 				bad.Add(1)
 				badLine.Store(fmt.Sprintf("stranger saw: %q %v", out, err))
 			}
 		}
 	}
 	wg.Add(3)
-	go poll([]string{"DEN_OWNER=bob"}, "info", "nap", "--json")
+	go poll(bob, "info", "nap", "--json")
 	go poll(alice, "info", "nap", "--json")
 	go poll(alice, "ls", "--json")
 	for i := 0; i < 4; i++ {
@@ -328,24 +329,3 @@ func fillTo(t *testing.T, dir string, target int64) []string {
 	return nil
 }
 
-func (d *daemon) runAs(env []string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, d.den, args...)
-	cmd.Env = append(append(os.Environ(), "DEN_SOCKET="+d.socket), env...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), &runError{args: args, err: err, stderr: strings.TrimSpace(stderr.String())}
-	}
-	return stdout.String(), nil
-}
-
-func (d *daemon) mustAs(env []string, args ...string) string {
-	d.t.Helper()
-	out, err := d.runAs(env, args...)
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	return out
-}

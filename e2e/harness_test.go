@@ -303,6 +303,7 @@ type vmJSON struct {
 	Reason string `json:"reason"`
 	PID    int    `json:"pid"`
 	VMM    string `json:"vmm"`
+	Owner  string `json:"owner"`
 }
 
 func (d *daemon) info(name string) vmJSON {

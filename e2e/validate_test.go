@@ -98,23 +98,20 @@ func TestValidation(t *testing.T) {
 
 	// The CLI refuses before it sends anything: a usage error, exit 2.
 	for _, c := range []struct {
-		args  []string
-		owner string
-		want  string
+		args []string
+		want string
 	}{
-		{[]string{"create", "../x"}, "", `bad vm name "../x"`},
-		{[]string{"create", long}, "", `(300 bytes)`},
-		{[]string{"create", "x", "--image", "../x"}, "", `bad image name "../x"`},
-		{[]string{"create", "x"}, "../x", `DEN_OWNER: bad user name "../x"`},
-		{[]string{"create", "x"}, long, `(300 bytes)`},
+		{[]string{"create", "../x"}, `bad vm name "../x"`},
+		{[]string{"create", long}, `(300 bytes)`},
+		{[]string{"create", "x", "--image", "../x"}, `bad image name "../x"`},
 		// (A 1 MB comment is over the kernel's limit for one argument,
 		// 128 KiB: the socket case below sends it.)
-		{[]string{"checkpoint", "x", "-m", strings.Repeat("c", 100_000)}, "", `checkpoint comment of 100000 bytes is too long`},
-		{[]string{"restore", "x", "../x"}, "", `bad checkpoint id "../x"`},
-		{[]string{"keys", "rm", long}, "", `too long`},
+		{[]string{"checkpoint", "x", "-m", strings.Repeat("c", 100_000)}, `checkpoint comment of 100000 bytes is too long`},
+		{[]string{"restore", "x", "../x"}, `bad checkpoint id "../x"`},
+		{[]string{"keys", "rm", long}, `too long`},
 	} {
 		cmd := exec.Command(d.den, c.args...)
-		cmd.Env = append(os.Environ(), "DEN_SOCKET="+d.socket, "DEN_OWNER="+c.owner)
+		cmd.Env = append(os.Environ(), "DEN_SOCKET="+d.socket)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		err := cmd.Run()
@@ -123,7 +120,7 @@ func TestValidation(t *testing.T) {
 			code = ee.ExitCode()
 		}
 		if code != 2 || !strings.Contains(stderr.String(), c.want) {
-			t.Errorf("den %.60q (DEN_OWNER %.20q): exit %d, %.300q; want 2 and %q", c.args, c.owner, code, stderr.String(), c.want)
+			t.Errorf("den %.60q: exit %d, %.300q; want 2 and %q", c.args, code, stderr.String(), c.want)
 		}
 	}
 	// An image that is a file of the image directory but no root
@@ -139,32 +136,28 @@ func TestValidation(t *testing.T) {
 	hc := d.httpClient()
 	pub := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBvb7JXYQ9ZEl7sFq8fBtd0t1S1CMlAhB6Xhjds5AY7x"
 	for _, c := range []struct {
-		method, path, body, owner string
-		status                    int
-		code, want                string
+		method, path, body string
+		status             int
+		code, want         string
 	}{
-		{"POST", "/v1/vms", `{"name":"x","owner":"../x\u0000"}`, "", 400, "invalid", `bad user name "../x\x00"`},
-		{"POST", "/v1/vms", `{"name":"x","owner":"` + long + `"}`, "", 400, "invalid", `(300 bytes)`},
-		{"POST", "/v1/vms", `{"name":"x"}`, "../x", 400, "invalid", `header X-Den-Owner`},
-		{"POST", "/v1/vms", `{"name":"x\u0000"}`, "", 400, "invalid", `bad vm name`},
-		{"POST", "/v1/vms", `{"name":"x","image":"bzImage"}`, "", 404, "not_found", `no image named "bzImage"`},
-		{"POST", "/v1/vms", `{"name":"x","image":"initramfs"}`, "", 404, "not_found", `no image named "initramfs"`},
-		{"POST", "/v1/vms", `{"name":"x","image":"../x"}`, "", 400, "invalid", `bad image name "../x"`},
-		{"POST", "/v1/vms", `{"name":"x","image":"` + strings.Repeat("i", 20<<20) + `"}`, "", 413, "invalid", `request body too large`},
-		{"POST", "/v1/vms/x/checkpoints", `{"comment":"` + strings.Repeat("c", 1_000_000) + `"}`, "", 400, "invalid", `checkpoint comment of 1000000 bytes is too long`},
-		{"POST", "/v1/vms/x/checkpoints", `{"comment":"` + strings.Repeat("c", 20<<20) + `"}`, "", 413, "invalid", `request body too large`},
-		{"POST", "/v1/vms/x/restore", `{"checkpoint":"../x"}`, "", 400, "invalid", `bad checkpoint id "../x"`},
-		{"DELETE", "/v1/vms/x/checkpoints/cp-x", ``, "", 400, "invalid", `bad checkpoint id "cp-x"`},
-		{"GET", "/v1/vms/" + long, ``, "", 400, "invalid", `(300 bytes)`},
-		{"POST", "/v1/keys", `{"user":"../x","public_key":"` + pub + `"}`, "", 400, "invalid", `bad user name "../x"`},
-		{"POST", "/v1/keys", `{"public_key":"` + pub + ` ` + long + `"}`, "", 400, "invalid", `key name of 300 bytes is too long`},
+		{"POST", "/v1/vms", `{"name":"x","owner":"../x\u0000"}`, 400, "invalid", `bad user name "../x\x00"`},
+		{"POST", "/v1/vms", `{"name":"x","owner":"` + long + `"}`, 400, "invalid", `(300 bytes)`},
+		{"POST", "/v1/vms", `{"name":"x\u0000"}`, 400, "invalid", `bad vm name`},
+		{"POST", "/v1/vms", `{"name":"x","image":"bzImage"}`, 404, "not_found", `no image named "bzImage"`},
+		{"POST", "/v1/vms", `{"name":"x","image":"initramfs"}`, 404, "not_found", `no image named "initramfs"`},
+		{"POST", "/v1/vms", `{"name":"x","image":"../x"}`, 400, "invalid", `bad image name "../x"`},
+		{"POST", "/v1/vms", `{"name":"x","image":"` + strings.Repeat("i", 20<<20) + `"}`, 413, "invalid", `request body too large`},
+		{"POST", "/v1/vms/x/checkpoints", `{"comment":"` + strings.Repeat("c", 1_000_000) + `"}`, 400, "invalid", `checkpoint comment of 1000000 bytes is too long`},
+		{"POST", "/v1/vms/x/checkpoints", `{"comment":"` + strings.Repeat("c", 20<<20) + `"}`, 413, "invalid", `request body too large`},
+		{"POST", "/v1/vms/x/restore", `{"checkpoint":"../x"}`, 400, "invalid", `bad checkpoint id "../x"`},
+		{"DELETE", "/v1/vms/x/checkpoints/cp-x", ``, 400, "invalid", `bad checkpoint id "cp-x"`},
+		{"GET", "/v1/vms/" + long, ``, 400, "invalid", `(300 bytes)`},
+		{"POST", "/v1/keys", `{"user":"../x","public_key":"` + pub + `"}`, 400, "invalid", `bad user name "../x"`},
+		{"POST", "/v1/keys", `{"public_key":"` + pub + ` ` + long + `"}`, 400, "invalid", `key name of 300 bytes is too long`},
 	} {
 		req, err := http.NewRequest(c.method, "http://den"+c.path, strings.NewReader(c.body))
 		if err != nil {
 			t.Fatal(err)
-		}
-		if c.owner != "" {
-			req.Header.Set("X-Den-Owner", c.owner)
 		}
 		resp, err := hc.Do(req)
 		if err != nil {

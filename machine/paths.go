@@ -23,6 +23,14 @@ func (s StateDir) HostKey() string { return filepath.Join(string(s), "keys", "ho
 // GatewayKey is the SSH gateway's host key.
 func (s StateDir) GatewayKey() string { return filepath.Join(string(s), "keys", "gateway_ed25519") }
 
+// APICert and APIKey are the TLS certificate and key of the API's TCP
+// listener when the daemon made them itself (self-signed).
+func (s StateDir) APICert() string { return filepath.Join(string(s), "keys", "api.crt") }
+func (s StateDir) APIKey() string  { return filepath.Join(string(s), "keys", "api.key") }
+
+// Audit is the directory of the audit log.
+func (s StateDir) Audit() string { return filepath.Join(string(s), "audit") }
+
 // Run is the runtime directory of one VM's VMM (sockets, logs, RAM file).
 func (s StateDir) Run(vm string) vmm.RunDir { return vmm.RunDir(filepath.Join(string(s), "run", vm)) }
 
