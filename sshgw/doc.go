@@ -22,6 +22,20 @@
 // (-A) is refused with a message: the guest agent opens its agent
 // channels on the one connection the daemon shares between every
 // session of a VM, with nothing that says which client they belong to.
+// Remote forwarding (-R, to a port or a unix socket path) and forwards
+// to unix sockets are refused too, with a message on the session's
+// stderr (a refused -R has none of its own).
+//
+// Nobody can lock others out, and nothing a client does is unbounded:
+// unauthenticated connections are capped per source address (an IPv4
+// address, an IPv6 /64) and in all, and at the cap in all a newcomer
+// pushes out the oldest of the address holding the most, so a flood
+// pushes out its own connections; an address whose connections keep
+// failing to authenticate is refused for a while; every connection has a
+// handshake deadline; channels and forwards are capped per connection;
+// and the log lines that unauthenticated connections cause are
+// rate-limited, the rest summed up. The numbers are the Default*
+// constants (server.go).
 //
 // The user name "den" is not a VM: `ssh den@host VERB ARGS` runs the den
 // binary itself with VERB ARGS (split shell-like, no shell) against the

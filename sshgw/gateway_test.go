@@ -241,11 +241,11 @@ func TestVerifiedKeyDecidesUser(t *testing.T) {
 	st := &connState{keys: map[string]string{}}
 	ctx := context.Background()
 	for _, k := range []gossh.Signer{f.bob, f.alice} { // bob's, then alice's queried
-		if !st.lookup(ctx, f.b, k.PublicKey(), f.srv.log) {
+		if !st.lookup(ctx, f.b, k.PublicKey(), f.srv.noisy) {
 			t.Fatal("registered key refused")
 		}
 	}
-	if st.lookup(ctx, f.b, f.unregistered.PublicKey(), f.srv.log) {
+	if st.lookup(ctx, f.b, f.unregistered.PublicKey(), f.srv.noisy) {
 		t.Fatal("unregistered key admitted")
 	}
 	perms, err := st.verified(f.bob.PublicKey()) // bob's signed
@@ -288,32 +288,25 @@ func TestHandshakeLimits(t *testing.T) {
 	})
 	var conns []net.Conn
 	for i := 0; i < 2; i++ {
-		c, err := net.Dial("tcp", f.srv.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		line := make([]byte, 8)
-		if _, err := io.ReadFull(c, line); err != nil || string(line) != "SSH-2.0-" {
-			t.Fatalf("version line: %q %v", line, err)
+		c := f.raw(t, "127.0.0.1")
+		if !versionLine(c) {
+			t.Fatalf("connection %d under the limit refused", i)
 		}
 		conns = append(conns, c)
 	}
-	// A third silent client is turned away at once.
-	c, err := net.Dial("tcp", f.srv.Addr().String())
-	if err != nil {
-		t.Fatal(err)
+	// A third silent client is admitted, and the oldest of the address
+	// with the most is closed to make room.
+	third := f.raw(t, "127.0.0.1")
+	if !versionLine(third) {
+		t.Fatal("a newcomer at the limit refused")
 	}
-	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	if n, err := c.Read(make([]byte, 1)); n != 0 || err != io.EOF {
-		t.Fatalf("over the limit: n %d err %v", n, err)
+	if !closedByServer(conns[0]) {
+		t.Fatal("the oldest connection was not closed")
 	}
-	c.Close()
 	// The silent ones are dropped at the handshake timeout ...
-	for _, c := range conns {
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		if _, err := io.Copy(io.Discard, c); err != nil {
-			t.Fatalf("silent connection not closed: %v", err)
+	for _, c := range []net.Conn{conns[1], third} {
+		if !closedByServer(c) {
+			t.Fatal("silent connection not closed")
 		}
 	}
 	// ... which frees their slots; an authenticated one keeps none.
@@ -326,12 +319,63 @@ func TestHandshakeLimits(t *testing.T) {
 		defer cl.Close()
 		clients = append(clients, cl)
 	}
-	time.Sleep(time.Second) // past the handshake timeout
+	// One opened after them is closed at its timeout; theirs has passed
+	// too by then.
+	late := f.raw(t, "127.0.0.1")
+	if !versionLine(late) || !closedByServer(late) {
+		t.Fatal("a silent connection after the logins was not closed")
+	}
 	for _, cl := range clients {
 		if _, _, code := run(t, cl, "exit 5"); code != 5 {
 			t.Errorf("exec after the handshake timeout: %d", code)
 		}
 	}
+}
+
+// raw opens a TCP connection to the gateway from the loopback address
+// from (127.0.0.1, 127.0.0.2...: distinct sources), closed at the end of
+// the test.
+func (f *fixture) raw(t *testing.T, from string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", f.srv.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// dialFrom logs in as user with key from the loopback address from.
+func (f *fixture) dialFrom(t *testing.T, from, user string, keys ...gossh.Signer) (*gossh.Client, error) {
+	t.Helper()
+	conn, chans, reqs, err := gossh.NewClientConn(f.raw(t, from), f.srv.Addr().String(), &gossh.ClientConfig{
+		User: user, Auth: []gossh.AuthMethod{gossh.PublicKeys(keys...)},
+		HostKeyCallback: gossh.FixedHostKey(f.hostKey.PublicKey()), Timeout: 10 * time.Second,
+	})
+	if err != nil {
+		return nil, err
+	}
+	c := gossh.NewClient(conn, chans, reqs)
+	t.Cleanup(func() { c.Close() })
+	return c, nil
+}
+
+// versionLine says whether the gateway admitted c: it sent its version
+// line (within 5s).
+func versionLine(c net.Conn) bool {
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	line := make([]byte, 8)
+	_, err := io.ReadFull(c, line)
+	return err == nil && string(line) == "SSH-2.0-"
+}
+
+// closedByServer says whether the gateway closed c within 5s (what it
+// sent before is read and dropped).
+func closedByServer(c net.Conn) bool {
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := io.Copy(io.Discard, c)
+	return err == nil
 }
 
 func waitFor(t *testing.T, cond func() bool) {

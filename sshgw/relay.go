@@ -19,18 +19,25 @@ import (
 // connState is one client connection's: its handshake, the keys looked up
 // for it, and its claim on the VM.
 type connState struct {
-	authed      atomic.Bool
-	timer       *time.Timer
-	releaseSlot func()
-	channels    atomic.Int32 // open at once
-	overCap     atomic.Bool  // a channel over MaxChannels was logged
+	authed        atomic.Bool
+	triedAuth     atomic.Bool // an authentication other than "none" failed
+	timer         *time.Timer
+	releaseSlot   func()
+	channels      atomic.Int32 // open at once
+	overCap       atomic.Bool  // a channel over MaxChannels was logged
+	forwards      atomic.Int32 // direct-tcpip channels open at once
+	overForwards  atomic.Bool  // a forward over MaxForwards was logged
+	remoteRefused atomic.Bool  // a -R was refused (and said why)
+	sessionOpen   chan struct{}
+	sessionOnce   sync.Once
 
-	mu     sync.Mutex
-	keys   map[string]string // fingerprint -> user, for this handshake
-	once   sync.Once
-	up     *Upstream
-	err    error
-	closed bool
+	mu      sync.Mutex
+	keys    map[string]string // fingerprint -> user, for this handshake
+	once    sync.Once
+	up      *Upstream
+	err     error
+	closed  bool
+	session gossh.Channel // the session accepted last, for notices
 }
 
 // open claims the VM once per connection, at its first channel; first
@@ -91,13 +98,24 @@ func (s *Server) channel(_ *gliderssh.Server, conn *gossh.ServerConn, nc gossh.N
 		return
 	}
 	defer st.channels.Add(-1)
+	if nc.ChannelType() == "direct-tcpip" {
+		if n := st.forwards.Add(1); int(n) > s.cfg.MaxForwards {
+			st.forwards.Add(-1)
+			if !st.overForwards.Swap(true) { // once a connection
+				s.log.Warn("den: ssh gateway: too many forwards on one connection, rejecting one", "remote", conn.RemoteAddr().String(), "user", user, "limit", s.cfg.MaxForwards)
+			}
+			_ = nc.Reject(gossh.ResourceShortage, fmt.Sprintf("den: too many forwards open on this connection (the limit is %d)", s.cfg.MaxForwards))
+			return
+		}
+		defer st.forwards.Add(-1)
+	}
 	vm := conn.User()
 	if vm == DenUser {
 		if nc.ChannelType() != "session" || s.cfg.Den == nil {
 			_ = nc.Reject(gossh.Prohibited, "den: "+DenUser+"@ runs den commands only (ssh "+DenUser+"@HOST ls)")
 			return
 		}
-		s.cfg.Den.serve(ctx, nc, user, conn.RemoteAddr().String(), s.log)
+		s.cfg.Den.serve(ctx, sessionChannel{nc, st, false}, user, conn.RemoteAddr().String(), s.log)
 		return
 	}
 	if err := validate.VMName(vm); err != nil {
@@ -130,7 +148,7 @@ func (s *Server) channel(_ *gliderssh.Server, conn *gossh.ServerConn, nc gossh.N
 		}()
 	}
 	if nc.ChannelType() == "session" {
-		nc = noAgentForwarding{nc}
+		nc = sessionChannel{nc, st, true}
 	}
 	sshproxy.RelayChannel(nc, up.Conn, sshproxy.Hooks{Logger: s.log})
 }
@@ -186,15 +204,28 @@ wait:
 // agentRefused is what a client asking for agent forwarding is told.
 const agentRefused = "den: agent forwarding (-A) is not available through the gateway; going on without it"
 
-// noAgentForwarding refuses a session's agent forwarding request (with a
-// line on the client's stderr: OpenSSH asks without wanting a reply, so it
-// would never know) and passes every other request on.
-type noAgentForwarding struct{ gossh.NewChannel }
+// sessionChannel is a session channel of the connection st: once
+// accepted it takes the connection's notices (see notify), and if
+// noAgent it refuses agent forwarding requests (with a line on the
+// client's stderr: OpenSSH asks without wanting a reply, so it would
+// never know) and passes every other request on.
+type sessionChannel struct {
+	gossh.NewChannel
+	st      *connState
+	noAgent bool
+}
 
-func (n noAgentForwarding) Accept() (gossh.Channel, <-chan *gossh.Request, error) {
+func (n sessionChannel) Accept() (gossh.Channel, <-chan *gossh.Request, error) {
 	ch, reqs, err := n.NewChannel.Accept()
 	if err != nil {
 		return ch, reqs, err
+	}
+	n.st.mu.Lock()
+	n.st.session = ch
+	n.st.mu.Unlock()
+	n.st.sessionOnce.Do(func() { close(n.st.sessionOpen) })
+	if !n.noAgent {
+		return ch, reqs, nil
 	}
 	out := make(chan *gossh.Request)
 	go func() {
@@ -211,4 +242,43 @@ func (n noAgentForwarding) Accept() (gossh.Channel, <-chan *gossh.Request, error
 		}
 	}()
 	return ch, out, nil
+}
+
+// notify writes msg on the stderr of the connection's last session,
+// waiting for one to open, and returns once the client has read it (it
+// answered a request sent after it), or after within at most, or when
+// the connection ends. A client that is told something in the answer to
+// a global request, which carries no message, is told why this way.
+//
+// Answering before the client has read the line could lose it: OpenSSH
+// with ExitOnForwardFailure exits at a refused -R as soon as it reads the
+// refusal, and what it read with it for its stderr is never written.
+func (st *connState) notify(ctx context.Context, msg string, within time.Duration) {
+	deadline := time.NewTimer(within)
+	defer deadline.Stop()
+	select {
+	case <-st.sessionOpen:
+	case <-deadline.C:
+		return
+	case <-ctx.Done():
+		return
+	}
+	st.mu.Lock()
+	ch := st.session
+	st.mu.Unlock()
+	if _, err := io.WriteString(ch.Stderr(), msg+"\r\n"); err != nil {
+		return
+	}
+	read := make(chan struct{})
+	go func() {
+		// Any answer will do (OpenSSH and x/crypto/ssh answer failure);
+		// it comes after the client took the line.
+		_, _ = ch.SendRequest("keepalive@openssh.com", true, nil)
+		close(read)
+	}()
+	select {
+	case <-read:
+	case <-deadline.C:
+	case <-ctx.Done():
+	}
 }

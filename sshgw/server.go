@@ -67,14 +67,36 @@ type Config struct {
 	// keeps it open).
 	IdleTimeout time.Duration
 	// MaxUnauthenticated caps connections that have not authenticated
-	// yet; more are closed at once (default DefaultMaxUnauthenticated).
+	// yet; a newcomer over it closes the oldest of the source address
+	// that holds the most (default DefaultMaxUnauthenticated).
 	MaxUnauthenticated int
-	// MaxUnauthenticatedPerSource caps those of one source address
-	// (default DefaultMaxUnauthenticatedPerSource).
+	// MaxUnauthenticatedPerSource caps those of one source address; more
+	// are closed at once (default DefaultMaxUnauthenticatedPerSource).
 	MaxUnauthenticatedPerSource int
+	// MaxAuthFailures connections of one source address that tried to
+	// authenticate and failed, within AuthFailureWindow, have that
+	// address's connections refused for AuthFailureBan (defaults
+	// DefaultMaxAuthFailures, DefaultAuthFailureWindow,
+	// DefaultAuthFailureBan).
+	MaxAuthFailures   int
+	AuthFailureWindow time.Duration
+	AuthFailureBan    time.Duration
 	// MaxChannels caps the channels open at once on one connection
 	// (default DefaultMaxChannels).
 	MaxChannels int
+	// MaxForwards caps the forwards (direct-tcpip channels, -L and -D)
+	// open at once on one connection, within MaxChannels (default
+	// DefaultMaxForwards).
+	MaxForwards int
+	// UnauthLogBurst, UnauthLogEvery and UnauthLogSummary rate-limit the
+	// log lines about unauthenticated connections: UnauthLogBurst at
+	// once, then one per UnauthLogEvery; what is held back is summed up
+	// in one line at most once per UnauthLogSummary (defaults
+	// DefaultUnauthLogBurst, DefaultUnauthLogEvery,
+	// DefaultUnauthLogSummary).
+	UnauthLogBurst   int
+	UnauthLogEvery   time.Duration
+	UnauthLogSummary time.Duration
 	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
 }
@@ -89,17 +111,66 @@ const (
 	// or received for this long.
 	DefaultIdleTimeout = time.Hour
 	// DefaultMaxUnauthenticated connections may be authenticating at
-	// once; more are closed at once, before the SSH version line.
-	DefaultMaxUnauthenticated = 32
+	// once. It is well above what legitimate clients need (a login
+	// takes milliseconds), so that a flood from many addresses
+	// (DefaultMaxUnauthenticatedPerSource each) fills it only with many
+	// of them; when it is full a newcomer is admitted and the oldest
+	// unauthenticated connection of the address holding the most is
+	// closed, so a flood pushes out its own connections, not a login
+	// from elsewhere. Each one costs a goroutine and a handshake's
+	// buffers until DefaultHandshakeTimeout at most.
+	DefaultMaxUnauthenticated = 256
 	// DefaultMaxUnauthenticatedPerSource of those may come from one
-	// source IP address, so that one address cannot take every slot.
+	// source address (an IPv4 address, or an IPv6 /64), so that one
+	// address cannot take every slot; more are closed at once, before
+	// the SSH version line.
 	DefaultMaxUnauthenticatedPerSource = 8
+	// DefaultMaxAuthFailures connections from one source address that
+	// try to authenticate and end without succeeding, within
+	// DefaultAuthFailureWindow, have that address's new connections
+	// closed at once for DefaultAuthFailureBan. A connection counts
+	// once however many keys it tried (OpenSSH offers each key of its
+	// agent in turn), and one that never tried (a port scan) does not
+	// count. Other addresses are not affected.
+	DefaultMaxAuthFailures = 10
+	// DefaultAuthFailureWindow: see DefaultMaxAuthFailures.
+	DefaultAuthFailureWindow = time.Minute
+	// DefaultAuthFailureBan: see DefaultMaxAuthFailures.
+	DefaultAuthFailureBan = 5 * time.Minute
+	// maxFailureSources source addresses at most have their failures
+	// counted; expired records are swept as failures come, and a full
+	// table drops the record least recently added to (one that refuses
+	// nothing, if any), so the table is bounded whatever the number of
+	// addresses.
+	maxFailureSources = 4096
 	// DefaultMaxChannels channels (sessions and forwards) may be open at
 	// once on one connection; more are rejected with ResourceShortage
 	// and a message ("administratively prohibited" is not used: the
 	// client may retry when one closes). It is also the most sessions
 	// one OpenSSH ControlMaster connection can run at once.
 	DefaultMaxChannels = 64
+	// DefaultMaxForwards forwards (direct-tcpip channels: -L, -D) may be
+	// open at once on one connection, so that forwards cannot take every
+	// channel: sessions keep DefaultMaxChannels-DefaultMaxForwards.
+	// More are rejected like channels over DefaultMaxChannels.
+	DefaultMaxForwards = 48
+	// DefaultUnauthLogBurst lines about unauthenticated connections
+	// (refused, closed, failed handshakes) may be logged at once, then
+	// one per DefaultUnauthLogEvery; the lines held back are summed up
+	// in one line (how many of each) at most once per
+	// DefaultUnauthLogSummary. A flood, however long, adds about 13
+	// lines a minute to the log.
+	DefaultUnauthLogBurst = 20
+	// DefaultUnauthLogEvery: see DefaultUnauthLogBurst.
+	DefaultUnauthLogEvery = 5 * time.Second
+	// DefaultUnauthLogSummary: see DefaultUnauthLogBurst.
+	DefaultUnauthLogSummary = time.Minute
+	// noticeWait bounds how long a refused global request (-R) waits for
+	// a session on the connection to tell the client why on its stderr
+	// (OpenSSH shows no message of a refused global request), and then
+	// for the client to have it before the refusal: OpenSSH with
+	// ExitOnForwardFailure exits at the refusal.
+	noticeWait = 5 * time.Second
 	// MaxUserName is the longest SSH user name (a VM name, or "den")
 	// accepted, in bytes: a longer one fails authentication, with a
 	// banner that says why, and is logged cut short.
@@ -108,16 +179,19 @@ const (
 
 // Server is a running SSH gateway.
 type Server struct {
-	cfg    Config
-	log    *slog.Logger
-	srv    *gliderssh.Server
-	ln     net.Listener
-	unauth chan struct{} // one token per unauthenticated connection
+	cfg   Config
+	log   *slog.Logger
+	noisy *logLimiter // for what unauthenticated connections cause
+	fails *failures
+	srv   *gliderssh.Server
+	ln    net.Listener
 
-	mu       sync.Mutex
-	bySource map[string]int // unauthenticated connections per source IP
-	done     chan struct{}
-	closed   atomic.Bool
+	mu     sync.Mutex
+	pend   map[string][]*pending // unauthenticated connections per source, oldest first
+	npend  int
+	seq    uint64
+	done   chan struct{}
+	closed atomic.Bool
 }
 
 // Permission extensions set at authentication.
@@ -144,8 +218,29 @@ func Listen(addr string, cfg Config) (*Server, error) {
 	if cfg.MaxUnauthenticatedPerSource <= 0 {
 		cfg.MaxUnauthenticatedPerSource = DefaultMaxUnauthenticatedPerSource
 	}
+	if cfg.MaxAuthFailures <= 0 {
+		cfg.MaxAuthFailures = DefaultMaxAuthFailures
+	}
+	if cfg.AuthFailureWindow <= 0 {
+		cfg.AuthFailureWindow = DefaultAuthFailureWindow
+	}
+	if cfg.AuthFailureBan <= 0 {
+		cfg.AuthFailureBan = DefaultAuthFailureBan
+	}
 	if cfg.MaxChannels <= 0 {
 		cfg.MaxChannels = DefaultMaxChannels
+	}
+	if cfg.MaxForwards <= 0 {
+		cfg.MaxForwards = DefaultMaxForwards
+	}
+	if cfg.UnauthLogBurst <= 0 {
+		cfg.UnauthLogBurst = DefaultUnauthLogBurst
+	}
+	if cfg.UnauthLogEvery <= 0 {
+		cfg.UnauthLogEvery = DefaultUnauthLogEvery
+	}
+	if cfg.UnauthLogSummary <= 0 {
+		cfg.UnauthLogSummary = DefaultUnauthLogSummary
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -154,8 +249,9 @@ func Listen(addr string, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ssh gateway: %w", err)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln, unauth: make(chan struct{}, cfg.MaxUnauthenticated),
-		bySource: map[string]int{}, done: make(chan struct{})}
+	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln, pend: map[string][]*pending{}, done: make(chan struct{}),
+		noisy: newLogLimiter(cfg.Logger, cfg.UnauthLogBurst, cfg.UnauthLogEvery, cfg.UnauthLogSummary),
+		fails: newFailures(cfg.MaxAuthFailures, cfg.AuthFailureWindow, cfg.AuthFailureBan, maxFailureSources)}
 	s.srv = &gliderssh.Server{
 		Version:              "den",
 		HostSigners:          []gliderssh.Signer{cfg.HostKey},
@@ -168,8 +264,14 @@ func Listen(addr string, cfg Config) (*Server, error) {
 			"direct-tcpip": s.channel,
 			"default":      rejectChannel,
 		},
+		// Every other global request (keepalive@openssh.com...) is
+		// answered with a failure.
+		RequestHandlers: map[string]gliderssh.RequestHandler{
+			"tcpip-forward":                   s.refuseRemoteForward,
+			"streamlocal-forward@openssh.com": s.refuseRemoteForward,
+		},
 		ConnectionFailedCallback: func(c net.Conn, err error) {
-			s.log.Debug("den: gateway handshake failed", "remote", c.RemoteAddr().String(), "err", err)
+			s.noisy.Log(slog.LevelDebug, "den: gateway handshake failed", "remote", c.RemoteAddr().String(), "err", err)
 		},
 	}
 	go func() {
@@ -194,46 +296,42 @@ func (s *Server) Close() error {
 	err := s.srv.Close()
 	_ = s.ln.Close() // in case Serve had not tracked it yet
 	<-s.done
+	s.noisy.close()
 	return err
 }
 
 type stateKey struct{}
 
-// accept admits a new TCP connection while fewer than MaxUnauthenticated
-// (and MaxUnauthenticatedPerSource of its address) are still
-// authenticating, and arms its handshake timeout.
+// accept admits a new TCP connection unless its source address is
+// refused (too many failed authentications) or already has
+// MaxUnauthenticatedPerSource connections authenticating; at
+// MaxUnauthenticated it makes room (see admit). It arms the handshake
+// timeout, and counts the connection as a failure of its source if it
+// ends after trying to authenticate and failing.
 func (s *Server) accept(ctx gliderssh.Context, c net.Conn) net.Conn {
-	src := c.RemoteAddr().String()
-	if host, _, err := net.SplitHostPort(src); err == nil {
-		src = host
+	src := sourceOf(c.RemoteAddr())
+	p, victim, err := s.admit(c, src, time.Now())
+	if victim != nil {
+		s.noisy.Log(slog.LevelWarn, "den: ssh gateway: too many unauthenticated connections, closing the oldest of the address with the most", "remote", victim.c.RemoteAddr().String(), "limit", s.cfg.MaxUnauthenticated)
+		_ = victim.c.Close()
 	}
-	s.mu.Lock()
-	if s.bySource[src] >= s.cfg.MaxUnauthenticatedPerSource {
-		s.mu.Unlock()
-		s.log.Warn("den: ssh gateway: too many unauthenticated connections from one address, refusing one", "remote", c.RemoteAddr().String(), "limit", s.cfg.MaxUnauthenticatedPerSource)
-		return nil
-	}
-	select {
-	case s.unauth <- struct{}{}:
-	default:
-		s.mu.Unlock()
-		s.log.Warn("den: ssh gateway: too many unauthenticated connections, refusing one", "remote", c.RemoteAddr().String(), "limit", cap(s.unauth))
-		return nil
-	}
-	s.bySource[src]++
-	s.mu.Unlock()
-	st := &connState{keys: map[string]string{}}
-	st.releaseSlot = sync.OnceFunc(func() {
-		s.mu.Lock()
-		if s.bySource[src]--; s.bySource[src] <= 0 {
-			delete(s.bySource, src)
+	if err != nil {
+		limit := s.cfg.MaxUnauthenticatedPerSource
+		if errors.Is(err, errSourceRefused) {
+			limit = s.cfg.MaxAuthFailures
 		}
-		s.mu.Unlock()
-		<-s.unauth
-	})
+		s.noisy.Log(slog.LevelWarn, "den: ssh gateway: refusing a connection", "remote", c.RemoteAddr().String(), "err", err, "limit", limit)
+		// A line before the version line, which the protocol allows
+		// (OpenSSH shows it with -v).
+		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = fmt.Fprintf(c, "den: %v\r\n", err)
+		return nil
+	}
+	st := &connState{keys: map[string]string{}, sessionOpen: make(chan struct{})}
+	st.releaseSlot = func() { s.release(p) }
 	st.timer = time.AfterFunc(s.cfg.HandshakeTimeout, func() {
 		if !st.authed.Load() {
-			s.log.Debug("den: gateway handshake timed out", "remote", c.RemoteAddr().String())
+			s.noisy.Log(slog.LevelDebug, "den: gateway handshake timed out", "remote", c.RemoteAddr().String())
 			c.Close()
 		}
 	})
@@ -243,6 +341,10 @@ func (s *Server) accept(ctx gliderssh.Context, c net.Conn) net.Conn {
 		st.timer.Stop()
 		st.releaseSlot()
 		st.close()
+		if !st.authed.Load() && st.triedAuth.Load() && s.fails.add(src, time.Now()) {
+			s.noisy.Log(slog.LevelWarn, "den: ssh gateway: too many failed authentications from one address, refusing its connections for a while",
+				"source", src, "limit", s.cfg.MaxAuthFailures, "within", s.cfg.AuthFailureWindow, "for", s.cfg.AuthFailureBan)
+		}
 	}()
 	return c
 }
@@ -259,7 +361,7 @@ func (s *Server) knownKey(ctx gliderssh.Context, key gliderssh.PublicKey) bool {
 	if len(ctx.User()) > MaxUserName {
 		return false // said in the banner
 	}
-	return st != nil && st.lookup(ctx, s.cfg.Backend, key, s.log)
+	return st != nil && st.lookup(ctx, s.cfg.Backend, key, s.noisy)
 }
 
 // banner is sent before the first authentication answer: empty, except
@@ -268,7 +370,7 @@ func (s *Server) banner(c gossh.ConnMetadata) string {
 	if len(c.User()) <= MaxUserName {
 		return ""
 	}
-	s.log.Warn("den: ssh gateway: user name too long, refusing", "remote", c.RemoteAddr().String(), "user", validate.Quote(c.User()), "limit", MaxUserName)
+	s.noisy.Log(slog.LevelWarn, "den: ssh gateway: user name too long, refusing", "remote", c.RemoteAddr().String(), "user", validate.Quote(c.User()), "limit", MaxUserName)
 	return fmt.Sprintf("den: the user name is too long (%d bytes; the limit is %d): it names a VM, or is %q\r\n", len(c.User()), MaxUserName, DenUser)
 }
 
@@ -281,23 +383,26 @@ func (s *Server) serverConfig(ctx gliderssh.Context) *gossh.ServerConfig {
 		VerifiedPublicKeyCallback: func(_ gossh.ConnMetadata, key gossh.PublicKey, _ *gossh.Permissions, _ string) (*gossh.Permissions, error) {
 			return st.verified(key)
 		},
-		AuthLogCallback: func(_ gossh.ConnMetadata, _ string, err error) {
-			if err == nil {
+		AuthLogCallback: func(_ gossh.ConnMetadata, method string, err error) {
+			switch {
+			case err == nil:
 				st.authed.Store(true)
 				st.timer.Stop()
 				st.releaseSlot()
+			case method != "none": // every client asks "none" first
+				st.triedAuth.Store(true)
 			}
 		},
 	}
 }
 
 // lookup says whether some user registered key, and remembers whose it is.
-func (st *connState) lookup(ctx context.Context, b Backend, key gossh.PublicKey, log *slog.Logger) bool {
+func (st *connState) lookup(ctx context.Context, b Backend, key gossh.PublicKey, log *logLimiter) bool {
 	fp := gossh.FingerprintSHA256(key)
 	user, err := b.UserForKey(ctx, fp)
 	if err != nil {
 		if !errors.Is(err, ErrUnknownKey) {
-			log.Error("den: gateway key lookup", "key", fp, "err", err)
+			log.Log(slog.LevelError, "den: gateway key lookup", "key", fp, "err", err)
 		}
 		return false
 	}
@@ -324,5 +429,29 @@ func (st *connState) verified(key gossh.PublicKey) (*gossh.Permissions, error) {
 
 // rejectChannel refuses channel types the gateway does not relay.
 func rejectChannel(_ *gliderssh.Server, _ *gossh.ServerConn, nc gossh.NewChannel, _ gliderssh.Context) {
+	if nc.ChannelType() == "direct-streamlocal@openssh.com" {
+		_ = nc.Reject(gossh.Prohibited, streamlocalRefused)
+		return
+	}
 	_ = nc.Reject(gossh.UnknownChannelType, fmt.Sprintf("den gateway: %s channels are not supported", nc.ChannelType()))
+}
+
+// What a client asking for forwards the gateway does not offer is told.
+const (
+	remoteForwardRefused = "den: remote forwarding (-R) is not available through the gateway"
+	streamlocalRefused   = "den: forwarding to a unix socket is not available through the gateway"
+)
+
+// refuseRemoteForward answers a tcpip-forward or streamlocal-forward
+// request (-R) with a failure, which OpenSSH shows without a reason. So
+// the first one of a connection first tells the client why on the
+// stderr of its session (see connState.notify).
+func (s *Server) refuseRemoteForward(ctx gliderssh.Context, _ *gliderssh.Server, req *gossh.Request) (bool, []byte) {
+	st := state(ctx)
+	if st == nil || st.remoteRefused.Swap(true) {
+		return false, nil
+	}
+	s.log.Info("den: ssh gateway: remote forwarding refused", "user", ctx.User(), "remote", ctx.RemoteAddr().String(), "request", req.Type)
+	st.notify(ctx, remoteForwardRefused, noticeWait)
+	return false, nil
 }
