@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,8 +26,19 @@ var commandAfter = map[string]int{"den exec": 1}
 // after "--" are positional; "-" is positional (stdin). The error, one
 // line for the user, is a usage error (exit status 2).
 //
-// `den help [VERB...]` is `den [VERB...] --help`.
+// `den help [VERB...]` and `den VERB help [SUBVERB]` are `den [VERB...]
+// --help`.
 func parseArgs(app *cli.App, args []string) ([]string, error) {
+	return parseArgsCheck(app, args, nil)
+}
+
+// flagCheck, if not nil, is asked about each flag a command line gives
+// (name without dashes or value) before it is looked up among cmd's: an
+// error refuses the command line.
+type flagCheck func(cmd *cli.Command, name string) error
+
+// parseArgsCheck is parseArgs, with check asked about every flag.
+func parseArgsCheck(app *cli.App, args []string, check flagCheck) ([]string, error) {
 	if len(args) < 2 {
 		return args, nil
 	}
@@ -37,7 +47,7 @@ func parseArgs(app *cli.App, args []string) ([]string, error) {
 		if len(args) == 2 {
 			return []string{args[0], "--help"}, nil
 		}
-		return parseArgs(app, append(append([]string{args[0]}, args[2:]...), "--help"))
+		return parseArgsCheck(app, append(append([]string{args[0]}, args[2:]...), "--help"), check)
 	}
 	if isFlag(verb) {
 		name, _, _ := strings.Cut(strings.TrimLeft(verb, "-"), "=")
@@ -54,7 +64,7 @@ func parseArgs(app *cli.App, args []string) ([]string, error) {
 	path := "den " + cmd.Name
 	rest := args[2:]
 	for {
-		l, err := scanLevel(cmd, path, rest)
+		l, err := scanLevel(cmd, path, rest, check)
 		if err != nil {
 			return nil, err
 		}
@@ -88,8 +98,9 @@ type level struct {
 }
 
 // scanLevel splits the arguments of cmd (named path) into its flags and
-// its positional arguments, or finds the subverb they are for.
-func scanLevel(cmd *cli.Command, path string, rest []string) (level, error) {
+// its positional arguments, or finds the subverb they are for; check (if
+// not nil) is asked about each flag.
+func scanLevel(cmd *cli.Command, path string, rest []string, check flagCheck) (level, error) {
 	var l level
 	kinds := flagKinds(cmd)
 	isHelp := func(name string) bool { return slices.Contains(cli.HelpFlag.Names(), name) }
@@ -106,11 +117,21 @@ func scanLevel(cmd *cli.Command, path string, rest []string) (level, error) {
 			break
 		}
 		if !isFlag(a) {
+			if a == "help" && len(l.pos) == 0 {
+				// den VERB help [SUBVERB] is den VERB [SUBVERB] --help.
+				if i+1 < len(rest) && len(cmd.Subcommands) > 0 {
+					if sub := findCommand(cmd.Subcommands, rest[i+1]); sub != nil {
+						return level{sub: sub, at: i + 1}, nil
+					}
+				}
+				l.help = true
+				continue
+			}
 			if len(l.pos) == 0 && len(cmd.Subcommands) > 0 {
 				if sub := findCommand(cmd.Subcommands, a); sub != nil {
 					return level{sub: sub, at: i}, nil
 				}
-				if cmd.Action == nil && a != "help" {
+				if cmd.Action == nil {
 					return l, fmt.Errorf("%s: unknown verb %q (see %s --help)", path, a, path)
 				}
 			}
@@ -123,6 +144,11 @@ func scanLevel(cmd *cli.Command, path string, rest []string) (level, error) {
 		}
 		flag, value, hasValue := strings.Cut(a, "=")
 		name := strings.TrimPrefix(strings.TrimPrefix(flag, "-"), "-")
+		if check != nil {
+			if err := check(cmd, name); err != nil {
+				return l, err
+			}
+		}
 		isBool, known := kinds[name]
 		if !known {
 			return l, fmt.Errorf("%s: unknown flag %s (see %s --help)", path, flag, path)
@@ -210,17 +236,6 @@ func checkArgs(c *cli.Context, check func(string) error, vals ...string) error {
 	return nil
 }
 
-// checkOwnerEnv refuses a bad $DEN_OWNER (the user the CLI acts for)
-// before anything is sent.
-func checkOwnerEnv() error {
-	if o := os.Getenv("DEN_OWNER"); o != "" {
-		if err := validate.User(o); err != nil {
-			return cli.Exit(fmt.Errorf("DEN_OWNER: %w", err), 2)
-		}
-	}
-	return nil
-}
-
 // oneName returns the only argument, the VM name, or a usage error.
 func oneName(c *cli.Context) (string, error) {
 	name, err := needName(c)
@@ -263,10 +278,14 @@ func onUsageError(c *cli.Context, err error, _ bool) error {
 	return usageExit(c, "%w", err)
 }
 
-// setUsageErrors sets onUsageError on cmds and their subverbs.
+// setUsageErrors sets onUsageError on cmds and their subverbs, and
+// leaves out urfave/cli's help subverb, one package-level command that
+// every run would write to (parseArgs makes `den VERB help` `den VERB
+// --help`).
 func setUsageErrors(cmds []*cli.Command) {
 	for _, c := range cmds {
 		c.OnUsageError = onUsageError
+		c.HideHelpCommand = true
 		setUsageErrors(c.Subcommands)
 	}
 }

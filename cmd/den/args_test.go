@@ -2,7 +2,7 @@ package main
 
 import (
 	"bytes"
-	"errors"
+	"context"
 	"slices"
 	"strings"
 	"testing"
@@ -45,7 +45,15 @@ func TestParseArgs(t *testing.T) {
 		{in: "checkpoint --socket /s rm box cp-1", want: "checkpoint rm --socket /s -- box cp-1"},
 		{in: "keys rm laptop", want: "keys rm -- laptop"},
 		{in: "keys", want: "keys"},
-		{in: "keys help", want: "keys -- help"},
+		{in: "keys help", want: "keys --help"},
+		{in: "keys help add", want: "keys add --help"},
+		{in: "keys help nope", err: `den keys: unknown verb "nope"`},
+		{in: "checkpoint help", want: "checkpoint --help"},
+		{in: "checkpoint help rm", want: "checkpoint rm --help"},
+		{in: "ls help", want: "ls --help"},
+		{in: "exec help", want: "exec --help"},
+		{in: "rm box help", want: "rm -- box help"},
+		{in: "exec box help", want: "exec -- box help"},
 		// After "--" every word is an argument.
 		{in: "rm -- --force", want: "rm -- --force"},
 		{in: "create -- box --memroy", want: "create -- box --memroy"},
@@ -97,7 +105,7 @@ func TestParseArgs(t *testing.T) {
 		{in: "help crate", err: `den: unknown verb "crate"`},
 		{in: "keys list", err: `den keys: unknown verb "list" (see den keys --help)`},
 	} {
-		got, err := parseArgs(newApp(), append([]string{"den"}, strings.Fields(tc.in)...))
+		got, err := parseArgs(newApp(&Env{}), append([]string{"den"}, strings.Fields(tc.in)...))
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("den %s: got %q, %v; want an error with %q", tc.in, got, err, tc.err)
@@ -137,7 +145,7 @@ func TestParseArgsEveryFlag(t *testing.T) {
 					}
 					for _, form := range forms {
 						in := append(append(append([]string{"den"}, p...), "arg"), form...)
-						got, err := parseArgs(newApp(), in)
+						got, err := parseArgs(newApp(&Env{}), in)
 						want := append(append(append([]string{"den"}, p...), form...), "--", "arg")
 						if err != nil || !slices.Equal(got, want) {
 							t.Errorf("%q: got %q, %v; want %q", in, got, err, want)
@@ -147,7 +155,7 @@ func TestParseArgsEveryFlag(t *testing.T) {
 			}
 		}
 	}
-	walk(nil, newApp().Commands)
+	walk(nil, newApp(&Env{}).Commands)
 }
 
 // TestUsageErrors runs den up to the point where it would call the
@@ -217,34 +225,8 @@ func TestCommandLineLimit(t *testing.T) {
 // missing, and returns what it printed on stderr and its exit status.
 func runDen(t *testing.T, args ...string) (string, int) {
 	t.Helper()
-	var stderr bytes.Buffer
-	code := -1
-	oldW, oldExit := cli.ErrWriter, cli.OsExiter
-	cli.ErrWriter = &stderr
-	cli.OsExiter = func(c int) {
-		if code == -1 {
-			code = c
-		}
-	}
-	defer func() { cli.ErrWriter, cli.OsExiter = oldW, oldExit }()
+	var stdout, stderr bytes.Buffer
 	t.Setenv("DEN_SOCKET", t.TempDir()+"/none.sock")
-	app := newApp()
-	app.Writer, app.ErrWriter = &bytes.Buffer{}, &stderr
-	argv, err := parseArgs(app, append([]string{"den"}, args...))
-	if err != nil {
-		return err.Error() + "\n", 2
-	}
-	err = app.Run(argv)
-	if code != -1 {
-		return stderr.String(), code
-	}
-	if err != nil {
-		var ec cli.ExitCoder
-		if errors.As(err, &ec) {
-			t.Fatalf("exit error %v not handled", err)
-		}
-		stderr.WriteString("den: " + err.Error() + "\n")
-		return stderr.String(), exitCode(err)
-	}
-	return stderr.String(), 0
+	code := Run(context.Background(), Env{Stdout: &stdout, Stderr: &stderr}, append([]string{"den"}, args...))
+	return stderr.String(), code
 }

@@ -27,7 +27,7 @@ Examples:
    den bench --quick --breakdown    # and where each operation's time goes
    den bench --runs 7 --json > result.json`,
 		Flags: []cli.Flag{
-			jsonFlag,
+			jsonFlag(),
 			&cli.BoolFlag{Name: "quick", Usage: "3 runs, no 2 GiB ratios, no gateway (about 3 minutes)"},
 			&cli.BoolFlag{Name: "network", Usage: "only the network figures (in network namespaces of their own; root)"},
 			&cli.BoolFlag{Name: "breakdown", Usage: "each timed operation's steps, as the daemon traced them: where every millisecond goes"},
@@ -61,7 +61,7 @@ Examples:
 			res, err := bench.Run(ctx, bench.Options{
 				Den: self, Images: imgs, Image: c.String("image"), Runs: c.Int("runs"), Quick: c.Bool("quick"), NetworkOnly: c.Bool("network"), Breakdown: c.Bool("breakdown"),
 				VMMs:     c.StringSlice("vmm"),
-				Progress: func(s string) { fmt.Fprintln(os.Stderr, "bench: "+s) },
+				Progress: func(s string) { fmt.Fprintln(c.App.ErrWriter, "bench: "+s) },
 			})
 			if err != nil {
 				return err
@@ -70,11 +70,11 @@ Examples:
 			if err != nil {
 				return err
 			}
-			fmt.Fprintln(os.Stderr, "bench: results in "+path+" (and .md)")
+			fmt.Fprintln(c.App.ErrWriter, "bench: results in "+path+" (and .md)")
 			if c.Bool("json") {
-				return printJSON(res)
+				return printJSON(c.App.Writer, res)
 			}
-			return bench.WriteTable(os.Stdout, res)
+			return bench.WriteTable(c.App.Writer, res)
 		},
 	}
 }

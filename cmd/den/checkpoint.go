@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -27,12 +26,12 @@ Examples:
    den checkpoint box --disk-only --keep 10
    den checkpoint rm box cp-3
    den checkpoint verify box --all`,
-		Flags: []cli.Flag{
-			socketFlag, jsonFlag,
+		Flags: withDaemon(
+			jsonFlag(),
 			&cli.StringFlag{Name: "m", Aliases: []string{"comment"}, Usage: "a comment"},
 			&cli.BoolFlag{Name: "disk-only", Usage: "freeze filesystems and save the disk only"},
 			&cli.IntFlag{Name: "keep", Usage: "afterwards keep only the newest N checkpoints"},
-		},
+		),
 		Subcommands: []*cli.Command{checkpointRmCommand(), checkpointVerifyCommand()},
 		Action: func(c *cli.Context) error {
 			name, err := oneName(c)
@@ -45,17 +44,21 @@ Examples:
 			ctx, cancel := withSignals(c)
 			defer cancel()
 			start := time.Now()
-			cp, err := newClient(c).Checkpoint(ctx, name, api.CheckpointRequest{
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			cp, err := cl.Checkpoint(ctx, name, api.CheckpointRequest{
 				Comment: c.String("m"), DiskOnly: c.Bool("disk-only"), Keep: c.Int("keep"),
 			}, progressPrinter(c))
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(cp)
+				return printJSON(c.App.Writer, cp)
 			}
-			fmt.Fprintf(os.Stderr, "  %s checkpoint of %s in %s\n", cp.Kind, name, time.Since(start).Round(time.Millisecond))
-			fmt.Println(cp.ID)
+			fmt.Fprintf(c.App.ErrWriter, "  %s checkpoint of %s in %s\n", cp.Kind, name, time.Since(start).Round(time.Millisecond))
+			fmt.Fprintln(c.App.Writer, cp.ID)
 			return nil
 		},
 	}
@@ -71,7 +74,7 @@ func checkpointRmCommand() *cli.Command {
 
 Examples:
    den checkpoint rm box cp-3 cp-4`,
-		Flags: []cli.Flag{socketFlag},
+		Flags: withDaemon(),
 		Action: func(c *cli.Context) error {
 			if c.NArg() < 2 {
 				return cli.Exit("den checkpoint rm: give a VM name and checkpoint ids (den checkpoint rm NAME cp-3)", 2)
@@ -83,12 +86,15 @@ Examples:
 			if err := checkArgs(c, validate.CheckpointID, c.Args().Tail()...); err != nil {
 				return err
 			}
-			cl := newClient(c)
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
 			for _, id := range c.Args().Tail() {
 				if err := cl.DeleteCheckpoint(c.Context, name, id); err != nil {
 					return err
 				}
-				fmt.Printf("removed %s of %s\n", id, name)
+				fmt.Fprintf(c.App.Writer, "removed %s of %s\n", id, name)
 			}
 			return nil
 		},
@@ -99,7 +105,7 @@ Examples:
 func progressPrinter(c *cli.Context) func(api.Event) {
 	return func(ev api.Event) {
 		if !c.Bool("json") {
-			fmt.Fprintf(os.Stderr, "  %-8s %s\n", ev.Elapsed, ev.Progress)
+			fmt.Fprintf(c.App.ErrWriter, "  %-8s %s\n", ev.Elapsed, ev.Progress)
 		}
 	}
 }

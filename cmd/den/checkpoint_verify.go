@@ -2,7 +2,7 @@ package main
 
 import (
 	"fmt"
-	"os"
+	"io"
 	"text/tabwriter"
 
 	"github.com/urfave/cli/v2"
@@ -29,9 +29,9 @@ Examples:
    den checkpoint verify box cp-3
    den checkpoint verify box --all
    den checkpoint verify box --all --json | jq -r '.[] | select(.status=="damaged") | .checkpoint'`,
-		Flags: []cli.Flag{socketFlag, jsonFlag,
+		Flags: withDaemon(jsonFlag(),
 			&cli.BoolFlag{Name: "all", Usage: "verify every checkpoint of the VM"},
-		},
+		),
 		Action: func(c *cli.Context) error {
 			name, err := needName(c)
 			if err != nil {
@@ -51,7 +51,11 @@ Examples:
 			}
 			ctx, cancel := withSignals(c)
 			defer cancel()
-			res, err := newClient(c).VerifyCheckpoints(ctx, name, req, progressPrinter(c))
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			res, err := cl.VerifyCheckpoints(ctx, name, req, progressPrinter(c))
 			if err != nil {
 				return err
 			}
@@ -62,11 +66,11 @@ Examples:
 				}
 			}
 			if c.Bool("json") {
-				if err := printJSON(res); err != nil {
+				if err := printJSON(c.App.Writer, res); err != nil {
 					return err
 				}
 			} else {
-				printVerifications(res)
+				printVerifications(c.App.Writer, res)
 			}
 			if damaged > 0 {
 				return cli.Exit(fmt.Sprintf("den checkpoint verify: %d of %d checkpoint(s) of %s damaged", damaged, len(res), name), 1)
@@ -76,8 +80,8 @@ Examples:
 	}
 }
 
-func printVerifications(res []api.Verification) {
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+func printVerifications(w io.Writer, res []api.Verification) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHECKPOINT\tFILE\tSIZE\tREAD\tSTATUS\tDETAIL")
 	for _, v := range res {
 		if len(v.Files) == 0 {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"text/tabwriter"
 
 	"github.com/urfave/cli/v2"
@@ -21,24 +20,28 @@ func checkpointsCommand() *cli.Command {
 Examples:
    den checkpoints box
    den checkpoints box --json | jq -r '.[].id'`,
-		Flags: []cli.Flag{socketFlag, jsonFlag},
+		Flags: withDaemon(jsonFlag()),
 		Action: func(c *cli.Context) error {
 			name, err := oneName(c)
 			if err != nil {
 				return err
 			}
-			cps, err := newClient(c).Checkpoints(c.Context, name)
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			cps, err := cl.Checkpoints(c.Context, name)
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(cps)
+				return printJSON(c.App.Writer, cps)
 			}
 			if len(cps) == 0 {
-				fmt.Printf("%s has no checkpoints (den checkpoint %s)\n", name, name)
+				fmt.Fprintf(c.App.Writer, "%s has no checkpoints (den checkpoint %s)\n", name, name)
 				return nil
 			}
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tPARENT\tCREATED\tKIND\tMEMORY\tDISK\tCOMMENT")
 			for _, cp := range cps {
 				mark := " "

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -30,8 +29,8 @@ Examples:
    den create box
    den create big --cpus 2 --memory 2G --disk 20G --image debian
    den create agent --egress allow:github.com,pypi.org,files.pythonhosted.org`,
-		Flags: []cli.Flag{
-			socketFlag, jsonFlag,
+		Flags: withDaemon(
+			jsonFlag(),
 			&cli.IntFlag{Name: "cpus", Usage: "vCPUs", Value: api.DefaultCPUs},
 			&cli.StringFlag{Name: "memory", Usage: "guest RAM", Value: size.Format(api.DefaultMemory)},
 			&cli.StringFlag{Name: "disk", Usage: "disk size (sparse; default " + size.Format(api.DefaultDisk) + ", or the image's disk when larger)"},
@@ -39,7 +38,7 @@ Examples:
 			&cli.BoolFlag{Name: "cold", Usage: "boot instead of restoring the image's warm base snapshot"},
 			&cli.StringFlag{Name: "egress", Usage: "egress policy: allow-all, deny-all or allow:LIST of CIDRs and domains (default: the daemon's)"},
 			&cli.StringFlag{Name: "idle-timeout", Usage: "sleep after this long idle; 0 never", Value: api.DefaultIdleTimeout.String()},
-		},
+		),
 		Action: func(c *cli.Context) error {
 			name, err := oneName(c)
 			if err != nil {
@@ -71,21 +70,25 @@ Examples:
 			ctx, cancel := withSignals(c)
 			defer cancel()
 			start := time.Now()
-			vm, err := newClient(c).CreateVM(ctx, api.CreateRequest{
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			vm, err := cl.CreateVM(ctx, api.CreateRequest{
 				Name: name, Image: c.String("image"), CPUs: c.Int("cpus"), MemoryBytes: mem, DiskBytes: disk,
 				IdleTimeout: c.String("idle-timeout"), Cold: c.Bool("cold"), Egress: c.String("egress"),
 			}, func(ev api.Event) {
 				if !c.Bool("json") {
-					fmt.Fprintf(os.Stderr, "  %-8s %s\n", ev.Elapsed, ev.Progress)
+					fmt.Fprintf(c.App.ErrWriter, "  %-8s %s\n", ev.Elapsed, ev.Progress)
 				}
 			})
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(vm)
+				return printJSON(c.App.Writer, vm)
 			}
-			fmt.Printf("created %s (%s, %s) in %s\n", vm.Name, vm.VMM, vm.Accel, time.Since(start).Round(time.Millisecond))
+			fmt.Fprintf(c.App.Writer, "created %s (%s, %s) in %s\n", vm.Name, vm.VMM, vm.Accel, time.Since(start).Round(time.Millisecond))
 			return nil
 		},
 	}

@@ -47,25 +47,29 @@ Examples:
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "state-dir", Value: "/var/lib/den", Usage: "den's state directory (for the free-disk check)"},
 			&cli.BoolFlag{Name: "json", Usage: "print the checks as JSON"},
-			socketFlag,
+			socketFlag(),
 		},
 		Action: func(c *cli.Context) error {
 			if err := noArgs(c); err != nil {
 				return err
 			}
 			checks := runChecks(c.Context, c.String("state-dir"))
-			checks = append(checks, checkMemory(c.Context, newClient(c)), checkNetwork(c.Context, newClient(c)))
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			checks = append(checks, checkMemory(c.Context, cl), checkNetwork(c.Context, cl))
 			if c.Bool("json") {
-				enc := json.NewEncoder(os.Stdout)
+				enc := json.NewEncoder(c.App.Writer)
 				enc.SetIndent("", "  ")
 				if err := enc.Encode(checks); err != nil {
 					return err
 				}
 			} else {
 				for _, ch := range checks {
-					fmt.Printf("%-5s %-17s %s\n", ch.Status, ch.Name, ch.Detail)
+					fmt.Fprintf(c.App.Writer, "%-5s %-17s %s\n", ch.Status, ch.Name, ch.Detail)
 					if ch.Fix != "" {
-						fmt.Printf("%-5s %-17s -> %s\n", "", "", ch.Fix)
+						fmt.Fprintf(c.App.Writer, "%-5s %-17s -> %s\n", "", "", ch.Fix)
 					}
 				}
 			}

@@ -28,12 +28,11 @@ Examples:
    echo hi | den exec box -- tr a-z A-Z
    den exec box -- sh -c 'cat > data.bin' < data.bin
    den exec box --tty -- top`,
-		Flags: []cli.Flag{
-			socketFlag,
+		Flags: withDaemon(
 			&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "run on a pseudo-terminal"},
 			&cli.StringSliceFlag{Name: "env", Aliases: []string{"e"}, Usage: "set KEY=VALUE in the command's environment"},
 			&cli.StringFlag{Name: "workdir", Aliases: []string{"w"}, Usage: "working directory in the guest"},
-		},
+		),
 		Action: func(c *cli.Context) error {
 			name, err := needName(c)
 			if err != nil {

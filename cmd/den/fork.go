@@ -24,7 +24,7 @@ source is checkpointed first.
 Examples:
    den fork box@cp-3 experiment
    den fork box box2`,
-		Flags: []cli.Flag{socketFlag, jsonFlag},
+		Flags: withDaemon(jsonFlag()),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 2 {
 				return cli.Exit("den fork: give a source and a new name (den fork box@cp-3 box2)", 2)
@@ -42,14 +42,18 @@ Examples:
 			ctx, cancel := withSignals(c)
 			defer cancel()
 			start := time.Now()
-			vm, err := newClient(c).Fork(ctx, src, api.ForkRequest{Checkpoint: id, Name: name}, progressPrinter(c))
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			vm, err := cl.Fork(ctx, src, api.ForkRequest{Checkpoint: id, Name: name}, progressPrinter(c))
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(vm)
+				return printJSON(c.App.Writer, vm)
 			}
-			fmt.Printf("forked %s to %s in %s\n", c.Args().Get(0), vm.Name, time.Since(start).Round(time.Millisecond))
+			fmt.Fprintf(c.App.Writer, "forked %s to %s in %s\n", c.Args().Get(0), vm.Name, time.Since(start).Round(time.Millisecond))
 			return nil
 		},
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,10 +30,9 @@ Examples:
    den forward box 3000                   # localhost:3000 -> box:3000
    den forward box 8080:80 5432           # localhost:8080 -> box:80, localhost:5432 -> box:5432
    den forward box 3000 --listen 0.0.0.0  # other hosts may connect too`,
-		Flags: []cli.Flag{
-			socketFlag,
+		Flags: withDaemon(
 			&cli.StringFlag{Name: "listen", Usage: "the local address (host) to listen on", Value: "127.0.0.1"},
-		},
+		),
 		Action: func(c *cli.Context) error {
 			name, err := needName(c)
 			if err != nil {
@@ -123,7 +121,11 @@ func runForward(ctx context.Context, c *cli.Context, name, host string, fwds []p
 		}
 		lns = append(lns, ln)
 	}
-	client, err := newClient(c).SSH(ctx, name)
+	cl, err := newClient(c)
+	if err != nil {
+		return err
+	}
+	client, err := cl.SSH(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -135,8 +137,8 @@ func runForward(ctx context.Context, c *cli.Context, name, host string, fwds []p
 	}()
 	var wg sync.WaitGroup
 	for i, ln := range lns {
-		fw := &forwarder{ctx: ctx, client: client, vm: name, ln: ln, remote: fwds[i].remote, stderr: os.Stderr}
-		fmt.Fprintf(os.Stderr, "forwarding %s -> %s:%d (Ctrl-C to stop)\n", ln.Addr(), name, fw.remote)
+		fw := &forwarder{ctx: ctx, client: client, vm: name, ln: ln, remote: fwds[i].remote, stderr: c.App.ErrWriter}
+		fmt.Fprintf(c.App.ErrWriter, "forwarding %s -> %s:%d (Ctrl-C to stop)\n", ln.Addr(), name, fw.remote)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

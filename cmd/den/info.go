@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 
 	"github.com/urfave/cli/v2"
 
@@ -21,33 +22,36 @@ func infoCommand() *cli.Command {
    den info            # the daemon: VMM, accelerator, volume, network, gateway
    den info box --json
    den info --gateway  # the SSH gateway's address and host key fingerprint`,
-		Flags: []cli.Flag{socketFlag, jsonFlag,
-			&cli.BoolFlag{Name: "gateway", Usage: "print the SSH gateway's address and host key fingerprint"}},
+		Flags: withDaemon(jsonFlag(),
+			&cli.BoolFlag{Name: "gateway", Usage: "print the SSH gateway's address and host key fingerprint"}),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 1 {
 				return usageExit(c, "too many arguments (%s): it takes one VM name, or none", quoteAll(c.Args().Slice()))
 			}
-			cl := newClient(c)
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
 			if c.NArg() == 0 {
 				info, err := cl.Info(c.Context)
 				if err != nil {
 					return err
 				}
 				if c.Bool("gateway") {
-					return printGateway(info, c.Bool("json"))
+					return printGateway(c.App.Writer, info, c.Bool("json"))
 				}
 				if c.Bool("json") {
-					return printJSON(info)
+					return printJSON(c.App.Writer, info)
 				}
-				fmt.Printf("version:  %s\nvmm:      %s\naccel:    %s (%s)\nstate:    %s\nvolume:   %s\nnetwork:  %s\n",
+				fmt.Fprintf(c.App.Writer, "version:  %s\nvmm:      %s\naccel:    %s (%s)\nstate:    %s\nvolume:   %s\nnetwork:  %s\n",
 					info.Version, info.VMM, info.Accel, info.AccelNote, info.StateDir, info.Volume, info.Network)
 				if info.Memory != nil {
-					fmt.Printf("memory:   %s\n", memoryLine(info.Memory))
+					fmt.Fprintf(c.App.Writer, "memory:   %s\n", memoryLine(info.Memory))
 				}
 				if info.GuestRAM != "" {
-					fmt.Printf("guest RAM: %s\n", info.GuestRAM)
+					fmt.Fprintf(c.App.Writer, "guest RAM: %s\n", info.GuestRAM)
 				}
-				return printGateway(info, false)
+				return printGateway(c.App.Writer, info, false)
 			}
 			if c.Bool("gateway") {
 				return usageExit(c, "--gateway takes no VM name")
@@ -60,37 +64,37 @@ func infoCommand() *cli.Command {
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(vm)
+				return printJSON(c.App.Writer, vm)
 			}
-			fmt.Printf("name:         %s\nstate:        %s\n", vm.Name, vm.State)
+			fmt.Fprintf(c.App.Writer, "name:         %s\nstate:        %s\n", vm.Name, vm.State)
 			if vm.Reason != "" {
-				fmt.Printf("reason:       %s\n", vm.Reason)
+				fmt.Fprintf(c.App.Writer, "reason:       %s\n", vm.Reason)
 			}
 			if vm.Operation != "" {
-				fmt.Printf("operation:    %s (since %s)\n", vm.Operation, vm.OperationFor)
+				fmt.Fprintf(c.App.Writer, "operation:    %s (since %s)\n", vm.Operation, vm.OperationFor)
 			}
-			fmt.Printf("owner:        %s\nimage:        %s\ncpus:         %d\nmemory:       %s\ndisk:         %s used of %s\nvmm:          %s (%s)\n",
+			fmt.Fprintf(c.App.Writer, "owner:        %s\nimage:        %s\ncpus:         %d\nmemory:       %s\ndisk:         %s used of %s\nvmm:          %s (%s)\n",
 				vm.Owner, vm.Image, vm.CPUs, size.Format(vm.MemoryBytes), size.Format(vm.DiskUsed),
 				size.Format(vm.DiskBytes), vm.VMM, vm.Accel)
 			if vm.PID != 0 {
-				fmt.Printf("pid:          %d\n", vm.PID)
+				fmt.Fprintf(c.App.Writer, "pid:          %d\n", vm.PID)
 			}
 			if vm.Network != "" {
-				fmt.Printf("network:      %s", vm.Network)
+				fmt.Fprintf(c.App.Writer, "network:      %s", vm.Network)
 				if vm.IP != "" {
-					fmt.Printf(", %s", vm.IP)
+					fmt.Fprintf(c.App.Writer, ", %s", vm.IP)
 				}
-				fmt.Println()
+				fmt.Fprintln(c.App.Writer)
 			}
 			if vm.Egress != "" {
-				fmt.Printf("egress:       %s\n", vm.Egress)
+				fmt.Fprintf(c.App.Writer, "egress:       %s\n", vm.Egress)
 			}
 			if info, err := cl.Info(c.Context); err == nil && info.HTTP != "" {
 				if u, err := cl.URL(c.Context, vm.Name); err == nil {
-					fmt.Printf("url:          %s (port %d%s)\n", u.URL, u.Port, map[bool]string{true: ", public", false: ""}[u.Public])
+					fmt.Fprintf(c.App.Writer, "url:          %s (port %d%s)\n", u.URL, u.Port, map[bool]string{true: ", public", false: ""}[u.Public])
 				}
 			}
-			fmt.Printf("idle timeout: %s\ncreated:      %s\nlast active:  %s\n", vm.IdleTimeout,
+			fmt.Fprintf(c.App.Writer, "idle timeout: %s\ncreated:      %s\nlast active:  %s\n", vm.IdleTimeout,
 				vm.CreatedAt.Local().Format("2006-01-02 15:04:05"), ago(vm.LastActive))
 			return nil
 		},
@@ -98,17 +102,17 @@ func infoCommand() *cli.Command {
 }
 
 // printGateway prints the SSH gateway's address and host key.
-func printGateway(info api.DaemonInfo, asJSON bool) error {
+func printGateway(w io.Writer, info api.DaemonInfo, asJSON bool) error {
 	if asJSON {
-		return printJSON(struct {
+		return printJSON(w, struct {
 			Gateway     string `json:"gateway"`
 			Fingerprint string `json:"fingerprint"`
 		}{info.Gateway, info.GatewayFingerprint})
 	}
 	if info.Gateway == "" {
-		fmt.Println("gateway:  off (den daemon --ssh-listen ADDR)")
+		fmt.Fprintln(w, "gateway:  off (den daemon --ssh-listen ADDR)")
 		return nil
 	}
-	fmt.Printf("gateway:  %s\nhost key: %s\n", info.Gateway, info.GatewayFingerprint)
+	fmt.Fprintf(w, "gateway:  %s\nhost key: %s\n", info.Gateway, info.GatewayFingerprint)
 	return nil
 }

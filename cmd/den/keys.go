@@ -47,11 +47,11 @@ Examples:
    den keys add ~/.ssh/id_ed25519.pub
    den keys add --user alice --name laptop alice.pub
    ssh -p 2222 den@host keys add - < new.pub    # a user adds another key of theirs`,
-		Flags: []cli.Flag{
-			socketFlag, jsonFlag,
+		Flags: withDaemon(
+			jsonFlag(),
 			&cli.StringFlag{Name: "user", Usage: `the user the key logs in as (default "default")`},
 			&cli.StringFlag{Name: "name", Usage: "a label for the key (default: its comment)"},
-		},
+		),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return cli.Exit("den keys add: give one FILE (or - for stdin): den keys add [--user USER] FILE", 2)
@@ -64,34 +64,39 @@ Examples:
 			if err := checkArgs(c, validate.KeyName, c.String("name")); err != nil {
 				return err
 			}
-			data, err := readKeyFile(c.Args().First())
+			data, err := readKeyFile(c, c.Args().First())
 			if err != nil {
 				return err
 			}
-			k, err := newClient(c).AddKey(c.Context, api.AddKeyRequest{User: c.String("user"), Name: c.String("name"), PublicKey: string(data)})
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			k, err := cl.AddKey(c.Context, api.AddKeyRequest{User: c.String("user"), Name: c.String("name"), PublicKey: string(data)})
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(k)
+				return printJSON(c.App.Writer, k)
 			}
-			fmt.Printf("added %s %s for user %s\n", k.Fingerprint, orDash(k.Name), k.User)
+			fmt.Fprintf(c.App.Writer, "added %s %s for user %s\n", k.Fingerprint, orDash(k.Name), k.User)
 			return nil
 		},
 	}
 }
 
-// readKeyFile reads a public key from a file or stdin ("-"), refusing to
-// send a private key anywhere.
-func readKeyFile(path string) ([]byte, error) {
+// readKeyFile reads a public key from a file or the run's stdin ("-"),
+// refusing to send a private key anywhere. Through the gateway only
+// stdin is read: the files are the host's.
+func readKeyFile(c *cli.Context, path string) ([]byte, error) {
 	var data []byte
 	var err error
-	if path == "-" {
-		data, err = io.ReadAll(io.LimitReader(os.Stdin, 64<<10))
-	} else {
-		if os.Getenv("DEN_REMOTE") != "" {
-			return nil, cli.Exit("den keys add: through the gateway the key comes on stdin: ssh den@HOST keys add - < key.pub", 2)
-		}
+	switch {
+	case path == "-":
+		data, err = io.ReadAll(io.LimitReader(c.App.Reader, 64<<10))
+	case envOf(c).Remote:
+		return nil, cli.Exit("den keys add: through the gateway the key comes on stdin: ssh den@HOST keys add - < key.pub", 2)
+	default:
 		data, err = os.ReadFile(path)
 	}
 	if err != nil {
@@ -115,19 +120,23 @@ func keysLsCommand() *cli.Command {
 		Description: `Examples:
    den keys ls
    den keys ls --json | jq -r '.[] | select(.user == "alice") | .fingerprint'`,
-		Flags: []cli.Flag{socketFlag, jsonFlag},
+		Flags: withDaemon(jsonFlag()),
 		Action: func(c *cli.Context) error {
 			if err := noArgs(c); err != nil {
 				return err
 			}
-			keys, err := newClient(c).ListKeys(c.Context)
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			keys, err := cl.ListKeys(c.Context)
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(keys)
+				return printJSON(c.App.Writer, keys)
 			}
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "USER\tFINGERPRINT\tTYPE\tNAME\tADDED")
 			for _, k := range keys {
 				typ, _, _ := bytes.Cut([]byte(k.PublicKey), []byte(" "))
@@ -150,7 +159,7 @@ Connections the key opened stay open; new ones are refused.
 Examples:
    den keys rm SHA256:uNiVztksCsDhcc0u9e8BujQXVUpKZIDTMczCvj3tD2s
    den keys rm laptop`,
-		Flags: []cli.Flag{socketFlag},
+		Flags: withDaemon(),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return cli.Exit("den keys rm: give one FINGERPRINT or NAME (see den keys ls)", 2)
@@ -158,11 +167,15 @@ Examples:
 			if err := checkArgs(c, validate.KeyRef, c.Args().First()); err != nil {
 				return err
 			}
-			k, err := newClient(c).RemoveKey(c.Context, c.Args().First())
+			cl, err := newClient(c)
 			if err != nil {
 				return err
 			}
-			fmt.Printf("removed %s %s of user %s\n", k.Fingerprint, orDash(k.Name), k.User)
+			k, err := cl.RemoveKey(c.Context, c.Args().First())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(c.App.Writer, "removed %s %s of user %s\n", k.Fingerprint, orDash(k.Name), k.User)
 			return nil
 		},
 	}

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"os"
-
 	"github.com/urfave/cli/v2"
 )
 
@@ -14,13 +12,17 @@ func logsCommand() *cli.Command {
 		UsageText: "den logs NAME",
 		Description: `Examples:
    den logs box | less`,
-		Flags: []cli.Flag{socketFlag},
+		Flags: withDaemon(),
 		Action: func(c *cli.Context) error {
 			name, err := oneName(c)
 			if err != nil {
 				return err
 			}
-			return newClient(c).Logs(c.Context, name, os.Stdout)
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			return cl.Logs(c.Context, name, c.App.Writer)
 		},
 	}
 }

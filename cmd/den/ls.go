@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"text/tabwriter"
 	"time"
 
@@ -19,19 +18,23 @@ func lsCommand() *cli.Command {
 		Description: `Examples:
    den ls
    den ls --json | jq -r '.[] | select(.state == "running") | .name'`,
-		Flags: []cli.Flag{socketFlag, jsonFlag},
+		Flags: withDaemon(jsonFlag()),
 		Action: func(c *cli.Context) error {
 			if err := noArgs(c); err != nil {
 				return err
 			}
-			vms, err := newClient(c).ListVMs(c.Context)
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			vms, err := cl.ListVMs(c.Context)
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(vms)
+				return printJSON(c.App.Writer, vms)
 			}
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tSTATE\tCPUS\tMEMORY\tDISK\tIMAGE\tVMM\tLAST ACTIVE")
 			for _, vm := range vms {
 				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s/%s\t%s\t%s\t%s\n", vm.Name, vm.State, vm.CPUs,

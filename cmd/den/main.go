@@ -3,7 +3,7 @@
 package main
 
 import (
-	"fmt"
+	"context"
 	"log/slog"
 	"os"
 
@@ -15,23 +15,15 @@ var version = "dev"
 
 func main() {
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	app := newApp()
-	args, err := parseArgs(app, os.Args)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	if err := app.Run(args); err != nil {
-		fmt.Fprintln(os.Stderr, "den: "+err.Error())
-		os.Exit(exitCode(err))
-	}
+	os.Exit(Run(context.Background(), Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr}, os.Args))
 }
 
-// newApp is den's command line: its verbs and their flags.
-func newApp() *cli.App {
+// newApp is den's command line for one run (env): its verbs and their
+// flags, all new, and its streams. Errors are returned, never printed
+// (Run prints them).
+func newApp(env *Env) *cli.App {
 	app := &cli.App{
 		Name:    "den",
-		Before:  func(*cli.Context) error { return checkOwnerEnv() },
 		Usage:   "long-lived microVMs that keep their disk and memory",
 		Version: version,
 		Description: `den runs each VM as a real computer that keeps its disk and memory,
@@ -64,16 +56,12 @@ argument.`,
 		},
 		HideHelpCommand: true,
 		OnUsageError:    onUsageError,
+		Reader:          env.Stdin,
+		Writer:          env.Stdout,
+		ErrWriter:       env.Stderr,
+		ExitErrHandler:  func(*cli.Context, error) {},
+		Metadata:        map[string]any{envKey: env},
 	}
 	setUsageErrors(app.Commands)
 	return app
-}
-
-// exitCode passes through an exit status that a verb asked for (den exec)
-// and is 1 for any other error.
-func exitCode(err error) int {
-	if ec, ok := err.(cli.ExitCoder); ok && ec.ExitCode() != 0 {
-		return ec.ExitCode()
-	}
-	return 1
 }

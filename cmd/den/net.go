@@ -42,7 +42,7 @@ func netPolicyCommand() *cli.Command {
 Examples:
    den net policy box allow:pypi.org,files.pythonhosted.org
    den net policy box allow-all`,
-		Flags: []cli.Flag{socketFlag, jsonFlag},
+		Flags: withDaemon(jsonFlag()),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 2 {
 				return usageExit(c, "want a VM name and a policy")
@@ -54,14 +54,18 @@ Examples:
 			if _, err := egress.Parse(policy); err != nil {
 				return usageExit(c, "%w", err)
 			}
-			n, err := newClient(c).SetEgress(c.Context, name, api.EgressRequest{Policy: policy})
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			n, err := cl.SetEgress(c.Context, name, api.EgressRequest{Policy: policy})
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(n)
+				return printJSON(c.App.Writer, n)
 			}
-			fmt.Printf("%s: egress %s\n", name, n.Egress)
+			fmt.Fprintf(c.App.Writer, "%s: egress %s\n", name, n.Egress)
 			return nil
 		},
 	}
@@ -80,41 +84,45 @@ resolver refused: why a pip install hangs.
 Examples:
    den net log box
    den net log box --json`,
-		Flags: []cli.Flag{socketFlag, jsonFlag},
+		Flags: withDaemon(jsonFlag()),
 		Action: func(c *cli.Context) error {
 			name, err := oneName(c)
 			if err != nil {
 				return err
 			}
-			n, err := newClient(c).Net(c.Context, name)
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			n, err := cl.Net(c.Context, name)
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(n)
+				return printJSON(c.App.Writer, n)
 			}
-			fmt.Printf("network:  %s", n.Mode)
+			fmt.Fprintf(c.App.Writer, "network:  %s", n.Mode)
 			if n.IP != "" {
-				fmt.Printf(", %s", n.IP)
+				fmt.Fprintf(c.App.Writer, ", %s", n.IP)
 			}
 			if n.Tap != "" {
-				fmt.Printf(" (tap %s)", n.Tap)
+				fmt.Fprintf(c.App.Writer, " (tap %s)", n.Tap)
 			}
-			fmt.Printf("\negress:   %s\n", n.Egress)
+			fmt.Fprintf(c.App.Writer, "\negress:   %s\n", n.Egress)
 			if n.Mode != "tap" {
 				return nil
 			}
-			fmt.Printf("denied:   %d packets\n", n.DeniedPackets)
+			fmt.Fprintf(c.App.Writer, "denied:   %d packets\n", n.DeniedPackets)
 			for _, d := range n.Denied {
 				dst := d.Addr
 				if d.Port != 0 {
 					dst = fmt.Sprintf("%s:%d", d.Addr, d.Port)
 				}
-				fmt.Printf("  %-22s %-5s %d packets\n", dst, d.Proto, d.Packets)
+				fmt.Fprintf(c.App.Writer, "  %-22s %-5s %d packets\n", dst, d.Proto, d.Packets)
 			}
-			fmt.Printf("dns:      %d queries, %d refused\n", n.DNSQueries, n.DNSRefused)
+			fmt.Fprintf(c.App.Writer, "dns:      %d queries, %d refused\n", n.DNSQueries, n.DNSRefused)
 			if len(n.RefusedNames) > 0 {
-				fmt.Printf("  refused: %s\n", strings.Join(n.RefusedNames, ", "))
+				fmt.Fprintf(c.App.Writer, "  refused: %s\n", strings.Join(n.RefusedNames, ", "))
 			}
 			return nil
 		},

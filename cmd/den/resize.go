@@ -22,8 +22,8 @@ A sleeping or stopped VM is started first.
 
 Examples:
    den resize box --disk 20G`,
-		Flags: []cli.Flag{socketFlag, jsonFlag,
-			&cli.StringFlag{Name: "disk", Usage: "new disk size", Required: true}},
+		Flags: withDaemon(jsonFlag(),
+			&cli.StringFlag{Name: "disk", Usage: "new disk size", Required: true}),
 		Action: func(c *cli.Context) error {
 			name, err := oneName(c)
 			if err != nil {
@@ -34,14 +34,18 @@ Examples:
 				return cli.Exit("den resize: --disk: "+err.Error(), 2)
 			}
 			start := time.Now()
-			vm, err := newClient(c).Resize(c.Context, name, api.ResizeRequest{DiskBytes: disk})
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			vm, err := cl.Resize(c.Context, name, api.ResizeRequest{DiskBytes: disk})
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(vm)
+				return printJSON(c.App.Writer, vm)
 			}
-			fmt.Printf("%s has a %s disk (%s)\n", name, size.Format(vm.DiskBytes), time.Since(start).Round(time.Millisecond))
+			fmt.Fprintf(c.App.Writer, "%s has a %s disk (%s)\n", name, size.Format(vm.DiskBytes), time.Since(start).Round(time.Millisecond))
 			return nil
 		},
 	}

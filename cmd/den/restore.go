@@ -23,11 +23,11 @@ corrected. A restore refuses while exec or ssh sessions are open; --force ends t
 Examples:
    den restore box cp-3
    den restore box cp-3 --no-save`,
-		Flags: []cli.Flag{
-			socketFlag, jsonFlag,
+		Flags: withDaemon(
+			jsonFlag(),
 			&cli.BoolFlag{Name: "no-save", Usage: "do not checkpoint the current state first"},
 			&cli.BoolFlag{Name: "force", Usage: "end open sessions"},
-		},
+		),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 2 {
 				return cli.Exit("den restore: give a VM name and a checkpoint (den restore box cp-3)", 2)
@@ -42,14 +42,18 @@ Examples:
 			ctx, cancel := withSignals(c)
 			defer cancel()
 			start := time.Now()
-			vm, err := newClient(c).Restore(ctx, name, api.RestoreRequest{Checkpoint: id, NoSave: c.Bool("no-save"), Force: c.Bool("force")}, progressPrinter(c))
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			vm, err := cl.Restore(ctx, name, api.RestoreRequest{Checkpoint: id, NoSave: c.Bool("no-save"), Force: c.Bool("force")}, progressPrinter(c))
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(vm)
+				return printJSON(c.App.Writer, vm)
 			}
-			fmt.Printf("restored %s to %s in %s\n", name, id, time.Since(start).Round(time.Millisecond))
+			fmt.Fprintf(c.App.Writer, "restored %s to %s in %s\n", name, id, time.Since(start).Round(time.Millisecond))
 			return nil
 		},
 	}

@@ -19,7 +19,7 @@ func rmCommand() *cli.Command {
 Examples:
    den rm box
    den rm --force box other`,
-		Flags: []cli.Flag{socketFlag, &cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "do not wait for the guest to power off"}},
+		Flags: withDaemon(&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "do not wait for the guest to power off"}),
 		Action: func(c *cli.Context) error {
 			if _, err := needName(c); err != nil {
 				return err
@@ -27,12 +27,15 @@ Examples:
 			if err := checkArgs(c, validate.VMName, c.Args().Slice()...); err != nil {
 				return err
 			}
-			cl := newClient(c)
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
 			for _, name := range c.Args().Slice() {
 				if err := cl.RemoveVM(c.Context, name, c.Bool("force")); err != nil {
 					return err
 				}
-				fmt.Printf("removed %s\n", name)
+				fmt.Fprintf(c.App.Writer, "removed %s\n", name)
 			}
 			return nil
 		},

@@ -27,7 +27,11 @@ type sessionOptions struct {
 // runSession runs a command (or shell) in a VM through the daemon and
 // returns its exit status as a cli exit error (nil for 0).
 func runSession(ctx context.Context, c *cli.Context, name string, o sessionOptions) error {
-	client, err := newClient(c).SSH(ctx, name)
+	cl, err := newClient(c)
+	if err != nil {
+		return err
+	}
+	client, err := cl.SSH(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -51,17 +55,17 @@ func runSession(ctx context.Context, c *cli.Context, name string, o sessionOptio
 			return fmt.Errorf("set working directory: %w", err)
 		}
 	}
-	sess.Stdout, sess.Stderr = os.Stdout, os.Stderr
+	sess.Stdout, sess.Stderr = c.App.Writer, c.App.ErrWriter
 	stdin, err := sess.StdinPipe()
 	if err != nil {
 		return err
 	}
 	go func() {
-		_, _ = io.Copy(stdin, os.Stdin)
+		_, _ = io.Copy(stdin, c.App.Reader)
 		_ = stdin.Close()
 	}()
 	if o.tty {
-		restore, err := startTerminal(sess)
+		restore, err := startTerminal(c, sess)
 		if err != nil {
 			return err
 		}
@@ -80,18 +84,26 @@ func runSession(ctx context.Context, c *cli.Context, name string, o sessionOptio
 
 // startTerminal asks for a PTY the size of ours, puts our terminal in raw
 // mode and forwards window size changes; the returned func restores it.
-func startTerminal(sess *ssh.Session) (func(), error) {
-	fd := int(os.Stdin.Fd())
+// When stdin is not a file of this process (and always for the gateway,
+// whose process is the daemon) the PTY is 80x24 for TERM xterm-256color
+// and nothing else is done.
+func startTerminal(c *cli.Context, sess *ssh.Session) (func(), error) {
+	fd := stdinFd(c)
 	cols, rows := 80, 24
-	if w, h, err := term.GetSize(fd); err == nil {
-		cols, rows = w, h
-	}
-	t := os.Getenv("TERM")
-	if t == "" {
-		t = "xterm-256color"
+	t := "xterm-256color"
+	if fd >= 0 {
+		if w, h, err := term.GetSize(fd); err == nil {
+			cols, rows = w, h
+		}
+		if v := os.Getenv("TERM"); v != "" {
+			t = v
+		}
 	}
 	if err := sess.RequestPty(t, rows, cols, ssh.TerminalModes{ssh.ECHO: 1}); err != nil {
 		return nil, fmt.Errorf("request pty: %w", err)
+	}
+	if fd < 0 {
+		return func() {}, nil
 	}
 	var restore func()
 	if term.IsTerminal(fd) {

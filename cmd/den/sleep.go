@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -40,13 +39,13 @@ Examples:
    den sleep --all
    den sleep --all --shutdown --timeout 2m     # at host shutdown
    den sleep --all --json | jq -r '.failed[]'`,
-		Flags: []cli.Flag{socketFlag, jsonFlag,
+		Flags: withDaemon(jsonFlag(),
 			&cli.BoolFlag{Name: "force", Usage: "sleep even with sessions open"},
 			&cli.BoolFlag{Name: "all", Usage: "every running VM (root only)"},
 			&cli.BoolFlag{Name: "shutdown", Usage: "with --all: the host is going down; wake them when den next starts"},
 			&cli.DurationFlag{Name: "timeout", Usage: "with --all: bound for the whole operation", DefaultText: "2m"},
 			&cli.IntFlag{Name: "parallel", Usage: "with --all: VMs put to sleep at once", DefaultText: "4"},
-		},
+		),
 		Action: func(c *cli.Context) error {
 			if c.Bool("all") {
 				if c.NArg() > 0 {
@@ -60,7 +59,11 @@ Examples:
 				defer cancel()
 				req := api.HostSleepRequest{Shutdown: c.Bool("shutdown"), Timeout: timeout, Parallel: parallel, Force: c.Bool("force")}
 				return runHost(c, "asleep", func(progress func(api.HostVM)) (api.HostSummary, error) {
-					return newClient(c).SleepAll(ctx, req, progress)
+					cl, err := newClient(c)
+					if err != nil {
+						return api.HostSummary{}, err
+					}
+					return cl.SleepAll(ctx, req, progress)
 				})
 			}
 			for _, f := range []string{"shutdown", "timeout", "parallel"} {
@@ -73,14 +76,18 @@ Examples:
 				return err
 			}
 			start := time.Now()
-			vm, err := newClient(c).Sleep(c.Context, name, api.SleepRequest{Force: c.Bool("force")})
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			vm, err := cl.Sleep(c.Context, name, api.SleepRequest{Force: c.Bool("force")})
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(vm)
+				return printJSON(c.App.Writer, vm)
 			}
-			fmt.Printf("%s is %s (%s)\n", name, vm.State, time.Since(start).Round(time.Millisecond))
+			fmt.Fprintf(c.App.Writer, "%s is %s (%s)\n", name, vm.State, time.Since(start).Round(time.Millisecond))
 			return nil
 		},
 	}
@@ -109,7 +116,7 @@ func hostFlags(c *cli.Context) (timeout string, parallel int, err error) {
 // VMs that were not done.
 func runHost(c *cli.Context, done string, op func(progress func(api.HostVM)) (api.HostSummary, error)) error {
 	asJSON := c.Bool("json")
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 	n := 0
 	sum, err := op(func(v api.HostVM) {
 		if asJSON {
@@ -130,11 +137,11 @@ func runHost(c *cli.Context, done string, op func(progress func(api.HostVM)) (ap
 		return err
 	}
 	if asJSON {
-		if err := printJSON(sum); err != nil {
+		if err := printJSON(c.App.Writer, sum); err != nil {
 			return err
 		}
 	} else if len(sum.VMs) == 0 {
-		fmt.Println("no vm to do")
+		fmt.Fprintln(c.App.Writer, "no vm to do")
 	}
 	if len(sum.Failed) > 0 {
 		return fmt.Errorf("%s --all: %d of %d vms not %s: %s", c.Command.Name, len(sum.Failed), len(sum.VMs), done, strings.Join(sum.Failed, ", "))

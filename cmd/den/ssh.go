@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-
 	"github.com/urfave/cli/v2"
 )
 
@@ -17,14 +15,14 @@ Without a terminal on stdin, the shell reads commands from stdin.
 
 Examples:
    den ssh box`,
-		Flags: []cli.Flag{socketFlag},
+		Flags: withDaemon(),
 		Action: func(c *cli.Context) error {
 			name, err := oneName(c)
 			if err != nil {
 				return err
 			}
 			// No signal context: Ctrl-C belongs to the remote shell.
-			return runSession(context.Background(), c, name, sessionOptions{tty: isTerminal()})
+			return runSession(c.Context, c, name, sessionOptions{tty: isTerminal(c)})
 		},
 	}
 }

@@ -26,12 +26,12 @@ Examples:
    den url box --port 3000
    den url box --public
    curl -H "Authorization: Bearer $(den url box --json | jq -r .token)" http://127.0.0.1:8081/vm/box/`,
-		Flags: []cli.Flag{socketFlag, jsonFlag,
+		Flags: withDaemon(jsonFlag(),
 			&cli.IntFlag{Name: "port", Usage: "the VM's port the URL reaches (1-65535)"},
 			&cli.BoolFlag{Name: "public", Usage: "no token needed"},
 			&cli.BoolFlag{Name: "private", Usage: "a token needed again"},
 			&cli.BoolFlag{Name: "rotate", Usage: "a new token: URLs given out before stop working"},
-		},
+		),
 		Action: func(c *cli.Context) error {
 			name, err := oneName(c)
 			if err != nil {
@@ -40,7 +40,10 @@ Examples:
 			if c.Bool("public") && c.Bool("private") {
 				return usageExit(c, "--public and --private exclude each other")
 			}
-			cl := newClient(c)
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
 			var u api.URLInfo
 			if c.IsSet("port") || c.Bool("public") || c.Bool("private") || c.Bool("rotate") {
 				req := api.URLRequest{Rotate: c.Bool("rotate")}
@@ -63,12 +66,12 @@ Examples:
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(u)
+				return printJSON(c.App.Writer, u)
 			}
 			if u.URL == "" {
 				return fmt.Errorf("the daemon serves no VM URLs: start it with --http-listen ADDR (port %d of %s, token %s)", u.Port, name, u.Token)
 			}
-			fmt.Println(u.URL)
+			fmt.Fprintln(c.App.Writer, u.URL)
 			return nil
 		},
 	}

@@ -25,11 +25,11 @@ starts: den wake --all is for the others.
 Examples:
    den wake box
    den wake --all --parallel 2`,
-		Flags: []cli.Flag{socketFlag, jsonFlag,
+		Flags: withDaemon(jsonFlag(),
 			&cli.BoolFlag{Name: "all", Usage: "every sleeping VM (root only)"},
 			&cli.DurationFlag{Name: "timeout", Usage: "with --all: bound for the whole operation", DefaultText: "2m"},
 			&cli.IntFlag{Name: "parallel", Usage: "with --all: VMs woken at once", DefaultText: "4"},
-		},
+		),
 		Action: func(c *cli.Context) error {
 			if c.Bool("all") {
 				if c.NArg() > 0 {
@@ -43,7 +43,11 @@ Examples:
 				defer cancel()
 				req := api.HostWakeRequest{Timeout: timeout, Parallel: parallel}
 				return runHost(c, "awake", func(progress func(api.HostVM)) (api.HostSummary, error) {
-					return newClient(c).WakeAll(ctx, req, progress)
+					cl, err := newClient(c)
+					if err != nil {
+						return api.HostSummary{}, err
+					}
+					return cl.WakeAll(ctx, req, progress)
 				})
 			}
 			for _, f := range []string{"timeout", "parallel"} {
@@ -56,14 +60,18 @@ Examples:
 				return err
 			}
 			start := time.Now()
-			vm, err := newClient(c).Wake(c.Context, name)
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			vm, err := cl.Wake(c.Context, name)
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(vm)
+				return printJSON(c.App.Writer, vm)
 			}
-			fmt.Printf("%s is %s (%s)\n", name, vm.State, time.Since(start).Round(time.Millisecond))
+			fmt.Fprintf(c.App.Writer, "%s is %s (%s)\n", name, vm.State, time.Since(start).Round(time.Millisecond))
 			return nil
 		},
 	}
