@@ -23,9 +23,12 @@ func daemonCommand() *cli.Command {
 		Name:      "daemon",
 		Usage:     "run the den daemon in the foreground (root)",
 		UsageText: "den daemon [--state-dir DIR] [--socket PATH] [--volume-config FILE] [--images DIR] [--ssh-listen ADDR|off]",
-		Description: `Serves the API on a unix socket (mode 0600) and the SSH gateway on
---ssh-listen (public-key logins: den keys add). VMs keep running when the
-daemon stops; the next daemon adopts them. See docs/api.md and den.service.
+		Description: `Serves the API on a unix socket every local user may use (the daemon
+learns each caller's uid from the connection: root and --admin-group members
+administer, anyone else has their own VMs), the SSH gateway on --ssh-listen
+(public-key logins: den keys add) and, with --api-listen, the API over TLS
+for bearer tokens. VMs keep running when the daemon stops; the next daemon
+adopts them. See docs/api.md and den.service.
 
 Examples:
    den daemon
@@ -35,6 +38,7 @@ Examples:
    den daemon --memory-budget 75%             # guest RAM den commits at most
    den daemon --memory-budget 12G --memory-pressure 20
    den daemon --http-listen 127.0.0.1:8081    # VM URLs: den url box
+   den daemon --api-listen 0.0.0.0:7443       # the API over TLS: den tokens add laptop
    den daemon --egress-default allow:github.com,pypi.org
    den daemon --netns den                     # TAPs, NAT and listeners in netns "den" (ip netns add den)`,
 		Flags: []cli.Flag{
@@ -65,6 +69,10 @@ Examples:
 			&cli.StringFlag{Name: "http-domain", Usage: "route Host NAME.DOMAIN to VM NAME on --http-listen (else only /vm/NAME/ paths)"},
 			&cli.StringFlag{Name: "tls-cert", Usage: "certificate file: --http-listen serves HTTPS"},
 			&cli.StringFlag{Name: "tls-key", Usage: "key file of --tls-cert"},
+			&cli.StringFlag{Name: "api-listen", Value: "off", Usage: "serve the API over TLS on this address too, for bearer tokens (den tokens add); off: none"},
+			&cli.StringFlag{Name: "api-tls-cert", Usage: "certificate file of --api-listen (default: a self-signed one, made once in the state dir)"},
+			&cli.StringFlag{Name: "api-tls-key", Usage: "key file of --api-tls-cert"},
+			&cli.StringFlag{Name: "admin-group", Value: daemon.DefaultAdminGroup, Usage: "local group whose members administer den through the socket, as root does"},
 			&cli.BoolFlag{Name: "debug", Usage: "log debug messages"},
 		},
 		Action: func(c *cli.Context) error {
@@ -110,6 +118,8 @@ Examples:
 				IdleCheck: c.Duration("idle-check"), QEMUStreamRAM: c.Bool("qemu-stream-ram"), RestoreCopy: c.Bool("restore-copy"), NoDigests: c.Bool("no-digests"), RAMDir: c.String("ram-dir"), SSHListen: c.String("ssh-listen"),
 				Memory: mem, Network: nc,
 				HTTPListen: c.String("http-listen"), HTTPDomain: c.String("http-domain"), TLSCert: c.String("tls-cert"), TLSKey: c.String("tls-key"),
+				APIListen: c.String("api-listen"), APITLSCert: c.String("api-tls-cert"), APITLSKey: c.String("api-tls-key"),
+				AdminGroup: c.String("admin-group"), Den: RunRemote,
 			})
 		},
 	}

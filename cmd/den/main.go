@@ -39,6 +39,8 @@ Examples:
    den fork box@cp-1 box2
    den sleep box
    den keys add ~/.ssh/id_ed25519.pub   # then: ssh -p 2222 box@host
+   den tokens add laptop        # the API over TLS (den daemon --api-listen)
+   den audit --since 1h         # who did what
    den ls
    den rm box
    den doctor                   # what this host offers den
@@ -51,7 +53,7 @@ argument.`,
 			checkpointCommand(), checkpointsCommand(), restoreCommand(), forkCommand(), sleepCommand(), wakeCommand(),
 			forwardCommand(), urlCommand(), netCommand(),
 			resizeCommand(),
-			keysCommand(),
+			keysCommand(), tokensCommand(), auditCommand(),
 			daemonCommand(), doctorCommand(), benchCommand(),
 		},
 		HideHelpCommand: true,
