@@ -106,7 +106,7 @@ func (v *VMM) planRestore(dir string, cfg *vmm.Config) (map[string]any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("snapshot config %s: %w", filepath.Join(dir, snapshotConfigFile), err)
 	}
-	changed, err := rewriteConfig(conf, v.opts.RunDir, cfg)
+	changed, err := v.rewriteConfig(conf, v.opts.RunDir, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
@@ -185,13 +185,19 @@ func decodeObject(data []byte) (map[string]any, error) {
 // cfg's CPU count and memory size must match the snapshot's; the vsock
 // CID stays the snapshot's (the guest holds it in its state). It reports
 // whether anything changed.
-func rewriteConfig(conf map[string]any, rd vmm.RunDir, cfg *vmm.Config) (bool, error) {
+func (v *VMM) rewriteConfig(conf map[string]any, rd vmm.RunDir, cfg *vmm.Config) (bool, error) {
 	changed := false
 	if vs, ok := conf["vsock"].(map[string]any); ok {
 		changed = setString(vs, "socket", rd.VsockSocket()) || changed
 	}
 	if se, ok := conf["serial"].(map[string]any); ok && se["mode"] == string(ConsoleFile) {
 		changed = setString(se, "file", rd.ConsoleLog()) || changed
+	}
+	if on, rules := v.landlock(); on || conf["landlock_enable"] == true {
+		// A snapshot records the landlock of the VMM that took it: the
+		// restoring VMM gets its own rules.
+		conf["landlock_enable"], conf["landlock_rules"] = on, rules
+		changed = true
 	}
 	if cfg == nil {
 		return changed, nil

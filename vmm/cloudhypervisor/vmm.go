@@ -32,6 +32,14 @@ type Options struct {
 	// GuestDialTimeout bounds DialGuest's wait for the OK to CONNECT
 	// (default 3 s; a shorter context deadline wins).
 	GuestDialTimeout time.Duration
+	// Confine is the user the VMM runs as and the cgroup it starts in;
+	// that user gets the run dir. Seccomp stays on (the VMM's default).
+	Confine vmm.Confine
+	// Landlock confines the VMM, once its VM is made, to the paths its
+	// config names, the run dir, and LandlockRules (the directories
+	// snapshots are written to, for one).
+	Landlock      bool
+	LandlockRules []LandlockConfig
 }
 
 const (
