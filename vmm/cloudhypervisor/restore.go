@@ -26,6 +26,12 @@ func (v *VMM) Snapshot(ctx context.Context, dir string) error {
 	if err != nil {
 		return fmt.Errorf("ch snapshot: %w", err)
 	}
+	if u := v.opts.Confine.User; u != nil {
+		// The VMM writes the snapshot's files itself.
+		if err := u.Own(abs); err != nil {
+			return fmt.Errorf("ch snapshot: %w", err)
+		}
+	}
 	return v.call(ctx, http.MethodPut, "vm.snapshot", VmSnapshotConfig{DestinationURL: "file://" + abs}, nil)
 }
 
@@ -73,6 +79,11 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	removeStaleSocket(v.opts.RunDir.VsockSocket())
 	if err := opts.WaitDisks(); err != nil {
 		return fmt.Errorf("ch restore: %w", err)
+	}
+	if opts.Config != nil {
+		if err := v.grantDisks(opts.Config.Disks); err != nil {
+			return fmt.Errorf("ch restore: %w", err)
+		}
 	}
 	req := RestoreConfig{SourceURL: "file://" + src, MemoryRestoreMode: mode, Resume: opts.Resume}
 	if err := v.call(ctx, http.MethodPut, "vm.restore", req, nil); err != nil {
