@@ -71,7 +71,7 @@ func (m *Manager) setupConfine() {
 		m.openPaths()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		if err := network.GuardVMMUser(ctx, m.netID(), u.UID); err != nil {
+		if err := network.GuardVMMUser(ctx, u.UID); err != nil {
 			m.log.Warn("den: guests under QEMU's user-mode network can reach host services on loopback", "err", err)
 			whys = append(whys, err.Error())
 		}
@@ -86,7 +86,7 @@ func (m *Manager) VMMGuard(ctx context.Context) (bool, error) {
 	if m.conf.user == nil {
 		return false, errors.New("vmms run as root: no vmm user to guard against")
 	}
-	return network.VMMGuarded(ctx, m.netID())
+	return network.VMMGuarded(ctx, m.conf.user.UID)
 }
 
 // openPaths lets the VMM user through (search, not list) the

@@ -17,12 +17,13 @@ import (
 // and the host's own addresses) except DNS, which slirp forwards to the
 // host's resolver.
 
-// guardTable is the name of a daemon's VMM guard table (family inet).
-func guardTable(id string) string { return "den_vmm_" + id }
+// guardTable is the name of the guard table of VMM user uid (family
+// inet): one per user, shared by the daemons whose VMMs run as it.
+func guardTable(uid int) string { return fmt.Sprintf("den_vmm_u%d", uid) }
 
 // guardScript makes the guard table anew for uid, in one transaction.
-func guardScript(id string, uid int) string {
-	t := guardTable(id)
+func guardScript(uid int) string {
+	t := guardTable(uid)
 	return fmt.Sprintf(`table inet %[1]s {}
 delete table inet %[1]s
 table inet %[1]s {
@@ -39,34 +40,33 @@ table inet %[1]s {
 // ErrNoNft is returned where nft is not installed.
 var ErrNoNft = errors.New("nft is not installed: the VMM user's access to host services cannot be cut (apt-get install nftables)")
 
-// GuardVMMUser installs (or renews) the guard table of daemon id for the
-// VMM user uid.
-func GuardVMMUser(ctx context.Context, id string, uid int) error {
+// GuardVMMUser installs (or renews) the guard table of VMM user uid.
+func GuardVMMUser(ctx context.Context, uid int) error {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return ErrNoNft
 	}
-	t := table{name: guardTable(id)}
-	if err := t.run(ctx, guardScript(id, uid)); err != nil {
+	t := table{name: guardTable(uid)}
+	if err := t.run(ctx, guardScript(uid)); err != nil {
 		return fmt.Errorf("guard the host from vmm user %d: %w", uid, err)
 	}
 	return nil
 }
 
-// VMMGuarded reports whether daemon id's guard table is in place, for
-// den doctor; the error says why not.
-func VMMGuarded(ctx context.Context, id string) (bool, error) {
+// VMMGuarded reports whether the guard table of VMM user uid is in
+// place, for den doctor; the error says why not.
+func VMMGuarded(ctx context.Context, uid int) (bool, error) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return false, ErrNoNft
 	}
-	out, err := table{name: guardTable(id)}.list(ctx, "table", "inet", guardTable(id))
+	out, err := table{name: guardTable(uid)}.list(ctx, "table", "inet", guardTable(uid))
 	if err != nil {
-		return false, fmt.Errorf("vmm guard table %s: %w", guardTable(id), err)
+		return false, fmt.Errorf("vmm guard table %s: %w", guardTable(uid), err)
 	}
 	return strings.Contains(string(out), "skuid"), nil
 }
 
-// RemoveVMMGuard deletes daemon id's guard table (tests).
-func RemoveVMMGuard(ctx context.Context, id string) error {
-	t := table{name: guardTable(id)}
+// RemoveVMMGuard deletes the guard table of VMM user uid.
+func RemoveVMMGuard(ctx context.Context, uid int) error {
+	t := table{name: guardTable(uid)}
 	return t.run(ctx, fmt.Sprintf("table inet %[1]s {}\ndelete table inet %[1]s\n", t.name))
 }

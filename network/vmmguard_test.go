@@ -20,17 +20,16 @@ func TestVMMGuard(t *testing.T) {
 		t.Skip("nft is not installed")
 	}
 	const nobody = 65534
-	id := fmt.Sprintf("t%d", os.Getpid()%100000)
 	ctx := context.Background()
-	if err := GuardVMMUser(ctx, id, nobody); err != nil {
+	if err := GuardVMMUser(ctx, nobody); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = RemoveVMMGuard(ctx, id) })
-	if ok, err := VMMGuarded(ctx, id); !ok || err != nil {
+	t.Cleanup(func() { _ = RemoveVMMGuard(ctx, nobody) })
+	if ok, err := VMMGuarded(ctx, nobody); !ok || err != nil {
 		t.Fatalf("guarded %v, %v", ok, err)
 	}
 	// Twice is fine (a daemon restart).
-	if err := GuardVMMUser(ctx, id, nobody); err != nil {
+	if err := GuardVMMUser(ctx, nobody); err != nil {
 		t.Fatal(err)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -58,10 +57,10 @@ func TestVMMGuard(t *testing.T) {
 	if err := connect(0); err != nil {
 		t.Fatalf("root cannot reach the loopback: %v", err)
 	}
-	if err := RemoveVMMGuard(ctx, id); err != nil {
+	if err := RemoveVMMGuard(ctx, nobody); err != nil {
 		t.Fatal(err)
 	}
-	if ok, _ := VMMGuarded(ctx, id); ok {
+	if ok, _ := VMMGuarded(ctx, nobody); ok {
 		t.Fatal("guard still reported after removal")
 	}
 }
