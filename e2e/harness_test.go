@@ -92,6 +92,10 @@ func startDaemonIn(t testing.TB, setup func(dir string) []string) *daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The VMMs' user goes through to the state dir (as through /var/lib).
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
 	var extra []string
 	if setup != nil {
 		extra = setup(dir)

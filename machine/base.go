@@ -143,6 +143,10 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 		return err
 	}
 	defer os.RemoveAll(rd.Path())
+	if err := m.startConfine(bvm.Name, bvm.CPUs, bvm.MemoryBytes); err != nil {
+		return err
+	}
+	defer m.dropCgroup(bvm.Name) // after the shutdown below
 	hv, err := m.newHypervisor(vm.VMM, rd)
 	if err != nil {
 		return err

@@ -86,6 +86,9 @@ func (m *Manager) boot(ctx context.Context, vm registry.VM, sp spec) error {
 	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
+	if err := m.startConfine(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
 	hv, err := m.newHypervisor(vm.VMM, rd)
 	if err != nil {
 		return fmt.Errorf("boot: %w", err)
@@ -140,4 +143,5 @@ func (m *Manager) discardRuntime(name string) {
 	if m.ramDir != "" {
 		_ = os.RemoveAll(filepath.Dir(m.ramFile(name)))
 	}
+	m.dropCgroup(name)
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 
 	"github.com/denhq/den/image"
+	"github.com/denhq/den/storage"
 	"github.com/denhq/den/vmm"
 	"github.com/denhq/den/vmm/cloudhypervisor"
 	"github.com/denhq/den/vmm/qemu"
@@ -56,7 +58,7 @@ func (m *Manager) builtinDrivers() map[string]Driver {
 	if _, err := qemu.FindBinary(); err == nil {
 		opts := func(rd vmm.RunDir) qemu.Options {
 			return qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log, StreamRAM: m.cfg.QEMUStreamRAM,
-				RAMFile: m.ramFile(filepath.Base(rd.Path()))}
+				RAMFile: m.ramFile(filepath.Base(rd.Path())), Confine: m.vmmConfine(filepath.Base(rd.Path()))}
 		}
 		ds[VMMQEMU] = Driver{
 			Name:   VMMQEMU,
@@ -72,7 +74,9 @@ func (m *Manager) builtinDrivers() map[string]Driver {
 	}
 	if bin, err := cloudhypervisor.FindBinary(); err == nil {
 		opts := func(rd vmm.RunDir) cloudhypervisor.Options {
-			return cloudhypervisor.Options{Binary: bin, RunDir: rd, Logger: m.log}
+			name := filepath.Base(rd.Path())
+			return cloudhypervisor.Options{Binary: bin, RunDir: rd, Logger: m.log, Confine: m.vmmConfine(name),
+				Landlock: true, LandlockRules: m.landlockRules(name)}
 		}
 		ds[VMMCloudHypervisor] = Driver{
 			Name: VMMCloudHypervisor,
@@ -87,6 +91,22 @@ func (m *Manager) builtinDrivers() map[string]Driver {
 		}
 	}
 	return ds
+}
+
+// landlockRules are the paths beyond its config a VM's Cloud
+// Hypervisor may use: the VM's directory on the volume (its checkpoints
+// and suspend snapshots), or, for a base image's throwaway VM, the
+// volume's images.
+func (m *Manager) landlockRules(name string) []cloudhypervisor.LandlockConfig {
+	dir := storage.VMDir(name)
+	if strings.HasPrefix(name, "_base-") {
+		dir = storage.ImageDir("x").Dir() // the images root
+	}
+	p, err := m.vol.Path(dir)
+	if err != nil {
+		return nil
+	}
+	return []cloudhypervisor.LandlockConfig{{Path: p, Access: "rw"}}
 }
 
 // chooseVMM picks the driver new VMs run under: the one Config.VMM names,

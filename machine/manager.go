@@ -91,6 +91,10 @@ type Config struct {
 	ActivitySave time.Duration
 	// Network is how VMs reach the network (network.go).
 	Network NetworkConfig
+	// VMUser is the unprivileged user VMMs run as (made when missing);
+	// empty: vmm.DefaultUser (den-vm); "-": VMMs run as root, in no
+	// cgroup of their own (confine.go).
+	VMUser string
 	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
 }
@@ -131,6 +135,8 @@ type Manager struct {
 
 	ramDir   string // guest RAM files (setupRAM)
 	ramWhere string // where that is, for den doctor
+
+	conf *confinement // the VMMs' user and cgroups (confine.go)
 
 	seal       sealer         // digests snapshots' large files
 	background sync.WaitGroup // digests and verifications under way
@@ -198,6 +204,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m.setupRAM()
+	m.setupConfine()
 	if err := m.setupNetwork(ctx); err != nil {
 		closeDB()
 		return nil, err

@@ -83,7 +83,11 @@ func (m *Manager) setupNetwork(ctx context.Context) error {
 		}
 		on = append(on, network.VM{Name: vm.Name, Lease: *sp.Net, Policy: m.policyOf(sp)})
 	}
-	h, err := network.Open(ctx, network.Config{Pool: c.Pool, ID: m.netID(), DNSUpstreams: c.DNSUpstreams, Logger: m.log}, on)
+	nc := network.Config{Pool: c.Pool, ID: m.netID(), DNSUpstreams: c.DNSUpstreams, Logger: m.log}
+	if u := m.conf.user; u != nil {
+		nc.TapUID, nc.TapGID = u.UID, u.GID
+	}
+	h, err := network.Open(ctx, nc, on)
 	if err != nil {
 		return err
 	}

@@ -188,6 +188,7 @@ func (m *Manager) watch(in *instance) {
 	}
 	in.closeAgent()
 	m.dropInstanceIf(in)
+	m.dropCgroup(in.name)
 	m.recordStopped(ctx, in.name, reason)
 }
 

@@ -82,6 +82,9 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
 		return nil, err
 	}
+	if err := m.startConfine(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
+		return nil, err
+	}
 	hv, err := m.newHypervisor(vm.VMM, rd)
 	if err != nil {
 		return nil, err

@@ -24,6 +24,9 @@ type Status struct {
 	// Net is "tap", "user" or "none"; IP the guest's address with its
 	// prefix; Egress its egress policy.
 	Net, IP, Egress string
+	// Cgroup is the running VMM's cgroup, its limits and use; nil
+	// when it has none.
+	Cgroup *CgroupStatus
 }
 
 // get reads a VM's record; ErrNotFound wrapped with the name.
@@ -85,6 +88,7 @@ func (m *Manager) status(ctx context.Context, vm registry.VM) Status {
 	}
 	if vm.State == registry.StateRunning && in != nil && alive(in) {
 		st.PID = in.hv.PID()
+		st.Cgroup = m.cgroupStatus(vm.Name)
 		sessions, last := in.activity()
 		if sessions > 0 {
 			st.LastActive = time.Now().UTC()

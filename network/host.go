@@ -31,6 +31,9 @@ type Config struct {
 	DNSUpstreams []string
 	// Logger gets what the host network does.
 	Logger *slog.Logger
+	// TapUID and TapGID own the VMs' TAP devices: the unprivileged user
+	// VMMs run as (0: root).
+	TapUID, TapGID int
 }
 
 // VM is what the host network holds for one VM: its lease and its egress
@@ -222,7 +225,7 @@ func (h *Host) Attach(ctx context.Context, vm string, l Lease, p egress.Policy) 
 			err = h.up(a)
 		}
 	} else if err == nil {
-		err = ensureTap(a.lease)
+		err = ensureTap(a.lease, h.cfg.TapUID, h.cfg.TapGID)
 	}
 	if err != nil {
 		return fmt.Errorf("attach vm %q: %w", vm, err)
@@ -232,7 +235,7 @@ func (h *Host) Attach(ctx context.Context, vm string, l Lease, p egress.Policy) 
 
 // up makes the TAP of an attachment and starts its resolver.
 func (h *Host) up(a attachment) error {
-	if err := ensureTap(a.lease); err != nil {
+	if err := ensureTap(a.lease, h.cfg.TapUID, h.cfg.TapGID); err != nil {
 		return err
 	}
 	return h.res.Serve(a.vm, netip.AddrPortFrom(a.lease.HostIP(), 53), a.policy)

@@ -13,9 +13,11 @@ import (
 )
 
 // ensureTap makes the TAP device of a lease, with the host's address on
-// it, up. A device that is there already (a VM adopted after a daemon
-// restart, whose VMM holds it) is kept; a missing address is added.
-func ensureTap(l Lease) error {
+// it, up, owned by uid and gid (the unprivileged VMM opens it; 0: root's
+// only). A device that is there already (a VM adopted after a daemon
+// restart, whose VMM holds it) is kept; a missing address is added, and
+// a device no VMM holds gets the owner.
+func ensureTap(l Lease, uid, gid int) error {
 	link, err := netlink.LinkByName(l.Tap)
 	var notFound netlink.LinkNotFoundError
 	if errors.As(err, &notFound) {
@@ -25,6 +27,8 @@ func ensureTap(l Lease) error {
 			// One queue, no packet info, persistent: the VMM opens it
 			// by name, and it outlives the VMM across sleeps.
 			Flags: netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR,
+			Owner: uint32(uid),
+			Group: uint32(gid),
 		}
 		if err := netlink.LinkAdd(tap); err != nil {
 			return fmt.Errorf("create tap %s: %w", l.Tap, err)
@@ -47,6 +51,10 @@ func ensureTap(l Lease) error {
 		return fmt.Errorf("tap %s: %w", l.Tap, err)
 	} else if link.Type() != "tuntap" {
 		return fmt.Errorf("tap %s: a %s device has that name", l.Tap, link.Type())
+	} else if t, ok := link.(*netlink.Tuntap); ok && (t.Owner != uint32(uid) || t.Group != uint32(gid)) {
+		if err := setTapOwner(l.Tap, uid, gid); err != nil {
+			return err
+		}
 	}
 	addr := &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(l.HostIP(), SubnetBits))}
 	if err := netlink.AddrReplace(link, addr); err != nil {
@@ -54,6 +62,34 @@ func ensureTap(l Lease) error {
 	}
 	if err := netlink.LinkSetUp(link); err != nil {
 		return fmt.Errorf("tap %s up: %w", l.Tap, err)
+	}
+	return nil
+}
+
+// setTapOwner gives an existing TAP device to uid and gid: attached for
+// a moment, which fails (EBUSY, left as it is) while a VMM holds it.
+func setTapOwner(name string, uid, gid int) error {
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("tap %s owner: %w", name, err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return fmt.Errorf("tap %s owner: %w", name, err)
+	}
+	ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		if errors.Is(err, unix.EBUSY) {
+			return nil // its VMM has it open: it could open it
+		}
+		return fmt.Errorf("tap %s owner: attach: %w", name, err)
+	}
+	if err := unix.IoctlSetInt(fd, unix.TUNSETOWNER, uid); err != nil {
+		return fmt.Errorf("tap %s owner: %w", name, err)
+	}
+	if err := unix.IoctlSetInt(fd, unix.TUNSETGROUP, gid); err != nil {
+		return fmt.Errorf("tap %s group: %w", name, err)
 	}
 	return nil
 }

@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -32,17 +30,29 @@ type ProcessSpec struct {
 	PIDFile string
 	// Dir is the working directory.
 	Dir string
+	// Confine is the user and control group the process runs as and
+	// in, from its start.
+	Confine Confine
+	// ExtraFiles are inherited as fds 3, 4, ... (disks or snapshot
+	// files the daemon opened for a VMM that may not open them itself).
+	ExtraFiles []*os.File
 }
 
 // Process is a supervised VMM process: started in its own session so that
 // neither the caller's context nor the caller's death stops it, with its
 // exit noticed at once, by wait for a child or by pidfd for an adopted one.
+//
+// Signals go through a pidfd, never a pid that may have been reused: Go's
+// os.Process holds one for a child, and an adopted process keeps the one
+// it was opened with until it exits.
 type Process struct {
 	pid  int
 	done chan struct{}
 
-	mu  sync.Mutex
-	err error
+	mu    sync.Mutex
+	err   error
+	os    *os.Process // a child
+	pidfd int         // an adopted process, -1 once it exited
 }
 
 // pidRecord is the PID file's content; StartTime guards against a reused PID.
@@ -71,17 +81,22 @@ func StartProcess(spec ProcessSpec) (*Process, error) {
 
 	// Deliberately not exec.CommandContext: the VMM must outlive the
 	// caller's context and the caller itself.
-	cmd := exec.Command(spec.Binary, spec.Args...)
+	cmd, release, err := spec.Confine.command(spec.Binary, spec.Args)
+	if err != nil {
+		return nil, fmt.Errorf("start vmm %s: %w", filepath.Base(spec.Binary), err)
+	}
 	cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, spec.Env...)
 	cmd.Dir = spec.Dir
 	cmd.Stdin = devnull
 	cmd.Stdout = logf
 	cmd.Stderr = logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	cmd.ExtraFiles = spec.ExtraFiles
+	err = cmd.Start()
+	release()
+	if err != nil {
 		return nil, fmt.Errorf("start vmm %s: %w", filepath.Base(spec.Binary), err)
 	}
-	p := &Process{pid: cmd.Process.Pid, done: make(chan struct{})}
+	p := &Process{pid: cmd.Process.Pid, done: make(chan struct{}), os: cmd.Process, pidfd: -1}
 	go func() {
 		err := cmd.Wait()
 		if err == nil {
@@ -124,9 +139,8 @@ func AdoptProcess(pidFile string) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("adopt vmm: pidfd of %d: %w", rec.PID, err)
 	}
-	p := &Process{pid: rec.PID, done: make(chan struct{})}
+	p := &Process{pid: rec.PID, done: make(chan struct{}), pidfd: fd}
 	go func() {
-		defer unix.Close(fd)
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 		for {
 			_, err := unix.Poll(fds, -1)
@@ -135,6 +149,10 @@ func AdoptProcess(pidFile string) (*Process, error) {
 			}
 			break
 		}
+		p.mu.Lock()
+		unix.Close(p.pidfd)
+		p.pidfd = -1
+		p.mu.Unlock()
 		p.finish(fmt.Errorf("vmm process %d (adopted) exited", p.pid))
 	}()
 	return p, nil
@@ -176,20 +194,37 @@ func (p *Process) Stop(grace time.Duration) error {
 	if !p.Alive() {
 		return nil
 	}
-	_ = syscall.Kill(p.pid, syscall.SIGTERM)
+	_ = p.signal(unix.SIGTERM)
 	select {
 	case <-p.done:
 		return nil
 	case <-time.After(grace):
 	}
-	_ = syscall.Kill(-p.pid, syscall.SIGKILL) // its whole session group
-	_ = syscall.Kill(p.pid, syscall.SIGKILL)
+	_ = p.signal(unix.SIGKILL)
 	select {
 	case <-p.done:
 		return nil
 	case <-time.After(10 * time.Second):
 		return fmt.Errorf("stop vmm process %d: still alive after SIGKILL", p.pid)
 	}
+}
+
+// signal sends sig through the process's pidfd; a process that exited
+// is no error.
+func (p *Process) signal(sig unix.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.os != nil {
+		err := p.os.Signal(sig)
+		if errors.Is(err, os.ErrProcessDone) {
+			return nil
+		}
+		return err
+	}
+	if p.pidfd < 0 {
+		return nil
+	}
+	return unix.PidfdSendSignal(p.pidfd, sig, nil, 0)
 }
 
 // processStartTime reads the start time (field 22 of /proc/PID/stat, in

@@ -8,12 +8,15 @@ import (
 	"os"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/denhq/den/vmm"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
 func main() {
+	vmm.RunShim() // den __vmm-exec ...: a VMM's launcher, never returns
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	os.Exit(Run(context.Background(), Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr}, os.Args))
 }

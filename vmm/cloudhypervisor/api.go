@@ -16,6 +16,18 @@ type VmConfig struct {
 	Serial  *ConsoleConfig `json:"serial,omitempty"`
 	Console *ConsoleConfig `json:"console,omitempty"`
 	Vsock   *VsockConfig   `json:"vsock,omitempty"`
+	// LandlockEnable restricts the VMM, once the VM is made, to the
+	// paths of its config (disks, kernel, sockets, serial file) and
+	// LandlockRules: the API's form of --landlock and --landlock-rules.
+	LandlockEnable bool             `json:"landlock_enable,omitempty"`
+	LandlockRules  []LandlockConfig `json:"landlock_rules,omitempty"`
+}
+
+// LandlockConfig lets the VMM at a path beyond its config's: Access
+// "r", "w" or "rw" (--landlock-rules path=P,access=A).
+type LandlockConfig struct {
+	Path   string `json:"path"`
+	Access string `json:"access"`
 }
 
 // CpusConfig sizes the vCPUs. Nested is sent explicitly: Cloud

@@ -51,7 +51,19 @@ func (v *VMM) vmConfig(cfg vmm.Config) (VmConfig, error) {
 		}
 		out.Net = append(out.Net, NetConfig{Tap: n.Tap, MAC: n.MAC, ID: n.ID})
 	}
+	out.LandlockEnable, out.LandlockRules = v.landlock()
 	return out, nil
+}
+
+// landlock is the VM config's landlock setting: off unless
+// Options.Landlock; on, the run dir (its sockets, logs, a restore's
+// private dir) and Options.LandlockRules besides the config's own paths.
+func (v *VMM) landlock() (bool, []LandlockConfig) {
+	if !v.opts.Landlock {
+		return false, nil
+	}
+	rules := []LandlockConfig{{Path: v.opts.RunDir.Path(), Access: "rw"}}
+	return true, append(rules, v.opts.LandlockRules...)
 }
 
 // saveConfig records the config the VM was created or restored with in

@@ -3,6 +3,7 @@ package cloudhypervisor
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/denhq/den/vmm"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -38,6 +39,7 @@ type fakeConfig struct {
 const fakeLifetime = 2 * time.Minute
 
 func TestMain(m *testing.M) {
+	vmm.RunShim() // the launcher of the confined real-binary test on cgroup v1
 	switch os.Getenv("DEN_CH_FAKE") {
 	case "version":
 		fmt.Println("cloud-hypervisor v53.0")

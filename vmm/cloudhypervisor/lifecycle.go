@@ -84,12 +84,18 @@ func (v *VMM) Start(ctx context.Context) error {
 	for i := 0; i < v.opts.Verbosity; i++ {
 		args = append(args, "-v")
 	}
+	if u := v.opts.Confine.User; u != nil {
+		if err := u.Own(rd.Path(), rd.ConsoleLog()); err != nil {
+			return fmt.Errorf("start cloud-hypervisor: %w", err)
+		}
+	}
 	p, err := vmm.StartProcess(vmm.ProcessSpec{
 		Binary:  bin,
 		Args:    args,
 		Log:     rd.Log(),
 		PIDFile: rd.PIDFile(),
 		Dir:     rd.Path(),
+		Confine: v.opts.Confine,
 	})
 	if err != nil {
 		return fmt.Errorf("start cloud-hypervisor: %w", err)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -225,5 +226,29 @@ func TestShutdownWithoutProcess(t *testing.T) {
 	}
 	if _, err := os.Stat(rd.APISocket()); err != nil {
 		t.Errorf("socket of a live vmm removed: %v", err)
+	}
+}
+
+// TestLandlockConfig: with Options.Landlock the VM config turns landlock
+// on with the run dir and the extra rules, and a restore gives the
+// snapshot's config this VMM's rules.
+func TestLandlockConfig(t *testing.T) {
+	v, rd := newTestVMM(t)
+	if got, err := v.vmConfig(transcriptConfig()); err != nil || got.LandlockEnable || got.LandlockRules != nil {
+		t.Fatalf("landlock without asking: %+v %v", got, err)
+	}
+	v.opts.Landlock = true
+	v.opts.LandlockRules = []LandlockConfig{{Path: "/vol/vms/a", Access: "rw"}}
+	got, err := v.vmConfig(transcriptConfig())
+	must(t, "map config", err)
+	want := []LandlockConfig{{Path: rd.Path(), Access: "rw"}, {Path: "/vol/vms/a", Access: "rw"}}
+	if !got.LandlockEnable || !reflect.DeepEqual(got.LandlockRules, want) {
+		t.Fatalf("landlock %v %+v, want on %+v", got.LandlockEnable, got.LandlockRules, want)
+	}
+	conf := map[string]any{"landlock_enable": true, "landlock_rules": []any{map[string]any{"path": "/old", "access": "rw"}}}
+	changed, err := v.rewriteConfig(conf, rd, nil)
+	must(t, "rewrite", err)
+	if !changed || conf["landlock_enable"] != true || !reflect.DeepEqual(conf["landlock_rules"], want) {
+		t.Fatalf("restored config %+v", conf)
 	}
 }

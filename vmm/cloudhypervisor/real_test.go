@@ -1,14 +1,19 @@
 package cloudhypervisor
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/denhq/den/cgroup"
 	"github.com/denhq/den/vmm"
 )
 
@@ -35,18 +40,32 @@ func TestRealBinaryLifecycle(t *testing.T) {
 	}
 	ctx := testCtx(t, 3*time.Minute)
 
-	v := New(Options{Binary: bin, RunDir: vmm.RunDir(shortDir(t)), Logger: testLogger(t), Verbosity: 1})
+	// Confined as den runs it: landlock on (seccomp is on by default),
+	// and, as root, user nobody (with group kvm) in a cgroup of its own.
+	files := shortDir(t) // the disk and the snapshot
+	c := realConfine(t, files)
+	opts := func(rd string) Options {
+		return Options{Binary: bin, RunDir: vmm.RunDir(rd), Logger: testLogger(t), Confine: c,
+			Landlock: true, LandlockRules: []LandlockConfig{{Path: files, Access: "rw"}}}
+	}
+	o := opts(ownedDir(t, c))
+	o.Verbosity = 1
+	v := New(o)
 	t.Cleanup(func() { stopLeftover(t, v) })
 	must(t, "start", v.Start(ctx))
+	checkConfined(t, v.PID(), c)
 	if ver := v.Capabilities().Version; !IsPinned(ver) {
 		t.Logf("binary reports %s, den pins %s", ver, PinnedVersion)
 	}
 	// den's whole config: a raw root disk, the vsock, and a TAP of the
 	// VM's own with its MAC (den's network makes the TAP and its address
 	// before the VMM starts; the VMM opens it by name).
-	disk := filepath.Join(shortDir(t), "root.raw")
+	disk := filepath.Join(files, "root.raw")
 	must(t, "disk", os.WriteFile(disk, nil, 0o600))
 	must(t, "disk size", os.Truncate(disk, 64<<20))
+	if c.User != nil {
+		must(t, "disk owner", c.User.Own(disk))
+	}
 	cfg := vmm.Config{
 		CPUs:        1,
 		MemoryBytes: 256 << 20,
@@ -75,8 +94,11 @@ func TestRealBinaryLifecycle(t *testing.T) {
 	}
 	hostRefused(t, v, "pause", v.Pause(ctx))
 	wantState(t, ctx, v, vmm.StatePaused)
-	snap := filepath.Join(shortDir(t), "cp1")
+	snap := filepath.Join(files, "cp1")
 	must(t, "mkdir", os.Mkdir(snap, 0o755))
+	if c.User != nil {
+		must(t, "snapshot dir owner", c.User.Own(snap))
+	}
 	hostRefused(t, v, "snapshot", v.Snapshot(ctx, snap))
 	for _, f := range []string{"config.json", "state.json", "memory-ranges"} {
 		if _, err := os.Stat(filepath.Join(snap, f)); err != nil {
@@ -91,7 +113,7 @@ func TestRealBinaryLifecycle(t *testing.T) {
 	for _, onDemand := range []bool{false, true} {
 		name := map[bool]string{false: "copy", true: "ondemand"}[onDemand]
 		t.Run(name, func(t *testing.T) {
-			r := New(Options{Binary: bin, RunDir: vmm.RunDir(shortDir(t)), Logger: testLogger(t)})
+			r := New(opts(ownedDir(t, c)))
 			t.Cleanup(func() { stopLeftover(t, r) })
 			must(t, "start", r.Start(ctx))
 			wantState(t, ctx, r, vmm.StateNotCreated)
@@ -116,7 +138,8 @@ func testTap(t *testing.T) string {
 		return ""
 	}
 	name := fmt.Sprintf("dnchtest%d", os.Getpid()%10000)
-	if out, err := exec.Command("ip", "tuntap", "add", "dev", name, "mode", "tap").CombinedOutput(); err != nil {
+	// Owned by nobody: the confined VMM opens it (realConfine).
+	if out, err := exec.Command("ip", "tuntap", "add", "dev", name, "mode", "tap", "user", "nobody").CombinedOutput(); err != nil {
 		t.Fatalf("ip tuntap add %s: %v: %s", name, err, out)
 	}
 	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", name).Run() })
@@ -124,6 +147,77 @@ func testTap(t *testing.T) string {
 		t.Fatalf("address on %s: %v: %s", name, err, out)
 	}
 	return name
+}
+
+// realConfine is the confinement of the real-binary test: none but
+// landlock unless root; as root, user nobody with group kvm (for
+// /dev/kvm) in a cgroup of its own, removed after the test, and files
+// made the user's.
+func realConfine(t *testing.T, files string) vmm.Confine {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Log("not root: the vmm runs as this user, in no cgroup of its own")
+		return vmm.Confine{}
+	}
+	u, err := vmm.LookupUser("nobody")
+	must(t, "user", err)
+	if g, err := user.LookupGroup("kvm"); err == nil {
+		gid, _ := strconv.Atoi(g.Gid)
+		u.Groups = append(u.Groups, gid)
+	}
+	h, err := cgroup.Detect()
+	must(t, "cgroups", err)
+	g, err := h.Create(fmt.Sprintf("chtest-%d", os.Getpid()), cgroup.Limits{MemoryMax: 1 << 30, CPUQuota: 1, PidsMax: 256})
+	must(t, "cgroup", err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := g.Remove(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	must(t, "files owner", u.Own(files))
+	must(t, "traverse", os.Chmod(filepath.Dir(files), 0o755))
+	return vmm.Confine{User: u, Cgroup: g}
+}
+
+// ownedDir is a fresh run dir for the confined VMM.
+func ownedDir(t *testing.T, c vmm.Confine) string {
+	d := shortDir(t)
+	if c.User != nil {
+		must(t, "run dir owner", c.User.Own(d))
+	}
+	return d
+}
+
+// checkConfined reads from /proc that the VMM runs as the user, in its
+// group, under seccomp.
+func checkConfined(t *testing.T, pid int, c vmm.Confine) {
+	t.Helper()
+	if c.User == nil {
+		return
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	must(t, "status", err)
+	st := string(data)
+	if !strings.Contains(st, fmt.Sprintf("\nUid:\t%d\t%d", c.User.UID, c.User.UID)) {
+		t.Errorf("vmm does not run as %s:\n%s", c.User.Name, st)
+	}
+	// Cloud Hypervisor filters each of its threads: some must be.
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	filtered := false
+	for _, f := range tasks {
+		if data, err := os.ReadFile(f); err == nil && strings.Contains(string(data), "\nSeccomp:\t2") {
+			filtered = true
+		}
+	}
+	if !filtered {
+		t.Errorf("no thread of the vmm runs under a seccomp filter")
+	}
+	pids, err := c.Cgroup.Pids()
+	if err != nil || !slices.Contains(pids, pid) {
+		t.Errorf("vmm %d not in its cgroup: %v %v", pid, pids, err)
+	}
 }
 
 // testKernel finds the guest kernel and initramfs, or says what is missing.

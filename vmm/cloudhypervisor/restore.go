@@ -26,6 +26,12 @@ func (v *VMM) Snapshot(ctx context.Context, dir string) error {
 	if err != nil {
 		return fmt.Errorf("ch snapshot: %w", err)
 	}
+	if u := v.opts.Confine.User; u != nil {
+		// The VMM writes the snapshot's files itself.
+		if err := u.Own(abs); err != nil {
+			return fmt.Errorf("ch snapshot: %w", err)
+		}
+	}
 	return v.call(ctx, http.MethodPut, "vm.snapshot", VmSnapshotConfig{DestinationURL: "file://" + abs}, nil)
 }
 
@@ -74,6 +80,11 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	if err := opts.WaitDisks(); err != nil {
 		return fmt.Errorf("ch restore: %w", err)
 	}
+	if opts.Config != nil {
+		if err := v.grantDisks(opts.Config.Disks); err != nil {
+			return fmt.Errorf("ch restore: %w", err)
+		}
+	}
 	req := RestoreConfig{SourceURL: "file://" + src, MemoryRestoreMode: mode, Resume: opts.Resume}
 	if err := v.call(ctx, http.MethodPut, "vm.restore", req, nil); err != nil {
 		return err
@@ -106,7 +117,7 @@ func (v *VMM) planRestore(dir string, cfg *vmm.Config) (map[string]any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("snapshot config %s: %w", filepath.Join(dir, snapshotConfigFile), err)
 	}
-	changed, err := rewriteConfig(conf, v.opts.RunDir, cfg)
+	changed, err := v.rewriteConfig(conf, v.opts.RunDir, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
@@ -185,13 +196,19 @@ func decodeObject(data []byte) (map[string]any, error) {
 // cfg's CPU count and memory size must match the snapshot's; the vsock
 // CID stays the snapshot's (the guest holds it in its state). It reports
 // whether anything changed.
-func rewriteConfig(conf map[string]any, rd vmm.RunDir, cfg *vmm.Config) (bool, error) {
+func (v *VMM) rewriteConfig(conf map[string]any, rd vmm.RunDir, cfg *vmm.Config) (bool, error) {
 	changed := false
 	if vs, ok := conf["vsock"].(map[string]any); ok {
 		changed = setString(vs, "socket", rd.VsockSocket()) || changed
 	}
 	if se, ok := conf["serial"].(map[string]any); ok && se["mode"] == string(ConsoleFile) {
 		changed = setString(se, "file", rd.ConsoleLog()) || changed
+	}
+	if on, rules := v.landlock(); on || conf["landlock_enable"] == true {
+		// A snapshot records the landlock of the VMM that took it: the
+		// restoring VMM gets its own rules.
+		conf["landlock_enable"], conf["landlock_rules"] = on, rules
+		changed = true
 	}
 	if cfg == nil {
 		return changed, nil

@@ -32,6 +32,14 @@ type Options struct {
 	// GuestDialTimeout bounds DialGuest's wait for the OK to CONNECT
 	// (default 3 s; a shorter context deadline wins).
 	GuestDialTimeout time.Duration
+	// Confine is the user the VMM runs as and the cgroup it starts in;
+	// that user gets the run dir. Seccomp stays on (the VMM's default).
+	Confine vmm.Confine
+	// Landlock confines the VMM, once its VM is made, to the paths its
+	// config names, the run dir, and LandlockRules (the directories
+	// snapshots are written to, for one).
+	Landlock      bool
+	LandlockRules []LandlockConfig
 }
 
 const (
@@ -165,11 +173,30 @@ func (v *VMM) Create(ctx context.Context, cfg vmm.Config) error {
 	if err != nil {
 		return fmt.Errorf("ch create: %w", err)
 	}
+	if err := v.grantDisks(cfg.Disks); err != nil {
+		return fmt.Errorf("ch create: %w", err)
+	}
 	removeStaleSocket(v.opts.RunDir.VsockSocket())
 	if err := v.call(ctx, http.MethodPut, "vm.create", body, nil); err != nil {
 		return err
 	}
 	v.saveConfig(cfg)
+	return nil
+}
+
+// grantDisks gives the VMM's user (Options.Confine) the VM's disks:
+// Cloud Hypervisor opens them by path. Landlock keeps it from any other
+// VM's files the same user owns.
+func (v *VMM) grantDisks(disks []vmm.Disk) error {
+	u := v.opts.Confine.User
+	if u == nil {
+		return nil
+	}
+	for _, d := range disks {
+		if err := u.Own(d.Path); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

@@ -9,9 +9,23 @@ import (
 	"github.com/denhq/den/vmm"
 )
 
+// sandboxArg is QEMU's seccomp filter: no obsolete system calls, no
+// set*uid, no fork or exec (snapshots migrate through fds, never exec:),
+// no scheduler or affinity changes.
+const sandboxArg = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
+// diskFDs are the fds (in the QEMU process) of disk i, which the daemon
+// opens and passes (vmm.ProcessSpec.ExtraFiles): QEMU never opens a disk
+// by path, so its user needs no access to any disk. QEMU's block layer
+// opens a disk read-only before read-write, and an fd set hands out only
+// an fd of the access mode asked for: each disk has a read-only fd and,
+// unless read-only, a read-write one.
+func diskFDs(i int) (ro, rw int) { return 3 + 2*i, 4 + 2*i }
+
 // buildArgs is the QEMU command line for cfg: a microvm with virtio-mmio
 // devices, RAM in a shared file, QMP and the agent port on unix sockets,
-// the serial console into a file, and vCPUs stopped at start (-S).
+// the serial console into a file, disks on inherited fds (an fd set
+// each), the seccomp sandbox on, and vCPUs stopped at start (-S).
 func buildArgs(cfg vmm.Config, rd vmm.RunDir, ramFile, accel string, incoming bool) []string {
 	memMiB := cfg.MemoryBytes >> 20
 	args := []string{
@@ -31,6 +45,7 @@ func buildArgs(cfg vmm.Config, rd vmm.RunDir, ramFile, accel string, incoming bo
 		"-kernel", cfg.Kernel,
 		"-append", kernelCmdline(cfg.Cmdline, accel),
 		"-S",
+		"-sandbox", sandboxArg,
 	}
 	if accel == "kvm" {
 		args = append(args, "-accel", "kvm", "-cpu", "host")
@@ -45,7 +60,13 @@ func buildArgs(cfg vmm.Config, rd vmm.RunDir, ramFile, accel string, incoming bo
 		// No image locking: den runs one VMM per disk (a lock per VM),
 		// and QEMU's OFD locks on a FUSE volume can outlive a migration's
 		// release and refuse the resume ("Failed to get shared write lock").
-		drive := fmt.Sprintf("id=%s,file=%s,format=raw,if=none,discard=unmap,cache=writeback,file.locking=off", id, d.Path)
+		set := i + 1
+		ro, rw := diskFDs(i)
+		args = append(args, "-add-fd", fmt.Sprintf("fd=%d,set=%d,opaque=%s-ro", ro, set, id))
+		if !d.ReadOnly {
+			args = append(args, "-add-fd", fmt.Sprintf("fd=%d,set=%d,opaque=%s-rw", rw, set, id))
+		}
+		drive := fmt.Sprintf("id=%s,file=/dev/fdset/%d,format=raw,if=none,discard=unmap,cache=writeback,file.locking=off", id, set)
 		if d.ReadOnly {
 			drive += ",readonly=on"
 		}

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/denhq/den/agent"
+	"github.com/denhq/den/cgroup"
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/internal/fsutil"
 	"github.com/denhq/den/vmm"
@@ -34,6 +35,11 @@ type guestEnv struct {
 	disk   string
 	signer ssh.Signer
 	dir    string
+}
+
+func TestMain(m *testing.M) {
+	vmm.RunShim() // this test binary launches the confined QEMUs on cgroup v1
+	os.Exit(m.Run())
 }
 
 func newGuestEnv(t testing.TB) *guestEnv {
@@ -60,6 +66,9 @@ func newGuestEnv(t testing.TB) *guestEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o711); err != nil { // the VMM's user goes through to its run dir
+		t.Fatal(err)
+	}
 	disk := filepath.Join(dir, "disk.raw")
 	if err := fsutil.CopySparse(images.RootDisk(image.Minimal), disk); err != nil {
 		t.Fatal(err)
@@ -69,6 +78,32 @@ func newGuestEnv(t testing.TB) *guestEnv {
 		t.Fatal(err)
 	}
 	return &guestEnv{images: images, disk: disk, signer: signer, dir: dir}
+}
+
+// confine is a VMM's confinement for a test: user nobody and a cgroup
+// named after the test, removed at cleanup.
+func confine(t testing.TB, name string) vmm.Confine {
+	t.Helper()
+	u, err := vmm.LookupUser("nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := cgroup.Detect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := h.Create(fmt.Sprintf("qemutest-%d-%s", os.Getpid(), name), cgroup.Limits{MemoryMax: 1 << 30, PidsMax: 256, CPUQuota: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := g.Remove(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	return vmm.Confine{User: u, Cgroup: g}
 }
 
 func (e *guestEnv) config() vmm.Config {
@@ -81,9 +116,11 @@ func (e *guestEnv) config() vmm.Config {
 	}
 }
 
-// newVMM returns a driver in a fresh run dir, shut down at cleanup.
+// newVMM returns a driver in a fresh run dir, shut down at cleanup,
+// confined as den confines QEMU: an unprivileged user (nobody here), a
+// cgroup of its own, the sandbox.
 func (e *guestEnv) newVMM(t testing.TB, name string) *qemu.VMM {
-	v := qemu.New(qemu.Options{RunDir: vmm.RunDir(filepath.Join(e.dir, name))})
+	v := qemu.New(qemu.Options{RunDir: vmm.RunDir(filepath.Join(e.dir, name)), Confine: confine(t, name)})
 	if err := v.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -49,6 +49,10 @@ type Options struct {
 	// (tmpfs), never on a disk one, where every dirty guest page becomes
 	// host writeback. Empty: RunDir.MemoryFile().
 	RAMFile string
+	// Confine is the user QEMU runs as and the cgroup it starts in.
+	// That user gets the run dir and the RAM file; disks and snapshot
+	// files reach QEMU as fds the driver opens, never by path.
+	Confine vmm.Confine
 }
 
 // ramFile is the file that backs guest RAM.
@@ -221,13 +225,30 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
 	if err := fsutil.WriteJSONAtomic(rd.ConfigFile(), cfg, 0o600); err != nil {
 		return err
 	}
+	if u := v.opts.Confine.User; u != nil {
+		ram := v.ramFile()
+		if err := u.Own(rd.Path(), rd.ConsoleLog(), filepath.Dir(ram), ram); err != nil {
+			return err
+		}
+	}
+	disks, err := openDisks(cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, f := range disks {
+			f.Close()
+		}
+	}()
 	args := buildArgs(cfg, rd, v.ramFile(), v.accelerator(), incoming)
 	proc, err := vmm.StartProcess(vmm.ProcessSpec{
-		Binary:  v.opts.Binary,
-		Args:    args,
-		Log:     rd.Log(),
-		PIDFile: rd.PIDFile(),
-		Dir:     rd.Path(),
+		Binary:     v.opts.Binary,
+		Args:       args,
+		Log:        rd.Log(),
+		PIDFile:    rd.PIDFile(),
+		Dir:        rd.Path(),
+		Confine:    v.opts.Confine,
+		ExtraFiles: disks,
 	})
 	if err != nil {
 		return err
@@ -240,6 +261,36 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
 		return err
 	}
 	return nil
+}
+
+// openDisks opens the VM's disks for QEMU to inherit (diskFDs): each
+// read-only and read-write, the second a placeholder (/dev/null) for a
+// read-only disk, so that the fds keep their numbers.
+func openDisks(cfg vmm.Config) ([]*os.File, error) {
+	var files []*os.File
+	fail := func(err error) ([]*os.File, error) {
+		for _, f := range files {
+			f.Close()
+		}
+		return nil, err
+	}
+	for _, d := range cfg.Disks {
+		ro, err := os.Open(d.Path)
+		if err != nil {
+			return fail(fmt.Errorf("disk %q: %w", d.ID, err))
+		}
+		files = append(files, ro)
+		rwPath, flag := d.Path, os.O_RDWR
+		if d.ReadOnly {
+			rwPath, flag = os.DevNull, os.O_RDONLY
+		}
+		rw, err := os.OpenFile(rwPath, flag, 0)
+		if err != nil {
+			return fail(fmt.Errorf("disk %q: %w", d.ID, err))
+		}
+		files = append(files, rw)
+	}
+	return files, nil
 }
 
 // waitQMP waits, bounded by ctx, for the QMP socket to answer.
@@ -267,27 +318,39 @@ func (v *VMM) waitQMP(ctx context.Context, proc *vmm.Process) error {
 // call runs one QMP command in a session of its own, bounded by ctx (or
 // vmm.DefaultCallTimeout), and turns a dead process into ErrNotRunning.
 func (v *VMM) call(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+	var ret json.RawMessage
+	err := v.session(ctx, cmd, func(ctx context.Context, q *qmpConn) error {
+		var err error
+		ret, err = q.execute(ctx, cmd, args)
+		return err
+	})
+	return ret, err
+}
+
+// session runs f on a QMP session of its own (commands that must share
+// one: getfd and the command using the fd), like call.
+func (v *VMM) session(ctx context.Context, op string, f func(context.Context, *qmpConn) error) error {
 	v.mu.Lock()
 	proc := v.proc
 	v.mu.Unlock()
 	if proc == nil || !proc.Alive() {
-		return nil, v.notRunning(cmd)
+		return v.notRunning(op)
 	}
 	ctx, cancel := vmm.WithDefaultTimeout(ctx)
 	defer cancel()
 	q, err := dialQMP(ctx, v.opts.RunDir.APISocket())
 	if err != nil {
 		if !proc.Alive() {
-			return nil, v.notRunning(cmd)
+			return v.notRunning(op)
 		}
-		return nil, fmt.Errorf("qmp %s: %w", cmd, err)
+		return fmt.Errorf("qmp %s: %w", op, err)
 	}
 	defer q.close()
-	ret, err := q.execute(ctx, cmd, args)
+	err = f(ctx, q)
 	if err != nil && !proc.Alive() {
-		return nil, v.notRunning(cmd)
+		return v.notRunning(op)
 	}
-	return ret, err
+	return err
 }
 
 func (v *VMM) notRunning(op string) error {

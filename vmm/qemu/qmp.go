@@ -7,7 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // qmpError is an error QEMU answered to a command.
@@ -67,6 +70,11 @@ func dialQMP(ctx context.Context, path string) (*qmpConn, error) {
 // execute runs one command and returns its "return" value, skipping the
 // asynchronous events that QEMU interleaves.
 func (q *qmpConn) execute(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+	return q.executeFD(ctx, cmd, args, nil)
+}
+
+// executeFD is execute with f passed along (SCM_RIGHTS), for getfd.
+func (q *qmpConn) executeFD(ctx context.Context, cmd string, args any, f *os.File) (json.RawMessage, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = q.conn.SetDeadline(dl)
 	}
@@ -81,7 +89,17 @@ func (q *qmpConn) execute(ctx context.Context, cmd string, args any) (json.RawMe
 	if err != nil {
 		return nil, fmt.Errorf("qmp %s: %w", cmd, err)
 	}
-	if _, err := q.conn.Write(append(data, '\n')); err != nil {
+	data = append(data, '\n')
+	if f != nil {
+		uc, ok := q.conn.(*net.UnixConn)
+		if !ok {
+			return nil, fmt.Errorf("qmp %s: cannot pass an fd over %T", cmd, q.conn)
+		}
+		_, _, err = uc.WriteMsgUnix(data, unix.UnixRights(int(f.Fd())), nil)
+	} else {
+		_, err = q.conn.Write(data)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("qmp %s: %w", cmd, ctxErr(ctx, err))
 	}
 	for {

@@ -48,10 +48,18 @@ func (v *VMM) Snapshot(ctx context.Context, dir string) error {
 	if err := v.setIgnoreShared(ctx, !v.opts.StreamRAM); err != nil {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
-	if _, err := v.call(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(state)}); err != nil {
+	f, err := os.OpenFile(state, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
-	if err := v.waitMigration(ctx); err != nil {
+	err = v.migrateFD(ctx, "migrate", f)
+	if err == nil {
+		err = v.waitMigration(ctx)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
 	if !v.opts.StreamRAM {
@@ -133,11 +141,16 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 		return fail(err)
 	}
 	end = phase.Begin(ctx, "qemu: incoming migration")
-	if _, err := v.call(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(filepath.Join(dir, snapState))}); err != nil {
+	f, err := os.Open(filepath.Join(dir, snapState))
+	if err != nil {
 		end()
 		return fail(err)
 	}
-	err = v.waitIncoming(ctx)
+	err = v.migrateFD(ctx, "migrate-incoming", f)
+	if err == nil {
+		err = v.waitIncoming(ctx)
+	}
+	f.Close()
 	end()
 	if err != nil {
 		return fail(err)
@@ -278,7 +291,20 @@ func (v *VMM) poll(ctx context.Context, f func() (bool, error)) error {
 	}
 }
 
-// shellQuote quotes s for /bin/sh, which runs QEMU's exec: migration.
-func shellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+// migrateFD runs a migration command (migrate, migrate-incoming) on a
+// file the daemon opened: QEMU gets the fd over QMP (getfd) and migrates
+// through it (uri fd:NAME), so it neither opens the snapshot by path nor
+// spawns a process (its sandbox forbids both).
+func (v *VMM) migrateFD(ctx context.Context, cmd string, f *os.File) error {
+	const name = "den-migration"
+	return v.session(ctx, cmd, func(ctx context.Context, q *qmpConn) error {
+		if _, err := q.executeFD(ctx, "getfd", map[string]any{"fdname": name}, f); err != nil {
+			return err
+		}
+		_, err := q.execute(ctx, cmd, map[string]any{"uri": "fd:" + name})
+		if err != nil {
+			_, _ = q.execute(ctx, "closefd", map[string]any{"fdname": name})
+		}
+		return err
+	})
 }
