@@ -3,8 +3,12 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"os"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // inProcess is a listener whose connections are made in this process:
@@ -22,9 +26,14 @@ func newInProcess() *inProcess {
 }
 
 // dial returns the client end of a new connection whose server end
-// serves caller.
+// serves caller. The two ends are a socket pair, not net.Pipe: SSH over
+// the upgrade has both ends write their version line before reading,
+// which an unbuffered pipe deadlocks.
 func (l *inProcess) dial(ctx context.Context, caller Caller) (net.Conn, error) {
-	client, server := net.Pipe()
+	client, server, err := socketPair()
+	if err != nil {
+		return nil, fmt.Errorf("in-process connection: %w", err)
+	}
 	select {
 	case l.conns <- &connCaller{Conn: server, caller: caller}:
 		return client, nil
@@ -37,6 +46,30 @@ func (l *inProcess) dial(ctx context.Context, caller Caller) (net.Conn, error) {
 		return nil, ctx.Err()
 	}
 	return nil, errors.New("den daemon is stopping")
+}
+
+// socketPair is a connected pair of unix stream sockets.
+func socketPair() (net.Conn, net.Conn, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	var conns [2]net.Conn
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "den-inproc")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			if i == 1 {
+				conns[0].Close()
+			} else {
+				unix.Close(fds[1])
+			}
+			return nil, nil, err
+		}
+		conns[i] = c
+	}
+	return conns[0], conns[1], nil
 }
 
 func (l *inProcess) Accept() (net.Conn, error) {
