@@ -27,6 +27,9 @@ const (
 type VM struct {
 	Name        string    `json:"name"`
 	Owner       string    `json:"owner"`
+	// Cgroup is the running VMM's cgroup (nil: not running, or no
+	// cgroups).
+	Cgroup *Cgroup `json:"cgroup,omitempty"`
 	State       string    `json:"state"` // creating, running, stopped, sleeping
 	Reason      string    `json:"reason,omitempty"`
 	Image       string    `json:"image"`
@@ -111,6 +114,8 @@ type DaemonInfo struct {
 	// GatewayFingerprint its host key's SHA256 fingerprint.
 	Gateway            string `json:"gateway,omitempty"`
 	GatewayFingerprint string `json:"gateway_fingerprint,omitempty"`
+	// Confinement says how VMMs are confined here.
+	Confinement *Confinement `json:"confinement,omitempty"`
 	// API is the TLS listener's address ("" when off); APIFingerprint
 	// the SHA-256 of its certificate (hex).
 	API            string `json:"api,omitempty"`
@@ -121,6 +126,32 @@ type DaemonInfo struct {
 	// HTTPDomain routes "<vm>.<domain>" there.
 	HTTP       string `json:"http,omitempty"`
 	HTTPDomain string `json:"http_domain,omitempty"`
+}
+
+// Confinement is how the daemon confines VMMs (den doctor shows it).
+type Confinement struct {
+	// User is the unprivileged user VMMs run as ("" : they run as root,
+	// and Missing says why).
+	User    string `json:"user,omitempty"`
+	Missing string `json:"missing,omitempty"`
+	// CgroupVersion is 1 or 2 (0: VMMs get no cgroup of their own).
+	CgroupVersion int `json:"cgroup_version"`
+	// Guarded: the VMM user's packets to the host's own addresses are
+	// dropped (QEMU's user-mode network cannot reach host services).
+	Guarded bool `json:"guarded"`
+}
+
+// Cgroup is a running VM's cgroup: its limits and its use now.
+type Cgroup struct {
+	Name          string  `json:"name"`
+	Version       int     `json:"version"`
+	MemoryMax     int64   `json:"memory_max,omitempty"`
+	CPUQuota      float64 `json:"cpu_quota,omitempty"`
+	PidsMax       int64   `json:"pids_max,omitempty"`
+	IOWeight      int     `json:"io_weight,omitempty"`
+	MemoryCurrent int64   `json:"memory_current"`
+	CPUSeconds    float64 `json:"cpu_seconds"`
+	PidsCurrent   int64   `json:"pids_current"`
 }
 
 // Errors a client can test for with errors.Is; the daemon maps its

@@ -70,6 +70,9 @@ type Options struct {
 	// APITLSCert and APITLSKey are its certificate (default: one the
 	// daemon makes, self-signed, in the state dir).
 	APIListen, APITLSCert, APITLSKey string
+	// VMUser is the unprivileged user VMMs run as (machine.Config.VMUser:
+	// made when missing; "-": VMMs run as root).
+	VMUser string
 	// AdminGroup's members administer den through the socket, as root
 	// does (DefaultAdminGroup when empty).
 	AdminGroup string
@@ -125,7 +128,7 @@ func Run(ctx context.Context, o Options) error {
 	m, err := machine.New(ctx, machine.Config{
 		State: state, Volume: vol, Registry: db, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
 		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, RAMDir: o.RAMDir,
-		Memory: o.Memory, Network: o.Network,
+		Memory: o.Memory, Network: o.Network, VMUser: o.VMUser,
 	})
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)

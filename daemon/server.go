@@ -161,6 +161,12 @@ func writeError(w http.ResponseWriter, err error) {
 func (s *Server) getInfo(w http.ResponseWriter, r *http.Request) {
 	info := s.info
 	info.Memory = memoryInfo(s.m.Memory(r.Context()))
+	user, cg, missing := s.m.Confinement()
+	conf := &api.Confinement{User: user, Missing: missing, CgroupVersion: cg}
+	if user != "" {
+		conf.Guarded, _ = s.m.VMMGuard(r.Context())
+	}
+	info.Confinement = conf
 	writeJSON(w, http.StatusOK, info)
 }
 
@@ -174,6 +180,11 @@ func toAPI(st machine.Status) api.VM {
 	}
 	if st.Op != "" {
 		vm.OperationFor = st.OpFor.Round(time.Second).String()
+	}
+	if g := st.Cgroup; g != nil {
+		vm.Cgroup = &api.Cgroup{Name: g.Name, Version: g.Version, MemoryMax: g.Limits.MemoryMax, CPUQuota: g.Limits.CPUQuota,
+			PidsMax: g.Limits.PidsMax, IOWeight: g.Limits.IOWeight, MemoryCurrent: g.Use.MemoryCurrent,
+			CPUSeconds: g.Use.CPUSeconds, PidsCurrent: g.Use.PidsCurrent}
 	}
 	return vm
 }

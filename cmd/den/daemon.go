@@ -72,6 +72,7 @@ Examples:
 			&cli.StringFlag{Name: "api-listen", Value: "off", Usage: "serve the API over TLS on this address too, for bearer tokens (den tokens add); off: none"},
 			&cli.StringFlag{Name: "api-tls-cert", Usage: "certificate file of --api-listen (default: a self-signed one, made once in the state dir)"},
 			&cli.StringFlag{Name: "api-tls-key", Usage: "key file of --api-tls-cert"},
+			&cli.StringFlag{Name: "vmm-user", Value: "den-vm", Usage: "the unprivileged user VMMs run as (made when missing); - runs them as root"},
 			&cli.StringFlag{Name: "admin-group", Value: daemon.DefaultAdminGroup, Usage: "local group whose members administer den through the socket, as root does"},
 			&cli.BoolFlag{Name: "debug", Usage: "log debug messages"},
 		},
@@ -119,7 +120,7 @@ Examples:
 				Memory: mem, Network: nc,
 				HTTPListen: c.String("http-listen"), HTTPDomain: c.String("http-domain"), TLSCert: c.String("tls-cert"), TLSKey: c.String("tls-key"),
 				APIListen: c.String("api-listen"), APITLSCert: c.String("api-tls-cert"), APITLSKey: c.String("api-tls-key"),
-				AdminGroup: c.String("admin-group"), Den: RunRemote,
+				AdminGroup: c.String("admin-group"), Den: RunRemote, VMUser: c.String("vmm-user"),
 			})
 		},
 	}

@@ -35,7 +35,8 @@ func doctorCommand() *cli.Command {
 		Name:      "doctor",
 		Usage:     "show what this host offers den, and what to do about what is missing",
 		UsageText: "den doctor [--state-dir DIR] [--socket PATH] [--json]",
-		Description: `Checks KVM, Cloud Hypervisor, QEMU, FUSE, TAP devices, free disk, and
+		Description: `Checks KVM, Cloud Hypervisor, QEMU, FUSE, TAP devices, free disk, how VMMs
+are confined (cgroups, seccomp and sandbox, the unprivileged VMM user), and
 the host's memory: the daemon's memory budget and its use (committed,
 budget, free, running VMs) when the daemon answers on --socket, the
 host's RAM and the default budget otherwise.
@@ -59,6 +60,7 @@ Examples:
 				return err
 			}
 			checks = append(checks, checkMemory(c.Context, cl), checkNetwork(c.Context, cl))
+			checks = append(checks, checkConfinement(c.Context, cl)...)
 			if c.Bool("json") {
 				enc := json.NewEncoder(c.App.Writer)
 				enc.SetIndent("", "  ")

@@ -51,6 +51,16 @@ func infoCommand() *cli.Command {
 				if info.GuestRAM != "" {
 					fmt.Fprintf(c.App.Writer, "guest RAM: %s\n", info.GuestRAM)
 				}
+				if cf := info.Confinement; cf != nil {
+					if cf.User != "" {
+						fmt.Fprintf(c.App.Writer, "vmms:     as %s, cgroup v%d, guarded from host addresses: %v\n", cf.User, cf.CgroupVersion, cf.Guarded)
+					} else {
+						fmt.Fprintf(c.App.Writer, "vmms:     as root (%s)\n", cf.Missing)
+					}
+				}
+				if info.API != "" {
+					fmt.Fprintf(c.App.Writer, "api:      https://%s (certificate sha256 %s)\n", info.API, info.APIFingerprint)
+				}
 				return printGateway(c.App.Writer, info, false)
 			}
 			if c.Bool("gateway") {
@@ -78,6 +88,10 @@ func infoCommand() *cli.Command {
 				size.Format(vm.DiskBytes), vm.VMM, vm.Accel)
 			if vm.PID != 0 {
 				fmt.Fprintf(c.App.Writer, "pid:          %d\n", vm.PID)
+			}
+			if g := vm.Cgroup; g != nil {
+				fmt.Fprintf(c.App.Writer, "cgroup:       v%d %s: memory %s of %s, cpu %.1fs (quota %g cores), pids %d of %d\n",
+					g.Version, g.Name, size.Format(g.MemoryCurrent), size.Format(g.MemoryMax), g.CPUSeconds, g.CPUQuota, g.PidsCurrent, g.PidsMax)
 			}
 			if vm.Network != "" {
 				fmt.Fprintf(c.App.Writer, "network:      %s", vm.Network)
