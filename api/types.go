@@ -25,11 +25,11 @@ const (
 
 // VM is a VM as the API shows it.
 type VM struct {
-	Name        string    `json:"name"`
-	Owner       string    `json:"owner"`
+	Name  string `json:"name"`
+	Owner string `json:"owner"`
 	// Cgroup is the running VMM's cgroup (nil: not running, or no
 	// cgroups).
-	Cgroup *Cgroup `json:"cgroup,omitempty"`
+	Cgroup      *Cgroup   `json:"cgroup,omitempty"`
 	State       string    `json:"state"` // creating, running, stopped, sleeping
 	Reason      string    `json:"reason,omitempty"`
 	Image       string    `json:"image"`
