@@ -161,3 +161,87 @@ func TestLocalUsers(t *testing.T) {
 	}
 	d.mustAs(alice, "rm", "abox")
 }
+
+// TestAPITokens: the API over TLS with a bearer token acts as the
+// token's user; a wrong, another user's or a revoked token is refused;
+// no secret is stored in clear; and the audit log shows each user their
+// own calls.
+func TestAPITokens(t *testing.T) {
+	d := startDaemonIn(t, func(string) []string { return []string{"--api-listen", "127.0.0.1:0"} })
+	d.reachableBy()
+	alice, bob := localUser(t, "den-alice"), localUser(t, "den-bob")
+	var info struct {
+		API            string `json:"api"`
+		APIFingerprint string `json:"api_fingerprint"`
+	}
+	if err := json.Unmarshal([]byte(d.must("info", "--json")), &info); err != nil || info.API == "" {
+		t.Fatalf("den info: %+v %v", info, err)
+	}
+	ca := filepath.Join(d.state, "keys", "api.crt")
+	d.mustAs(alice, "create", "tbox", "--memory", "256M", "--idle-timeout", "0")
+	secret := strings.TrimSpace(d.mustAs(alice, "tokens", "add", "laptop"))
+	bobSecret := strings.TrimSpace(d.mustAs(bob, "tokens", "add", "ci"))
+	if !strings.HasPrefix(secret, "den_") || secret == bobSecret {
+		t.Fatalf("secrets %q %q", secret, bobSecret)
+	}
+	remote := func(token string, args ...string) (string, error) {
+		return d.run(append(args, "--url", "https://"+info.API, "--token", token, "--ca", ca)...)
+	}
+	if out, err := remote(secret, "ls"); err != nil || !strings.Contains(out, "tbox") {
+		t.Fatalf("alice's token: ls: %q %v", out, err)
+	}
+	if out, err := remote(secret, "exec", "tbox", "--", "echo", "over-tls"); err != nil || out != "over-tls\n" {
+		t.Fatalf("alice's token: exec: %q %v", out, err)
+	}
+	if _, err := remote(bobSecret, "info", "tbox"); err == nil || !strings.Contains(stderrOf(err), `no vm named "tbox"`) {
+		t.Errorf("bob's token reads alice's vm: %v", err)
+	}
+	wrong := secret[:len(secret)-3] + "abc"
+	for _, tok := range []string{wrong, "den_nope", "garbage"} {
+		if _, err := remote(tok, "ls"); err == nil || !strings.Contains(stderrOf(err), "unauthenticated") {
+			t.Errorf("token %.10q: %v; want unauthenticated", tok, err)
+		}
+	}
+	// Without --ca the self-signed certificate is not trusted.
+	if _, err := d.run("ls", "--url", "https://"+info.API, "--token", secret); err == nil {
+		t.Error("an untrusted certificate was accepted")
+	}
+	// Revoked: refused from the next request on.
+	if _, err := d.runAs(bob, "tokens", "rm", "laptop"); err == nil {
+		t.Error("bob revoked alice's token")
+	}
+	d.mustAs(alice, "tokens", "rm", "laptop")
+	if _, err := remote(secret, "ls"); err == nil || !strings.Contains(stderrOf(err), "unauthenticated") {
+		t.Errorf("a revoked token: %v", err)
+	}
+	// Not in clear anywhere in the state dir.
+	filepath.WalkDir(d.state, func(p string, e os.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return nil
+		}
+		if data, err := os.ReadFile(p); err == nil && (bytes.Contains(data, []byte(secret)) || bytes.Contains(data, []byte(bobSecret))) {
+			t.Errorf("%s holds a token's secret", p)
+		}
+		return nil
+	})
+	// The audit log: alice's exec over TLS, and nothing of bob's for her.
+	var recs []struct{ User, Source, Verb, VM, Result string }
+	if err := json.Unmarshal([]byte(d.mustAs(alice, "audit", "--json", "--limit", "0")), &recs); err != nil || len(recs) == 0 {
+		t.Fatalf("alice's audit: %v", err)
+	}
+	sawTLS := false
+	for _, r := range recs {
+		if r.User != "den-alice" {
+			t.Errorf("alice's audit shows %+v", r)
+		}
+		if strings.HasPrefix(r.Source, "tls ") && r.VM == "tbox" && strings.Contains(r.Verb, "/ssh") {
+			sawTLS = true
+		}
+	}
+	if !sawTLS {
+		t.Errorf("alice's exec over TLS is not in her audit log: %+v", recs)
+	}
+	if out := d.must("audit", "--user", "den-bob"); !strings.Contains(out, "den-bob") || strings.Contains(out, "den-alice") {
+		t.Errorf("root's audit of bob:\n%s", out)
+	}
+}
