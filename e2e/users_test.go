@@ -185,7 +185,8 @@ func TestAPITokens(t *testing.T) {
 		t.Fatalf("secrets %q %q", secret, bobSecret)
 	}
 	remote := func(token string, args ...string) (string, error) {
-		return d.run(append(args, "--url", "https://"+info.API, "--token", token, "--ca", ca)...)
+		// The flags right after the verb: after exec's --, words are the command's.
+		return d.run(append([]string{args[0], "--url", "https://" + info.API, "--token", token, "--ca", ca}, args[1:]...)...)
 	}
 	if out, err := remote(secret, "ls"); err != nil || !strings.Contains(out, "tbox") {
 		t.Fatalf("alice's token: ls: %q %v", out, err)

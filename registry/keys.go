@@ -56,84 +56,21 @@ func (d *DB) AddKey(ctx context.Context, k Key) error {
 	return nil
 }
 
+// keysTable lists and removes keys.
+var keysTable = owned[Key]{table: "keys", columns: keyColumns, idColumn: "fingerprint", what: "key", idWhat: "fingerprint",
+	scan: scanKey, id: func(k Key) string { return k.Fingerprint }}
+
 // ListKeys returns the keys ordered by user, then date; of one user when
 // user is set.
 func (d *DB) ListKeys(ctx context.Context, user string) ([]Key, error) {
-	q := `SELECT ` + keyColumns + ` FROM keys`
-	var args []any
-	if user != "" {
-		q += ` WHERE user = ?`
-		args = append(args, user)
-	}
-	rows, err := d.db.QueryContext(ctx, q+` ORDER BY user, created_at, fingerprint`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list keys: %w", err)
-	}
-	defer rows.Close()
-	var keys []Key
-	for rows.Next() {
-		k, err := scanKey(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list keys: %w", err)
-		}
-		keys = append(keys, k)
-	}
-	return keys, rows.Err()
+	return keysTable.list(ctx, d.db, user)
 }
 
 // RemoveKey deletes the key whose fingerprint or name is ref (of user
 // only, when user is set) and returns it: ErrNotFound when none matches,
 // ErrAmbiguous when a name matches several keys.
 func (d *DB) RemoveKey(ctx context.Context, user, ref string) (Key, error) {
-	tx, err := d.db.BeginTx(ctx, nil)
-	if err != nil {
-		return Key{}, fmt.Errorf("remove key %q: %w", ref, err)
-	}
-	defer tx.Rollback()
-	q := `SELECT ` + keyColumns + ` FROM keys WHERE (fingerprint = ? OR name = ?)`
-	args := []any{ref, ref}
-	if user != "" {
-		q += ` AND user = ?`
-		args = append(args, user)
-	}
-	rows, err := tx.QueryContext(ctx, q, args...)
-	if err != nil {
-		return Key{}, fmt.Errorf("remove key %q: %w", ref, err)
-	}
-	var found []Key
-	for rows.Next() {
-		k, err := scanKey(rows)
-		if err != nil {
-			rows.Close()
-			return Key{}, fmt.Errorf("remove key %q: %w", ref, err)
-		}
-		found = append(found, k)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return Key{}, fmt.Errorf("remove key %q: %w", ref, err)
-	}
-	// A fingerprint is unique; prefer it over names that happen to match.
-	for _, k := range found {
-		if k.Fingerprint == ref {
-			found = []Key{k}
-			break
-		}
-	}
-	switch len(found) {
-	case 0:
-		return Key{}, fmt.Errorf("no key %q: %w", ref, ErrNotFound)
-	case 1:
-	default:
-		return Key{}, fmt.Errorf("key name %q matches %d keys, remove one by its fingerprint: %w", ref, len(found), ErrAmbiguous)
-	}
-	if _, err := tx.ExecContext(ctx, `DELETE FROM keys WHERE fingerprint = ?`, found[0].Fingerprint); err != nil {
-		return Key{}, fmt.Errorf("remove key %q: %w", ref, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return Key{}, fmt.Errorf("remove key %q: %w", ref, err)
-	}
-	return found[0], nil
+	return keysTable.remove(ctx, d.db, user, ref)
 }
 
 // UserForKey returns the user whose key has this fingerprint;

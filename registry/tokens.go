@@ -73,84 +73,21 @@ func (d *DB) AddToken(ctx context.Context, t Token) error {
 	return nil
 }
 
+// tokensTable lists and removes tokens.
+var tokensTable = owned[Token]{table: "tokens", columns: tokenColumns, idColumn: "id", what: "token", idWhat: "id",
+	scan: scanToken, id: func(t Token) string { return t.ID }}
+
 // ListTokens returns the tokens ordered by user, then date; of one user
 // when user is set.
 func (d *DB) ListTokens(ctx context.Context, user string) ([]Token, error) {
-	q := `SELECT ` + tokenColumns + ` FROM tokens`
-	var args []any
-	if user != "" {
-		q += ` WHERE user = ?`
-		args = append(args, user)
-	}
-	rows, err := d.db.QueryContext(ctx, q+` ORDER BY user, created_at, id`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list tokens: %w", err)
-	}
-	defer rows.Close()
-	var toks []Token
-	for rows.Next() {
-		t, err := scanToken(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list tokens: %w", err)
-		}
-		toks = append(toks, t)
-	}
-	return toks, rows.Err()
+	return tokensTable.list(ctx, d.db, user)
 }
 
 // RemoveToken deletes the token whose id or name is ref (of user only,
 // when user is set) and returns it: ErrNotFound when none matches,
 // ErrAmbiguous when a name matches several users' tokens.
 func (d *DB) RemoveToken(ctx context.Context, user, ref string) (Token, error) {
-	tx, err := d.db.BeginTx(ctx, nil)
-	if err != nil {
-		return Token{}, fmt.Errorf("remove token %q: %w", ref, err)
-	}
-	defer tx.Rollback()
-	q := `SELECT ` + tokenColumns + ` FROM tokens WHERE (id = ? OR name = ?)`
-	args := []any{ref, ref}
-	if user != "" {
-		q += ` AND user = ?`
-		args = append(args, user)
-	}
-	rows, err := tx.QueryContext(ctx, q, args...)
-	if err != nil {
-		return Token{}, fmt.Errorf("remove token %q: %w", ref, err)
-	}
-	var found []Token
-	for rows.Next() {
-		t, err := scanToken(rows)
-		if err != nil {
-			rows.Close()
-			return Token{}, fmt.Errorf("remove token %q: %w", ref, err)
-		}
-		found = append(found, t)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return Token{}, fmt.Errorf("remove token %q: %w", ref, err)
-	}
-	// An id is unique; prefer it over names that happen to match.
-	for _, t := range found {
-		if t.ID == ref {
-			found = []Token{t}
-			break
-		}
-	}
-	switch len(found) {
-	case 0:
-		return Token{}, fmt.Errorf("no token %q: %w", ref, ErrNotFound)
-	case 1:
-	default:
-		return Token{}, fmt.Errorf("token name %q matches %d tokens, remove one by its id: %w", ref, len(found), ErrAmbiguous)
-	}
-	if _, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, found[0].ID); err != nil {
-		return Token{}, fmt.Errorf("remove token %q: %w", ref, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return Token{}, fmt.Errorf("remove token %q: %w", ref, err)
-	}
-	return found[0], nil
+	return tokensTable.remove(ctx, d.db, user, ref)
 }
 
 // TokenByHash returns the token whose secret hashes to hash; ErrNotFound
