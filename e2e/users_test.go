@@ -127,9 +127,14 @@ func TestLocalUsers(t *testing.T) {
 	if out := strings.TrimSpace(d.mustAs(bob, "ls", "--json")); out != "[]" {
 		t.Errorf("bob's ls: %s", out)
 	}
-	// Nor does a name tell whose it is.
+
+	// Nor does a name tell whose it is, on create or on fork.
 	if _, err := d.runAs(bob, "create", "abox"); err == nil || !strings.Contains(stderrOf(err), "the name is taken") || strings.Contains(stderrOf(err), "alice") {
 		t.Errorf("bob creating alice's name: %v", err)
+	}
+	d.mustAs(bob, "create", "bbox", "--memory", "256M", "--idle-timeout", "0")
+	if _, err := d.runAs(bob, "fork", "bbox", "abox"); err == nil || !strings.Contains(stderrOf(err), "the name is taken") || strings.Contains(stderrOf(err), "alice") {
+		t.Errorf("bob forking onto alice's name: %v", err)
 	}
 	// What bob's environment says of him counts for nothing.
 	cmd := exec.Command(d.den, "ls", "--json")
