@@ -140,7 +140,13 @@ func TestAPIStreamFailure(t *testing.T) {
 	}
 	// A QEMU that, once told to, refuses to start for an incoming
 	// snapshot (restores, wakes, forks from memory): boots still work.
+	// VMMs run as den's unprivileged user: it must reach the wrapper.
 	dir := t.TempDir()
+	for _, d := range []string{dir, filepath.Dir(dir)} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	refuse := filepath.Join(dir, "refuse")
 	wrapper := filepath.Join(dir, "qemu")
 	script := "#!/bin/sh\n" +

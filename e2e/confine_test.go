@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/denhq/den/cgroup"
+	"github.com/denhq/den/machine"
+	"github.com/denhq/den/vmm/qemu"
 )
 
 // confinedVM is what the test reads of a running VM's VMM from /proc
@@ -133,7 +135,10 @@ func TestConfinedVMM(t *testing.T) {
 	}
 
 	// The limits.
-	overhead := int64(256 << 20) // machine.DefaultCgroupOverhead
+	overhead := int64(machine.DefaultCgroupOverhead)
+	if vm.Accel == "tcg" {
+		overhead += qemu.TCGCacheMiB << 20
+	}
 	if c.version == 1 {
 		if got := c.read("memory", "memory.limit_in_bytes"); got != mem+overhead {
 			t.Errorf("memory limit %d, want %d", got, mem+overhead)

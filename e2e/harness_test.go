@@ -308,6 +308,7 @@ type vmJSON struct {
 	PID    int    `json:"pid"`
 	VMM    string `json:"vmm"`
 	Owner  string `json:"owner"`
+	Accel  string `json:"accel"`
 }
 
 func (d *daemon) info(name string) vmJSON {

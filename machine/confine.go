@@ -12,6 +12,7 @@ import (
 	"github.com/denhq/den/cgroup"
 	"github.com/denhq/den/network"
 	"github.com/denhq/den/vmm"
+	"github.com/denhq/den/vmm/qemu"
 )
 
 // Confined VMMs: each VMM runs as an unprivileged user (Config.VMUser,
@@ -146,10 +147,15 @@ func (m *Manager) vmmConfine(name string) vmm.Confine {
 const DefaultCgroupOverhead = 256 << 20
 
 // vmmLimits are the cgroup limits of a VM's VMM: its guest RAM plus
-// DefaultCgroupOverhead (or the budget's VMM overhead, if set larger),
-// its vCPUs' worth of CPU, DefaultPidsMax, DefaultIOWeight.
+// DefaultCgroupOverhead (or the budget's VMM overhead, if set larger)
+// and, under TCG, its translation cache; its vCPUs' worth of CPU,
+// DefaultPidsMax, DefaultIOWeight.
 func (m *Manager) vmmLimits(cpus int, memory int64) cgroup.Limits {
-	return cgroup.Limits{MemoryMax: memory + max(m.adm.overhead, DefaultCgroupOverhead), CPUQuota: float64(cpus),
+	overhead := max(m.adm.overhead, DefaultCgroupOverhead)
+	if m.kvm.Accelerator() == "tcg" {
+		overhead += qemu.TCGCacheMiB << 20
+	}
+	return cgroup.Limits{MemoryMax: memory + overhead, CPUQuota: float64(cpus),
 		PidsMax: DefaultPidsMax, IOWeight: DefaultIOWeight}
 }
 

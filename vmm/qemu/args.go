@@ -22,6 +22,16 @@ const sandboxArg = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcec
 // unless read-only, a read-write one.
 func diskFDs(i int) (ro, rw int) { return 3 + 2*i, 4 + 2*i }
 
+// TCGCacheMiB bounds TCG's translation cache (QEMU's default is 1 GiB,
+// filled as the guest runs more code): a debian guest running Ansible
+// took its VMM past guest RAM + 256 MiB and its cgroup killed it. The
+// VMM's cgroup allows for it (machine's vmmLimits).
+const TCGCacheMiB = 128
+
+// tapFD is the fd (in the QEMU process) of net device i's TAP, which
+// the daemon opens and passes after the disks' (openTaps).
+func tapFD(cfg vmm.Config, i int) int { return 3 + 2*len(cfg.Disks) + i }
+
 // buildArgs is the QEMU command line for cfg: a microvm with virtio-mmio
 // devices, RAM in a shared file, QMP and the agent port on unix sockets,
 // the serial console into a file, disks on inherited fds (an fd set
@@ -50,7 +60,7 @@ func buildArgs(cfg vmm.Config, rd vmm.RunDir, ramFile, accel string, incoming bo
 	if accel == "kvm" {
 		args = append(args, "-accel", "kvm", "-cpu", "host")
 	} else {
-		args = append(args, "-accel", "tcg,thread=multi", "-cpu", "max")
+		args = append(args, "-accel", fmt.Sprintf("tcg,thread=multi,tb-size=%d", TCGCacheMiB), "-cpu", "max")
 	}
 	if cfg.Initramfs != "" {
 		args = append(args, "-initrd", cfg.Initramfs)
@@ -78,7 +88,9 @@ func buildArgs(cfg vmm.Config, rd vmm.RunDir, ramFile, accel string, incoming bo
 			id = fmt.Sprintf("net%d", i)
 		}
 		if n.Tap != "" {
-			args = append(args, "-netdev", fmt.Sprintf("tap,id=%s,ifname=%s,script=no,downscript=no", id, n.Tap))
+			// The TAP on an fd the daemon opened (tapFD): QEMU's user
+			// needs no access to /dev/net/tun.
+			args = append(args, "-netdev", fmt.Sprintf("tap,id=%s,fd=%d", id, tapFD(cfg, i)))
 		} else {
 			args = append(args, "-netdev", "user,id="+id)
 		}

@@ -240,6 +240,15 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
 			f.Close()
 		}
 	}()
+	taps, err := openTaps(cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, f := range taps {
+			f.Close()
+		}
+	}()
 	args := buildArgs(cfg, rd, v.ramFile(), v.accelerator(), incoming)
 	proc, err := vmm.StartProcess(vmm.ProcessSpec{
 		Binary:     v.opts.Binary,
@@ -248,7 +257,7 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
 		PIDFile:    rd.PIDFile(),
 		Dir:        rd.Path(),
 		Confine:    v.opts.Confine,
-		ExtraFiles: disks,
+		ExtraFiles: append(disks, taps...),
 	})
 	if err != nil {
 		return err
