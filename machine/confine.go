@@ -3,6 +3,7 @@ package machine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -41,12 +42,13 @@ type confinement struct {
 }
 
 // setupConfine finds or makes the VMM user and the host's cgroups;
-// either missing is a warning, never an error.
-func (m *Manager) setupConfine() {
+// either missing is a warning. A state dir the VMM user cannot reach is
+// an error: every VM would fail to start.
+func (m *Manager) setupConfine() error {
 	m.conf = &confinement{groups: map[string]cgroup.Group{}}
 	if m.cfg.Drivers != nil || m.cfg.VMUser == "-" {
 		m.conf.why = "confinement off (test drivers or VMUser \"-\")"
-		return
+		return nil
 	}
 	name := m.cfg.VMUser
 	if name == "" {
@@ -69,7 +71,9 @@ func (m *Manager) setupConfine() {
 	}
 	m.conf.cgs = h
 	if u != nil {
-		m.openPaths()
+		if err := m.openPaths(); err != nil {
+			return err
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		if err := network.GuardVMMUser(ctx, u.UID); err != nil {
@@ -78,6 +82,7 @@ func (m *Manager) setupConfine() {
 		}
 	}
 	m.conf.why = strings.Join(whys, "; ")
+	return nil
 }
 
 // VMMGuard reports whether the VMM user's packets to the host's own
@@ -93,7 +98,7 @@ func (m *Manager) VMMGuard(ctx context.Context) (bool, error) {
 // openPaths lets the VMM user through (search, not list) the
 // directories above its run dirs and RAM files, and keeps the state
 // database from it.
-func (m *Manager) openPaths() {
+func (m *Manager) openPaths() error {
 	run := filepath.Dir(m.state.Run("x").Path())
 	for _, d := range []string{m.state.Path(), run, m.ramDir} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
@@ -106,7 +111,8 @@ func (m *Manager) openPaths() {
 	}
 	for d := filepath.Dir(m.state.Path()); ; d = filepath.Dir(d) {
 		if st, err := os.Stat(d); err == nil && st.Mode().Perm()&0o001 == 0 {
-			m.log.Warn("den: VMMs cannot reach their run dirs: a directory above the state dir is not searchable by others", "dir", d)
+			return fmt.Errorf("state dir %s: VMMs run as %s, which cannot pass through %s (mode %04o): chmod o+x %s, choose another --state-dir, or --vmm-user - (VMMs as root)",
+				m.state.Path(), m.conf.user.Name, d, st.Mode().Perm(), d)
 		}
 		if d == "/" || d == "." {
 			break
@@ -117,6 +123,7 @@ func (m *Manager) openPaths() {
 			m.log.Warn("den: state database mode", "err", err)
 		}
 	}
+	return nil
 }
 
 // vmmConfine is how the VMM of a VM (by runtime name) is confined: the

@@ -204,7 +204,10 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m.setupRAM()
-	m.setupConfine()
+	if err := m.setupConfine(); err != nil {
+		closeDB()
+		return nil, err
+	}
 	if err := m.setupNetwork(ctx); err != nil {
 		closeDB()
 		return nil, err

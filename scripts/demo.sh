@@ -16,6 +16,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 IMAGE=${DEN_DEMO_IMAGE:-debian}
 work=$(mktemp -d /tmp/den-demo-XXXXXX)
+chmod 0711 "$work" # VMMs run as den-vm, which must pass through to their run dirs
 export DEN_SOCKET=$work/den.sock
 den=$PWD/bin/den
 daemon_pid=

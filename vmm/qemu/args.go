@@ -22,6 +22,15 @@ const sandboxArg = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcec
 // unless read-only, a read-write one.
 func diskFDs(i int) (ro, rw int) { return 3 + 2*i, 4 + 2*i }
 
+// bootFD is the fd (in the QEMU process) of the kernel (i 0) or the
+// initramfs (i 1), after the disks' and the TAPs' (openBootFiles): the
+// image directory may be where QEMU's user cannot look (a home dir).
+func bootFD(cfg vmm.Config, i int) int { return 3 + 2*len(cfg.Disks) + len(cfg.Net) + i }
+
+// fdPath names an inherited fd as a path QEMU opens (the magic link
+// reopens the file itself, whatever the directories above it allow).
+func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
+
 // TCGCacheMiB bounds TCG's translation cache (QEMU's default is 1 GiB,
 // filled as the guest runs more code): a debian guest running Ansible
 // took its VMM past guest RAM + 256 MiB and its cgroup killed it. The
@@ -52,7 +61,7 @@ func buildArgs(cfg vmm.Config, rd vmm.RunDir, ramFile, accel string, incoming bo
 		"-device", "virtio-serial-device",
 		"-device", "virtserialport,chardev=agent,name=" + AgentPortName,
 		"-device", "virtio-rng-device",
-		"-kernel", cfg.Kernel,
+		"-kernel", fdPath(bootFD(cfg, 0)),
 		"-append", kernelCmdline(cfg.Cmdline, accel),
 		"-S",
 		"-sandbox", sandboxArg,
@@ -63,7 +72,7 @@ func buildArgs(cfg vmm.Config, rd vmm.RunDir, ramFile, accel string, incoming bo
 		args = append(args, "-accel", fmt.Sprintf("tcg,thread=multi,tb-size=%d", TCGCacheMiB), "-cpu", "max")
 	}
 	if cfg.Initramfs != "" {
-		args = append(args, "-initrd", cfg.Initramfs)
+		args = append(args, "-initrd", fdPath(bootFD(cfg, 1)))
 	}
 	for i, d := range cfg.Disks {
 		id := driveID(d, i)

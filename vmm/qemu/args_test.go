@@ -14,7 +14,7 @@ func TestBuildArgs(t *testing.T) {
 	for _, want := range []string{
 		"-machine microvm,memory-backend=mem",
 		"memory-backend-file,id=mem,size=512M,mem-path=/run/x/memory,share=on",
-		"-smp 2", "-accel tcg,thread=multi,tb-size=128 -cpu max", "-initrd /i", "-S", "-incoming defer", "-no-reboot",
+		"-smp 2", "-accel tcg,thread=multi,tb-size=128 -cpu max", "-kernel /proc/self/fd/8", "-initrd /proc/self/fd/9", "-S", "-incoming defer", "-no-reboot",
 		"-add-fd fd=3,set=1,opaque=root-ro -add-fd fd=4,set=1,opaque=root-rw", "-add-fd fd=5,set=2,opaque=ro-ro -drive",
 		"id=ro,file=/dev/fdset/2,format=raw,if=none,discard=unmap,cache=writeback,file.locking=off,readonly=on",
 		"-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",

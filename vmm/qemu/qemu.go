@@ -244,6 +244,14 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
 	if err != nil {
 		return err
 	}
+	boot, err := openBootFiles(cfg)
+	if err != nil {
+		for _, f := range taps {
+			f.Close()
+		}
+		return err
+	}
+	taps = append(taps, boot...)
 	defer func() {
 		for _, f := range taps {
 			f.Close()

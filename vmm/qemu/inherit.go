@@ -9,6 +9,9 @@ import (
 	"github.com/denhq/den/vmm"
 )
 
+// The files QEMU inherits rather than opens by path: its user is not
+// root and may reach none of them.
+
 // openTaps opens the TAP of each of cfg's net devices for QEMU to
 // inherit (tapFD), attached by the daemon (root): QEMU runs as an
 // unprivileged user that cannot open /dev/net/tun. A device without a
@@ -53,3 +56,23 @@ func openTap(name string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), "/dev/net/tun:"+name), nil
 }
 
+
+// openBootFiles opens the kernel and the initramfs (/dev/null when there
+// is none) for QEMU to inherit (bootFD).
+func openBootFiles(cfg vmm.Config) ([]*os.File, error) {
+	var files []*os.File
+	for _, p := range []string{cfg.Kernel, cfg.Initramfs} {
+		if p == "" {
+			p = os.DevNull
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			return nil, fmt.Errorf("boot file: %w", err)
+		}
+		files = append(files, f)
+	}
+	return files, nil
+}
