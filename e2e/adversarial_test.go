@@ -328,4 +328,3 @@ func fillTo(t *testing.T, dir string, target int64) []string {
 	t.Fatalf("could not fill %s to %d bytes free", dir, target)
 	return nil
 }
-

@@ -56,7 +56,6 @@ func openTap(name string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), "/dev/net/tun:"+name), nil
 }
 
-
 // openBootFiles opens the kernel and the initramfs (/dev/null when there
 // is none) for QEMU to inherit (bootFD).
 func openBootFiles(cfg vmm.Config) ([]*os.File, error) {
