@@ -35,6 +35,11 @@ func startDaemon(ctx context.Context, o Options, v variant) (*daemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The VMMs' user (den-vm) goes through to the state dir, as through
+	// /var/lib.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return nil, err
+	}
 	d := &daemon{dir: dir, vmm: v.name}
 	sock := filepath.Join(dir, "den.sock")
 	logf, err := os.Create(filepath.Join(dir, "daemon.log"))
