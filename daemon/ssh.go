@@ -15,7 +15,8 @@ import (
 
 // sshUpgrade turns the request's connection into an SSH connection whose
 // channels are relayed to the VM's agent: how `den exec` and `den ssh`
-// reach a VM. The socket is root's only, so there is no SSH auth here.
+// reach a VM. The connection proved its caller (identity.go), who must own
+// the VM, so there is no SSH auth here.
 func (s *Server) sshUpgrade(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	if r.Header.Get("Upgrade") != api.UpgradeSSH {
