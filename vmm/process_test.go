@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/denhq/den/internal/poll"
 )
 
 func TestProcessStartAdoptStop(t *testing.T) {
@@ -19,6 +21,12 @@ func TestProcessStartAdoptStop(t *testing.T) {
 	t.Cleanup(func() { _ = p.Stop(time.Second) })
 	if !p.Alive() || p.PID() <= 0 {
 		t.Fatalf("process not alive: pid %d", p.PID())
+	}
+	// Its output reaches the log (before it is stopped, which may come
+	// before the shell ran echo on a loaded machine).
+	if !logShows(rd.Log(), "started") {
+		data, _ := os.ReadFile(rd.Log())
+		t.Fatalf("log %q lacks the process output", data)
 	}
 	// A second supervisor (a restarted daemon) adopts it from the PID file.
 	a, err := AdoptProcess(rd.PIDFile())
@@ -42,19 +50,26 @@ func TestProcessStartAdoptStop(t *testing.T) {
 	if _, err := AdoptProcess(rd.PIDFile()); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("adopt of a dead process: %v, want ErrNotRunning", err)
 	}
-	data, _ := os.ReadFile(rd.Log())
-	if !strings.Contains(string(data), "started") {
-		t.Fatalf("log %q lacks the process output", data)
-	}
+}
+
+// logShows waits (bounded) until the log file holds want.
+func logShows(log, want string) bool {
+	return poll.Until(30*time.Second, func() bool {
+		data, _ := os.ReadFile(log)
+		return strings.Contains(string(data), want)
+	})
 }
 
 func TestProcessStopEscalatesToSIGKILL(t *testing.T) {
 	dir := t.TempDir()
-	p, err := StartProcess(ProcessSpec{Binary: "/bin/sh", Args: []string{"-c", "trap '' TERM; while :; do sleep 1; done"}, Log: filepath.Join(dir, "log")})
+	log := filepath.Join(dir, "log")
+	p, err := StartProcess(ProcessSpec{Binary: "/bin/sh", Args: []string{"-c", "trap '' TERM; echo trapped; while :; do sleep 1; done"}, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond) // let the shell install its trap
+	if !logShows(log, "trapped") { // the shell ignores SIGTERM from here
+		t.Fatal("the shell did not start")
+	}
 	if err := p.Stop(200 * time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
