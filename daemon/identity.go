@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -76,8 +77,17 @@ type Identities struct {
 	AdminGroup string
 
 	mu    sync.Mutex
-	cache map[uint32]Caller
+	cache map[uint32]cachedCaller
 }
+
+// cachedCaller is a looked-up uid, kept for callerTTL: a user added to
+// or removed from the admin group is seen within it.
+type cachedCaller struct {
+	c  Caller
+	at time.Time
+}
+
+const callerTTL = time.Minute
 
 // DefaultAdminGroup is the group whose members administer den.
 const DefaultAdminGroup = "den-admin"
@@ -86,17 +96,17 @@ const DefaultAdminGroup = "den-admin"
 func (ids *Identities) ofUID(uid uint32) (Caller, error) {
 	ids.mu.Lock()
 	defer ids.mu.Unlock()
-	if c, ok := ids.cache[uid]; ok {
-		return c, nil
+	if e, ok := ids.cache[uid]; ok && time.Since(e.at) < callerTTL {
+		return e.c, nil
 	}
 	c, err := ids.lookup(uid)
 	if err != nil {
 		return Caller{}, err
 	}
 	if ids.cache == nil || len(ids.cache) > 1024 {
-		ids.cache = map[uint32]Caller{}
+		ids.cache = map[uint32]cachedCaller{}
 	}
-	ids.cache[uid] = c
+	ids.cache[uid] = cachedCaller{c: c, at: time.Now()}
 	return c, nil
 }
 
