@@ -57,9 +57,6 @@ func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter 
 
 // auditCall records one API call.
 func (s *Server) auditCall(c Caller, r *http.Request, status int, start time.Time) {
-	if s.audit == nil {
-		return
-	}
 	verb := r.Pattern
 	if verb == "" {
 		verb = r.Method + " " + r.URL.Path
@@ -68,13 +65,12 @@ func (s *Server) auditCall(c Caller, r *http.Request, status int, start time.Tim
 	if status >= 300 && status != http.StatusSwitchingProtocols {
 		result = strconv.Itoa(status) + " " + http.StatusText(status)
 	}
-	s.writeAudit(audit.Record{Time: start.UTC(), User: c.User, Admin: c.Admin, Source: c.Source, Verb: verb,
+	writeAudit(s.audit, s.log, audit.Record{Time: start.UTC(), User: c.User, Admin: c.Admin, Source: c.Source, Verb: verb,
 		VM: r.PathValue("name"), Result: result, Status: status, Duration: time.Since(start)})
 }
 
-// writeAudit writes a record, logging (not failing) when it cannot.
-func (s *Server) writeAudit(rec audit.Record) { writeAudit(s.audit, s.log, rec) }
-
+// writeAudit writes a record to l (if any), logging (not failing) when
+// it cannot.
 func writeAudit(l *audit.Log, log *slog.Logger, rec audit.Record) {
 	if l == nil {
 		return

@@ -23,7 +23,7 @@ const sandboxArg = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcec
 func diskFDs(i int) (ro, rw int) { return 3 + 2*i, 4 + 2*i }
 
 // bootFD is the fd (in the QEMU process) of the kernel (i 0) or the
-// initramfs (i 1), after the disks' and the TAPs' (openBootFiles): the
+// initramfs (i 1), after the disks' and the TAPs' (inheritedFiles): the
 // image directory may be where QEMU's user cannot look (a home dir).
 func bootFD(cfg vmm.Config, i int) int { return 3 + 2*len(cfg.Disks) + len(cfg.Net) + i }
 
@@ -38,7 +38,7 @@ func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
 const TCGCacheMiB = 128
 
 // tapFD is the fd (in the QEMU process) of net device i's TAP, which
-// the daemon opens and passes after the disks' (openTaps).
+// the daemon opens and passes after the disks' (inheritedFiles).
 func tapFD(cfg vmm.Config, i int) int { return 3 + 2*len(cfg.Disks) + i }
 
 // buildArgs is the QEMU command line for cfg: a microvm with virtio-mmio

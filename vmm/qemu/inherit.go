@@ -9,30 +9,63 @@ import (
 	"github.com/denhq/den/vmm"
 )
 
-// The files QEMU inherits rather than opens by path: its user is not
-// root and may reach none of them.
-
-// openTaps opens the TAP of each of cfg's net devices for QEMU to
-// inherit (tapFD), attached by the daemon (root): QEMU runs as an
-// unprivileged user that cannot open /dev/net/tun. A device without a
-// TAP (user-mode networking) gets a placeholder (/dev/null), so that the
-// fds keep their numbers.
-func openTaps(cfg vmm.Config) ([]*os.File, error) {
-	var files []*os.File
+// inheritedFiles opens every file QEMU inherits rather than opens by
+// path (its user is not root and may reach none of them), in the order
+// of their fds: each disk's read-only and read-write fd (diskFDs; the
+// second a placeholder, /dev/null, for a read-only disk), each net
+// device's TAP (tapFD; /dev/null without one), then the kernel and the
+// initramfs (bootFD; /dev/null without one). On error none stays open.
+func inheritedFiles(cfg vmm.Config) (files []*os.File, err error) {
+	defer func() {
+		if err != nil {
+			closeAll(files)
+			files = nil
+		}
+	}()
+	for _, d := range cfg.Disks {
+		ro, err := os.Open(d.Path)
+		if err != nil {
+			return files, fmt.Errorf("disk %q: %w", d.ID, err)
+		}
+		files = append(files, ro)
+		rwPath, flag := d.Path, os.O_RDWR
+		if d.ReadOnly {
+			rwPath, flag = os.DevNull, os.O_RDONLY
+		}
+		rw, err := os.OpenFile(rwPath, flag, 0)
+		if err != nil {
+			return files, fmt.Errorf("disk %q: %w", d.ID, err)
+		}
+		files = append(files, rw)
+	}
 	for _, n := range cfg.Net {
 		f, err := openTap(n.Tap)
 		if err != nil {
-			for _, f := range files {
-				f.Close()
-			}
-			return nil, err
+			return files, err
+		}
+		files = append(files, f)
+	}
+	for _, p := range []string{cfg.Kernel, cfg.Initramfs} {
+		if p == "" {
+			p = os.DevNull
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return files, fmt.Errorf("boot file: %w", err)
 		}
 		files = append(files, f)
 	}
 	return files, nil
 }
 
-// openTap attaches to the existing TAP name (/dev/null for "").
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// openTap attaches to the existing TAP name (/dev/null for "") as the
+// daemon (root): QEMU's user cannot open /dev/net/tun.
 func openTap(name string) (*os.File, error) {
 	if name == "" {
 		return os.Open(os.DevNull)
@@ -54,24 +87,4 @@ func openTap(name string) (*os.File, error) {
 		return nil, fmt.Errorf("attach tap %s: %w", name, err)
 	}
 	return os.NewFile(uintptr(fd), "/dev/net/tun:"+name), nil
-}
-
-// openBootFiles opens the kernel and the initramfs (/dev/null when there
-// is none) for QEMU to inherit (bootFD).
-func openBootFiles(cfg vmm.Config) ([]*os.File, error) {
-	var files []*os.File
-	for _, p := range []string{cfg.Kernel, cfg.Initramfs} {
-		if p == "" {
-			p = os.DevNull
-		}
-		f, err := os.Open(p)
-		if err != nil {
-			for _, f := range files {
-				f.Close()
-			}
-			return nil, fmt.Errorf("boot file: %w", err)
-		}
-		files = append(files, f)
-	}
-	return files, nil
 }

@@ -205,19 +205,13 @@ func (v *VMM) checkNoVM(op string) error {
 
 // launch starts the QEMU process for cfg and waits until QMP answers.
 func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
-	for _, d := range cfg.Disks {
-		if _, err := os.Stat(d.Path); err != nil {
-			return fmt.Errorf("disk %q: %w", d.ID, err)
-		}
+	// Opened first: a missing disk or boot file fails before anything
+	// is written.
+	files, err := inheritedFiles(cfg)
+	if err != nil {
+		return err
 	}
-	for _, p := range []string{cfg.Kernel, cfg.Initramfs} {
-		if p == "" {
-			continue
-		}
-		if _, err := os.Stat(p); err != nil {
-			return fmt.Errorf("boot file: %w", err)
-		}
-	}
+	defer closeAll(files)
 	rd := v.opts.RunDir
 	for _, p := range []string{rd.APISocket(), rd.AgentSocket()} {
 		_ = os.Remove(p)
@@ -231,32 +225,6 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
 			return err
 		}
 	}
-	disks, err := openDisks(cfg)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		for _, f := range disks {
-			f.Close()
-		}
-	}()
-	taps, err := openTaps(cfg)
-	if err != nil {
-		return err
-	}
-	boot, err := openBootFiles(cfg)
-	if err != nil {
-		for _, f := range taps {
-			f.Close()
-		}
-		return err
-	}
-	taps = append(taps, boot...)
-	defer func() {
-		for _, f := range taps {
-			f.Close()
-		}
-	}()
 	args := buildArgs(cfg, rd, v.ramFile(), v.accelerator(), incoming)
 	proc, err := vmm.StartProcess(vmm.ProcessSpec{
 		Binary:     v.opts.Binary,
@@ -265,7 +233,7 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
 		PIDFile:    rd.PIDFile(),
 		Dir:        rd.Path(),
 		Confine:    v.opts.Confine,
-		ExtraFiles: append(disks, taps...),
+		ExtraFiles: files,
 	})
 	if err != nil {
 		return err
@@ -278,36 +246,6 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
 		return err
 	}
 	return nil
-}
-
-// openDisks opens the VM's disks for QEMU to inherit (diskFDs): each
-// read-only and read-write, the second a placeholder (/dev/null) for a
-// read-only disk, so that the fds keep their numbers.
-func openDisks(cfg vmm.Config) ([]*os.File, error) {
-	var files []*os.File
-	fail := func(err error) ([]*os.File, error) {
-		for _, f := range files {
-			f.Close()
-		}
-		return nil, err
-	}
-	for _, d := range cfg.Disks {
-		ro, err := os.Open(d.Path)
-		if err != nil {
-			return fail(fmt.Errorf("disk %q: %w", d.ID, err))
-		}
-		files = append(files, ro)
-		rwPath, flag := d.Path, os.O_RDWR
-		if d.ReadOnly {
-			rwPath, flag = os.DevNull, os.O_RDONLY
-		}
-		rw, err := os.OpenFile(rwPath, flag, 0)
-		if err != nil {
-			return fail(fmt.Errorf("disk %q: %w", d.ID, err))
-		}
-		files = append(files, rw)
-	}
-	return files, nil
 }
 
 // waitQMP waits, bounded by ctx, for the QMP socket to answer.
