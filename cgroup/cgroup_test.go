@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -41,7 +42,7 @@ func procCgroup(t *testing.T, pid int, ctrl string) string {
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.SplitN(line, ":", 3)
-		if len(f) == 3 && contains(strings.Split(f[1], ","), ctrl) || len(f) == 3 && ctrl == "" && f[1] == "" {
+		if len(f) == 3 && slices.Contains(strings.Split(f[1], ","), ctrl) || len(f) == 3 && ctrl == "" && f[1] == "" {
 			return f[2]
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -75,7 +76,7 @@ func enable(dir string) error {
 	enabled := strings.Fields(string(on))
 	var want []string
 	for _, c := range v2Controllers {
-		if contains(have, c) && !contains(enabled, c) {
+		if slices.Contains(have, c) && !slices.Contains(enabled, c) {
 			want = append(want, "+"+c)
 		}
 	}
@@ -83,15 +84,6 @@ func enable(dir string) error {
 		return nil
 	}
 	return writeFile(filepath.Join(dir, "cgroup.subtree_control"), strings.Join(want, " "))
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // v2Group is one VM's group in the unified hierarchy.

@@ -25,7 +25,7 @@ func diskFDs(i int) (ro, rw int) { return 3 + 2*i, 4 + 2*i }
 // bootFD is the fd (in the QEMU process) of the kernel (i 0) or the
 // initramfs (i 1), after the disks' and the TAPs' (inheritedFiles): the
 // image directory may be where QEMU's user cannot look (a home dir).
-func bootFD(cfg vmm.Config, i int) int { return 3 + 2*len(cfg.Disks) + len(cfg.Net) + i }
+func bootFD(cfg vmm.Config, i int) int { return tapFD(cfg, len(cfg.Net)) + i }
 
 // fdPath names an inherited fd as a path QEMU opens (the magic link
 // reopens the file itself, whatever the directories above it allow).

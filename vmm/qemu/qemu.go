@@ -219,13 +219,13 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
 	if err := fsutil.WriteJSONAtomic(rd.ConfigFile(), cfg, 0o600); err != nil {
 		return err
 	}
+	ram := v.ramFile()
 	if u := v.opts.Confine.User; u != nil {
-		ram := v.ramFile()
 		if err := u.Own(rd.Path(), rd.ConsoleLog(), filepath.Dir(ram), ram); err != nil {
 			return err
 		}
 	}
-	args := buildArgs(cfg, rd, v.ramFile(), v.accelerator(), incoming)
+	args := buildArgs(cfg, rd, ram, v.accelerator(), incoming)
 	proc, err := vmm.StartProcess(vmm.ProcessSpec{
 		Binary:     v.opts.Binary,
 		Args:       args,
