@@ -357,6 +357,18 @@ type Policy struct {
 	Seal string
 	// Sealing: the large files' digests are being written right now.
 	Sealing bool
+	// Local maps files (slash paths) to host paths read in their place:
+	// local copies of them, which the restore reads instead, are checked
+	// against the snapshot's digests.
+	Local map[string]string
+}
+
+// path is where file rel of the snapshot in dir is read.
+func (p Policy) path(dir, rel string) string {
+	if l, ok := p.Local[rel]; ok {
+		return l
+	}
+	return filepath.Join(dir, filepath.FromSlash(rel))
 }
 
 func (p Policy) whole(rel string) bool {
@@ -409,7 +421,7 @@ func Verify(ctx context.Context, dir string, p Policy) ([]FileResult, error) {
 	}
 	for _, rel := range sortedKeys(man.Large) {
 		res := FileResult{File: rel, Size: man.Large[rel], Status: "unsealed", Detail: "its digests are not written yet"}
-		st, err := os.Stat(filepath.Join(dir, filepath.FromSlash(rel)))
+		st, err := os.Stat(p.path(dir, rel))
 		switch {
 		case err != nil && !errors.Is(err, os.ErrNotExist):
 			return out, err
@@ -436,7 +448,7 @@ func verifyFile(ctx context.Context, dir, rel string, fd FileDigest, p Policy) (
 		}
 		return res, e
 	}
-	f, err := os.Open(filepath.Join(dir, filepath.FromSlash(rel)))
+	f, err := os.Open(p.path(dir, rel))
 	if errors.Is(err, os.ErrNotExist) {
 		return damaged(&DamageError{File: rel, Extent: -1, Detail: "is missing"})
 	}

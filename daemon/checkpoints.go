@@ -241,7 +241,7 @@ func (s *Server) sleep(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	s.getVM(w, r)
+	s.briefVM(w, r)
 }
 
 func (s *Server) wake(w http.ResponseWriter, r *http.Request) {
@@ -259,7 +259,7 @@ func (s *Server) wake(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	s.getVM(w, r)
+	s.briefVM(w, r)
 }
 
 func (s *Server) resize(w http.ResponseWriter, r *http.Request) {

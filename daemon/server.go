@@ -243,6 +243,17 @@ func (s *Server) getVM(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, toAPI(st))
 }
 
+// briefVM answers a lifecycle verb with the VM as it now is, its disk's
+// use as last measured (machine.Brief): the verb was authorised already.
+func (s *Server) briefVM(w http.ResponseWriter, r *http.Request) {
+	st, err := s.m.Brief(r.Context(), r.PathValue("name"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toAPI(st))
+}
+
 func (s *Server) removeVM(w http.ResponseWriter, r *http.Request) {
 	force, err := boolQuery(r, "force")
 	if err != nil {
@@ -411,7 +422,7 @@ func detach(client context.Context) (context.Context, context.CancelFunc) {
 
 // vmEvent is the final event of an operation that leaves a VM.
 func (s *Server) vmEvent(ctx context.Context, name string) (api.Event, error) {
-	st, err := s.m.Get(ctx, name)
+	st, err := s.m.Brief(ctx, name)
 	if err != nil {
 		return api.Event{}, err
 	}

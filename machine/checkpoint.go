@@ -82,10 +82,11 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 		return registry.Checkpoint{}, err
 	}
 	rec := checkpoint.Record{VM: vm.Name, ID: id, Seq: seq, Parent: sp.Head, Comment: o.Comment, VMM: vm.VMM}
+	var memCopy *memCopyJob // the RAM file's local copy, made while paused
 	from := checkpoint.From{Disk: storage.VMDisk(vm.Name), DiskOnly: o.DiskOnly}
 	switch {
 	case running:
-		from.Guest = guestOf{m, in}
+		from.Guest = guestOf{m: m, in: in, mem: &memCopy}
 	case vm.State == registry.StateSleeping:
 		from.Suspend = storage.SuspendDir(vm.Name)
 		if !o.DiskOnly {
@@ -97,6 +98,11 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 		}
 	}
 	rec, err = m.store().Take(ctx, rec, from, checkpoint.TakeHooks{Progress: progress, Crash: crashpoint, Log: m.log})
+	if err == nil {
+		memCopy.keep(checkpointKey(id, rec.Seal))
+	} else {
+		memCopy.drop()
+	}
 	if errors.Is(err, checkpoint.ErrLeftPaused) && in != nil {
 		// Never a paused VM recorded as running: stop it and say so.
 		in.close(true)
@@ -139,11 +145,27 @@ func (m *Manager) sizesLater(vm, id string) {
 type guestOf struct {
 	m  *Manager
 	in *instance
+	// mem, when set, receives the local copy of the RAM file that
+	// Snapshot makes beside the volume's (memcopy.go).
+	mem **memCopyJob
 }
 
-func (g guestOf) Pause(ctx context.Context) error                { return g.in.hv.Pause(ctx) }
-func (g guestOf) Resume(ctx context.Context) error               { return g.in.hv.Resume(ctx) }
-func (g guestOf) Snapshot(ctx context.Context, dir string) error { return g.in.hv.Snapshot(ctx, dir) }
+func (g guestOf) Pause(ctx context.Context) error  { return g.in.hv.Pause(ctx) }
+func (g guestOf) Resume(ctx context.Context) error { return g.in.hv.Resume(ctx) }
+
+// Snapshot writes the paused VM's snapshot and, when asked, a local copy
+// of its memory at the same time; the VM stays paused until both are
+// whole.
+func (g guestOf) Snapshot(ctx context.Context, dir string) error {
+	var job *memCopyJob
+	if g.mem != nil {
+		job = g.m.startMemCopy(g.in.name)
+		*g.mem = job
+	}
+	err := g.in.hv.Snapshot(ctx, dir)
+	job.wait()
+	return err
+}
 
 func (g guestOf) Freeze(ctx context.Context) error {
 	c, err := g.m.agentClient(ctx, g.in)
@@ -249,6 +271,7 @@ func (m *Manager) deleteCheckpoint(ctx context.Context, name, id string) error {
 	if err := m.store().Retire(ctx, name, id); err != nil {
 		return err
 	}
+	m.memc.drop(name, id+"-")
 	if err := m.db.DeleteCheckpoint(ctx, name, id); err != nil && !errors.Is(err, registry.ErrNotFound) {
 		return err
 	}

@@ -33,6 +33,9 @@ type snapshotRef struct {
 	// disk: dir holds a disk (a checkpoint or a warm base); a suspend
 	// slot holds only the VMM's snapshot.
 	disk bool
+	// local is a local copy of the snapshot's memory file (memcopy.go),
+	// read and checked in place of the volume's; "" for none.
+	local string
 }
 
 func checkpointRef(cp registry.Checkpoint) snapshotRef {
@@ -41,7 +44,7 @@ func checkpointRef(cp registry.Checkpoint) snapshotRef {
 }
 
 func suspendRef(vm, seal string) snapshotRef {
-	return snapshotRef{dir: storage.SuspendDir(vm), what: fmt.Sprintf("the memory %q slept with", vm), seal: seal}
+	return snapshotRef{dir: storage.SuspendDir(vm), what: fmt.Sprintf("the memory %q slept with", vm), vm: vm, seal: seal}
 }
 
 // The verification policy (docs/reliability.md, "Integrity"), from what
@@ -94,6 +97,9 @@ func (m *Manager) busyOps() int {
 // policy is what verification reads of ref before a VMM restores it.
 func (m *Manager) policy(ref snapshotRef, lazy bool) checkpoint.Policy {
 	p := checkpoint.Policy{Seal: ref.seal, Sealing: m.seal.busy(ref.dir)}
+	if ref.local != "" {
+		p.Local = map[string]string{ref.memoryRel(): ref.local}
+	}
 	switch {
 	case lazy:
 		p.Sample = lazySample
@@ -124,6 +130,15 @@ func (m *Manager) verify(ctx context.Context, ref snapshotRef, vmmName string) e
 		return err
 	}
 	_, err = checkpoint.Verify(ctx, host, m.policy(ref, m.lazyRestore(vmmName)))
+	var dmg *checkpoint.DamageError
+	if ref.local != "" && errors.As(err, &dmg) && dmg.File == ref.memoryRel() {
+		// The local copy is damaged, not the snapshot: it goes, and
+		// the volume's copy is checked (and then read) instead.
+		m.log.Warn("den: a local memory copy failed verification: dropped", "snapshot", ref.what, "err", err)
+		_ = os.Remove(ref.local)
+		ref.local = ""
+		_, err = checkpoint.Verify(ctx, host, m.policy(ref, m.lazyRestore(vmmName)))
+	}
 	if errors.Is(err, checkpoint.ErrUnsealed) {
 		m.log.Info("den: restoring a snapshot without digests", "snapshot", ref.what)
 		return nil

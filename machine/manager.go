@@ -70,6 +70,10 @@ type Config struct {
 	// RAMDir holds the files that back guest RAM; empty: a tmpfs den
 	// mounts at State.RAM().
 	RAMDir string
+	// MemoryCopies is how much of the state dir's disk local copies of
+	// snapshots' memory may take (memcopy.go): 0 is
+	// DefaultMemoryCopies, below 0 none are kept.
+	MemoryCopies int64
 	// NoDigests leaves snapshots without digests and restores without
 	// verification (den bench measures what they cost).
 	NoDigests bool
@@ -98,6 +102,10 @@ type Config struct {
 	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
 }
+
+// DefaultMemoryCopies is the disk local copies of snapshots' memory may
+// take by default.
+const DefaultMemoryCopies = 4 << 30
 
 // DefaultDrainTimeout bounds Close's wait for operations in flight.
 const DefaultDrainTimeout = 5 * time.Minute
@@ -137,6 +145,9 @@ type Manager struct {
 	ramWhere string // where that is, for den doctor
 
 	conf *confinement // the VMMs' user and cgroups (confine.go)
+
+	usage usageCache // the disks' last measured use (usage.go)
+	memc  *memCopies // local copies of snapshots' memory (memcopy.go)
 
 	seal       sealer         // digests snapshots' large files
 	background sync.WaitGroup // digests and verifications under way
@@ -204,6 +215,14 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m.setupRAM()
+	budget := cfg.MemoryCopies
+	if budget == 0 {
+		budget = DefaultMemoryCopies
+	}
+	if err := m.initMemCopies(budget); err != nil {
+		closeDB()
+		return nil, fmt.Errorf("local memory copies: %w", err)
+	}
 	if err := m.setupConfine(); err != nil {
 		closeDB()
 		return nil, err

@@ -28,6 +28,10 @@ func (s StateDir) GatewayKey() string { return filepath.Join(string(s), "keys", 
 func (s StateDir) APICert() string { return filepath.Join(string(s), "keys", "api.crt") }
 func (s StateDir) APIKey() string  { return filepath.Join(string(s), "keys", "api.key") }
 
+// MemoryCopies holds local copies of snapshots' memory (memcopy.go), a
+// directory per VM.
+func (s StateDir) MemoryCopies() string { return filepath.Join(string(s), "memory") }
+
 // Audit is the directory of the audit log.
 func (s StateDir) Audit() string { return filepath.Join(string(s), "audit") }
 

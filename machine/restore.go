@@ -20,8 +20,10 @@ import (
 // taken. check, when set, runs while the VMM starts (a verification of
 // the snapshot): the restore goes on only if it passes. disks, when set,
 // is waited for before the VMM opens the VM's disk (a clone still under
-// way while the memory is read in).
-func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snapDir storage.Path, check func(context.Context) error, disks func() error) (*instance, error) {
+// way while the memory is read in). local, when set and still there once
+// check passed, is a local copy of the snapshot's memory the VMM reads
+// instead of the volume's (memcopy.go).
+func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snapDir storage.Path, local string, check func(context.Context) error, disks func() error) (*instance, error) {
 	checked := make(chan error, 1)
 	if check == nil {
 		checked <- nil
@@ -108,8 +110,13 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	if err != nil {
 		return fail(err)
 	}
+	if local != "" {
+		if _, err := os.Stat(local); err != nil {
+			local = "" // dropped by the verification
+		}
+	}
 	end = phase.Begin(ctx, "vmm restore")
-	err = hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg, DisksReady: disks})
+	err = hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg, DisksReady: disks, LocalMemory: local})
 	end()
 	if err != nil {
 		return fail(err)
@@ -276,12 +283,14 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 	// before it is gone leaves it to the next try; no wake uses it, the
 	// VM being recorded as restoring).
 	dropped := m.meanwhile(ctx, "volume: drop the suspend slot", "", func() error {
+		m.memc.drop(name, "suspend-")
 		return m.vol.Remove(ctx, storage.SuspendDir(name))
 	})
 	defer dropped() // never returns before it is gone
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		progress("restoring memory")
-		in, err := m.restoreInto(ctx, vm, sp, checkpoint.Dir(name, id).Join(checkpoint.VMMDir), nil, cloned)
+		local := m.memc.local(name, checkpointKey(id, cp.Seal))
+		in, err := m.restoreInto(ctx, vm, sp, checkpoint.Dir(name, id).Join(checkpoint.VMMDir), local, nil, cloned)
 		if err != nil {
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}

@@ -78,10 +78,14 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
 	crashpoint("sleep-after-pause")
+	// The RAM file is copied locally while the snapshot is written: a
+	// wake reads that copy (memcopy.go).
+	memCopy := m.startMemCopy(name)
+	defer memCopy.drop() // unless kept below
 	// undo runs the paused VM again after a failure; a VM that cannot be
 	// resumed is stopped and recorded so, never left paused as running.
 	undo := func(cause error) error {
-		if rerr := checkpoint.Resume(context.WithoutCancel(ctx), guestOf{m, in}, m.log); rerr != nil {
+		if rerr := checkpoint.Resume(context.WithoutCancel(ctx), guestOf{m: m, in: in}, m.log); rerr != nil {
 			stopped = true
 			m.stopInstance(ctx, in, false)
 			m.recordStopped(ctx, name, fmt.Sprintf("sleep failed (%v) and the vm could not be resumed (%v); it boots from its disk when next used", cause, rerr))
@@ -137,6 +141,7 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 		return undo(err)
 	}
 	crashpoint("sleep-after-record")
+	memCopy.keep(suspendKey(seal)) // before the VMM and its RAM file go
 	stopped = true
 	end = phase.Begin(ctx, "stop vmm")
 	m.stopInstance(ctx, in, false)
@@ -168,19 +173,22 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 	if err != nil {
 		return err
 	}
-	// The memory is verified while the VMM starts.
+	// The memory is verified while the VMM starts: the local copy of it
+	// when there is one, which is then what the VMM reads.
+	ref := m.withLocalMemory(suspendRef(vm.Name, sp.SuspendSeal), suspendKey(sp.SuspendSeal))
 	check := func(ctx context.Context) error {
-		if err := m.verify(ctx, suspendRef(vm.Name, sp.SuspendSeal), vm.VMM); err != nil {
+		if err := m.verify(ctx, ref, vm.VMM); err != nil {
 			return fmt.Errorf("%w; it stays asleep: restore a checkpoint (den checkpoints %s)", err, vm.Name)
 		}
 		return nil
 	}
-	in, err := m.restoreInto(ctx, vm, sp, suspendRef(vm.Name, sp.SuspendSeal).dir, check, nil)
+	in, err := m.restoreInto(ctx, vm, sp, ref.dir, ref.local, check, nil)
 	if err != nil {
 		if errors.Is(err, errGuestRan) {
 			// The guest ran (and may have written its disk) before the
 			// wake failed: its saved memory no longer matches its disk.
 			// It boots from the disk when next used.
+			m.memc.drop(vm.Name, "suspend-")
 			_ = m.vol.Remove(context.WithoutCancel(ctx), storage.SuspendDir(vm.Name))
 			m.recordStopped(ctx, vm.Name, "wake failed after the guest ran ("+err.Error()+"); it boots from its disk when next used")
 		}

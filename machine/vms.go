@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/denhq/den/registry"
-	"github.com/denhq/den/storage"
 )
 
 // Status is a VM's record checked against reality, with live figures.
@@ -47,7 +46,18 @@ func (m *Manager) Get(ctx context.Context, name string) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	return m.status(ctx, vm), nil
+	return m.status(ctx, vm, true), nil
+}
+
+// Brief is Get without measuring the disk's use: DiskUsed is the last
+// figure measured. It answers lifecycle verbs (wake, sleep, restore,
+// create), which should not pay for a juicefs process each.
+func (m *Manager) Brief(ctx context.Context, name string) (Status, error) {
+	vm, err := m.get(ctx, name)
+	if err != nil {
+		return Status{}, err
+	}
+	return m.status(ctx, vm, false), nil
 }
 
 // Record returns a VM's record as it is, without looking at (or
@@ -65,13 +75,15 @@ func (m *Manager) List(ctx context.Context, owner string) ([]Status, error) {
 	}
 	out := make([]Status, 0, len(vms))
 	for _, vm := range vms {
-		out = append(out, m.status(ctx, vm))
+		out = append(out, m.status(ctx, vm, true))
 	}
 	return out, nil
 }
 
-// status checks a record against the live instance, with live figures.
-func (m *Manager) status(ctx context.Context, vm registry.VM) Status {
+// status checks a record against the live instance, with live figures;
+// the disk's use is measured afresh when measure says so, else the last
+// figure.
+func (m *Manager) status(ctx context.Context, vm registry.VM, measure bool) Status {
 	in := m.instance(vm.Name)
 	if vm.State == registry.StateRunning && (in == nil || !alive(in)) {
 		if fresh, err := m.reconcileVM(ctx, vm.Name); err == nil {
@@ -83,9 +95,7 @@ func (m *Manager) status(ctx context.Context, vm registry.VM) Status {
 	if sp, err := decodeSpec(vm); err == nil {
 		st.Net, st.IP, st.Egress = m.netSummary(vm, sp)
 	}
-	if u, err := m.vol.Usage(ctx, storage.VMDisk(vm.Name)); err == nil {
-		st.DiskUsed = u.Data
-	}
+	st.DiskUsed = m.diskUsed(ctx, vm.Name, measure)
 	if vm.State == registry.StateRunning && in != nil && alive(in) {
 		st.PID = in.hv.PID()
 		st.Cgroup = m.cgroupStatus(vm.Name)
@@ -126,6 +136,8 @@ func (m *Manager) Remove(ctx context.Context, name string, force bool) error {
 		m.stopInstance(ctx, in, !force)
 	}
 	m.destroy(ctx, name)
+	m.forgetUsage(name)
+	m.memc.drop(name, "")
 	_ = os.RemoveAll(m.state.Run(name).Path())
 	if err := m.db.DeleteCheckpoints(ctx, name); err != nil {
 		return fmt.Errorf("remove vm %q: %w", name, err)

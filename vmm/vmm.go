@@ -218,6 +218,11 @@ type RestoreOptions struct {
 	// disks: a disk still being cloned while the memory is read in. Its
 	// error fails the restore before the guest runs.
 	DisksReady func() error
+	// LocalMemory, when set, is a byte-for-byte copy of the snapshot's
+	// memory file on the host's own disk (the caller checked it matches):
+	// a driver that copies memory in reads it there rather than through
+	// the volume. Drivers that map the snapshot's memory ignore it.
+	LocalMemory string
 }
 
 // WaitDisks waits for o.DisksReady, if any.

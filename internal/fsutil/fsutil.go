@@ -78,7 +78,7 @@ func CopySparse(src, dst string) error {
 
 // CopySparseExtents is CopySparse that also returns the data ranges it
 // copied: kept beside a copy on a filesystem that cannot tell holes
-// (FUSE), they let CopyExtents copy it back without reading the holes.
+// (FUSE), they let CopyInto copy it back without reading the holes.
 func CopySparseExtents(src, dst string) ([]Extent, error) {
 	in, err := os.Open(src)
 	if err != nil {
@@ -90,7 +90,7 @@ func CopySparseExtents(src, dst string) ([]Extent, error) {
 		return nil, fmt.Errorf("copy %s: %w", src, err)
 	}
 	var ext []Extent
-	err = writeSynced(dst, st.Size(), st.Mode().Perm(), func(out *os.File) error {
+	err = writeFile(dst, st.Size(), st.Mode().Perm(), true, func(out *os.File) error {
 		ext, err = copyRanges(in, out, st.Size())
 		return err
 	})
@@ -100,24 +100,21 @@ func CopySparseExtents(src, dst string) ([]Extent, error) {
 	return ext, nil
 }
 
-// CopyExtents copies only the given data ranges of src into dst (created
-// or truncated to size); the rest of dst is holes. dst is fsynced.
-func CopyExtents(src, dst string, size int64, ext []Extent) error {
+// CopySparseCache is CopySparse without the fsync, for a cache: a copy a
+// crash may tear, which its user checks or throws away.
+func CopySparseCache(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return fmt.Errorf("copy %s: %w", src, err)
 	}
 	defer in.Close()
-	err = writeSynced(dst, size, 0o600, func(out *os.File) error {
-		for _, e := range ext {
-			if e.Off < 0 || e.Len < 0 || e.Off+e.Len > size {
-				return fmt.Errorf("extent %d+%d outside a file of %d bytes", e.Off, e.Len, size)
-			}
-			if err := copyRange(in, out, e.Off, e.Len); err != nil {
-				return err
-			}
-		}
-		return nil
+	st, err := in.Stat()
+	if err != nil {
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	err = writeFile(dst, st.Size(), 0o600, false, func(out *os.File) error {
+		_, err := copyRanges(in, out, st.Size())
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("copy %s to %s: %w", src, dst, err)
@@ -125,8 +122,60 @@ func CopyExtents(src, dst string, size int64, ext []Extent) error {
 	return nil
 }
 
-// writeSynced creates dst, lets fill write it, sets its size and fsyncs.
-func writeSynced(dst string, size int64, perm os.FileMode, fill func(*os.File) error) error {
+// CopyInto copies data ranges of src into the same offsets of dst, an
+// existing file as large as src whose other bytes are zeros (holes): the
+// ranges ext lists, or, when ext is nil, every data range of src. dst is
+// written in place, never truncated nor replaced (another process may
+// have it mapped), and not synced: it is a guest's RAM file on a memory
+// filesystem.
+func CopyInto(src, dst string, ext []Extent) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	err = func() error {
+		ist, err := in.Stat()
+		if err != nil {
+			return err
+		}
+		ost, err := out.Stat()
+		if err != nil {
+			return err
+		}
+		if ist.Size() != ost.Size() {
+			return fmt.Errorf("%s is %d bytes, %s %d", src, ist.Size(), dst, ost.Size())
+		}
+		if ext == nil {
+			_, err := copyRanges(in, out, ist.Size())
+			return err
+		}
+		for _, e := range ext {
+			if e.Off < 0 || e.Len < 0 || e.Off+e.Len > ist.Size() {
+				return fmt.Errorf("extent %d+%d outside a file of %d bytes", e.Off, e.Len, ist.Size())
+			}
+			if err := copyRange(in, out, e.Off, e.Len); err != nil {
+				return err
+			}
+		}
+		return nil
+	}()
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("copy %s to %s: %w", src, dst, err)
+	}
+	return nil
+}
+
+// writeFile creates dst, lets fill write it, sets its size and, when
+// sync says so, fsyncs it.
+func writeFile(dst string, size int64, perm os.FileMode, sync bool, fill func(*os.File) error) error {
 	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, perm)
 	if err != nil {
 		return err
@@ -139,9 +188,11 @@ func writeSynced(dst string, size int64, perm os.FileMode, fill func(*os.File) e
 		out.Close()
 		return err
 	}
-	if err := out.Sync(); err != nil {
-		out.Close()
-		return err
+	if sync {
+		if err := out.Sync(); err != nil {
+			out.Close()
+			return err
+		}
 	}
 	return out.Close()
 }

@@ -61,7 +61,7 @@ func TestCopySparseKeepsHoles(t *testing.T) {
 	}
 }
 
-func TestCopyExtentsRoundTrip(t *testing.T) {
+func TestCopyIntoRoundTrip(t *testing.T) {
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src")
 	f, _ := os.Create(src)
@@ -78,15 +78,29 @@ func TestCopyExtentsRoundTrip(t *testing.T) {
 		t.Fatalf("extents %v, want 2", ext)
 	}
 	back := filepath.Join(dir, "back")
-	if err := CopyExtents(mid, back, 32<<20, ext); err != nil {
+	for _, e := range [][]Extent{ext, nil} { // the map, then SEEK_DATA
+		if err := os.WriteFile(back, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(back, 32<<20); err != nil {
+			t.Fatal(err)
+		}
+		if err := CopyInto(mid, back, e); err != nil {
+			t.Fatal(err)
+		}
+		a, _ := os.ReadFile(src)
+		b, _ := os.ReadFile(back)
+		if !bytes.Equal(a, b) {
+			t.Fatalf("round trip (extents %v) differs", e)
+		}
+	}
+	if err := CopyInto(mid, back, []Extent{{Off: 31 << 20, Len: 2 << 20}}); err == nil {
+		t.Fatal("an extent past the end was accepted")
+	}
+	if err := os.Truncate(back, 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	a, _ := os.ReadFile(src)
-	b, _ := os.ReadFile(back)
-	if !bytes.Equal(a, b) {
-		t.Fatal("round trip differs")
-	}
-	if err := CopyExtents(mid, back, 1<<20, ext); err == nil {
-		t.Fatal("an extent past the end was accepted")
+	if err := CopyInto(mid, back, ext); err == nil {
+		t.Fatal("a copy into a file of another size was accepted")
 	}
 }

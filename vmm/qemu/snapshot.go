@@ -15,6 +15,10 @@ import (
 	"github.com/denhq/den/vmm"
 )
 
+// MemoryFile is the guest RAM's copy in a QEMU snapshot directory (none
+// when the RAM went into the state stream).
+const MemoryFile = snapMemory
+
 // Files of a QEMU snapshot directory.
 const (
 	snapState  = "state"       // device state (migration stream, RAM excluded)
@@ -110,32 +114,53 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	if err := os.MkdirAll(v.opts.RunDir.Path(), 0o700); err != nil {
 		return fmt.Errorf("restore vm: %w", err)
 	}
+	// The memory is copied while QEMU starts: QEMU maps the RAM file
+	// made here at its full size, and touches none of it before the
+	// incoming migration (ROMs are not loaded into RAM while it waits
+	// for one), which starts once the copy is over.
+	copied := make(chan error, 1)
 	if meta.RAMInStream {
 		// The stream fills a fresh RAM file.
 		_ = os.Remove(v.ramFile())
+		copied <- nil
 	} else {
-		end := phase.Begin(ctx, "qemu: copy memory")
-		err := copyMemory(dir, v.ramFile())
-		end()
-		if err != nil {
+		if err := makeRAMFile(v.ramFile(), cfg.MemoryBytes); err != nil {
 			return fmt.Errorf("restore vm: memory: %w", err)
 		}
+		src, step := filepath.Join(dir, snapMemory), "qemu: copy memory"
+		if opts.LocalMemory != "" {
+			src, step = opts.LocalMemory, "qemu: copy memory (local copy)"
+		}
+		go func() {
+			defer phase.Begin(ctx, step)()
+			copied <- copyMemory(dir, src, v.ramFile())
+		}()
+	}
+	waitCopy := func() error {
+		defer phase.Begin(ctx, "qemu: wait for the memory")()
+		if err := <-copied; err != nil {
+			return fmt.Errorf("memory: %w", err)
+		}
+		return nil
 	}
 	end := phase.Begin(ctx, "wait for the disks")
 	err = opts.WaitDisks()
 	end()
-	if err != nil {
-		return fmt.Errorf("restore vm: %w", err)
+	if err == nil {
+		end = phase.Begin(ctx, "qemu: launch")
+		err = v.launch(ctx, cfg, true)
+		end()
 	}
-	end = phase.Begin(ctx, "qemu: launch")
-	err = v.launch(ctx, cfg, true)
-	end()
 	if err != nil {
+		_ = waitCopy() // nothing writes the RAM file once this returns
 		return fmt.Errorf("restore vm: %w", err)
 	}
 	fail := func(err error) error {
 		_ = v.Shutdown(context.Background())
 		return fmt.Errorf("restore vm from %s: %w", dir, err)
+	}
+	if err := waitCopy(); err != nil {
+		return fail(err)
 	}
 	if err := v.setIgnoreShared(ctx, !meta.RAMInStream); err != nil {
 		return fail(err)
@@ -166,23 +191,35 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	return nil
 }
 
-// copyMemory copies a snapshot's RAM file into place: only its recorded
-// data ranges when the snapshot has a map, else a sparse copy.
-func copyMemory(dir, dst string) error {
-	src := filepath.Join(dir, snapMemory)
-	data, err := os.ReadFile(filepath.Join(dir, snapExtent))
-	if err != nil {
-		return fsutil.CopySparse(src, dst)
-	}
-	var ext []fsutil.Extent
-	if err := json.Unmarshal(data, &ext); err != nil {
-		return fmt.Errorf("corrupt %s: %w", snapExtent, err)
-	}
-	st, err := os.Stat(src)
+// makeRAMFile makes the guest's RAM file empty (all holes) at its full
+// size, for QEMU to map while copyMemory fills it.
+func makeRAMFile(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
 	}
-	return fsutil.CopyExtents(src, dst, st.Size(), ext)
+	err = f.Truncate(size)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// copyMemory copies src, the memory file of the snapshot in dir (or a
+// local copy of it), into the RAM file dst, which makeRAMFile made (QEMU
+// may have it mapped: it is written in place, never replaced): only the
+// data ranges dir's map records when it has one, else the data a sparse
+// read finds.
+func copyMemory(dir, src, dst string) error {
+	var ext []fsutil.Extent
+	if data, err := os.ReadFile(filepath.Join(dir, snapExtent)); err == nil {
+		if err := json.Unmarshal(data, &ext); err != nil {
+			return fmt.Errorf("corrupt %s: %w", snapExtent, err)
+		}
+	} else {
+		ext = nil // no map: every data range of src
+	}
+	return fsutil.CopyInto(src, dst, ext)
 }
 
 // readSnapshot checks a snapshot directory and returns its config and

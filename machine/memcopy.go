@@ -1,0 +1,236 @@
+package machine
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/vmm/qemu"
+)
+
+// Local copies of snapshots' memory. A QEMU restore copies the snapshot's
+// memory file into the guest's RAM file; read through the volume's FUSE
+// mount, right after the snapshot was written, that copy is most of a
+// wake (some 300 ms for 110 MiB of data here, where the page cache gives
+// it in a third of that). So while a VM is paused for a sleep or a
+// checkpoint, and the volume's copy is being written anyway, den also
+// copies the RAM file to the state dir's disk (STATE/memory/VM/KEY), and a
+// wake or restore of that snapshot reads the local copy instead.
+//
+// A local copy is named by the snapshot's seal (the id of its digests):
+// it is used only for that very snapshot, and it is checked against the
+// snapshot's digests exactly as the volume's copy would be (a damaged one
+// is dropped and the volume read). The copies are a cache: never synced,
+// all dropped when a daemon starts (a crash may have torn them), kept
+// within a byte budget (oldest used first out), and gone with their VM,
+// checkpoint or slot.
+type memCopies struct {
+	dir    string
+	budget int64 // bytes of disk; 0: no copies
+	mu     sync.Mutex
+}
+
+// suspendKey and checkpointKey name the local copy of a suspend slot's or
+// a checkpoint's memory ("" when the snapshot has no seal: no copy).
+func suspendKey(seal string) string {
+	if seal == "" {
+		return ""
+	}
+	return "suspend-" + seal
+}
+
+func checkpointKey(id, seal string) string {
+	if seal == "" {
+		return ""
+	}
+	return id + "-" + seal
+}
+
+// initMemCopies empties the copies' directory: copies made before this
+// start may be torn.
+func (m *Manager) initMemCopies(budget int64) error {
+	m.memc = &memCopies{dir: m.state.MemoryCopies(), budget: budget}
+	if err := os.RemoveAll(m.memc.dir); err != nil {
+		return err
+	}
+	if budget <= 0 {
+		return nil
+	}
+	return os.MkdirAll(m.memc.dir, 0o700)
+}
+
+// memCopyJob is a copy of a paused VM's RAM file under way.
+type memCopyJob struct {
+	c    *memCopies
+	vm   string
+	tmp  string
+	done chan struct{}
+	err  error
+}
+
+// startMemCopy copies the VM's RAM file to a temporary local file in the
+// background; nil when there is nothing to copy (no budget, no RAM file:
+// another VMM). The VM must stay paused until the job's wait returns.
+func (m *Manager) startMemCopy(name string) *memCopyJob {
+	c := m.memc
+	if c == nil || c.budget <= 0 {
+		return nil
+	}
+	ram := m.ramFile(name)
+	if st, err := os.Stat(ram); err != nil || !st.Mode().IsRegular() {
+		return nil
+	}
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	j := &memCopyJob{c: c, vm: name, tmp: filepath.Join(c.dir, name, ".tmp-"+hex.EncodeToString(b)), done: make(chan struct{})}
+	go func() {
+		defer close(j.done)
+		if j.err = os.MkdirAll(filepath.Dir(j.tmp), 0o700); j.err == nil {
+			j.err = fsutil.CopySparseCache(ram, j.tmp)
+		}
+		if j.err != nil {
+			_ = os.Remove(j.tmp)
+			m.log.Debug("den: local memory copy", "vm", name, "err", j.err)
+		}
+	}()
+	return j
+}
+
+// wait waits for the copy (nil job: at once).
+func (j *memCopyJob) wait() {
+	if j != nil {
+		<-j.done
+	}
+}
+
+// keep names the finished copy key (dropped when key is ""), replacing
+// the VM's older copies of the same slot, and trims the copies to the
+// budget.
+func (j *memCopyJob) keep(key string) {
+	if j == nil {
+		return
+	}
+	<-j.done
+	if j.err != nil {
+		return
+	}
+	if key == "" {
+		_ = os.Remove(j.tmp)
+		return
+	}
+	if strings.HasPrefix(key, "suspend-") {
+		j.c.drop(j.vm, "suspend-")
+	}
+	if err := os.Rename(j.tmp, filepath.Join(j.c.dir, j.vm, key)); err != nil {
+		_ = os.Remove(j.tmp)
+		return
+	}
+	j.c.trim()
+}
+
+// drop throws the copy away.
+func (j *memCopyJob) drop() { j.keep("") }
+
+// local is the local copy named key of the VM's snapshot memory, or ""
+// when there is none; a use makes it the newest for the budget.
+func (c *memCopies) local(vm, key string) string {
+	if c == nil || key == "" {
+		return ""
+	}
+	p := filepath.Join(c.dir, vm, key)
+	now := time.Now()
+	if err := os.Chtimes(p, now, now); err != nil {
+		return ""
+	}
+	return p
+}
+
+// drop removes the VM's copies whose names begin with prefix (all of
+// them for "").
+func (c *memCopies) drop(vm, prefix string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if prefix == "" {
+		_ = os.RemoveAll(filepath.Join(c.dir, vm))
+		return
+	}
+	ents, _ := os.ReadDir(filepath.Join(c.dir, vm))
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), prefix) {
+			_ = os.Remove(filepath.Join(c.dir, vm, e.Name()))
+		}
+	}
+}
+
+// trim removes the least recently used copies until they fit the budget
+// (in disk blocks: the copies are sparse).
+func (c *memCopies) trim() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	type copyFile struct {
+		path string
+		used int64
+		at   time.Time
+	}
+	var all []copyFile
+	var total int64
+	_ = filepath.WalkDir(c.dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".tmp-") {
+			return nil
+		}
+		st, err := os.Stat(p)
+		if err != nil {
+			return nil
+		}
+		used := allocated(st)
+		all = append(all, copyFile{p, used, st.ModTime()})
+		total += used
+		return nil
+	})
+	sort.Slice(all, func(i, j int) bool { return all[i].at.Before(all[j].at) })
+	for _, f := range all {
+		if total <= c.budget {
+			return
+		}
+		if err := os.Remove(f.path); err == nil || errors.Is(err, fs.ErrNotExist) {
+			total -= f.used
+		}
+	}
+}
+
+// withLocalMemory returns ref reading its memory from the local copy
+// named key, when there is one.
+func (m *Manager) withLocalMemory(ref snapshotRef, key string) snapshotRef {
+	ref.local = m.memc.local(ref.vm, key)
+	return ref
+}
+
+// memoryRel is the snapshot-relative path of the memory file a local
+// copy stands for: QEMU's memory file, in a checkpoint's VMM directory.
+func (r snapshotRef) memoryRel() string {
+	if r.disk {
+		return checkpoint.VMMDir + "/" + qemu.MemoryFile
+	}
+	return qemu.MemoryFile
+}
+
+// allocated is the disk space a file's blocks take.
+func allocated(st fs.FileInfo) int64 {
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		return sys.Blocks * 512
+	}
+	return st.Size()
+}
