@@ -122,6 +122,11 @@ func TestCorruptedSnapshotsAreRefused(t *testing.T) {
 			path := filepath.Join(cpDir, filepath.FromSlash(tc.file))
 			flipBytes(t, path, tc.off)
 			defer flipBytes(t, path, tc.off)
+			if tc.file == "vmm/memory" {
+				// The restore reads the local copy: damaged too, it is
+				// dropped and the volume's is checked.
+				d.flipLocalMemory(t, "box", "cp-1-", tc.off)
+			}
 			_, err := d.run("restore", "box", "cp-1")
 			if err == nil || !strings.Contains(stderrOf(err), `checkpoint cp-1 of "box" is damaged: `+tc.want) {
 				t.Fatalf("restore of a damaged checkpoint: %v: %s", err, stderrOf(err))
@@ -174,6 +179,9 @@ func TestCorruptedSnapshotsAreRefused(t *testing.T) {
 			path := filepath.Join(slot, tc.file)
 			flipBytes(t, path, tc.off)
 			defer flipBytes(t, path, tc.off)
+			if tc.file == "memory" {
+				d.flipLocalMemory(t, "box", "suspend-", tc.off)
+			}
 			_, err := d.run("wake", "box")
 			if err == nil || !strings.Contains(stderrOf(err), `the memory "box" slept with is damaged: `+tc.want) {
 				t.Fatalf("wake from a damaged slot: %v: %s", err, stderrOf(err))
@@ -187,4 +195,35 @@ func TestCorruptedSnapshotsAreRefused(t *testing.T) {
 	if out := d.must("exec", "box", "--", "sh", "-c", checkWork); out != "v1\nalive\n" {
 		t.Fatalf("after a wake from the intact slot: %q", out)
 	}
+
+	// Only the local copy damaged: the wake drops it and reads the
+	// volume's.
+	d.must("sleep", "box")
+	waitSealed(t, slot)
+	memOff, _ = dataExtent(t, slot)
+	local := d.flipLocalMemory(t, "box", "suspend-", memOff)
+	if local == "" {
+		t.Fatal("the sleep made no local copy of the memory")
+	}
+	d.must("wake", "box")
+	if out := d.must("exec", "box", "--", "sh", "-c", checkWork); out != "v1\nalive\n" {
+		t.Fatalf("after a wake past a damaged local copy: %q", out)
+	}
+	if _, err := os.Stat(local); !os.IsNotExist(err) {
+		t.Fatalf("the damaged local copy %s is still there: %v", local, err)
+	}
+}
+
+// flipLocalMemory flips two bytes at off of the VM's local memory copy
+// whose name begins with prefix (STATE/memory/VM), if there is one, and
+// returns its path (""); a damaged copy is dropped by den, so it is not
+// flipped back.
+func (d *daemon) flipLocalMemory(t *testing.T, vm, prefix string, off int64) string {
+	t.Helper()
+	m, _ := filepath.Glob(filepath.Join(d.state, "memory", vm, prefix+"*"))
+	if len(m) != 1 {
+		return ""
+	}
+	flipBytes(t, m[0], off)
+	return m[0]
 }

@@ -202,10 +202,12 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	if err != nil {
 		return "", err
 	}
-	// A damaged checkpoint is refused before anything changes.
+	// A damaged checkpoint is refused before anything changes. Its
+	// memory is checked where the restore reads it: the local copy when
+	// there is one (a damaged copy is dropped, the volume's checked).
 	progress("verifying " + id)
 	end := phase.Begin(ctx, "verify")
-	err = m.verify(ctx, checkpointRef(cp), vm.VMM)
+	err = m.verify(ctx, m.withLocalMemory(checkpointRef(cp), checkpointKey(cp.ID, cp.Seal)), vm.VMM)
 	end()
 	if err != nil {
 		return "", fmt.Errorf("restore vm %q: %w", name, err)
