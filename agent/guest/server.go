@@ -111,7 +111,8 @@ func (s *Server) rotateHostKey() (gossh.Signer, error) {
 		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 			return nil, fmt.Errorf("new host key: %w", err)
 		}
-		if err := fsutil.WriteFileAtomic(p, pemData, 0o600); err != nil {
+		// Synced with the rest of the new identity (syncRoot).
+		if err := fsutil.ReplaceFile(p, pemData, 0o600); err != nil {
 			return nil, fmt.Errorf("new host key: %w", err)
 		}
 		if err := os.Remove(p + ".pub"); err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -44,6 +44,33 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	return SyncDir(dir)
 }
 
+// ReplaceFile writes data to path through a temporary file in the same
+// directory and a rename, without syncing: readers see the old file or
+// the new one, never a part. For a caller that writes several files and
+// then syncs their filesystem once (durable only after that sync).
+func ReplaceFile(path string, data []byte, perm os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	name := tmp.Name()
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Chmod(perm)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(name, path)
+	}
+	if err != nil {
+		os.Remove(name)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
 // WriteJSONAtomic writes v as indented JSON with WriteFileAtomic.
 func WriteJSONAtomic(path string, v any, perm os.FileMode) error {
 	data, err := json.MarshalIndent(v, "", "  ")
