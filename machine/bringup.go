@@ -37,6 +37,9 @@ type bringUpFrom struct {
 	memory storage.Path // VMM snapshot to restore; "" boots instead
 	what   string       // for progress lines
 	ref    snapshotRef  // the sealed directory memory is in
+	// spare: disk is a base's, which never changes: a spare clone of
+	// it is taken when there is one, and made for the next (spares.go).
+	spare bool
 }
 
 // bringUp is the one bring-up of a new VM, for create and fork: clone
@@ -54,12 +57,21 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 	progress("cloning the disk of " + from.what)
 	// The clone runs while the memory is read in; it is over before this
 	// returns (and a rollback removes the VM's files), whatever happens.
-	cloned := m.meanwhile(ctx, "clone disk", "bringup-after-clone", func() error {
-		if err := m.vol.Clone(ctx, from.disk, storage.VMDisk(vm.Name)); err != nil {
-			return fmt.Errorf("clone disk: %w", err)
-		}
-		return nil
-	})
+	var cloned func() error
+	if from.spare && m.takeSpare(ctx, from.disk, storage.VMDisk(vm.Name)) {
+		crashpoint("bringup-after-clone")
+		cloned = func() error { return nil }
+	} else {
+		cloned = m.meanwhile(ctx, "clone disk", "bringup-after-clone", func() error {
+			if err := m.vol.Clone(ctx, from.disk, storage.VMDisk(vm.Name)); err != nil {
+				return fmt.Errorf("clone disk: %w", err)
+			}
+			return nil
+		})
+	}
+	if from.spare {
+		defer m.refillSpare(from.disk) // once this create is over
+	}
 	defer cloned() // never returns before the clone is over; its error comes from the wait in the restore or the boot
 	if from.memory != "" {
 		progress("restoring the memory of " + from.what + " (" + vm.VMM + ", " + accel + ")")

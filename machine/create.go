@@ -264,9 +264,9 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	if vm, err = m.reserve(ctx, vm, &undo); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
-	src := bringUpFrom{disk: base, what: "image " + o.Image}
+	src := bringUpFrom{disk: base, what: "image " + o.Image, spare: true}
 	if warm != "" {
-		src = bringUpFrom{disk: warm.Join(checkpoint.DiskFile), memory: warm.Join(checkpoint.VMMDir), what: "the warm base of image " + o.Image, ref: baseRef(warm, o.Image)}
+		src = bringUpFrom{disk: warm.Join(checkpoint.DiskFile), memory: warm.Join(checkpoint.VMMDir), what: "the warm base of image " + o.Image, ref: baseRef(warm, o.Image), spare: true}
 	}
 	if vm, err = m.bringUp(ctx, vm, sp, src, progress); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)

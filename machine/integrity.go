@@ -401,4 +401,5 @@ func (m *Manager) dropBase(ctx context.Context, dir storage.Path, why error) {
 	if err := m.vol.Rename(ctx, dir, bad); err != nil {
 		m.log.Warn("den: move a damaged warm base aside", "base", string(dir), "err", err)
 	}
+	m.dropSpares(ctx) // clones of its disk
 }

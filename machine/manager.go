@@ -149,6 +149,9 @@ type Manager struct {
 	usage usageCache // the disks' last measured use (usage.go)
 	memc  *memCopies // local copies of snapshots' memory (memcopy.go)
 
+	spareMu   sync.Mutex
+	spareBusy map[storage.Path]bool // spare disks being made (spares.go)
+
 	seal       sealer         // digests snapshots' large files
 	background sync.WaitGroup // digests and verifications under way
 
@@ -223,6 +226,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		closeDB()
 		return nil, fmt.Errorf("local memory copies: %w", err)
 	}
+	m.dropSpares(ctx) // one may be half made
 	if err := m.setupConfine(); err != nil {
 		closeDB()
 		return nil, err
