@@ -158,8 +158,9 @@ func (s Store) Sizes(ctx context.Context, vm, id string) (memory, disk int64, er
 }
 
 // pausedSnapshot pauses the guest, writes the VMM snapshot into the
-// pending checkpoint, clones the disk (the VMM flushed it, the guest
-// cannot write), and resumes: memory and disk of one instant.
+// pending checkpoint and, at the same time, clones the disk (the VMM
+// flushed it, the guest cannot write), and resumes: memory and disk of
+// one instant.
 func (s Store) pausedSnapshot(ctx context.Context, from From, p *Pending, h TakeHooks) (err error) {
 	if err := s.Vol.MkdirAll(ctx, p.Path(VMMDir)); err != nil {
 		return err
@@ -180,15 +181,24 @@ func (s Store) pausedSnapshot(ctx context.Context, from From, p *Pending, h Take
 			err = errors.Join(err, fmt.Errorf("%w: %w", ErrLeftPaused, rerr))
 		}
 	}()
+	// The disk is cloned while the VMM writes its snapshot: the guest
+	// cannot write it, and the VMM flushed it when it paused.
+	cloned := make(chan error, 1)
+	go func() {
+		defer phase.Begin(ctx, "clone disk (beside the snapshot)")()
+		cloned <- s.Vol.Clone(ctx, from.Disk, p.Path(DiskFile))
+	}()
 	end = phase.Begin(ctx, "vmm snapshot")
 	err = from.Guest.Snapshot(ctx, dir)
+	end()
+	end = phase.Begin(ctx, "wait for the disk's clone")
+	cerr := <-cloned // the guest stays paused until both are over
 	end()
 	if err != nil {
 		return err
 	}
 	h.Crash("checkpoint-after-snapshot")
-	defer phase.Begin(ctx, "clone disk")()
-	return s.Vol.Clone(ctx, from.Disk, p.Path(DiskFile))
+	return cerr
 }
 
 // Resume runs a paused guest again, retrying briefly: a VM must never
