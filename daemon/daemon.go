@@ -46,6 +46,9 @@ type Options struct {
 	NoDigests bool
 	// RAMDir: where guest RAM files go ("": a tmpfs in the state dir).
 	RAMDir string
+	// MemoryCopies bounds the local copies of snapshots' memory (see
+	// machine.Config).
+	MemoryCopies int64
 	// IdleCheck is how often the idle monitor looks at the VMs
 	// (default 5 s).
 	IdleCheck time.Duration
@@ -127,7 +130,7 @@ func Run(ctx context.Context, o Options) error {
 	defer db.Close() // after the manager's Close (deferred below)
 	m, err := machine.New(ctx, machine.Config{
 		State: state, Volume: vol, Registry: db, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
-		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, RAMDir: o.RAMDir,
+		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, RAMDir: o.RAMDir, MemoryCopies: o.MemoryCopies,
 		Memory: o.Memory, Network: o.Network, VMUser: o.VMUser,
 	})
 	if err != nil {

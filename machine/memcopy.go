@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/fsutil"
 	"github.com/denhq/den/vmm/qemu"
@@ -69,6 +71,10 @@ func (m *Manager) initMemCopies(budget int64) error {
 	return os.MkdirAll(m.memc.dir, 0o700)
 }
 
+// memCopyMargin is the free space a local copy leaves on the state
+// dir's disk, beyond the snapshot's room.
+const memCopyMargin = 1 << 30
+
 // memCopyJob is a copy of a paused VM's RAM file under way.
 type memCopyJob struct {
 	c    *memCopies
@@ -87,7 +93,14 @@ func (m *Manager) startMemCopy(name string) *memCopyJob {
 		return nil
 	}
 	ram := m.ramFile(name)
-	if st, err := os.Stat(ram); err != nil || !st.Mode().IsRegular() {
+	st, err := os.Stat(ram)
+	if err != nil || !st.Mode().IsRegular() {
+		return nil
+	}
+	// Never at the cost of the snapshot itself, which may land on the
+	// same disk (the embedded volume): room for both, and a margin.
+	var fs unix.Statfs_t
+	if err := unix.Statfs(c.dir, &fs); err != nil || int64(fs.Bavail)*fs.Bsize < 2*allocated(st)+memCopyMargin {
 		return nil
 	}
 	b := make([]byte, 8)

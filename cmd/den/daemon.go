@@ -54,6 +54,7 @@ Examples:
 			&cli.BoolFlag{Name: "restore-copy", Usage: "for comparison: Cloud Hypervisor restores copy memory instead of OnDemand"},
 			&cli.BoolFlag{Name: "no-digests", Usage: "for comparison: snapshots without digests, restores without verification"},
 			&cli.StringFlag{Name: "ram-dir", Usage: "where guest RAM files go (default: a tmpfs den mounts at STATE/ram)"},
+			&cli.StringFlag{Name: "memory-copies", Value: size.Format(machine.DefaultMemoryCopies), Usage: "disk in the state dir den may fill with local copies of snapshots' memory, which wakes and restores read instead of the volume's; 0: none"},
 			&cli.StringFlag{Name: "memory-budget", Usage: "guest RAM (plus --vmm-overhead per VM) den commits at most: a size (12G), a share of the host's RAM (75%) or off; " +
 				"a start that would exceed it first puts the least recently active idle VMs to sleep (default: 80% of the host's RAM, leaving it at least 1 GiB)"},
 			&cli.StringFlag{Name: "vmm-overhead", Value: size.Format(machine.DefaultVMMOverhead), Usage: "memory a VMM process takes beside its guest's RAM, counted per VM against the budget"},
@@ -111,10 +112,18 @@ Examples:
 			if err != nil {
 				return err
 			}
+			copies, err := size.Parse(c.String("memory-copies"))
+			if err != nil {
+				return usageExit(c, "--memory-copies: %v", err)
+			}
+			if copies == 0 {
+				copies = -1 // none (machine.Config's 0 is the default)
+			}
 			ctx, cancel := withSignals(c)
 			defer cancel()
 			return daemon.Run(ctx, daemon.Options{
-				StateDir: c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"),
+				MemoryCopies: copies,
+				StateDir:     c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"),
 				Images: imgs, DefaultImage: c.String("default-image"), VMM: c.String("vmm"), Version: version, Logger: log,
 				IdleCheck: c.Duration("idle-check"), QEMUStreamRAM: c.Bool("qemu-stream-ram"), RestoreCopy: c.Bool("restore-copy"), NoDigests: c.Bool("no-digests"), RAMDir: c.String("ram-dir"), SSHListen: c.String("ssh-listen"),
 				Memory: mem, Network: nc,
