@@ -122,11 +122,10 @@ Examples:
 			ctx, cancel := withSignals(c)
 			defer cancel()
 			return daemon.Run(ctx, daemon.Options{
-				MemoryCopies: copies,
-				StateDir:     c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"),
+				StateDir: c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"),
 				Images: imgs, DefaultImage: c.String("default-image"), VMM: c.String("vmm"), Version: version, Logger: log,
 				IdleCheck: c.Duration("idle-check"), QEMUStreamRAM: c.Bool("qemu-stream-ram"), RestoreCopy: c.Bool("restore-copy"), NoDigests: c.Bool("no-digests"), RAMDir: c.String("ram-dir"), SSHListen: c.String("ssh-listen"),
-				Memory: mem, Network: nc,
+				Memory: mem, Network: nc, MemoryCopies: copies,
 				HTTPListen: c.String("http-listen"), HTTPDomain: c.String("http-domain"), TLSCert: c.String("tls-cert"), TLSKey: c.String("tls-key"),
 				APIListen: c.String("api-listen"), APITLSCert: c.String("api-tls-cert"), APITLSKey: c.String("api-tls-key"),
 				AdminGroup: c.String("admin-group"), Den: RunRemote, VMUser: c.String("vmm-user"),
