@@ -57,20 +57,18 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 	progress("cloning the disk of " + from.what)
 	// The clone runs while the memory is read in; it is over before this
 	// returns (and a rollback removes the VM's files), whatever happens.
-	var cloned func() error
-	if from.spare && m.takeSpare(ctx, from.disk, storage.VMDisk(vm.Name)) {
-		crashpoint("bringup-after-clone")
-		cloned = func() error { return nil }
-	} else {
-		cloned = m.meanwhile(ctx, "clone disk", "bringup-after-clone", func() error {
-			if err := m.vol.Clone(ctx, from.disk, storage.VMDisk(vm.Name)); err != nil {
-				return fmt.Errorf("clone disk: %w", err)
-			}
+	cloned := m.meanwhile(ctx, "", "bringup-after-clone", func() error {
+		if from.spare && m.takeSpare(ctx, spareFor(from.disk), storage.VMDisk(vm.Name)) {
 			return nil
-		})
-	}
+		}
+		defer phase.Begin(ctx, "clone disk")()
+		if err := m.vol.Clone(ctx, from.disk, storage.VMDisk(vm.Name)); err != nil {
+			return fmt.Errorf("clone disk: %w", err)
+		}
+		return nil
+	})
 	if from.spare {
-		defer m.refillSpare(from.disk) // once this create is over
+		defer m.refillSpare(from.disk, spareFor(from.disk)) // once this create is over
 	}
 	defer cloned() // never returns before the clone is over; its error comes from the wait in the restore or the boot
 	if from.memory != "" {

@@ -117,6 +117,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 	}
 	m.sizesLater(vm.Name, id)
 	m.sealLater(checkpoint.Dir(vm.Name, id))
+	m.spareCheckpoint(vm.Name, id)
 	if err := m.setHead(ctx, vm.Name, id); err != nil {
 		return rec, err
 	}
@@ -272,6 +273,7 @@ func (m *Manager) deleteCheckpoint(ctx context.Context, name, id string) error {
 		return err
 	}
 	m.memc.drop(name, id+"-")
+	_ = m.vol.Remove(ctx, checkpointSpare(name, id))
 	if err := m.db.DeleteCheckpoint(ctx, name, id); err != nil && !errors.Is(err, registry.ErrNotFound) {
 		return err
 	}

@@ -150,7 +150,7 @@ type Manager struct {
 	memc  *memCopies // local copies of snapshots' memory (memcopy.go)
 
 	spareMu   sync.Mutex
-	spareBusy map[storage.Path]bool // spare disks being made (spares.go)
+	spareBusy map[storage.Path]chan struct{} // spare disks being made, closed when done (spares.go)
 
 	seal       sealer         // digests snapshots' large files
 	background sync.WaitGroup // digests and verifications under way

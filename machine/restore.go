@@ -146,7 +146,7 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 }
 
 // meanwhile runs a volume operation (a disk clone) in the background,
-// traced as step, with crash point after (if any) once it succeeded, and
+// traced as step (unless "": op traces its own steps), with crash point after (if any) once it succeeded, and
 // returns the wait for it: called any number of times, it returns the
 // operation's error once it is over.
 func (m *Manager) meanwhile(ctx context.Context, step, after string, op func() error) func() error {
@@ -154,7 +154,10 @@ func (m *Manager) meanwhile(ctx context.Context, step, after string, op func() e
 	var err error
 	go func() {
 		defer close(done)
-		end := phase.Begin(ctx, step)
+		end := func() {}
+		if step != "" {
+			end = phase.Begin(ctx, step)
+		}
 		err = op()
 		end()
 		if err == nil && after != "" {
@@ -277,10 +280,17 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 	progress("cloning the checkpoint's disk over the vm's disk")
 	// The clone runs while the memory is read in; it is over before this
 	// returns, whatever happens.
-	cloned := m.meanwhile(ctx, "clone disk over the vm's", "restore-after-disk", func() error {
+	// The checkpoint's spare disk when there is one (spares.go), else a
+	// clone.
+	cloned := m.meanwhile(ctx, "", "restore-after-disk", func() error {
+		if m.takeSpare(ctx, checkpointSpare(name, id), storage.VMDisk(name)) {
+			return nil
+		}
+		defer phase.Begin(ctx, "clone disk over the vm's")()
 		return m.vol.CloneOver(ctx, checkpoint.Dir(name, id).Join(checkpoint.DiskFile), storage.VMDisk(name))
 	})
 	defer cloned() // never returns before the clone is over; its error comes from the wait in the restore or the boot
+	defer m.spareCheckpoint(name, id) // for the next restore to it
 	// A sleeping VM's old memory is obsolete: dropped meanwhile (a crash
 	// before it is gone leaves it to the next try; no wake uses it, the
 	// VM being recorded as restoring).

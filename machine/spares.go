@@ -7,7 +7,9 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"strings"
 
+	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/storage"
 )
@@ -21,6 +23,13 @@ import (
 // A base's disk never changes once made, so a spare is as good as a fresh
 // clone; spares go when a daemon starts (one may be half made) and when a
 // damaged base is dropped.
+//
+// A checkpoint's disk never changes either: each checkpoint gets a spare
+// of its own, spares/VM@ID, made after the checkpoint and again after a
+// restore to it, which the restore renames over the VM's disk rather than
+// cloning it while the VM waits. A spare shares all its data with its
+// checkpoint: it costs metadata and the clone's time in the background.
+// It goes with its checkpoint and with its VM.
 
 // sparesDir holds the spare disks, one per base disk.
 const sparesDir storage.Path = "spares"
@@ -31,9 +40,25 @@ func spareFor(src storage.Path) storage.Path {
 	return sparesDir.Join("disk-" + hex.EncodeToString(sum[:8]))
 }
 
-// takeSpare moves the spare clone of src, when there is one, to dst.
-func (m *Manager) takeSpare(ctx context.Context, src, dst storage.Path) bool {
-	spare := spareFor(src)
+// checkpointSpare is the spare clone of checkpoint id's disk of vm (vm
+// names have no '@').
+func checkpointSpare(vm, id string) storage.Path { return sparesDir.Join(vm + "@" + id) }
+
+// takeSpare moves spare, when it is there, to dst (replacing dst). A
+// spare still being made is waited for: it is over sooner than a clone
+// started now would be.
+func (m *Manager) takeSpare(ctx context.Context, spare, dst storage.Path) bool {
+	m.spareMu.Lock()
+	making := m.spareBusy[spare]
+	m.spareMu.Unlock()
+	if making != nil {
+		end := phase.Begin(ctx, "wait for the spare disk")
+		select {
+		case <-making:
+		case <-ctx.Done():
+		}
+		end()
+	}
 	p, err := m.vol.Path(spare)
 	if err != nil {
 		return false
@@ -45,19 +70,18 @@ func (m *Manager) takeSpare(ctx context.Context, src, dst storage.Path) bool {
 	return m.vol.Rename(ctx, spare, dst) == nil
 }
 
-// refillSpare makes the spare clone of src in the background, unless
-// there is one or one is being made.
-func (m *Manager) refillSpare(src storage.Path) {
-	spare := spareFor(src)
+// refillSpare makes spare, a clone of src, in the background, unless it
+// is there or being made.
+func (m *Manager) refillSpare(src, spare storage.Path) {
 	m.spareMu.Lock()
-	if m.spareBusy[spare] {
+	if m.spareBusy[spare] != nil {
 		m.spareMu.Unlock()
 		return
 	}
 	if m.spareBusy == nil {
-		m.spareBusy = map[storage.Path]bool{}
+		m.spareBusy = map[storage.Path]chan struct{}{}
 	}
-	m.spareBusy[spare] = true
+	m.spareBusy[spare] = make(chan struct{})
 	m.spareMu.Unlock()
 	started := m.goBackground(func() {
 		defer m.spareDone(spare)
@@ -79,6 +103,7 @@ func (m *Manager) refillSpare(src storage.Path) {
 
 func (m *Manager) spareDone(spare storage.Path) {
 	m.spareMu.Lock()
+	close(m.spareBusy[spare])
 	delete(m.spareBusy, spare)
 	m.spareMu.Unlock()
 }
@@ -88,4 +113,23 @@ func (m *Manager) dropSpares(ctx context.Context) {
 	if err := m.vol.Remove(ctx, sparesDir); err != nil {
 		m.log.Debug("den: remove spare disks", "err", err)
 	}
+}
+
+// dropVMSpares removes the spare disks of vm's checkpoints.
+func (m *Manager) dropVMSpares(ctx context.Context, vm string) {
+	dir, err := m.vol.Path(sparesDir)
+	if err != nil {
+		return
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), vm+"@") {
+			_ = m.vol.Remove(ctx, sparesDir.Join(e.Name()))
+		}
+	}
+}
+
+// spareCheckpoint makes the spare of vm's checkpoint id.
+func (m *Manager) spareCheckpoint(vm, id string) {
+	m.refillSpare(storage.CheckpointFile(vm, id, checkpoint.DiskFile), checkpointSpare(vm, id))
 }
