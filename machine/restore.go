@@ -289,7 +289,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 		defer phase.Begin(ctx, "clone disk over the vm's")()
 		return m.vol.CloneOver(ctx, checkpoint.Dir(name, id).Join(checkpoint.DiskFile), storage.VMDisk(name))
 	})
-	defer cloned() // never returns before the clone is over; its error comes from the wait in the restore or the boot
+	defer cloned()                    // never returns before the clone is over; its error comes from the wait in the restore or the boot
 	defer m.spareCheckpoint(name, id) // for the next restore to it
 	// A sleeping VM's old memory is obsolete: dropped meanwhile (a crash
 	// before it is gone leaves it to the next try; no wake uses it, the
