@@ -289,8 +289,11 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 		defer phase.Begin(ctx, "clone disk over the vm's")()
 		return m.vol.CloneOver(ctx, checkpoint.Dir(name, id).Join(checkpoint.DiskFile), storage.VMDisk(name))
 	})
-	defer cloned()                    // never returns before the clone is over; its error comes from the wait in the restore or the boot
-	defer m.spareCheckpoint(name, id) // for the next restore to it
+	// Never returns before the disk is in place; its error comes from
+	// the wait in the restore or the boot. Then the checkpoint gets a new
+	// spare, for the next restore to it.
+	defer m.spareCheckpoint(name, id)
+	defer cloned()
 	// A sleeping VM's old memory is obsolete: dropped meanwhile (a crash
 	// before it is gone leaves it to the next try; no wake uses it, the
 	// VM being recorded as restoring).
