@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -29,8 +30,8 @@ import (
 // copies the RAM file to the state dir's disk (STATE/memory/VM/KEY), and a
 // wake or restore of that snapshot reads the local copy instead.
 //
-// A local copy is named by the snapshot's seal (the id of its digests):
-// it is used only for that very snapshot, and it is checked against the
+// A local copy is named by the snapshot's seal (the id of its digests;
+// suspendKey): it is used only for that very snapshot, and it is checked against the
 // snapshot's digests exactly as the volume's copy would be (a damaged one
 // is dropped and the volume read). The copies are a cache: never synced,
 // all dropped when a daemon starts (a crash may have torn them), kept
@@ -43,17 +44,20 @@ type memCopies struct {
 }
 
 // suspendKey and checkpointKey name the local copy of a suspend slot's or
-// a checkpoint's memory ("" when the snapshot has no seal: no copy).
-func suspendKey(seal string) string {
+// a checkpoint's memory: by the snapshot's seal, or, without digests
+// (--no-digests), by what else tells the snapshot: the generation of the
+// VM's record the sleep left (any change to the record since makes the
+// copy a miss, never a wrong hit), a checkpoint's id (never reused).
+func suspendKey(seal string, generation int64) string {
 	if seal == "" {
-		return ""
+		return fmt.Sprintf("suspend-g%d", generation)
 	}
 	return "suspend-" + seal
 }
 
 func checkpointKey(id, seal string) string {
 	if seal == "" {
-		return ""
+		return id + "-unsealed"
 	}
 	return id + "-" + seal
 }

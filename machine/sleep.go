@@ -123,7 +123,7 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	}
 	_, lastAct := in.activity()
 	end = phase.Begin(ctx, "registry")
-	_, err = m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
+	slept, err := m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
 		sp, err := decodeSpec(*v)
 		if err != nil {
 			return err
@@ -141,7 +141,7 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 		return undo(err)
 	}
 	crashpoint("sleep-after-record")
-	memCopy.keep(suspendKey(seal)) // before the VMM and its RAM file go
+	memCopy.keep(suspendKey(seal, slept.Generation)) // before the VMM and its RAM file go
 	stopped = true
 	end = phase.Begin(ctx, "stop vmm")
 	m.stopInstance(ctx, in, false)
@@ -175,7 +175,7 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 	}
 	// The memory is verified while the VMM starts: the local copy of it
 	// when there is one, which is then what the VMM reads.
-	ref := m.withLocalMemory(suspendRef(vm.Name, sp.SuspendSeal), suspendKey(sp.SuspendSeal))
+	ref := m.withLocalMemory(suspendRef(vm.Name, sp.SuspendSeal), suspendKey(sp.SuspendSeal, vm.Generation))
 	check := func(ctx context.Context) error {
 		if err := m.verify(ctx, ref, vm.VMM); err != nil {
 			return fmt.Errorf("%w; it stays asleep: restore a checkpoint (den checkpoints %s)", err, vm.Name)
