@@ -185,7 +185,7 @@ func (s Store) pausedSnapshot(ctx context.Context, from From, p *Pending, h Take
 	// cannot write it, and the VMM flushed it when it paused.
 	cloned := make(chan error, 1)
 	go func() {
-		defer phase.Begin(ctx, "clone disk (beside the snapshot)")()
+		defer phase.Begin(ctx, "clone disk")()
 		cloned <- s.Vol.Clone(ctx, from.Disk, p.Path(DiskFile))
 	}()
 	end = phase.Begin(ctx, "vmm snapshot")
