@@ -215,6 +215,8 @@ func TestCrashDuringCheckpointAndRestore(t *testing.T) {
 	d.start()
 	if _, err := d.run("checkpoint", "box"); err == nil {
 		t.Fatal("checkpoint succeeded through a crash point")
+	} else {
+		t.Logf("checkpoint through the crash point: %v: %s", err, stderrOf(err)) // says why if the daemon lives on
 	}
 	d.waitExit()
 	d.env = nil

@@ -249,11 +249,17 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		CreatedAt: now, LastActive: now, SpecJSON: mustJSON(sp),
 	}
 	warm := storage.Path("")
+	var warmRef snapshotRef // with the local copy of its memory, if any
+	var warmKey string
 	if !o.Cold {
 		if warm, err = m.warmBase(ctx, vm, sp, progress); err != nil {
 			m.log.Warn("den: no warm base snapshot, booting instead", "image", o.Image, "err", err)
 			warm = ""
-		} else if err := m.verifyTraced(ctx, baseRef(warm, o.Image), m.vmmName); errors.Is(err, ErrDamaged) {
+		}
+	}
+	if warm != "" {
+		warmRef, warmKey = m.withBaseMemory(baseRef(warm, o.Image))
+		if err := m.verifyTraced(ctx, warmRef, m.vmmName); errors.Is(err, ErrDamaged) {
 			m.dropBase(ctx, warm, err)
 			warm = ""
 		} else if err != nil {
@@ -266,10 +272,13 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	}
 	src := bringUpFrom{disk: base, what: "image " + o.Image, spare: true}
 	if warm != "" {
-		src = bringUpFrom{disk: warm.Join(checkpoint.DiskFile), memory: warm.Join(checkpoint.VMMDir), what: "the warm base of image " + o.Image, ref: baseRef(warm, o.Image), spare: true}
+		src = bringUpFrom{disk: warm.Join(checkpoint.DiskFile), memory: warm.Join(checkpoint.VMMDir), what: "the warm base of image " + o.Image, ref: warmRef, spare: true}
 	}
 	if vm, err = m.bringUp(ctx, vm, sp, src, progress); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
+	}
+	if warm != "" {
+		m.fillBaseCopy(warmRef, warmKey) // for the next create
 	}
 	undo.release()
 	return vm, nil

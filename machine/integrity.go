@@ -402,4 +402,5 @@ func (m *Manager) dropBase(ctx context.Context, dir storage.Path, why error) {
 		m.log.Warn("den: move a damaged warm base aside", "base", string(dir), "err", err)
 	}
 	m.dropSpares(ctx) // clones of its disk
+	m.memc.drop(baseCopies, "")
 }

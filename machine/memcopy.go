@@ -3,6 +3,7 @@ package machine
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -250,4 +251,87 @@ func allocated(st fs.FileInfo) int64 {
 		return sys.Blocks * 512
 	}
 	return st.Size()
+}
+
+// baseCopies holds the local copies of warm bases' memory, as a VM's
+// directory would (VM names cannot begin with a dot). A base's memory is
+// read by every create from it; its local copy is made once, from the
+// volume, after the first create that found none.
+const baseCopies = ".bases"
+
+// withBaseMemory returns the warm base's ref with the local copy of its
+// memory when there is one, and the copy's key ("" when the base has no
+// digests to name it by).
+func (m *Manager) withBaseMemory(ref snapshotRef) (snapshotRef, string) {
+	host, err := m.vol.Path(ref.dir)
+	if err != nil {
+		return ref, ""
+	}
+	man, err := checkpoint.ReadManifest(host)
+	if err != nil || man.Seal == "" {
+		return ref, ""
+	}
+	key := "base-" + man.Seal
+	ref.local = m.memc.local(baseCopies, key)
+	return ref, key
+}
+
+// fillBaseCopy copies a warm base's memory from the volume to its local
+// copy key, in the background, unless ref has one already.
+func (m *Manager) fillBaseCopy(ref snapshotRef, key string) {
+	c := m.memc
+	if c == nil || c.budget <= 0 || key == "" || ref.local != "" {
+		return
+	}
+	m.goBackground(func() {
+		if err := m.copyBaseMemory(ref, key); err != nil {
+			m.log.Debug("den: local copy of a warm base's memory", "base", string(ref.dir), "err", err)
+		}
+	})
+}
+
+func (m *Manager) copyBaseMemory(ref snapshotRef, key string) error {
+	c := m.memc
+	host, err := m.vol.Path(ref.dir)
+	if err != nil {
+		return err
+	}
+	src := filepath.Join(host, filepath.FromSlash(ref.memoryRel()))
+	st, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	var ext []fsutil.Extent
+	data, err := os.ReadFile(filepath.Join(filepath.Dir(src), qemu.MemoryMapFile))
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, &ext); err != nil {
+		return err
+	}
+	dir := filepath.Join(c.dir, baseCopies)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, ".tmp-")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	err = f.Truncate(st.Size())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = fsutil.CopyInto(src, tmp, ext)
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, key))
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	c.trim()
+	return nil
 }

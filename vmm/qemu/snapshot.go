@@ -16,8 +16,12 @@ import (
 )
 
 // MemoryFile is the guest RAM's copy in a QEMU snapshot directory (none
-// when the RAM went into the state stream).
-const MemoryFile = snapMemory
+// when the RAM went into the state stream), and MemoryMapFile the list of
+// its data ranges (JSON fsutil.Extent: a FUSE volume cannot tell holes).
+const (
+	MemoryFile    = snapMemory
+	MemoryMapFile = snapExtent
+)
 
 // Files of a QEMU snapshot directory.
 const (
