@@ -146,9 +146,9 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 }
 
 // meanwhile runs a volume operation (a disk clone) in the background,
-// traced as step (unless "": op traces its own steps), with crash point after (if any) once it succeeded, and
-// returns the wait for it: called any number of times, it returns the
-// operation's error once it is over.
+// traced as step (unless "": op traces its own steps), with crash point
+// after (if any) once it succeeded, and returns the wait for it: called
+// any number of times, it returns the operation's error once it is over.
 func (m *Manager) meanwhile(ctx context.Context, step, after string, op func() error) func() error {
 	done := make(chan struct{})
 	var err error
@@ -278,10 +278,9 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 		return err
 	}
 	progress("cloning the checkpoint's disk over the vm's disk")
-	// The clone runs while the memory is read in; it is over before this
-	// returns, whatever happens.
-	// The checkpoint's spare disk when there is one (spares.go), else a
-	// clone.
+	// The checkpoint's spare disk (spares.go) or a clone of its disk
+	// goes over the VM's while the memory is read in; it is in place
+	// before this returns, whatever happens.
 	cloned := m.meanwhile(ctx, "", "restore-after-disk", func() error {
 		if m.takeSpare(ctx, checkpointSpare(name, id), storage.VMDisk(name)) {
 			return nil
