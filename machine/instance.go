@@ -82,6 +82,22 @@ func (in *instance) close(force bool) (open int, ok bool) {
 	return in.sessions, true
 }
 
+// sessionGrace is how long a sleep or a restore waits for sessions that
+// are ending (an ssh client that just exited: the gateway closes its
+// session a moment later) before it refuses for open sessions.
+const sessionGrace = 2 * time.Second
+
+// closeWithin is close, waiting up to grace for the sessions to end.
+func (in *instance) closeWithin(force bool, grace time.Duration) (open int, ok bool) {
+	deadline := time.Now().Add(grace)
+	for {
+		if open, ok = in.close(force); ok || time.Now().After(deadline) {
+			return open, ok
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // reopen admits sessions again after a close that did not stop the VMM.
 func (in *instance) reopen() {
 	in.actMu.Lock()

@@ -219,7 +219,7 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	if in != nil {
 		// No session is admitted from here; open ones block the restore
 		// unless forced.
-		if n, ok := in.close(o.Force); !ok {
+		if n, ok := in.closeWithin(o.Force, sessionGrace); !ok {
 			return "", fmt.Errorf("restore vm %q: %d session(s) open (exec, ssh): retry when they end, or use --force to end them: %w", name, n, ErrConflict)
 		}
 		defer func() {

@@ -49,7 +49,7 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	}
 	// From here no session is admitted: they wait for the lock, then
 	// wake the VM.
-	if n, ok := in.close(force); !ok {
+	if n, ok := in.closeWithin(force, sessionGrace); !ok {
 		return fmt.Errorf("sleep vm %q: %d session(s) open (exec, ssh): %w", name, n, ErrConflict)
 	}
 	stopped := false
