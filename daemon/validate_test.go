@@ -23,6 +23,7 @@ import (
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/image"
+	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
@@ -126,7 +127,15 @@ func TestValidationAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vol := tree(t, e.volumeDir())
+	// The create's spare disk (machine/spares.go) is made in the
+	// background: the volume is listed once it is in place.
+	var vol []string
+	if !poll.Until(testTimeout, func() bool {
+		vol = tree(t, e.volumeDir())
+		return !strings.Contains(strings.Join(vol, "\n"), "clone")
+	}) {
+		t.Fatalf("the create's spare disk is still being made:\n%s", strings.Join(vol, "\n"))
+	}
 	boots := e.drv.Boots()
 
 	_, priv, _ := ed25519.GenerateKey(rand.Reader)
