@@ -24,10 +24,10 @@ import (
 // clone; spares go when a daemon starts (one may be half made) and when a
 // damaged base is dropped.
 //
-// A checkpoint's disk never changes either: each checkpoint gets a spare
-// of its own, spares/VM@ID, made after the checkpoint and again after a
-// restore to it, which the restore renames over the VM's disk rather than
-// cloning it while the VM waits. A spare shares all its data with its
+// A checkpoint's disk never changes either: a restore to a checkpoint
+// leaves a spare of its disk, spares/VM@ID, which the next restore to it
+// (an agent trying again from the same point) renames over the VM's disk
+// rather than cloning it while the VM waits. A spare shares all its data with its
 // checkpoint: it costs metadata and the clone's time in the background.
 // It goes with its checkpoint and with its VM.
 
