@@ -1,8 +1,6 @@
 package machine
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -108,20 +106,33 @@ func (m *Manager) startMemCopy(name string) *memCopyJob {
 	if err := unix.Statfs(c.dir, &fs); err != nil || int64(fs.Bavail)*fs.Bsize < 2*allocated(st)+memCopyMargin {
 		return nil
 	}
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	j := &memCopyJob{c: c, vm: name, tmp: filepath.Join(c.dir, name, ".tmp-"+hex.EncodeToString(b)), done: make(chan struct{})}
+	tmp, err := c.temp(name)
+	if err != nil {
+		return nil
+	}
+	j := &memCopyJob{c: c, vm: name, tmp: tmp, done: make(chan struct{})}
 	go func() {
 		defer close(j.done)
-		if j.err = os.MkdirAll(filepath.Dir(j.tmp), 0o700); j.err == nil {
-			j.err = fsutil.CopySparseCache(ram, j.tmp)
-		}
-		if j.err != nil {
+		if j.err = fsutil.CopySparseCache(ram, j.tmp); j.err != nil {
 			_ = os.Remove(j.tmp)
 			m.log.Debug("den: local memory copy", "vm", name, "err", j.err)
 		}
 	}()
 	return j
+}
+
+// temp makes an empty temporary file in the copies of vm (trim leaves
+// it alone), for a copy to fill and rename to its key.
+func (c *memCopies) temp(vm string) (string, error) {
+	dir := filepath.Join(c.dir, vm)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	f, err := os.CreateTemp(dir, ".tmp-")
+	if err != nil {
+		return "", err
+	}
+	return f.Name(), f.Close()
 }
 
 // wait waits for the copy (nil job: at once).
@@ -309,24 +320,16 @@ func (m *Manager) copyBaseMemory(ref snapshotRef, key string) error {
 	if err := json.Unmarshal(data, &ext); err != nil {
 		return err
 	}
-	dir := filepath.Join(c.dir, baseCopies)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(dir, ".tmp-")
+	tmp, err := c.temp(baseCopies)
 	if err != nil {
 		return err
 	}
-	tmp := f.Name()
-	err = f.Truncate(st.Size())
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	err = os.Truncate(tmp, st.Size())
 	if err == nil {
 		err = fsutil.CopyInto(src, tmp, ext)
 	}
 	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, key))
+		err = os.Rename(tmp, filepath.Join(c.dir, baseCopies, key))
 	}
 	if err != nil {
 		_ = os.Remove(tmp)

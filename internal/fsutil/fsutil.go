@@ -107,6 +107,18 @@ func CopySparse(src, dst string) error {
 // copied: kept beside a copy on a filesystem that cannot tell holes
 // (FUSE), they let CopyInto copy it back without reading the holes.
 func CopySparseExtents(src, dst string) ([]Extent, error) {
+	return copySparse(src, dst, true)
+}
+
+// CopySparseCache is CopySparse without the fsync, for a cache: a copy a
+// crash may tear, which its user checks or throws away.
+func CopySparseCache(src, dst string) error {
+	_, err := copySparse(src, dst, false)
+	return err
+}
+
+// copySparse is CopySparseExtents, syncing dst when sync says so.
+func copySparse(src, dst string, sync bool) ([]Extent, error) {
 	in, err := os.Open(src)
 	if err != nil {
 		return nil, fmt.Errorf("copy %s: %w", src, err)
@@ -117,7 +129,7 @@ func CopySparseExtents(src, dst string) ([]Extent, error) {
 		return nil, fmt.Errorf("copy %s: %w", src, err)
 	}
 	var ext []Extent
-	err = writeFile(dst, st.Size(), st.Mode().Perm(), true, func(out *os.File) error {
+	err = writeFile(dst, st.Size(), st.Mode().Perm(), sync, func(out *os.File) error {
 		ext, err = copyRanges(in, out, st.Size())
 		return err
 	})
@@ -125,28 +137,6 @@ func CopySparseExtents(src, dst string) ([]Extent, error) {
 		return nil, fmt.Errorf("copy %s to %s: %w", src, dst, err)
 	}
 	return ext, nil
-}
-
-// CopySparseCache is CopySparse without the fsync, for a cache: a copy a
-// crash may tear, which its user checks or throws away.
-func CopySparseCache(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return fmt.Errorf("copy %s: %w", src, err)
-	}
-	defer in.Close()
-	st, err := in.Stat()
-	if err != nil {
-		return fmt.Errorf("copy %s: %w", src, err)
-	}
-	err = writeFile(dst, st.Size(), 0o600, false, func(out *os.File) error {
-		_, err := copyRanges(in, out, st.Size())
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("copy %s to %s: %w", src, dst, err)
-	}
-	return nil
 }
 
 // CopyInto copies data ranges of src into the same offsets of dst, an
