@@ -251,6 +251,15 @@ func (m *Manager) verifyTraced(ctx context.Context, ref snapshotRef, vmmName str
 	return m.verify(ctx, ref, vmmName)
 }
 
+// lowPriority puts the calling goroutine on a thread of its own at the
+// lowest CPU priority, for background work (digests, removals). The
+// thread is never unlocked, so it ends with the goroutine rather than go
+// back to Go's pool niced.
+func lowPriority() {
+	runtime.LockOSThread()
+	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 19)
+}
+
 // sealLater digests dir's large files in the background.
 func (m *Manager) sealLater(dir storage.Path) {
 	if m.cfg.NoDigests {
@@ -271,12 +280,9 @@ func (m *Manager) sealNow(dir storage.Path) {
 	defer m.seal.mu.Unlock()
 	ctx, cancel := m.lifetime()
 	defer cancel()
-	// The digests run on a thread of their own at the lowest CPU
-	// priority: the VMs, and den's own work for them, come first. The
-	// thread is not unlocked, so it ends with this goroutine rather
-	// than go back to Go's pool niced.
-	runtime.LockOSThread()
-	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 19)
+	// The digests run at the lowest CPU priority: the VMs, and den's own
+	// work for them, come first.
+	lowPriority()
 	host, err := m.vol.Path(dir)
 	if err != nil {
 		return

@@ -126,6 +126,7 @@ func (m *Manager) strayVMM(ctx context.Context, vm registry.VM) {
 // a sleeping VM whose slot swap was cut short gets the new snapshot; any
 // other leftover is removed.
 func (m *Manager) sweepSuspend(ctx context.Context, vm registry.VM) {
+	_ = m.vol.Remove(ctx, suspendOld(vm.Name)) // a retired slot's removal a crash cut short
 	tmp, err := m.vol.Path(suspendNew(vm.Name))
 	if err != nil {
 		return

@@ -293,14 +293,16 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 	// spare, for the next restore to it.
 	defer m.spareCheckpoint(name, id)
 	defer cloned()
-	// A sleeping VM's old memory is obsolete: dropped meanwhile (a crash
-	// before it is gone leaves it to the next try; no wake uses it, the
-	// VM being recorded as restoring).
-	dropped := m.meanwhile(ctx, "volume: drop the suspend slot", "", func() error {
-		m.memc.drop(name, "suspend-")
-		return m.vol.Remove(ctx, storage.SuspendDir(name))
-	})
-	defer dropped() // never returns before it is gone
+	// A sleeping VM's old memory is obsolete: moved out of the way now,
+	// removed in the background (a crash before it is gone leaves it to
+	// the next try; no wake uses it, the VM being recorded as restoring).
+	m.memc.drop(name, "suspend-")
+	end := phase.Begin(ctx, "volume: retire the suspend slot")
+	err = m.retireSuspend(ctx, name)
+	end()
+	if err != nil {
+		return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
+	}
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		progress("restoring memory")
 		local := m.memc.local(name, checkpointKey(id, cp.Seal))
@@ -318,7 +320,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}
 	}
-	end := phase.Begin(ctx, "registry")
+	end = phase.Begin(ctx, "registry")
 	_, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
 		sp, err := decodeSpec(*v)
 		if err != nil {

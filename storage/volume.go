@@ -143,8 +143,8 @@ func createSparse(hp string, p Path, size int64) error {
 	return f.Close()
 }
 
-// Clone clones src to dst with `juicefs clone`, through a temporary name
-// renamed into place.
+// Clone clones src to dst as `juicefs clone` does (control.go), through a
+// temporary name renamed into place.
 func (v *JuiceFS) Clone(ctx context.Context, src, dst Path) error {
 	if err := v.clone(ctx, src, dst, false); err != nil {
 		return fmt.Errorf("clone %s to %s: %w", src, dst, err)
@@ -191,7 +191,11 @@ func (v *JuiceFS) clone(ctx context.Context, src, dst Path, replace bool) error 
 	tmp := filepath.Join(filepath.Dir(hd), fmt.Sprintf(".%s.clone-%d", filepath.Base(hd), time.Now().UnixNano()))
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	if _, err := v.run(ctx, false, "clone", "--preserve", hs, tmp); err != nil {
+	err = ControlClone(ctx, v.cfg.MountPoint, hs, tmp)
+	if errors.Is(err, errNoControl) {
+		_, err = v.run(ctx, false, "clone", "--preserve", hs, tmp)
+	}
+	if err != nil {
 		os.RemoveAll(tmp)
 		return err
 	}

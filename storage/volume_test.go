@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -269,5 +270,53 @@ func TestAdoptAfterDaemonRestart(t *testing.T) {
 	}
 	if got := sha(t, path); got != sum {
 		t.Fatal("data changed after a dead mount was replaced at open")
+	}
+}
+
+// TestCloneThroughControlFile checks that clones go through the mount's
+// control file, not the juicefs binary (which is made unrunnable here),
+// and that the client's errors come back as errors.
+func TestCloneThroughControlFile(t *testing.T) {
+	needIntegration(t)
+	v := openVolume(t, Config{StateDir: t.TempDir()})
+	ctx := context.Background()
+	disk := VMDisk("box")
+	if err := v.CreateDisk(ctx, disk, testDiskSize); err != nil {
+		t.Fatal(err)
+	}
+	src, _ := v.Path(disk)
+	writeAt(t, src, mib, mib, 7)
+	if err := os.Chmod(src, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	bin := v.bin
+	v.bin = "/nonexistent/juicefs"
+	defer func() { v.bin = bin }()
+	cp := CheckpointFile("box", "cp-1", "disk")
+	if err := v.Clone(ctx, disk, cp); err != nil {
+		t.Fatalf("clone without the juicefs binary: %v", err)
+	}
+	dst, _ := v.Path(cp)
+	if sha(t, dst) != sha(t, src) {
+		t.Fatal("the clone differs from its source")
+	}
+	if st, err := os.Stat(dst); err != nil || st.Mode().Perm() != 0o640 {
+		t.Fatalf("the clone's mode: %v %v, want 0640 kept", st.Mode(), err)
+	}
+	// The client answers errors: an existing name, a missing source.
+	if err := ControlClone(ctx, v.Root(), src, dst); !errors.Is(err, syscall.EEXIST) {
+		t.Fatalf("clone onto an existing name: got %v, want EEXIST", err)
+	}
+	missing := filepath.Join(filepath.Dir(src), "missing")
+	if err := ControlClone(ctx, v.Root(), missing, dst+"2"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("clone of a missing file: got %v, want not exist", err)
+	}
+	// Not a JuiceFS mount: the caller is told to use the binary.
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "f"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := ControlClone(ctx, dir, filepath.Join(dir, "f"), filepath.Join(dir, "g")); !errors.Is(err, errNoControl) {
+		t.Fatalf("clone outside juicefs: got %v, want errNoControl", err)
 	}
 }
