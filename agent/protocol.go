@@ -131,6 +131,15 @@ type IdentityReply struct {
 	// HostKey is the agent's new SSH host key (authorized_keys format):
 	// new connections see it; open ones keep the old.
 	HostKey string `json:"host_key,omitempty"`
+	// Steps is how long each step took in the guest, in order, for the
+	// host's trace of the operation (den bench --breakdown).
+	Steps []GuestStep `json:"steps,omitempty"`
+}
+
+// GuestStep is one timed step of a request in the guest.
+type GuestStep struct {
+	Name string  `json:"name"`
+	MS   float64 `json:"ms"`
 }
 
 // Activity is what the guest reports for the idle policy. The CPU

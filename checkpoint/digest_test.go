@@ -54,7 +54,7 @@ func seal(t *testing.T, dir string) Manifest {
 	if Sealed(dir) {
 		t.Fatal("sealed before Seal")
 	}
-	if err := Seal(context.Background(), dir, Pace{}); err != nil {
+	if err := Seal(context.Background(), dir, Pace{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if !Sealed(dir) {
@@ -188,7 +188,7 @@ func TestSealIsTiedToItsManifest(t *testing.T) {
 	if Sealed(dir) {
 		t.Fatal("the old seal's digests were taken for the new snapshot")
 	}
-	if err := Seal(ctx, dir, Pace{}); err != nil {
+	if err := Seal(ctx, dir, Pace{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Verify(ctx, dir, Policy{Full: true}); err != nil {
@@ -204,7 +204,7 @@ func TestSealSmallTakesOverASealedSubdirectory(t *testing.T) {
 	if _, err := SealSmall(ctx, vmmDir); err != nil {
 		t.Fatal(err)
 	}
-	if err := Seal(ctx, vmmDir, Pace{}); err != nil {
+	if err := Seal(ctx, vmmDir, Pace{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(slot, DiskFile), []byte("disk"), 0o600); err != nil {
@@ -270,5 +270,49 @@ func TestDataOnlyReadsWhatHeldData(t *testing.T) {
 	corrupt(t, filepath.Join(dir, "vmm", "memory"), 6*ExtentSize+100)
 	if _, err := Verify(ctx, dir, p); !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "extent 6") {
 		t.Fatalf("damage in a data extent: %v", err)
+	}
+}
+
+// TestSealReadsLocalCopies: a local copy of the memory is digested in
+// place of the snapshot's file (so a difference between them is damage
+// of the snapshot's file), and one of another size, or gone, is not used.
+func TestSealReadsLocalCopies(t *testing.T) {
+	ctx := context.Background()
+	dir := snapshotDir(t)
+	mem := filepath.Join(dir, "vmm", "memory")
+	local := filepath.Join(t.TempDir(), "copy")
+	data, err := os.ReadFile(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(local, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	corrupt(t, mem, 3*ExtentSize+10) // the volume's file went bad as it was written
+	if _, err := SealSmall(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := Seal(ctx, dir, Pace{}, map[string]string{"vmm/memory": local}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Verify(ctx, dir, Policy{Full: true, Local: map[string]string{"vmm/memory": local}}); err != nil {
+		t.Fatalf("the local copy against digests made from it: %v", err)
+	}
+	var dmg *DamageError
+	if _, err := Verify(ctx, dir, Policy{Full: true}); !errors.As(err, &dmg) || dmg.File != "vmm/memory" || dmg.Extent != 3 {
+		t.Fatalf("the volume's damaged file against the copy's digests: got %v, want damage in extent 3", err)
+	}
+
+	// A copy of another size, or a missing one: the snapshot's own file.
+	for _, bad := range []string{filepath.Join(t.TempDir(), "missing"), filepath.Join(dir, "vmm", "state")} {
+		if _, err := SealSmall(ctx, dir); err != nil {
+			t.Fatal(err)
+		}
+		if err := Seal(ctx, dir, Pace{}, map[string]string{"vmm/memory": bad}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Verify(ctx, dir, Policy{Full: true}); err != nil {
+			t.Fatalf("local copy %s not usable: the snapshot's file should have been read: %v", bad, err)
+		}
 	}
 }

@@ -3,8 +3,10 @@ package machine
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/denhq/den/agent"
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
 )
 
@@ -25,8 +27,12 @@ func (m *Manager) newIdentity(ctx context.Context, in *instance, vm registry.VM,
 	}
 	req := agent.IdentityRequest{Hostname: vm.Name, Token: sp.Identity}
 	req.MAC, req.Net = m.identityNet(vm, sp)
-	if _, err := c.NewIdentityWith(ctx, req); err != nil {
+	reply, err := c.NewIdentityWith(ctx, req)
+	if err != nil {
 		return fmt.Errorf("new identity: %w", err)
+	}
+	for _, st := range reply.Steps {
+		phase.Record(ctx, "guest: "+st.Name, time.Duration(st.MS*float64(time.Millisecond)))
 	}
 	return nil
 }

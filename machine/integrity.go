@@ -96,10 +96,7 @@ func (m *Manager) busyOps() int {
 
 // policy is what verification reads of ref before a VMM restores it.
 func (m *Manager) policy(ref snapshotRef, lazy bool) checkpoint.Policy {
-	p := checkpoint.Policy{Seal: ref.seal, Sealing: m.seal.busy(ref.dir)}
-	if ref.local != "" {
-		p.Local = map[string]string{ref.memoryRel(): ref.local}
-	}
+	p := checkpoint.Policy{Seal: ref.seal, Sealing: m.seal.busy(ref.dir), Local: ref.localFiles()}
 	switch {
 	case lazy:
 		p.Sample = lazySample
@@ -260,13 +257,14 @@ func lowPriority() {
 	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 19)
 }
 
-// sealLater digests dir's large files in the background.
-func (m *Manager) sealLater(dir storage.Path) {
+// sealLater digests dir's large files in the background, reading local
+// copies of them where local names some (snapshotRef.localFiles).
+func (m *Manager) sealLater(dir storage.Path, local map[string]string) {
 	if m.cfg.NoDigests {
 		return
 	}
 	m.seal.add(dir, 1)
-	if !m.goBackground(func() { m.sealNow(dir) }) {
+	if !m.goBackground(func() { m.sealNow(dir, local) }) {
 		m.seal.add(dir, -1)
 	}
 }
@@ -274,7 +272,7 @@ func (m *Manager) sealLater(dir storage.Path) {
 // sealNow digests dir's large files, after any seal under way. A seal
 // that fails leaves them without digests, which verification then
 // reports (the snapshot is recorded with its seal).
-func (m *Manager) sealNow(dir storage.Path) {
+func (m *Manager) sealNow(dir storage.Path, local map[string]string) {
 	defer m.seal.add(dir, -1)
 	m.seal.mu.Lock()
 	defer m.seal.mu.Unlock()
@@ -289,7 +287,7 @@ func (m *Manager) sealNow(dir storage.Path) {
 	}
 	start := time.Now()
 	for try := 1; ; try++ {
-		err := checkpoint.Seal(ctx, host, m.sealPace())
+		err := checkpoint.Seal(ctx, host, m.sealPace(), local)
 		if err == nil {
 			m.log.Debug("den: snapshot digested", "dir", string(dir), "took", time.Since(start))
 			return
@@ -339,7 +337,7 @@ func (m *Manager) sealPending(ctx context.Context, vm registry.VM) {
 			continue
 		}
 		if man, err := checkpoint.ReadManifest(host); err == nil && len(man.Large) > 0 {
-			m.sealLater(d)
+			m.sealLater(d, nil) // no local copies after a start
 		}
 	}
 }

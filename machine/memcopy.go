@@ -256,6 +256,15 @@ func (r snapshotRef) memoryRel() string {
 	return qemu.MemoryFile
 }
 
+// localFiles is ref's local memory copy as verification and sealing take
+// it (checkpoint.Policy.Local): nil for none.
+func (r snapshotRef) localFiles() map[string]string {
+	if r.local == "" {
+		return nil
+	}
+	return map[string]string{r.memoryRel(): r.local}
+}
+
 // allocated is the disk space a file's blocks take.
 func allocated(st fs.FileInfo) int64 {
 	if sys, ok := st.Sys().(*syscall.Stat_t); ok {

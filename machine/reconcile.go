@@ -139,6 +139,7 @@ func (m *Manager) sweepSuspend(ctx context.Context, vm registry.VM) {
 		if err := m.swapSuspend(ctx, vm.Name); err != nil {
 			m.log.Warn("den: finish suspend", "vm", vm.Name, "err", err)
 		}
+		m.removeRetired(vm.Name)
 		return
 	}
 	_ = m.vol.Remove(ctx, suspendNew(vm.Name))

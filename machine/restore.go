@@ -197,11 +197,14 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 		return "", err
 	}
 	defer unlock()
+	end := phase.Begin(ctx, "look up the vm and the checkpoint")
 	vm, err := m.reconcileLocked(ctx, name)
 	if err != nil {
+		end()
 		return "", err
 	}
 	cp, err := m.getCheckpoint(ctx, name, id)
+	end()
 	if err != nil {
 		return "", err
 	}
@@ -209,17 +212,25 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	// memory is checked where the restore reads it: the local copy when
 	// there is one (a damaged copy is dropped, the volume's checked).
 	progress("verifying " + id)
-	end := phase.Begin(ctx, "verify")
+	end = phase.Begin(ctx, "verify")
 	err = m.verify(ctx, m.withLocalMemory(checkpointRef(cp), checkpointKey(cp.ID, cp.Seal)), vm.VMM)
 	end()
 	if err != nil {
 		return "", fmt.Errorf("restore vm %q: %w", name, err)
 	}
+	// The checkpoint's disk is cloned beside the VM's while the VM still
+	// runs (sessions close, the current state is saved, the VMM stops):
+	// only a rename is left for after the stop.
+	staged := m.stageDisk(ctx, name, id)
+	defer staged.drop()
 	in := m.instance(name)
 	if in != nil {
 		// No session is admitted from here; open ones block the restore
 		// unless forced.
-		if n, ok := in.closeWithin(o.Force, sessionGrace); !ok {
+		end := phase.Begin(ctx, "close the sessions")
+		n, ok := in.closeWithin(o.Force, sessionGrace)
+		end()
+		if !ok {
 			return "", fmt.Errorf("restore vm %q: %d session(s) open (exec, ssh): retry when they end, or use --force to end them: %w", name, n, ErrConflict)
 		}
 		defer func() {
@@ -264,24 +275,89 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 		return saved, err
 	}
 	crashpoint("restore-after-stop")
-	return saved, m.finishRestore(ctx, vm, cp, progress)
+	return saved, m.finishRestore(ctx, vm, cp, staged, progress)
+}
+
+// stagedDisk is a checkpoint's disk being cloned beside a VM's, for a
+// restore to rename over the VM's disk once its VMM has stopped.
+type stagedDisk struct {
+	m    *Manager
+	path storage.Path
+	wait func() error
+	used bool
+}
+
+// restoreStage is where a restore clones its checkpoint's disk; one left
+// by a crash is removed by the next restore, or with its VM.
+func restoreStage(vm string) storage.Path { return storage.VMDir(vm).Join("disk-restoring") }
+
+// stageDisk starts putting checkpoint id's disk at restoreStage(vm): its
+// spare, or a clone.
+func (m *Manager) stageDisk(ctx context.Context, vm, id string) *stagedDisk {
+	st := &stagedDisk{m: m, path: restoreStage(vm)}
+	st.wait = m.meanwhile(ctx, "", "", func() error {
+		if err := m.vol.Remove(ctx, st.path); err != nil {
+			return err
+		}
+		if m.takeSpare(ctx, checkpointSpare(vm, id), st.path) {
+			return nil
+		}
+		defer phase.Begin(ctx, "clone disk beside the vm's")()
+		return m.vol.Clone(ctx, checkpoint.Dir(vm, id).Join(checkpoint.DiskFile), st.path)
+	})
+	return st
+}
+
+// putInPlace renames the staged disk over the VM's, once it is made; the
+// error says it could not be (the caller clones another way).
+func (st *stagedDisk) putInPlace(ctx context.Context, vm string) error {
+	if st == nil {
+		return errors.New("no staged disk")
+	}
+	if err := st.wait(); err != nil {
+		return err
+	}
+	defer phase.Begin(ctx, "volume: staged disk in place")()
+	if err := st.m.vol.Rename(ctx, st.path, storage.VMDisk(vm)); err != nil {
+		return err
+	}
+	st.used = true
+	return nil
+}
+
+// drop removes the staged disk unless it was put in place (a restore that
+// failed or was refused before).
+func (st *stagedDisk) drop() {
+	if st == nil || st.used {
+		return
+	}
+	if st.wait() == nil {
+		_ = st.m.vol.Remove(context.Background(), st.path)
+	}
 }
 
 // finishRestore puts a checkpoint's disk in place of the VM's and brings
 // the VM up from it: its memory, or a boot for a disk-only checkpoint. It
 // is idempotent, so a restore a crash interrupted is finished by running
 // it again.
-func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry.Checkpoint, progress Progress) error {
+func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry.Checkpoint, staged *stagedDisk, progress Progress) error {
 	name, id := vm.Name, cp.ID
 	sp, err := decodeSpec(vm)
 	if err != nil {
 		return err
 	}
+	defer m.removeRetired(name) // the old suspend slot, once the VM is up
 	progress("cloning the checkpoint's disk over the vm's disk")
-	// The checkpoint's spare disk (spares.go) or a clone of its disk
-	// goes over the VM's while the memory is read in; it is in place
-	// before this returns, whatever happens.
+	// The disk staged beside the VM's (stageDisk), else the checkpoint's
+	// spare disk (spares.go) or a clone of its disk, goes over the VM's
+	// while the memory is read in; it is in place before this returns,
+	// whatever happens.
 	cloned := m.meanwhile(ctx, "", "restore-after-disk", func() error {
+		if err := staged.putInPlace(ctx, name); err == nil {
+			return nil
+		} else if staged != nil {
+			m.log.Debug("den: staged disk for a restore", "vm", name, "err", err)
+		}
 		if m.takeSpare(ctx, checkpointSpare(name, id), storage.VMDisk(name)) {
 			return nil
 		}
@@ -293,16 +369,15 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 	// spare, for the next restore to it.
 	defer m.spareCheckpoint(name, id)
 	defer cloned()
-	// A sleeping VM's old memory is obsolete: moved out of the way now,
-	// removed in the background (a crash before it is gone leaves it to
-	// the next try; no wake uses it, the VM being recorded as restoring).
+	// A sleeping VM's old memory is obsolete: moved out of the way while
+	// the VM comes up, before the record says running, and removed once
+	// the restore is over (a crash before leaves it to the next try; no
+	// wake uses it, the VM being recorded as restoring).
 	m.memc.drop(name, "suspend-")
-	end := phase.Begin(ctx, "volume: retire the suspend slot")
-	err = m.retireSuspend(ctx, name)
-	end()
-	if err != nil {
-		return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
-	}
+	retired := m.meanwhile(ctx, "volume: retire the suspend slot", "", func() error {
+		return m.retireSuspend(ctx, name)
+	})
+	defer retired()
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		progress("restoring memory")
 		local := m.memc.local(name, checkpointKey(id, cp.Seal))
@@ -320,17 +395,20 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}
 	}
-	end = phase.Begin(ctx, "registry")
-	_, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
-		sp, err := decodeSpec(*v)
-		if err != nil {
-			return err
-		}
-		sp.Restoring = ""
-		v.SpecJSON = mustJSON(sp)
-		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
-		return nil
-	})
+	end := phase.Begin(ctx, "registry")
+	err = retired()
+	if err == nil {
+		_, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
+			sp, err := decodeSpec(*v)
+			if err != nil {
+				return err
+			}
+			sp.Restoring = ""
+			v.SpecJSON = mustJSON(sp)
+			v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
+			return nil
+		})
+	}
 	end()
 	in := m.instance(name)
 	if err != nil {

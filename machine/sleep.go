@@ -118,6 +118,7 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	end = phase.Begin(ctx, "volume: swap the slot")
 	err = m.swapSuspend(ctx, name)
 	end()
+	defer m.removeRetired(name) // the old slot, once the sleep is over
 	if err != nil {
 		return undo(err)
 	}
@@ -146,7 +147,7 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	end = phase.Begin(ctx, "stop vmm")
 	m.stopInstance(ctx, in, false)
 	end()
-	m.sealLater(storage.SuspendDir(name))
+	m.sealLater(storage.SuspendDir(name), m.withLocalMemory(suspendRef(name, seal), suspendKey(seal, slept.Generation)).localFiles())
 	return nil
 }
 
@@ -163,17 +164,23 @@ func (m *Manager) swapSuspend(ctx context.Context, name string) error {
 // suspendOld is where an obsolete suspend slot waits for its removal.
 func suspendOld(name string) storage.Path { return storage.VMDir(name).Join("suspend-old") }
 
-// retireSuspend moves name's suspend slot out of the way, and removes it
-// in the background at a low priority: the rename is one metadata
-// operation, where the removal of a memory file costs 50-150 ms of FUSE
-// and page-cache work that no sleep or restore needs to wait for. With no
-// slot, or while an older retired one is still being removed, the slot is
-// removed now. A retired slot a crash left behind goes at the next start
-// (sweepSuspend).
+// retireSuspend moves name's suspend slot out of the way, for
+// removeRetired to remove once the operation is over: the rename is one
+// metadata operation, where the removal of a memory file costs 50-150 ms
+// of FUSE and page-cache work, and holds the volume's metadata meanwhile
+// (a clone or a rename waits for it). With no slot, or an older retired
+// one still there, the slot is removed now. A retired slot a crash left
+// behind goes at the next start (sweepSuspend).
 func (m *Manager) retireSuspend(ctx context.Context, name string) error {
 	if err := m.vol.Rename(ctx, storage.SuspendDir(name), suspendOld(name)); err != nil {
 		return m.vol.Remove(ctx, storage.SuspendDir(name))
 	}
+	return nil
+}
+
+// removeRetired removes name's retired suspend slot, if any, in the
+// background at a low priority.
+func (m *Manager) removeRetired(name string) {
 	m.goBackground(func() {
 		ctx, cancel := m.lifetime()
 		defer cancel()
@@ -182,7 +189,6 @@ func (m *Manager) retireSuspend(ctx context.Context, name string) error {
 			m.log.Debug("den: remove a retired suspend slot", "vm", name, "err", err)
 		}
 	})
-	return nil
 }
 
 // Wake restores a sleeping VM from its suspend slot and waits for its

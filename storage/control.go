@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,28 +17,32 @@ import (
 )
 
 // The JuiceFS client takes requests through a control file at the root of
-// its mount: `juicefs clone`, `rmr` and `info` write a request there and
-// read the answer back from the same descriptor. den sends its clones
-// that way itself: starting the juicefs binary costs about 60 ms of the
-// 70 a `juicefs clone` takes here, on every create, checkpoint and
-// restore. The format is JuiceFS's (pkg/vfs/internal.go of the release
-// den pins, JuiceFSVersion):
+// its mount: `juicefs clone` and `info` write a request there and read
+// the answer back from the same descriptor. den sends its requests that
+// way itself: starting the juicefs binary costs about 60 ms of the 70 a
+// `juicefs clone` takes here, on every create, checkpoint and restore,
+// and two more for a checkpoint's sizes. The format is JuiceFS's
+// (pkg/vfs/internal.go of the release den pins, JuiceFSVersion):
 //
 //	request: op (u32) | body length (u32) | body        (big-endian)
 //	clone body: source inode (u64) | source parent inode (u64) |
 //	    destination parent inode (u64) | name length (u8) | name |
 //	    umask (u16) | mode flags (u8) | threads (u8)
-//	answer: progress records (0xFE, then two u64) ... | errno (u8)
+//	info body: inode (u64) | recursive (u8) | raw (u8) | strict (u8)
+//	answer: progress records (0xFE, then two u64) ..., then an errno
+//	    (u8), or 0xFF, a length (u32) and that much JSON
 const (
 	controlName     = ".control"
+	controlInfo     = 1005 // InfoV2: a JSON summary of an inode
 	controlClone    = 1006 // the clone request
 	controlProgress = 0xFE // a progress record: 16 bytes follow
+	controlData     = 0xFF // a data answer: a length and the data follow
 	clonePreserve   = 0x02 // keep the source's owner, mode and times
 	cloneThreads    = 4    // the CLI's default, for a directory's entries
 )
 
 // errNoControl says the mount has no control file (not a JuiceFS mount of
-// a release that takes clones there): the clone falls back to the CLI.
+// a release that takes requests there): the caller runs the CLI instead.
 var errNoControl = errors.New("no juicefs control file")
 
 // ControlClone clones host path src to dst, which must not exist, as
@@ -52,11 +57,11 @@ func ControlClone(ctx context.Context, root, src, dst string) error {
 	}
 	var inos [3]uint64
 	for i, p := range []string{src, filepath.Dir(src), filepath.Dir(dst)} {
-		var st unix.Stat_t
-		if err := unix.Stat(p, &st); err != nil {
-			return &fs.PathError{Op: "stat", Path: p, Err: err}
+		ino, err := inode(p)
+		if err != nil {
+			return err
 		}
-		inos[i] = st.Ino
+		inos[i] = ino
 	}
 	body := make([]byte, 0, 3*8+1+len(name)+2+1+1)
 	for _, ino := range inos {
@@ -66,62 +71,151 @@ func ControlClone(ctx context.Context, root, src, dst string) error {
 	body = append(body, name...)
 	body = binary.BigEndian.AppendUint16(body, 0o022) // unused with clonePreserve
 	body = append(body, clonePreserve, cloneThreads)
-	msg := binary.BigEndian.AppendUint32(nil, controlClone)
+	if _, err := control(ctx, root, controlClone, body); err != nil {
+		return fmt.Errorf("juicefs clone: %w", err)
+	}
+	return nil
+}
+
+// sliceInfo is what den reads of an info answer: a file's slices (raw).
+type sliceInfo struct {
+	Failed bool
+	Reason string
+	Chunks []struct {
+		ID  uint64 `json:"Id"`
+		Len uint32
+	}
+}
+
+// controlDataBytes is the data a file's slices reference (holes are no
+// slices; a slice of id 0 is a hole written as zeroes), asked through the
+// control file of the mount at root.
+func controlDataBytes(ctx context.Context, root, file string) (int64, error) {
+	ino, err := inode(file)
+	if err != nil {
+		return 0, err
+	}
+	body := binary.BigEndian.AppendUint64(nil, ino)
+	body = append(body, 0, 1, 0) // not recursive, raw slices, not strict
+	data, err := control(ctx, root, controlInfo, body)
+	if err != nil {
+		return 0, fmt.Errorf("juicefs info: %w", err)
+	}
+	var info sliceInfo
+	if err := json.Unmarshal(data, &info); err != nil {
+		return 0, fmt.Errorf("juicefs info: %w", err)
+	}
+	if info.Failed {
+		return 0, fmt.Errorf("juicefs info: %s", info.Reason)
+	}
+	var n int64
+	for _, c := range info.Chunks {
+		if c.ID != 0 {
+			n += int64(c.Len)
+		}
+	}
+	return n, nil
+}
+
+func inode(p string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		return 0, &fs.PathError{Op: "stat", Path: p, Err: err}
+	}
+	return st.Ino, nil
+}
+
+// control sends one request to the control file of the mount at root and
+// returns the data of its answer (nil for an answer that is an errno 0).
+func control(ctx context.Context, root string, op uint32, body []byte) ([]byte, error) {
+	msg := binary.BigEndian.AppendUint32(nil, op)
 	msg = binary.BigEndian.AppendUint32(msg, uint32(len(body)))
 	msg = append(msg, body...)
-
 	f, err := os.OpenFile(filepath.Join(root, controlName), os.O_RDWR, 0)
 	if errors.Is(err, fs.ErrNotExist) {
-		return errNoControl
+		return nil, errNoControl
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer f.Close()
 	// One write: the client takes a request whole, and answers at the
 	// descriptor's offset after it.
 	if _, err := f.Write(msg); err != nil {
-		return fmt.Errorf("send clone request: %w", err)
+		return nil, fmt.Errorf("send request: %w", err)
 	}
-	return readControlAnswer(ctx, f)
+	return readAnswer(ctx, f)
 }
 
-// readControlAnswer reads the control file until the errno that ends an
-// answer, skipping progress records. An empty read means the answer is
-// not there yet: it is read again after a wait that grows from 1 ms to
-// 16 ms, bounded by ctx.
-func readControlAnswer(ctx context.Context, f *os.File) error {
+// readAnswer reads the control file until an answer's end, skipping
+// progress records. An empty read means the answer is not there yet: it
+// is read again after a wait that grows from 1 ms to 16 ms, bounded by
+// ctx.
+func readAnswer(ctx context.Context, f *os.File) ([]byte, error) {
 	buf := make([]byte, 64<<10)
 	wait := time.Millisecond
 	for {
 		n, err := f.Read(buf)
 		if err != nil && err != io.EOF {
-			return fmt.Errorf("read clone answer: %w", err)
+			return nil, fmt.Errorf("read answer: %w", err)
 		}
 		for off := 0; off < n; {
 			switch {
 			case n-off == 1:
 				if errno := syscall.Errno(buf[off]); errno != 0 {
-					return fmt.Errorf("juicefs clone: %w", errno)
+					return nil, errno
 				}
-				return nil
+				return nil, nil
 			case buf[off] == controlProgress && n-off >= 17:
 				off += 17
+			case buf[off] == controlData && n-off >= 5:
+				size := int(binary.BigEndian.Uint32(buf[off+1:]))
+				data := append([]byte(nil), buf[off+5:n]...)
+				return readRest(ctx, f, data, size)
 			default:
-				return fmt.Errorf("read clone answer: unexpected % x", buf[off:n])
+				return nil, fmt.Errorf("read answer: unexpected % x", buf[off:min(n, off+32)])
 			}
 		}
 		if n > 0 {
 			wait = time.Millisecond
 			continue
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("clone: waiting for juicefs: %w", ctx.Err())
-		case <-t.C:
+		if err := pause(ctx, wait); err != nil {
+			return nil, err
 		}
 		wait = min(2*wait, 16*time.Millisecond)
+	}
+}
+
+// readRest reads a data answer's rest, until it has size bytes.
+func readRest(ctx context.Context, f *os.File, data []byte, size int) ([]byte, error) {
+	buf := make([]byte, 64<<10)
+	for len(data) < size {
+		n, err := f.Read(buf)
+		if err != nil && err != io.EOF {
+			return nil, fmt.Errorf("read answer: %w", err)
+		}
+		data = append(data, buf[:n]...)
+		if n == 0 {
+			if err := pause(ctx, time.Millisecond); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if len(data) > size {
+		return nil, fmt.Errorf("read answer: %d bytes after its data", len(data)-size)
+	}
+	return data, nil
+}
+
+// pause waits d, or until ctx ends.
+func pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for juicefs: %w", ctx.Err())
+	case <-t.C:
+		return nil
 	}
 }

@@ -273,9 +273,9 @@ func TestAdoptAfterDaemonRestart(t *testing.T) {
 	}
 }
 
-// TestCloneThroughControlFile checks that clones go through the mount's
-// control file, not the juicefs binary (which is made unrunnable here),
-// and that the client's errors come back as errors.
+// TestCloneThroughControlFile checks that clones and usage go through the
+// mount's control file, not the juicefs binary (which is made unrunnable
+// here), and that the client's errors come back as errors.
 func TestCloneThroughControlFile(t *testing.T) {
 	needIntegration(t)
 	v := openVolume(t, Config{StateDir: t.TempDir()})
@@ -302,6 +302,20 @@ func TestCloneThroughControlFile(t *testing.T) {
 	}
 	if st, err := os.Stat(dst); err != nil || st.Mode().Perm() != 0o640 {
 		t.Fatalf("the clone's mode: %v %v, want 0640 kept", st.Mode(), err)
+	}
+	// Usage is asked there too, and agrees with `juicefs info --raw`.
+	u, err := v.Usage(ctx, CheckpointDir("box", "cp-1"))
+	if err != nil {
+		t.Fatalf("usage without the juicefs binary: %v", err)
+	}
+	v.bin = bin
+	cli, err := v.dataBytesCLI(ctx, []string{dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.bin = "/nonexistent/juicefs"
+	if u.Data != cli || u.Data < mib || u.Files != 1 || u.Logical != testDiskSize {
+		t.Fatalf("usage %+v, juicefs info says %d bytes of data: want the same, at least 1 MiB", u, cli)
 	}
 	// The client answers errors: an existing name, a missing source.
 	if err := ControlClone(ctx, v.Root(), src, dst); !errors.Is(err, syscall.EEXIST) {

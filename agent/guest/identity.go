@@ -163,36 +163,49 @@ func (s *Server) newIdentity(req agent.IdentityRequest) (agent.IdentityReply, er
 	if s.freeze.isFrozen() {
 		return agent.IdentityReply{}, errors.New("identity: filesystems are frozen")
 	}
+	var steps []agent.GuestStep
+	last := time.Now()
+	step := func(name string) {
+		now := time.Now()
+		steps = append(steps, agent.GuestStep{Name: name, MS: float64(now.Sub(last).Microseconds()) / 1000})
+		last = now
+	}
 	if err := s.sys.Reseed(req.Entropy); err != nil {
 		return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
 	}
+	step("reseed")
 	etc := s.sys.EtcDir
 	root := filepath.Dir(etc)
 	id, err := writeMachineID(etc, req.MachineID)
 	if err != nil {
 		return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
 	}
+	step("machine-id")
 	host := hostname()
 	if req.Hostname != "" {
 		if err := s.setHostname(req.Hostname); err != nil {
 			return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
 		}
 		host = req.Hostname
+		step("hostname")
 	}
 	if mac != nil {
 		if err := s.sys.SetMAC(primaryInterface, mac); err != nil {
 			return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
 		}
+		step("mac")
 	}
 	if req.Net != nil {
 		if err := s.sys.SetNet(primaryInterface, *req.Net); err != nil {
 			return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
 		}
+		step("network")
 	}
 	key, err := s.rotateHostKey()
 	if err != nil {
 		return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
 	}
+	step("agent host key")
 	ctx, cancel := context.WithTimeout(context.Background(), sshKeygenTimeout)
 	defer cancel()
 	if err := resetSSHHostKeys(ctx, root); err != nil {
@@ -201,11 +214,13 @@ func (s *Server) newIdentity(req agent.IdentityRequest) (agent.IdentityReply, er
 	if err := removeRandomSeed(root); err != nil {
 		return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
 	}
+	step("openssh keys, random seed")
 	// Written without a sync each, the files are made durable together,
 	// before the token that says they are there.
 	if err := syncRoot(root); err != nil {
 		return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
 	}
+	step("sync")
 	if req.Token != "" {
 		if err := writeIdentityToken(root, req.Token); err != nil {
 			return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
@@ -213,10 +228,11 @@ func (s *Server) newIdentity(req agent.IdentityRequest) (agent.IdentityReply, er
 		if err := syncRoot(root); err != nil {
 			return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
 		}
+		step("token, sync")
 	}
 	pub := strings.TrimSpace(string(gossh.MarshalAuthorizedKey(key.PublicKey())))
 	s.log.Info("new identity", "hostname", host, "machine_id", id, "host_key", gossh.FingerprintSHA256(key.PublicKey()), "token", req.Token)
-	return agent.IdentityReply{Hostname: host, MachineID: id, HostKey: pub}, nil
+	return agent.IdentityReply{Hostname: host, MachineID: id, HostKey: pub, Steps: steps}, nil
 }
 
 // checkNet refuses a network configuration that is not an IPv4 address
