@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -249,5 +250,26 @@ func TestCrashDuringCheckpointAndRestore(t *testing.T) {
 	d.must("restore", "box", "cp-1", "--no-save")
 	if out := d.must("exec", "box", "--", "sh", "-c", checkWork); out != "v1\nalive\n" {
 		t.Fatalf("restore after the crash: %q", out)
+	}
+
+	// The daemon dies with the VMM stopped, the checkpoint's disk being
+	// staged beside the VM's and not yet in place.
+	d.must("exec", "box", "--", "sh", "-c", "echo v3 > /root/file; sync; kill $(cat /tmp/pid)")
+	d.kill()
+	d.env = []string{"DEN_CRASHPOINT=restore-after-stop"}
+	d.start()
+	if _, err := d.run("restore", "box", "cp-1", "--no-save"); err == nil {
+		t.Fatal("restore succeeded through a crash point")
+	}
+	d.waitExit()
+	d.env = nil
+	d.start()
+	// The start removes a staged disk; reaching the VM finishes the
+	// restore with a clone of its own.
+	if _, err := os.Stat(d.volumePath("vms", "box", "disk-restoring")); !os.IsNotExist(err) {
+		t.Fatalf("a staged disk outlived the restart: %v", err)
+	}
+	if out := d.must("exec", "box", "--", "sh", "-c", checkWork); out != "v1\nalive\n" {
+		t.Fatalf("vm after a crash before the staged disk was in place: %q", out)
 	}
 }

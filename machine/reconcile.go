@@ -124,9 +124,12 @@ func (m *Manager) strayVMM(ctx context.Context, vm registry.VM) {
 
 // sweepSuspend finishes or drops a suspend snapshot a crash interrupted:
 // a sleeping VM whose slot swap was cut short gets the new snapshot; any
-// other leftover is removed.
+// other leftover is removed, with a retired slot whose removal was cut
+// short and a disk a restore staged but did not put in place (a restore
+// finished later clones its own).
 func (m *Manager) sweepSuspend(ctx context.Context, vm registry.VM) {
-	_ = m.vol.Remove(ctx, suspendOld(vm.Name)) // a retired slot's removal a crash cut short
+	_ = m.vol.Remove(ctx, suspendOld(vm.Name))
+	_ = m.vol.Remove(ctx, restoreStage(vm.Name))
 	tmp, err := m.vol.Path(suspendNew(vm.Name))
 	if err != nil {
 		return

@@ -218,11 +218,6 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	if err != nil {
 		return "", fmt.Errorf("restore vm %q: %w", name, err)
 	}
-	// The checkpoint's disk is cloned beside the VM's while the VM still
-	// runs (sessions close, the current state is saved, the VMM stops):
-	// only a rename is left for after the stop.
-	staged := m.stageDisk(ctx, name, id)
-	defer staged.drop()
 	in := m.instance(name)
 	if in != nil {
 		// No session is admitted from here; open ones block the restore
@@ -239,6 +234,10 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 			}
 		}()
 	}
+	// The checkpoint's disk is cloned beside the VM's while the current
+	// state is saved and the VMM stops: only a rename is left for after.
+	staged := m.stageDisk(ctx, name, id)
+	defer staged.drop()
 	if !o.NoSave && vm.State != registry.StateStopped {
 		progress("saving the current state first (--no-save skips this)")
 		defer phase.Begin(ctx, "save the current state")()
@@ -288,7 +287,8 @@ type stagedDisk struct {
 }
 
 // restoreStage is where a restore clones its checkpoint's disk; one left
-// by a crash is removed by the next restore, or with its VM.
+// by a crash is removed at the next start (sweepSuspend), by the next
+// restore, or with its VM.
 func restoreStage(vm string) storage.Path { return storage.VMDir(vm).Join("disk-restoring") }
 
 // stageDisk starts putting checkpoint id's disk at restoreStage(vm): its

@@ -32,6 +32,11 @@
 // den's checkpoints are the undo, and a trash would keep every replaced disk
 // for a day.
 //
+// Clones and data sizes are asked of the mount itself, through its control
+// file (control.go), as the juicefs CLI does: no process per clone. Only
+// format, mount and the fallback for a mount without a control file run
+// the binary.
+//
 // The mount process runs in its own session so that a daemon restart does
 // not take the file system (and so every running VM's disk) down with it; a
 // new daemon adopts a healthy mount it finds at the mount point. A
