@@ -131,6 +131,7 @@ func (r *Result) ratios() {
 		put("wake(1 GiB) / wake(512 MiB)", r.find("wake to running", v, "1G"), r.find("wake to running", v, "512M"))
 		put("checkpoint(2 GiB) / checkpoint(512 MiB)", r.find("checkpoint (memory+disk)", v, "2G"), r.find("checkpoint (memory+disk)", v, "512M"))
 		put("wake(2 GiB) / wake(512 MiB)", r.find("wake to running", v, "2G"), r.find("wake to running", v, "512M"))
+		put("wake(2 GiB) / wake(512 MiB), in turn", r.find(wakeInTurn, v, "2G"), r.find(wakeInTurn, v, "512M"))
 		if v == "qemu" {
 			// Issue 15's goals: den's operations against the VMM's own floor.
 			floor := r.find("vmm floor: restore to agent ready (QEMU alone, local disk)", v, "512M")

@@ -241,8 +241,60 @@ func (d *daemon) runAll(ctx context.Context, o Options, v variant, accel string)
 			return figs, err
 		}
 	}
+	if !o.Quick && !v.compare {
+		f, err := d.wakeBySize(ctx, accel, o.Runs, say)
+		figs = append(figs, f...)
+		if err != nil {
+			return figs, err
+		}
+	}
 	return d.hostlife(ctx, o, v, accel, figs, say)
 }
+
+// wakeBySize times wakes of a 512 MiB and a 2 GiB guest (64 MiB of
+// ballast each) taken in turn, run after run: the sizes' figures above
+// are minutes apart, and this host's speed drifts over minutes.
+func (d *daemon) wakeBySize(ctx context.Context, accel string, runs int, say func(string)) ([]Figure, error) {
+	sizes := []struct {
+		label string
+		bytes int64
+	}{{"512M", 512 << 20}, {"2G", 2 << 30}}
+	ds := make([][]time.Duration, len(sizes))
+	for _, s := range sizes {
+		name := "i" + strings.ToLower(s.label)
+		if _, err := d.client.CreateVM(ctx, api.CreateRequest{Name: name, MemoryBytes: s.bytes, IdleTimeout: "0"}, nil); err != nil {
+			return nil, err
+		}
+		defer func() { _ = d.client.RemoveVM(context.WithoutCancel(ctx), name, true) }()
+		if _, err := d.exec(ctx, name, "dd if=/dev/urandom of=/tmp/ballast bs=1M count=64 2>/dev/null; sync"); err != nil {
+			return nil, err
+		}
+	}
+	for i := 0; i <= runs; i++ { // the first is a warm-up
+		say(fmt.Sprintf("wakes of 512M and 2G in turn (%d/%d)", i+1, runs+1))
+		for j, s := range sizes {
+			name := "i" + strings.ToLower(s.label)
+			if _, err := d.client.Sleep(ctx, name, api.SleepRequest{}); err != nil {
+				return nil, fmt.Errorf("sleep %s: %w", name, err)
+			}
+			t, err := timed(func() error { _, err := d.client.Wake(ctx, name); return err })
+			if err != nil {
+				return nil, fmt.Errorf("wake %s: %w", name, err)
+			}
+			if i > 0 {
+				ds[j] = append(ds[j], t)
+			}
+		}
+	}
+	var figs []Figure
+	for j, s := range sizes {
+		figs = append(figs, figure(wakeInTurn, d.vmm, accel, s.label, ds[j]))
+	}
+	return figs, nil
+}
+
+// wakeInTurn is the figure wakeBySize measures.
+const wakeInTurn = "wake to running (512M and 2G in turn)"
 
 // lifecycle measures checkpoint, restore, sleep, wake and the gateway on
 // one VM of the given memory size.
