@@ -246,14 +246,21 @@ func SealSmall(ctx context.Context, dir string) (Manifest, error) {
 // to the VMs and to the operations on them. local maps files (slash
 // paths) to host paths holding the same bytes (a local copy of the
 // memory, made from the same paused RAM), read in their place when they
-// are there with the recorded size: no read through the volume.
-func Seal(ctx context.Context, dir string, p Pace, local map[string]string) error {
+// are there with the recorded size: no read through the volume. They are
+// copies of the snapshot sealed localSeal, and are used only while dir
+// holds that snapshot: a seal that runs late, when dir (a VM's suspend
+// slot) holds a later snapshot of the same size, must not digest an
+// older copy for it.
+func Seal(ctx context.Context, dir string, p Pace, localSeal string, local map[string]string) error {
 	man, err := readManifest(dir)
 	if err != nil {
 		return err
 	}
 	if len(man.Large) == 0 {
 		return nil
+	}
+	if localSeal == "" || man.Seal != localSeal {
+		local = nil
 	}
 	if _, err := readLarge(dir, man.Seal); err == nil {
 		return nil // sealed already

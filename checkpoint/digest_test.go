@@ -54,7 +54,7 @@ func seal(t *testing.T, dir string) Manifest {
 	if Sealed(dir) {
 		t.Fatal("sealed before Seal")
 	}
-	if err := Seal(context.Background(), dir, Pace{}, nil); err != nil {
+	if err := Seal(context.Background(), dir, Pace{}, "", nil); err != nil {
 		t.Fatal(err)
 	}
 	if !Sealed(dir) {
@@ -188,7 +188,7 @@ func TestSealIsTiedToItsManifest(t *testing.T) {
 	if Sealed(dir) {
 		t.Fatal("the old seal's digests were taken for the new snapshot")
 	}
-	if err := Seal(ctx, dir, Pace{}, nil); err != nil {
+	if err := Seal(ctx, dir, Pace{}, "", nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Verify(ctx, dir, Policy{Full: true}); err != nil {
@@ -204,7 +204,7 @@ func TestSealSmallTakesOverASealedSubdirectory(t *testing.T) {
 	if _, err := SealSmall(ctx, vmmDir); err != nil {
 		t.Fatal(err)
 	}
-	if err := Seal(ctx, vmmDir, Pace{}, nil); err != nil {
+	if err := Seal(ctx, vmmDir, Pace{}, "", nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(slot, DiskFile), []byte("disk"), 0o600); err != nil {
@@ -289,10 +289,22 @@ func TestSealReadsLocalCopies(t *testing.T) {
 		t.Fatal(err)
 	}
 	corrupt(t, mem, 3*ExtentSize+10) // the volume's file went bad as it was written
-	if _, err := SealSmall(ctx, dir); err != nil {
+	man, err := SealSmall(ctx, dir)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := Seal(ctx, dir, Pace{}, map[string]string{"vmm/memory": local}); err != nil {
+	// A copy of another snapshot (an older sleep's, of the same size) is
+	// not read for this one.
+	if err := Seal(ctx, dir, Pace{}, "an older seal", map[string]string{"vmm/memory": local}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Verify(ctx, dir, Policy{Full: true, Local: map[string]string{"vmm/memory": local}}); err == nil {
+		t.Fatal("digests of the volume's damaged file were made from a local copy of another seal's snapshot")
+	}
+	if man, err = SealSmall(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := Seal(ctx, dir, Pace{}, man.Seal, map[string]string{"vmm/memory": local}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Verify(ctx, dir, Policy{Full: true, Local: map[string]string{"vmm/memory": local}}); err != nil {
@@ -305,10 +317,11 @@ func TestSealReadsLocalCopies(t *testing.T) {
 
 	// A copy of another size, or a missing one: the snapshot's own file.
 	for _, bad := range []string{filepath.Join(t.TempDir(), "missing"), filepath.Join(dir, "vmm", "state")} {
-		if _, err := SealSmall(ctx, dir); err != nil {
+		man, err := SealSmall(ctx, dir)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := Seal(ctx, dir, Pace{}, map[string]string{"vmm/memory": bad}); err != nil {
+		if err := Seal(ctx, dir, Pace{}, man.Seal, map[string]string{"vmm/memory": bad}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := Verify(ctx, dir, Policy{Full: true}); err != nil {

@@ -117,7 +117,7 @@ func (m *Manager) warmBase(ctx context.Context, vm registry.VM, sp spec, progres
 	if err := m.vol.Rename(ctx, tmp, dir); err != nil {
 		return "", err
 	}
-	m.sealLater(dir, nil) // its local copy comes later (withBaseMemory)
+	m.sealLater(dir, snapshotRef{}) // its local copy comes later (withBaseMemory)
 	ok = true
 	return dir, nil
 }

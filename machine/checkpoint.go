@@ -116,7 +116,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 		return rec, err
 	}
 	m.sizesLater(vm.Name, id)
-	m.sealLater(checkpoint.Dir(vm.Name, id), m.withLocalMemory(checkpointRef(rec), checkpointKey(id, rec.Seal)).localFiles())
+	m.sealLater(checkpoint.Dir(vm.Name, id), m.withLocalMemory(checkpointRef(rec), checkpointKey(id, rec.Seal)))
 	// No spare disk yet (spares.go): made now, it competed with whatever
 	// came next (a disk-only checkpoint went from 261 to 575 ms in den
 	// bench, a restore from 465 to 605). A restore makes one for the next

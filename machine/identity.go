@@ -31,8 +31,13 @@ func (m *Manager) newIdentity(ctx context.Context, in *instance, vm registry.VM,
 	if err != nil {
 		return fmt.Errorf("new identity: %w", err)
 	}
-	for _, st := range reply.Steps {
-		phase.Record(ctx, "guest: "+st.Name, time.Duration(st.MS*float64(time.Millisecond)))
+	// The guest's steps ran one after the other and ended before its
+	// answer came: each is placed before the next.
+	end := time.Now()
+	for i := len(reply.Steps) - 1; i >= 0; i-- {
+		d := time.Duration(reply.Steps[i].MS * float64(time.Millisecond))
+		phase.RecordEnded(ctx, "guest: "+reply.Steps[i].Name, end, d)
+		end = end.Add(-d)
 	}
 	return nil
 }

@@ -257,14 +257,15 @@ func lowPriority() {
 	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 19)
 }
 
-// sealLater digests dir's large files in the background, reading local
-// copies of them where local names some (snapshotRef.localFiles).
-func (m *Manager) sealLater(dir storage.Path, local map[string]string) {
+// sealLater digests dir's large files in the background, reading the
+// local copies ref names (snapshotRef.localFiles) if dir still holds
+// ref's snapshot when the seal runs.
+func (m *Manager) sealLater(dir storage.Path, ref snapshotRef) {
 	if m.cfg.NoDigests {
 		return
 	}
 	m.seal.add(dir, 1)
-	if !m.goBackground(func() { m.sealNow(dir, local) }) {
+	if !m.goBackground(func() { m.sealNow(dir, ref.seal, ref.localFiles()) }) {
 		m.seal.add(dir, -1)
 	}
 }
@@ -272,7 +273,7 @@ func (m *Manager) sealLater(dir storage.Path, local map[string]string) {
 // sealNow digests dir's large files, after any seal under way. A seal
 // that fails leaves them without digests, which verification then
 // reports (the snapshot is recorded with its seal).
-func (m *Manager) sealNow(dir storage.Path, local map[string]string) {
+func (m *Manager) sealNow(dir storage.Path, localSeal string, local map[string]string) {
 	defer m.seal.add(dir, -1)
 	m.seal.mu.Lock()
 	defer m.seal.mu.Unlock()
@@ -287,7 +288,7 @@ func (m *Manager) sealNow(dir storage.Path, local map[string]string) {
 	}
 	start := time.Now()
 	for try := 1; ; try++ {
-		err := checkpoint.Seal(ctx, host, m.sealPace(), local)
+		err := checkpoint.Seal(ctx, host, m.sealPace(), localSeal, local)
 		if err == nil {
 			m.log.Debug("den: snapshot digested", "dir", string(dir), "took", time.Since(start))
 			return
@@ -337,7 +338,7 @@ func (m *Manager) sealPending(ctx context.Context, vm registry.VM) {
 			continue
 		}
 		if man, err := checkpoint.ReadManifest(host); err == nil && len(man.Large) > 0 {
-			m.sealLater(d, nil) // no local copies after a start
+			m.sealLater(d, snapshotRef{}) // no local copies after a start
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -684,5 +685,89 @@ func TestVolumeLossWaitsForOperation(t *testing.T) {
 	waitFor(t, "a stopped once its checkpoint let go", func() bool { return e.record("a").State == registry.StateStopped })
 	if e.drv.VM(e.state.Run("a")) != nil {
 		t.Fatal("a's vmm still runs on the lost volume")
+	}
+}
+
+// TestRetiredSlotsAndStagedDisks: the suspend slots a sleep or a restore
+// retires are removed in the background, however many operations follow
+// each other; a restore refused after its checkpoint's disk was staged
+// keeps that disk as the checkpoint's spare; and the leftovers a crash
+// leaves in a VM's directory (retired slots, half-made clones) go at the
+// next start.
+func TestRetiredSlotsAndStagedDisks(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create("r")
+	cp, err := e.m.Checkpoint(ctx, "r", machine.CheckpointOptions{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := e.m.Sleep(ctx, "r", false); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.m.Wake(ctx, "r"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.m.Sleep(ctx, "r", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Restore(ctx, "r", cp.ID, machine.RestoreOptions{NoSave: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	vmDir, _ := e.vol.Path(storage.VMDir("r"))
+	leftovers := func() []string {
+		var left []string
+		ents, _ := os.ReadDir(vmDir)
+		for _, ent := range ents {
+			if strings.HasPrefix(ent.Name(), "suspend-old") || storage.IsCloneTemp(ent.Name()) || ent.Name() == "disk-restoring" {
+				left = append(left, ent.Name())
+			}
+		}
+		return left
+	}
+	waitFor(t, "the retired suspend slots are removed", func() bool { return len(leftovers()) == 0 })
+	if _, err := os.Stat(filepath.Join(vmDir, "suspend")); err == nil {
+		t.Fatal("a restored vm kept its suspend slot")
+	}
+
+	// A restore whose save of the current state fails (the VMM dies as
+	// it snapshots) is refused after the checkpoint's disk was staged.
+	spare, _ := e.vol.Path(storage.Path("spares").Join("r@" + cp.ID))
+	waitFor(t, "the restore's spare is made", func() bool { return dirExists(spare) })
+	if err := os.Remove(spare); err != nil {
+		t.Fatal(err)
+	}
+	e.drv.Hook = func(op, rd string) {
+		if op == "snapshot" {
+			if v := e.drv.VM(e.state.Run("r")); v != nil {
+				v.Kill()
+			}
+		}
+	}
+	if _, err := e.m.Restore(ctx, "r", cp.ID, machine.RestoreOptions{}, nil); err == nil {
+		t.Fatal("a restore whose save failed went on")
+	}
+	e.drv.Hook = nil
+	if !dirExists(spare) {
+		t.Fatal("the staged disk of a refused restore was not kept as the checkpoint's spare")
+	}
+	if len(leftovers()) != 0 {
+		t.Fatalf("a refused restore left %v", leftovers())
+	}
+
+	// What a crash leaves: a retired slot and half-made clones.
+	for _, f := range []string{"suspend-old-1", ".disk.clone-2", ".disk-restoring.clone-3", "disk-restoring"} {
+		if err := os.WriteFile(filepath.Join(vmDir, f), []byte("left"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.restart()
+	if !poll.Until(testTimeout, func() bool { return len(leftovers()) == 0 }) {
+		t.Fatalf("after a start, a crash left %v", leftovers())
+	}
+	if _, err := os.Stat(filepath.Join(vmDir, "disk")); err != nil {
+		t.Fatalf("the vm's disk: %v", err)
 	}
 }

@@ -152,6 +152,10 @@ type Manager struct {
 	spareMu   sync.Mutex
 	spareBusy map[storage.Path]chan struct{} // spare disks being made, closed when done (spares.go)
 
+	retireMu sync.Mutex
+	retiring map[string]bool // VMs whose retired suspend slots are being removed: true to look again (sleep.go)
+	removals chan struct{}   // bounds the removals at once
+
 	seal       sealer         // digests snapshots' large files
 	background sync.WaitGroup // digests and verifications under way
 
@@ -210,7 +214,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m := &Manager{
 		cfg: cfg, state: cfg.State, db: db, ownDB: ownDB, vol: cfg.Volume, signer: signer, log: cfg.Logger,
 		kvm: vmm.DetectKVM(), instances: map[string]*instance{}, holders: map[string]holder{}, waiters: map[string]chan struct{}{},
-		closed: make(chan struct{}),
+		closed:   make(chan struct{}),
+		removals: make(chan struct{}, 2),
 	}
 	m.adm = m.newAdmission()
 	if err := m.chooseVMM(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/denhq/den/registry"
@@ -122,14 +123,31 @@ func (m *Manager) strayVMM(ctx context.Context, vm registry.VM) {
 	m.discardRuntime(vm.Name)
 }
 
+// sweepClones removes the clones a crash cut short in vm's directory (a
+// restore's staged disk, a disk cloned over the VM's). Their names are
+// no volume paths (they begin with a dot), so they go by host path.
+func (m *Manager) sweepClones(vm string) {
+	dir, err := m.vol.Path(storage.VMDir(vm))
+	if err != nil {
+		return
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if storage.IsCloneTemp(e.Name()) {
+			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
 // sweepSuspend finishes or drops a suspend snapshot a crash interrupted:
 // a sleeping VM whose slot swap was cut short gets the new snapshot; any
 // other leftover is removed, with a retired slot whose removal was cut
 // short and a disk a restore staged but did not put in place (a restore
 // finished later clones its own).
 func (m *Manager) sweepSuspend(ctx context.Context, vm registry.VM) {
-	_ = m.vol.Remove(ctx, suspendOld(vm.Name))
+	m.removeRetired(vm.Name)
 	_ = m.vol.Remove(ctx, restoreStage(vm.Name))
+	m.sweepClones(vm.Name)
 	tmp, err := m.vol.Path(suspendNew(vm.Name))
 	if err != nil {
 		return

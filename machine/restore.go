@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"time"
 
@@ -280,10 +281,11 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 // stagedDisk is a checkpoint's disk being cloned beside a VM's, for a
 // restore to rename over the VM's disk once its VMM has stopped.
 type stagedDisk struct {
-	m    *Manager
-	path storage.Path
-	wait func() error
-	used bool
+	m      *Manager
+	vm, id string
+	path   storage.Path
+	wait   func() error
+	used   bool
 }
 
 // restoreStage is where a restore clones its checkpoint's disk; one left
@@ -294,7 +296,7 @@ func restoreStage(vm string) storage.Path { return storage.VMDir(vm).Join("disk-
 // stageDisk starts putting checkpoint id's disk at restoreStage(vm): its
 // spare, or a clone.
 func (m *Manager) stageDisk(ctx context.Context, vm, id string) *stagedDisk {
-	st := &stagedDisk{m: m, path: restoreStage(vm)}
+	st := &stagedDisk{m: m, vm: vm, id: id, path: restoreStage(vm)}
 	st.wait = m.meanwhile(ctx, "", "", func() error {
 		if err := m.vol.Remove(ctx, st.path); err != nil {
 			return err
@@ -325,15 +327,25 @@ func (st *stagedDisk) putInPlace(ctx context.Context, vm string) error {
 	return nil
 }
 
-// drop removes the staged disk unless it was put in place (a restore that
-// failed or was refused before).
+// drop keeps the staged disk as its checkpoint's spare unless it was put
+// in place (a restore that failed or was refused before): the VM never
+// ran on it, so it is still a clone of the checkpoint's disk. With a
+// spare there or being made, it is removed.
 func (st *stagedDisk) drop() {
-	if st == nil || st.used {
+	if st == nil || st.used || st.wait() != nil {
 		return
 	}
-	if st.wait() == nil {
-		_ = st.m.vol.Remove(context.Background(), st.path)
+	ctx := context.Background()
+	spare := checkpointSpare(st.vm, st.id)
+	st.m.spareMu.Lock()
+	making := st.m.spareBusy[spare] != nil
+	st.m.spareMu.Unlock()
+	if p, err := st.m.vol.Path(spare); err == nil && !making {
+		if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) && st.m.vol.Rename(ctx, st.path, spare) == nil {
+			return
+		}
 	}
+	_ = st.m.vol.Remove(ctx, st.path)
 }
 
 // finishRestore puts a checkpoint's disk in place of the VM's and brings

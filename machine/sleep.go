@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/denhq/den/checkpoint"
@@ -147,7 +150,7 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	end = phase.Begin(ctx, "stop vmm")
 	m.stopInstance(ctx, in, false)
 	end()
-	m.sealLater(storage.SuspendDir(name), m.withLocalMemory(suspendRef(name, seal), suspendKey(seal, slept.Generation)).localFiles())
+	m.sealLater(storage.SuspendDir(name), m.withLocalMemory(suspendRef(name, seal), suspendKey(seal, slept.Generation)))
 	return nil
 }
 
@@ -161,34 +164,96 @@ func (m *Manager) swapSuspend(ctx context.Context, name string) error {
 	return m.vol.Rename(ctx, suspendNew(name), storage.SuspendDir(name))
 }
 
-// suspendOld is where an obsolete suspend slot waits for its removal.
-func suspendOld(name string) storage.Path { return storage.VMDir(name).Join("suspend-old") }
+// retiredPrefix begins the names of obsolete suspend slots waiting, in
+// their VM's directory, for their removal (suspend-old-N: each its own,
+// so that retiring a slot never waits for an older one's removal).
+const retiredPrefix = "suspend-old"
 
 // retireSuspend moves name's suspend slot out of the way, for
 // removeRetired to remove once the operation is over: the rename is one
 // metadata operation, where the removal of a memory file costs 50-150 ms
 // of FUSE and page-cache work, and holds the volume's metadata meanwhile
-// (a clone or a rename waits for it). With no slot, or an older retired
-// one still there, the slot is removed now. A retired slot a crash left
-// behind goes at the next start (sweepSuspend).
+// (a clone or a rename waits for it). With no slot there is nothing to
+// do; a slot that cannot be renamed is removed now. A retired slot a
+// crash left behind goes after the next start (sweepSuspend).
 func (m *Manager) retireSuspend(ctx context.Context, name string) error {
-	if err := m.vol.Rename(ctx, storage.SuspendDir(name), suspendOld(name)); err != nil {
+	slot, err := m.vol.Path(storage.SuspendDir(name))
+	if err != nil {
+		return err
+	}
+	if _, err := os.Lstat(slot); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	old := storage.VMDir(name).Join(fmt.Sprintf("%s-%d", retiredPrefix, time.Now().UnixNano()))
+	if err := m.vol.Rename(ctx, storage.SuspendDir(name), old); err != nil {
 		return m.vol.Remove(ctx, storage.SuspendDir(name))
 	}
 	return nil
 }
 
-// removeRetired removes name's retired suspend slot, if any, in the
-// background at a low priority.
+// removeRetired removes name's retired suspend slots in the background,
+// at a low priority: one removal per VM at a time (a call while one runs
+// makes it look again when done), and at most two VMs' at once.
 func (m *Manager) removeRetired(name string) {
-	m.goBackground(func() {
+	m.retireMu.Lock()
+	if m.retiring == nil {
+		m.retiring = map[string]bool{}
+	}
+	if _, running := m.retiring[name]; running {
+		m.retiring[name] = true // again, once the running removal is over
+		m.retireMu.Unlock()
+		return
+	}
+	m.retiring[name] = false
+	m.retireMu.Unlock()
+	started := m.goBackground(func() {
 		ctx, cancel := m.lifetime()
 		defer cancel()
 		lowPriority()
-		if err := m.vol.Remove(ctx, suspendOld(name)); err != nil {
-			m.log.Debug("den: remove a retired suspend slot", "vm", name, "err", err)
+		for {
+			select {
+			case m.removals <- struct{}{}:
+			case <-ctx.Done():
+			}
+			if ctx.Err() == nil {
+				m.removeRetiredNow(ctx, name)
+				<-m.removals
+			}
+			m.retireMu.Lock()
+			again := m.retiring[name] && ctx.Err() == nil
+			if !again {
+				delete(m.retiring, name)
+			} else {
+				m.retiring[name] = false
+			}
+			m.retireMu.Unlock()
+			if !again {
+				return
+			}
 		}
 	})
+	if !started {
+		m.retireMu.Lock()
+		delete(m.retiring, name)
+		m.retireMu.Unlock()
+	}
+}
+
+// removeRetiredNow removes name's retired suspend slots.
+func (m *Manager) removeRetiredNow(ctx context.Context, name string) {
+	dir, err := m.vol.Path(storage.VMDir(name))
+	if err != nil {
+		return
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), retiredPrefix) {
+			continue
+		}
+		if err := m.vol.Remove(ctx, storage.VMDir(name).Join(e.Name())); err != nil {
+			m.log.Debug("den: remove a retired suspend slot", "vm", name, "err", err)
+		}
+	}
 }
 
 // Wake restores a sleeping VM from its suspend slot and waits for its

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make bench: den's headline figures (den bench), then the storage
-# figures. BENCH_ARGS passes options to den bench (e.g. --quick).
+# figures, with each operation's steps (--breakdown). BENCH_ARGS passes
+# more options to den bench (e.g. --quick).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then
@@ -9,7 +10,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 export DEN_JUICEFS="$PWD/bin/juicefs"
 # shellcheck disable=SC2086
-bin/den bench ${BENCH_ARGS:-}
+bin/den bench --breakdown ${BENCH_ARGS:-}
 if [ -x scripts/bench-storage.sh ]; then
 	scripts/bench-storage.sh
 fi

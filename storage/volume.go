@@ -188,7 +188,7 @@ func (v *JuiceFS) clone(ctx context.Context, src, dst Path, replace bool) error 
 	if err := os.MkdirAll(filepath.Dir(hd), 0o755); err != nil {
 		return err
 	}
-	tmp := filepath.Join(filepath.Dir(hd), fmt.Sprintf(".%s.clone-%d", filepath.Base(hd), time.Now().UnixNano()))
+	tmp := filepath.Join(filepath.Dir(hd), fmt.Sprintf(".%s%s%d", filepath.Base(hd), cloneTempMark, time.Now().UnixNano()))
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	err = ControlClone(ctx, v.cfg.MountPoint, hs, tmp)
@@ -210,6 +210,17 @@ func (v *JuiceFS) clone(ctx context.Context, src, dst Path, replace bool) error 
 		return err
 	}
 	return nil
+}
+
+// cloneTempMark marks the temporary name a clone is made under, beside
+// its destination, before it is renamed there: .NAME.clone-N.
+const cloneTempMark = ".clone-"
+
+// IsCloneTemp says whether name (a base name) is a clone's temporary
+// file, which a crash or a kill during the clone leaves behind; it
+// holds a reference to its source's data until removed.
+func IsCloneTemp(name string) bool {
+	return strings.HasPrefix(name, ".") && strings.Contains(name, cloneTempMark)
 }
 
 // Rename moves from to to atomically.

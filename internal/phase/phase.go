@@ -56,8 +56,15 @@ func Begin(ctx context.Context, name string) func() {
 
 // Record adds a step that ended now and took d.
 func Record(ctx context.Context, name string, d time.Duration) {
+	RecordEnded(ctx, name, time.Now(), d)
+}
+
+// RecordEnded records a step that took d and ended at end: one timed
+// elsewhere, as a guest's steps, which end one after the other before
+// its answer arrives.
+func RecordEnded(ctx context.Context, name string, end time.Time, d time.Duration) {
 	if r := From(ctx); r != nil {
-		r.add(name, time.Now().Add(-d), d)
+		r.add(name, end.Add(-d), d)
 	}
 }
 
