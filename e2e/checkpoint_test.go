@@ -232,18 +232,24 @@ func TestCrashDuringCheckpointAndRestore(t *testing.T) {
 		t.Fatalf("checkpoints after a crash mid-checkpoint: %+v", cps)
 	}
 
-	// The daemon dies after the disk was replaced, before memory.
-	d.must("exec", "box", "--", "sh", "-c", "echo v2 > /root/file; sync; kill $(cat /tmp/pid)")
-	d.kill()
-	d.env = []string{"DEN_CRASHPOINT=restore-after-disk"}
-	d.start()
-	if _, err := d.run("restore", "box", "cp-1", "--no-save"); err == nil {
-		t.Fatal("restore succeeded through a crash point")
+	// The daemon dies in the middle of a restore: crashRestore writes
+	// value to the file, then restores cp-1 through a crash at point.
+	crashRestore := func(value, point string) {
+		t.Helper()
+		d.must("exec", "box", "--", "sh", "-c", "echo "+value+" > /root/file; sync; kill $(cat /tmp/pid)")
+		d.kill()
+		d.env = []string{"DEN_CRASHPOINT=" + point}
+		d.start()
+		if _, err := d.run("restore", "box", "cp-1", "--no-save"); err == nil {
+			t.Fatalf("restore succeeded through crash point %s", point)
+		}
+		d.waitExit()
+		d.env = nil
+		d.start()
 	}
-	d.waitExit()
-	d.env = nil
-	d.start()
-	// Reaching the VM finishes the interrupted restore.
+	// After the disk was replaced, before memory. Reaching the VM
+	// finishes the interrupted restore.
+	crashRestore("v2", "restore-after-disk")
 	if out := d.must("exec", "box", "--", "sh", "-c", checkWork); out != "v1\nalive\n" {
 		t.Fatalf("vm after a crash mid-restore: %q", out)
 	}
@@ -252,20 +258,10 @@ func TestCrashDuringCheckpointAndRestore(t *testing.T) {
 		t.Fatalf("restore after the crash: %q", out)
 	}
 
-	// The daemon dies with the VMM stopped, the checkpoint's disk being
-	// staged beside the VM's and not yet in place.
-	d.must("exec", "box", "--", "sh", "-c", "echo v3 > /root/file; sync; kill $(cat /tmp/pid)")
-	d.kill()
-	d.env = []string{"DEN_CRASHPOINT=restore-after-stop"}
-	d.start()
-	if _, err := d.run("restore", "box", "cp-1", "--no-save"); err == nil {
-		t.Fatal("restore succeeded through a crash point")
-	}
-	d.waitExit()
-	d.env = nil
-	d.start()
-	// The start removes a staged disk; reaching the VM finishes the
-	// restore with a clone of its own.
+	// With the VMM stopped, the checkpoint's disk being staged beside the
+	// VM's and not yet in place. The start removes a staged disk;
+	// reaching the VM finishes the restore with a clone of its own.
+	crashRestore("v3", "restore-after-stop")
 	if _, err := os.Stat(d.volumePath("vms", "box", "disk-restoring")); !os.IsNotExist(err) {
 		t.Fatalf("a staged disk outlived the restart: %v", err)
 	}
