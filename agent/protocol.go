@@ -151,6 +151,12 @@ type Activity struct {
 	CPUBusy time.Duration `json:"cpu_busy_ns"`
 	// CPUTotal is all CPU time, summed over all CPUs.
 	CPUTotal time.Duration `json:"cpu_total_ns"`
+	// AgentCPU is the CPU time of the agent's own process, which is in
+	// CPUBusy: answering the host's activity requests among it (some
+	// 100 ms of CPU each in a guest under TCG emulation), so that the
+	// idle policy does not take its own probing for the guest's use.
+	// Zero from an agent that does not report it.
+	AgentCPU time.Duration `json:"agent_cpu_ns,omitempty"`
 	// CPUs is the number of CPUs.
 	CPUs int `json:"cpus"`
 	// Load1 is the one-minute load average.

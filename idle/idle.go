@@ -26,6 +26,10 @@ type Sample struct {
 	Time     time.Time
 	CPUBusy  time.Duration // all CPUs
 	CPUTotal time.Duration // all CPUs
+	// AgentCPU is the guest agent's own CPU time, in CPUBusy: not the
+	// guest's use (its answers to the monitor's requests are most of it
+	// in an idle guest).
+	AgentCPU time.Duration
 	// Sessions and forwards open on the agent itself.
 	Sessions int
 	// Held: a keep-awake lease is held in the guest.
@@ -149,5 +153,9 @@ func Busy(prev, cur Sample, hadPrev bool, threshold float64) bool {
 	if total <= 0 {
 		return false
 	}
-	return float64(cur.CPUBusy-prev.CPUBusy)/float64(total) > threshold
+	busy := cur.CPUBusy - prev.CPUBusy
+	if agent := cur.AgentCPU - prev.AgentCPU; agent > 0 && agent <= busy {
+		busy -= agent
+	}
+	return float64(busy)/float64(total) > threshold
 }

@@ -76,6 +76,14 @@ func TestBusy(t *testing.T) {
 	if Busy(Sample{CPUTotal: 100}, Sample{CPUBusy: 1, CPUTotal: 200}, true, 0.05) {
 		t.Error("1% cpu busy")
 	}
+	// The agent's own CPU (answering these samples) is not the guest's:
+	// 12% busy of which 10% is the agent is idle; 12% of which 2% is not.
+	if Busy(Sample{CPUBusy: 50, CPUTotal: 100, AgentCPU: 30}, Sample{CPUBusy: 62, CPUTotal: 200, AgentCPU: 40}, true, 0.05) {
+		t.Error("the agent's own cpu counted as the guest's")
+	}
+	if !Busy(Sample{CPUBusy: 50, CPUTotal: 100, AgentCPU: 30}, Sample{CPUBusy: 62, CPUTotal: 200, AgentCPU: 32}, true, 0.05) {
+		t.Error("10% cpu outside the agent not busy")
+	}
 	if !Busy(Sample{}, Sample{Sessions: 1}, false, 0.05) {
 		t.Error("an agent session is not activity")
 	}

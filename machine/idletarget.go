@@ -52,7 +52,7 @@ func (t idleTarget) Activity(ctx context.Context, name string) (idle.Sample, err
 	if err != nil {
 		return idle.Sample{}, err
 	}
-	return idle.Sample{Time: a.Time, CPUBusy: a.CPUBusy, CPUTotal: a.CPUTotal,
+	return idle.Sample{Time: a.Time, CPUBusy: a.CPUBusy, CPUTotal: a.CPUTotal, AgentCPU: a.AgentCPU,
 		Sessions: a.Sessions + a.Forwards, Held: a.Held(time.Now())}, nil
 }
 

@@ -35,6 +35,7 @@ func (s *Server) activity() (agent.Activity, error) {
 	if err != nil {
 		return a, err
 	}
+	a.AgentCPU, _ = readSelfCPU(filepath.Join(s.sys.ProcDir, "self", "stat"))
 	a.Processes = s.procs.count(s.sys.ProcDir, procScanTimeout)
 	a.Sessions = int(s.sessions.Load())
 	a.Forwards = int(s.forwards.Load())
@@ -95,6 +96,31 @@ func readStat(path string, a *agent.Activity) error {
 		}
 	}
 	return nil
+}
+
+// readSelfCPU is a process's user and system CPU time from its
+// /proc/PID/stat (fields 14 and 15, counted after the command name,
+// which may hold spaces and parentheses).
+func readSelfCPU(path string) (time.Duration, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("agent cpu: %w", err)
+	}
+	end := bytes.LastIndexByte(data, ')')
+	if end < 0 {
+		return 0, fmt.Errorf("agent cpu: %s: no command name", path)
+	}
+	f := strings.Fields(string(data[end+1:]))
+	// f[0] is field 3 (state): utime is field 14, stime field 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("agent cpu: %s: %d fields", path, len(f)+2)
+	}
+	utime, err1 := strconv.ParseUint(f[11], 10, 64)
+	stime, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("agent cpu: %s: %w", path, err)
+	}
+	return ticks(utime + stime), nil
 }
 
 func ticks(n uint64) time.Duration { return time.Duration(n) * (time.Second / userHZ) }

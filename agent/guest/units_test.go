@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +82,33 @@ func TestReadActivityFakeProc(t *testing.T) {
 	if a.TCPEstablished != 4 || a.TCPRemote != 2 {
 		t.Errorf("tcp established %d remote %d, want 4 and 2", a.TCPEstablished, a.TCPRemote)
 	}
+}
+
+// TestReadSelfCPU: a process's user and system time, counted past a
+// command name with spaces and parentheses in it, and this process's own.
+func TestReadSelfCPU(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "stat")
+	writeFile(t, p, "431 (den (agent) x) S 1 431 431 0 -1 4194560 1811 0 0 0 19 34 0 0 20 0 9 0 160 1265844224 3102 18446744073709551615 1 1 0 0 0 0 0 0 2143420159 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n")
+	if d, err := readSelfCPU(p); err != nil || d != 530*time.Millisecond {
+		t.Fatalf("19 user + 34 system ticks: got %v, %v", d, err)
+	}
+	writeFile(t, p, "431 (den-agent) S 1 431\n")
+	if _, err := readSelfCPU(p); err == nil {
+		t.Fatal("a short stat line read")
+	}
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+		d, err := readSelfCPU("/proc/self/stat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d > 0 {
+			return
+		}
+		for i := 0; i < 1e6; i++ { // burn a little CPU until a tick is counted
+			_ = strconv.Itoa(i)
+		}
+	}
+	t.Fatal("this process's cpu time stayed at zero")
 }
 
 func TestLookupAccount(t *testing.T) {
