@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"time"
 
@@ -336,16 +335,9 @@ func (st *stagedDisk) drop() {
 		return
 	}
 	ctx := context.Background()
-	spare := checkpointSpare(st.vm, st.id)
-	st.m.spareMu.Lock()
-	making := st.m.spareBusy[spare] != nil
-	st.m.spareMu.Unlock()
-	if p, err := st.m.vol.Path(spare); err == nil && !making {
-		if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) && st.m.vol.Rename(ctx, st.path, spare) == nil {
-			return
-		}
+	if !st.m.putSpare(ctx, st.path, checkpointSpare(st.vm, st.id)) {
+		_ = st.m.vol.Remove(ctx, st.path)
 	}
-	_ = st.m.vol.Remove(ctx, st.path)
 }
 
 // finishRestore puts a checkpoint's disk in place of the VM's and brings

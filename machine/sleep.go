@@ -209,13 +209,15 @@ func (m *Manager) removeRetired(name string) {
 	started := m.goBackground(func() {
 		ctx, cancel := m.lifetime()
 		defer cancel()
-		lowPriority()
 		for {
 			select {
 			case m.removals <- struct{}{}:
 			case <-ctx.Done():
 			}
 			if ctx.Err() == nil {
+				// Niced only once its turn has come: a start's removals
+				// wait without an OS thread each.
+				lowPriority()
 				m.removeRetiredNow(ctx, name)
 				<-m.removals
 			}

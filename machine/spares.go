@@ -70,6 +70,22 @@ func (m *Manager) takeSpare(ctx context.Context, spare, dst storage.Path) bool {
 	return m.vol.Rename(ctx, spare, dst) == nil
 }
 
+// putSpare moves src, a clone of spare's source no VM ran on, to spare
+// unless a spare is there or being made; false leaves src where it is.
+func (m *Manager) putSpare(ctx context.Context, src, spare storage.Path) bool {
+	m.spareMu.Lock()
+	making := m.spareBusy[spare] != nil
+	m.spareMu.Unlock()
+	p, err := m.vol.Path(spare)
+	if err != nil || making {
+		return false
+	}
+	if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+		return false
+	}
+	return m.vol.Rename(ctx, src, spare) == nil
+}
+
 // refillSpare makes spare, a clone of src, in the background, unless it
 // is there or being made.
 func (m *Manager) refillSpare(src, spare storage.Path) {
