@@ -131,6 +131,14 @@ func control(ctx context.Context, root string, op uint32, body []byte) ([]byte, 
 	msg := binary.BigEndian.AppendUint32(nil, op)
 	msg = binary.BigEndian.AppendUint32(msg, uint32(len(body)))
 	msg = append(msg, body...)
+	// A fork copies every descriptor, and the copy's close (at exec, or
+	// at the child's exit) flushes the control file, which makes JuiceFS
+	// cancel the request in flight: the clone ends in EINTR. So this
+	// process forks no child while the descriptor is open: Go's fork
+	// waits for ForkLock's readers (a clone takes 5-20 ms; ctx bounds the
+	// wait). The deferred Close runs before the unlock.
+	syscall.ForkLock.RLock()
+	defer syscall.ForkLock.RUnlock()
 	f, err := os.OpenFile(filepath.Join(root, controlName), os.O_RDWR, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, errNoControl

@@ -3,8 +3,10 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -333,4 +335,48 @@ func TestCloneThroughControlFile(t *testing.T) {
 	if err := ControlClone(ctx, dir, filepath.Join(dir, "f"), filepath.Join(dir, "g")); !errors.Is(err, errNoControl) {
 		t.Fatalf("clone outside juicefs: got %v, want errNoControl", err)
 	}
+}
+
+// TestCloneWhileForking clones while the process forks: a fork copies
+// every descriptor, and the copy's close at exec flushes the control file,
+// which makes JuiceFS cancel the request in flight (EINTR). The daemon
+// starts VMMs and helpers while other VMs are being created.
+func TestCloneWhileForking(t *testing.T) {
+	needIntegration(t)
+	v := openVolume(t, Config{StateDir: t.TempDir()})
+	ctx := context.Background()
+	disk := VMDisk("box")
+	if err := v.CreateDisk(ctx, disk, testDiskSize); err != nil {
+		t.Fatal(err)
+	}
+	src, _ := v.Path(disk)
+	writeAt(t, src, mib, mib, 7)
+	stop := make(chan struct{})
+	forked := make(chan int, 2)
+	for range 2 {
+		go func() {
+			n := 0
+			defer func() { forked <- n }()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := exec.Command("true").Run(); err != nil {
+					t.Error(err)
+					return
+				}
+				n++
+			}
+		}()
+	}
+	for i := range 40 {
+		if err := v.Clone(ctx, disk, CheckpointFile("box", fmt.Sprintf("cp-%d", i), "disk")); err != nil {
+			close(stop)
+			t.Fatalf("clone %d while forking: %v", i, err)
+		}
+	}
+	close(stop)
+	t.Logf("40 clones beside %d forks", <-forked+<-forked)
 }
