@@ -30,6 +30,7 @@ type dialOptions struct {
 	user      string
 	timeout   time.Duration
 	keepalive time.Duration
+	setClock  bool
 }
 
 // WithHostKeyCallback checks the agent's host key (default: accept any;
@@ -56,6 +57,21 @@ func WithHandshakeTimeout(d time.Duration) DialOption {
 // above the longest request (a freeze syncs the disks).
 func WithKeepalive(interval time.Duration) DialOption {
 	return func(o *dialOptions) { o.keepalive = interval }
+}
+
+// WithClockSet makes WaitReady's ready request set the guest's wall
+// clock to the host's time as it is sent, in the same round trip:
+// ReadyInfo.Clock says how, or is nil (see there). Dial ignores it.
+func WithClockSet() DialOption {
+	return func(o *dialOptions) { o.setClock = true }
+}
+
+func setsClock(opts []DialOption) bool {
+	var o dialOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	return o.setClock
 }
 
 // Client is an SSH connection to a guest agent. Its methods may be called

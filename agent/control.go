@@ -13,8 +13,12 @@ import (
 
 // Ready asks the agent whether it is up and who it is.
 func (c *Client) Ready(ctx context.Context) (ReadyInfo, error) {
+	return c.ready(ctx, ReadyRequest{})
+}
+
+func (c *Client) ready(ctx context.Context, req ReadyRequest) (ReadyInfo, error) {
 	var r ReadyInfo
-	err := c.call(ctx, ReqReady, struct{}{}, &r)
+	err := c.call(ctx, ReqReady, req, &r)
 	return r, err
 }
 
@@ -130,7 +134,11 @@ func tryReady(ctx context.Context, dial DialFunc, signer ssh.Signer, opts []Dial
 	if err != nil {
 		return nil, ReadyInfo{}, err
 	}
-	info, err := c.Ready(ctx)
+	var req ReadyRequest
+	if setsClock(opts) {
+		req.ClockUnixNano = time.Now().UnixNano()
+	}
+	info, err := c.ready(ctx, req)
 	if err != nil {
 		c.Close()
 		if errors.Is(err, ErrUnsupported) {

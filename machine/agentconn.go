@@ -10,8 +10,9 @@ import (
 )
 
 // connectAgent dials the guest agent until it answers ready, bounded by
-// timeout and ctx, and keeps the connection on the instance.
-func (m *Manager) connectAgent(ctx context.Context, in *instance, timeout time.Duration) error {
+// timeout and ctx, keeps the connection on the instance and returns the
+// agent's answer (opts: agent.WithClockSet).
+func (m *Manager) connectAgent(ctx context.Context, in *instance, timeout time.Duration, opts ...agent.DialOption) (agent.ReadyInfo, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	dial := func(ctx context.Context) (net.Conn, error) {
@@ -23,18 +24,19 @@ func (m *Manager) connectAgent(ctx context.Context, in *instance, timeout time.D
 		return in.hv.DialGuest(ctx, agent.Port)
 	}
 	type result struct {
-		c   *agent.Client
-		err error
+		c    *agent.Client
+		info agent.ReadyInfo
+		err  error
 	}
 	done := make(chan result, 1)
 	go func() {
-		c, _, err := agent.WaitReady(ctx, dial, m.signer)
-		done <- result{c, err}
+		c, info, err := agent.WaitReady(ctx, dial, m.signer, opts...)
+		done <- result{c, info, err}
 	}()
 	select {
 	case r := <-done:
 		if r.err != nil {
-			return fmt.Errorf("guest agent: %w", r.err)
+			return agent.ReadyInfo{}, fmt.Errorf("guest agent: %w", r.err)
 		}
 		in.agentMu.Lock()
 		if in.agent != nil {
@@ -42,11 +44,11 @@ func (m *Manager) connectAgent(ctx context.Context, in *instance, timeout time.D
 		}
 		in.agent = r.c
 		in.agentMu.Unlock()
-		return nil
+		return r.info, nil
 	case <-in.hv.Exited():
 		cancel()
 		<-done
-		return fmt.Errorf("vmm exited before the guest agent answered: %v", in.hv.ExitErr())
+		return agent.ReadyInfo{}, fmt.Errorf("vmm exited before the guest agent answered: %v", in.hv.ExitErr())
 	}
 }
 
@@ -67,7 +69,7 @@ func (m *Manager) agentClient(ctx context.Context, in *instance) (*agent.Client,
 			return c, nil
 		}
 	}
-	if err := m.connectAgent(ctx, in, 30*time.Second); err != nil {
+	if _, err := m.connectAgent(ctx, in, 30*time.Second); err != nil {
 		return nil, err
 	}
 	in.agentMu.Lock()

@@ -122,11 +122,15 @@ func (m *Manager) warmBase(ctx context.Context, vm registry.VM, sp spec, progres
 	return dir, nil
 }
 
+// baseVMPrefix names the throwaway VM that boots a warm base (no VM name
+// starts with "_").
+const baseVMPrefix = "_base-"
+
 // snapshotBase boots a throwaway VM on the base disk in dir, waits for
 // its agent, flushes, and snapshots it into dir/vmm.
 func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir storage.Path) error {
 	bvm := vm
-	bvm.Name = "_base-" + dir.Base()
+	bvm.Name = baseVMPrefix + dir.Base()
 	bsp := sp
 	bsp.Cmdline = m.cmdline("den", "")
 	cfg, err := m.vmmConfigDisk(bvm, bsp, dir.Join(checkpoint.DiskFile))
@@ -146,7 +150,9 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 	if err := m.startConfine(bvm.Name, bvm.CPUs, bvm.MemoryBytes); err != nil {
 		return err
 	}
-	defer m.dropCgroup(bvm.Name) // after the shutdown below
+	// After the shutdown below: its cgroup and its RAM file.
+	defer m.dropCgroup(bvm.Name)
+	defer m.discardRAM(bvm.Name)
 	hv, err := m.newHypervisor(vm.VMM, rd)
 	if err != nil {
 		return err
@@ -165,7 +171,7 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 	if err := hv.Boot(ctx); err != nil {
 		return err
 	}
-	if err := m.connectAgent(ctx, in, m.cfg.BootTimeout); err != nil {
+	if _, err := m.connectAgent(ctx, in, m.cfg.BootTimeout); err != nil {
 		return fmt.Errorf("%w%s", err, consoleHint(rd))
 	}
 	c, err := m.agentClient(ctx, in)

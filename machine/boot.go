@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/denhq/den/agent"
@@ -114,7 +113,7 @@ func (m *Manager) boot(ctx context.Context, vm registry.VM, sp spec) error {
 		return fail(err)
 	}
 	end = phase.Begin(ctx, "guest boot to agent")
-	err = m.connectAgent(ctx, in, m.cfg.BootTimeout)
+	_, err = m.connectAgent(ctx, in, m.cfg.BootTimeout)
 	end()
 	if err != nil {
 		return fail(err)
@@ -140,8 +139,6 @@ func (m *Manager) discardRuntime(name string) {
 	for _, p := range []string{rd.MemoryFile(), rd.APISocket(), rd.AgentSocket(), rd.VsockSocket(), rd.PIDFile()} {
 		_ = os.Remove(p)
 	}
-	if m.ramDir != "" {
-		_ = os.RemoveAll(filepath.Dir(m.ramFile(name)))
-	}
+	m.discardRAM(name)
 	m.dropCgroup(name)
 }

@@ -99,7 +99,7 @@ func (m *Manager) builtinDrivers() map[string]Driver {
 // volume's images.
 func (m *Manager) landlockRules(name string) []cloudhypervisor.LandlockConfig {
 	dir := storage.VMDir(name)
-	if strings.HasPrefix(name, "_base-") {
+	if strings.HasPrefix(name, baseVMPrefix) {
 		dir = storage.ImageDir("x").Dir() // the images root
 	}
 	p, err := m.vol.Path(dir)

@@ -26,7 +26,7 @@ func TestOperationsTraceTheirSteps(t *testing.T) {
 		{"sleep", func(r *phase.Recorder) error { return e.m.Sleep(phase.With(ctxT(t), r), "box", false) },
 			[]string{"lock", "pause", "vmm snapshot", "registry", "stop vmm"}},
 		{"wake", func(r *phase.Recorder) error { return e.m.Wake(phase.With(ctxT(t), r), "box") },
-			[]string{"lock", "start vmm", "vmm restore", "agent reconnect", "clock", "registry"}},
+			[]string{"lock", "start vmm", "vmm restore", "agent reconnect", "registry"}},
 	} {
 		r := phase.New()
 		if err := c.run(r); err != nil {

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -59,6 +61,62 @@ func (m *Manager) setupRAM() {
 
 // ramFile is the file backing a VM's guest RAM.
 func (m *Manager) ramFile(name string) string { return filepath.Join(m.ramDir, name, "memory") }
+
+// ramGone marks a RAM directory moved aside to be freed (discardRAM):
+// .gone-NAME-N. No VM name starts with a dot.
+const ramGone = ".gone-"
+
+// discardRAM frees a VM's RAM file, whose VMM has exited: the directory
+// is renamed aside at once and removed in the background. Freeing a
+// guest's pages from the tmpfs takes 20-50 ms here (512 MiB guest), time
+// a restore or a sleep need not wait for; needRAMSpace waits for the
+// frees in flight before it refuses, Close waits for them, and the next
+// start removes any a crash left (sweepRAM).
+func (m *Manager) discardRAM(name string) {
+	if m.ramDir == "" {
+		return
+	}
+	dir := filepath.Dir(m.ramFile(name))
+	gone := filepath.Join(m.ramDir, fmt.Sprintf("%s%s-%d", ramGone, name, time.Now().UnixNano()))
+	if err := os.Rename(dir, gone); err != nil {
+		_ = os.RemoveAll(dir) // none (the usual error), or removed here
+		return
+	}
+	m.ramFrees.Add(1)
+	go func() {
+		defer m.ramFrees.Done()
+		_ = os.RemoveAll(gone)
+	}()
+}
+
+// sweepRAM removes, at start once running VMMs are adopted, the RAM
+// directories no VMM uses: those moved aside to be freed, and those of
+// VMMs that are gone (a crash, a host reboot with a RAM dir that is not
+// a tmpfs, a warm base's throwaway VM).
+func (m *Manager) sweepRAM() {
+	if m.ramDir == "" {
+		return
+	}
+	ents, err := os.ReadDir(m.ramDir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		name := e.Name()
+		if !e.IsDir() {
+			continue
+		}
+		if !strings.HasPrefix(name, ramGone) {
+			base := strings.HasPrefix(name, baseVMPrefix)
+			if !base && ValidateName(name) != nil || m.instance(name) != nil {
+				continue // not a VM's, or in use
+			}
+		}
+		if err := os.RemoveAll(filepath.Join(m.ramDir, name)); err != nil {
+			m.log.Warn("den: remove an unused guest RAM file", "dir", name, "err", err)
+		}
+	}
+}
 
 // GuestRAM says where guest RAM lives, for den doctor.
 func (m *Manager) GuestRAM() string { return m.ramWhere }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/vmm"
@@ -266,14 +267,20 @@ func (m *Manager) stopInstance(ctx context.Context, in *instance, graceful bool)
 		}
 		cancel()
 	}
+	end := phase.Begin(ctx, "close the agent connection")
 	in.closeAgent()
+	end()
+	end = phase.Begin(ctx, "vmm shutdown")
 	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := in.hv.Shutdown(sctx); err != nil {
 		m.log.Warn("den: stop vmm", "vm", in.name, "err", err)
 	}
+	end()
 	m.dropInstance(in.name)
+	end = phase.Begin(ctx, "remove runtime files")
 	m.discardRuntime(in.name)
+	end()
 }
 
 func decodeSpec(vm registry.VM) (spec, error) {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/denhq/den/agent"
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
@@ -123,22 +124,26 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	}
 	// From here the guest runs: a failure is one after it ran.
 	ran := func(err error) (*instance, error) { return fail(fmt.Errorf("%w: %w", errGuestRan, err)) }
+	// The guest clock is stale: the ready request sets it.
 	end = phase.Begin(ctx, "agent reconnect")
-	err = m.connectAgent(ctx, in, time.Minute)
+	info, err := m.connectAgent(ctx, in, time.Minute, agent.WithClockSet())
 	end()
 	if err != nil {
 		return ran(err)
 	}
-	end = phase.Begin(ctx, "clock")
-	c, err := m.agentClient(ctx, in)
-	if err != nil {
+	switch {
+	case info.ClockError != "":
+		return ran(fmt.Errorf("set guest clock: %s", info.ClockError))
+	case info.Clock == nil: // an agent older than the clock in its ready request
+		end = phase.Begin(ctx, "clock")
+		c, err := m.agentClient(ctx, in)
+		if err == nil {
+			_, err = c.SetClock(ctx, time.Now())
+		}
 		end()
-		return ran(err)
-	}
-	_, err = c.SetClock(ctx, time.Now())
-	end()
-	if err != nil {
-		return ran(fmt.Errorf("set guest clock: %w", err))
+		if err != nil {
+			return ran(fmt.Errorf("set guest clock: %w", err))
+		}
 	}
 	m.setInstance(in)
 	go m.watch(in)

@@ -81,6 +81,14 @@ func (m *Manager) needRAMSpace(vm registry.VM) error {
 		need -= cur
 	}
 	if free < need {
+		// RAM files being freed in the background (discardRAM) count
+		// as free: wait for them and look again.
+		m.ramFrees.Wait()
+		if err := unix.Statfs(m.ramDir, &st); err == nil {
+			free = int64(st.Bavail) * st.Bsize
+		}
+	}
+	if free < need {
 		return fmt.Errorf("start vm %q: no room for the guest's RAM (%d MB free in %s, need %d MB): %w",
 			vm.Name, free>>20, m.ramDir, need>>20, ErrNoSpace)
 	}

@@ -72,16 +72,34 @@ func decode(name string, payload []byte, v any) error {
 	return nil
 }
 
-func (s *Server) ctlReady(ssh.Context, []byte) (any, error) {
+func (s *Server) ctlReady(_ ssh.Context, payload []byte) (any, error) {
+	var req agent.ReadyRequest
+	if len(payload) > 0 {
+		if err := decode("ready", payload, &req); err != nil {
+			return nil, err
+		}
+	}
+	var clock *agent.ClockReply
+	clockErr := ""
+	if req.ClockUnixNano != 0 {
+		r, err := s.setClock(req.ClockUnixNano)
+		if err != nil {
+			clockErr = err.Error()
+		} else {
+			clock = &r
+		}
+	}
 	bootID, _ := os.ReadFile(s.sys.ProcDir + "/sys/kernel/random/boot_id")
 	return agent.ReadyInfo{
-		Version:  agent.Version,
-		BootID:   strings.TrimSpace(string(bootID)),
-		Uptime:   uptime(),
-		Time:     time.Now(),
-		Hostname: hostname(),
-		PID1:     s.sys.PID1,
-		Frozen:   s.freeze.isFrozen(),
+		Version:    agent.Version,
+		BootID:     strings.TrimSpace(string(bootID)),
+		Uptime:     uptime(),
+		Time:       time.Now(),
+		Hostname:   hostname(),
+		PID1:       s.sys.PID1,
+		Frozen:     s.freeze.isFrozen(),
+		Clock:      clock,
+		ClockError: clockErr,
 	}, nil
 }
 
@@ -90,13 +108,19 @@ func (s *Server) ctlClock(_ ssh.Context, payload []byte) (any, error) {
 	if err := decode("clock", payload, &req); err != nil {
 		return nil, err
 	}
-	t := time.Unix(0, req.UnixNano)
+	return s.setClock(req.UnixNano)
+}
+
+// setClock steps the guest's wall clock to unixNano (ReqClock, or a
+// ReqReady that carries the host's time).
+func (s *Server) setClock(unixNano int64) (agent.ClockReply, error) {
+	t := time.Unix(0, unixNano)
 	if t.Before(minClock) || t.After(maxClock) {
-		return nil, fmt.Errorf("clock: refusing to set the clock to %s", t.UTC().Format(time.RFC3339Nano))
+		return agent.ClockReply{}, fmt.Errorf("clock: refusing to set the clock to %s", t.UTC().Format(time.RFC3339Nano))
 	}
 	prev := time.Now()
 	if err := s.sys.SetClock(t); err != nil {
-		return nil, fmt.Errorf("clock: %w", err)
+		return agent.ClockReply{}, fmt.Errorf("clock: %w", err)
 	}
 	step := t.Sub(prev)
 	if step > time.Second || step < -time.Second {

@@ -4,6 +4,7 @@ package guest
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"io"
@@ -49,6 +50,45 @@ func TestReadyAndClock(t *testing.T) {
 	}
 	if _, err := c.SetClock(ctx, time.Unix(0, 0)); err == nil || !strings.Contains(err.Error(), "refusing") {
 		t.Errorf("setting 1970: err %v", err)
+	}
+}
+
+// TestReadySetsClock: a ready request that carries the host's time sets
+// the guest clock in the same round trip (WaitReady with WithClockSet),
+// and one that carries a time out of bounds says why it did not.
+func TestReadySetsClock(t *testing.T) {
+	h := newHarness(t)
+	ctx := testCtx(t)
+	dial := func(context.Context) (net.Conn, error) { return net.Dial("unix", h.sock) }
+	before := time.Now()
+	c, info, err := agent.WaitReady(ctx, dial, h.clientKey, agent.WithUser(h.user), agent.WithClockSet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if info.Clock == nil || info.ClockError != "" {
+		t.Fatalf("ready with a clock: clock %+v, error %q", info.Clock, info.ClockError)
+	}
+	h.fake.mu.Lock()
+	got := append([]time.Time(nil), h.fake.clock...)
+	h.fake.mu.Unlock()
+	if len(got) != 1 || got[0].Before(before) || got[0].After(time.Now()) {
+		t.Fatalf("clock set to %v, want one time between %v and now", got, before)
+	}
+	// Without the option, or from an older den ("{}"), nothing is set.
+	c = h.dial()
+	if info, err := c.Ready(ctx); err != nil || info.Clock != nil || info.ClockError != "" {
+		t.Fatalf("plain ready: %+v %v", info, err)
+	}
+	ok, payload, err := c.SSH().SendRequest(agent.ReqReady, true, []byte(`{"clock_unix_nano":1}`))
+	if err != nil || !ok || !strings.Contains(string(payload), `"clock_error":"clock: refusing`) {
+		t.Fatalf("ready with a clock in 1970: %v %s %v", ok, payload, err)
+	}
+	h.fake.mu.Lock()
+	n := len(h.fake.clock)
+	h.fake.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("the clock was set %d times, want 1", n)
 	}
 }
 

@@ -104,3 +104,45 @@ func TestCopyIntoRoundTrip(t *testing.T) {
 		t.Fatal("a copy into a file of another size was accepted")
 	}
 }
+
+// TestCopyIntoAcrossFilesystems copies a snapshot's memory as a wake
+// does, from a disk into a tmpfs: copy_file_range refuses (EXDEV) and
+// sendfile copies, at the extents' offsets, leaving the rest a hole.
+func TestCopyIntoAcrossFilesystems(t *testing.T) {
+	shm, err := os.MkdirTemp("/dev/shm", "den-fsutil-")
+	if err != nil {
+		t.Skipf("no /dev/shm to copy into: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(shm) })
+	src := filepath.Join(t.TempDir(), "memory")
+	data := make([]byte, 3<<20)
+	for i := range data {
+		data[i] = byte(i*7 + i>>12)
+	}
+	f, _ := os.Create(src)
+	f.Truncate(16 << 20)
+	f.WriteAt(data, 5<<20+4096)
+	f.Close()
+	dst := filepath.Join(shm, "memory")
+	if err := os.WriteFile(dst, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(dst, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := CopyInto(src, dst, []Extent{{Off: 5<<20 + 4096, Len: 3 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(src)
+	b, _ := os.ReadFile(dst)
+	if !bytes.Equal(a, b) {
+		t.Fatal("the copy differs")
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(dst, &st); err != nil {
+		t.Fatal(err)
+	}
+	if used := st.Blocks * 512; used > 4<<20 {
+		t.Fatalf("a copy of 3 MiB of data uses %d bytes: holes were filled", used)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/vmm"
 )
 
@@ -207,8 +208,10 @@ func (v *VMM) checkNoVM(op string) error {
 func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
 	// Opened first: a missing disk or boot file fails before anything
 	// is written.
+	end := phase.Begin(ctx, "qemu: open files, write config")
 	files, err := inheritedFiles(cfg)
 	if err != nil {
+		end()
 		return err
 	}
 	defer closeAll(files)
@@ -217,14 +220,18 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
 		_ = os.Remove(p)
 	}
 	if err := fsutil.WriteJSONAtomic(rd.ConfigFile(), cfg, 0o600); err != nil {
+		end()
 		return err
 	}
 	ram := v.ramFile()
 	if u := v.opts.Confine.User; u != nil {
 		if err := u.Own(rd.Path(), rd.ConsoleLog(), filepath.Dir(ram), ram); err != nil {
+			end()
 			return err
 		}
 	}
+	end()
+	end = phase.Begin(ctx, "qemu: start the process")
 	args := buildArgs(cfg, rd, ram, v.accelerator(), incoming)
 	proc, err := vmm.StartProcess(vmm.ProcessSpec{
 		Binary:     v.opts.Binary,
@@ -235,12 +242,14 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
 		Confine:    v.opts.Confine,
 		ExtraFiles: files,
 	})
+	end()
 	if err != nil {
 		return err
 	}
 	v.mu.Lock()
 	v.proc, v.cfg, v.booted = proc, &cfg, false
 	v.mu.Unlock()
+	defer phase.Begin(ctx, "qemu: wait for qmp")()
 	if err := v.waitQMP(ctx, proc); err != nil {
 		_ = proc.Stop(2 * time.Second)
 		return err
