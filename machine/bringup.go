@@ -73,7 +73,7 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 	defer cloned() // never returns before the clone is over; its error comes from the wait in the restore or the boot
 	if from.memory != "" {
 		progress("restoring the memory of " + from.what + " (" + vm.VMM + ", " + accel + ")")
-		in, err := m.restoreInto(ctx, vm, sp, from.memory, from.ref.local, nil, cloned)
+		in, err := m.restoreInto(ctx, vm, sp, from.memory, from.ref.local, nil, nil, cloned)
 		if err != nil {
 			return vm, err
 		}

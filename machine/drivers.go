@@ -50,6 +50,12 @@ type Driver struct {
 	// as the guest runs, rather than reading it all first (verification
 	// then samples it before and reads the rest after).
 	LazyRestore bool
+	// StageMemory, when set, makes a RAM file and starts filling it with
+	// a snapshot's memory ahead of the restore that takes it
+	// (vmm.RestoreOptions.StagedMemory; qemu.StageMemory says how): the
+	// snapshot's host dir, a local copy of its memory or "", the RAM file
+	// to make; it returns the wait for the copy.
+	StageMemory func(dir, local, dst string) (wait func() error, err error)
 }
 
 // builtinDrivers are the drivers of the VMMs found on this host.
@@ -67,9 +73,10 @@ func (m *Manager) builtinDrivers() map[string]Driver {
 			Kernel: func(d image.Dir) string { return d.BzImage() },
 			Accel:  m.kvm.Accelerator(),
 			// QEMU's user-mode network: the guest is 10.0.2.15 behind NAT.
-			UserNet: true,
-			Network: "qemu user-mode networking (outbound NAT only, no inbound)",
-			RAMFile: true,
+			UserNet:     true,
+			Network:     "qemu user-mode networking (outbound NAT only, no inbound)",
+			RAMFile:     true,
+			StageMemory: qemu.StageMemory,
 		}
 	}
 	if bin, err := cloudhypervisor.FindBinary(); err == nil {

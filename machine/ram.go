@@ -92,7 +92,8 @@ func (m *Manager) discardRAM(name string) {
 // sweepRAM removes, at start once running VMMs are adopted, the RAM
 // directories no VMM uses: those moved aside to be freed, and those of
 // VMMs that are gone (a crash, a host reboot with a RAM dir that is not
-// a tmpfs, a warm base's throwaway VM).
+// a tmpfs, a warm base's throwaway VM), and a restore's staged memory
+// (stage_ram.go) that a crash left.
 func (m *Manager) sweepRAM() {
 	if m.ramDir == "" {
 		return
@@ -106,7 +107,7 @@ func (m *Manager) sweepRAM() {
 		if !e.IsDir() {
 			continue
 		}
-		if !strings.HasPrefix(name, ramGone) {
+		if !strings.HasPrefix(name, ".") { // .gone-, .staged-: den's own
 			base := strings.HasPrefix(name, baseVMPrefix)
 			if !base && ValidateName(name) != nil || m.instance(name) != nil {
 				continue // not a VM's, or in use

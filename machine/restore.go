@@ -23,8 +23,10 @@ import (
 // is waited for before the VMM opens the VM's disk (a clone still under
 // way while the memory is read in). local, when set and still there once
 // check passed, is a local copy of the snapshot's memory the VMM reads
-// instead of the volume's (memcopy.go).
-func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snapDir storage.Path, local string, check func(context.Context) error, disks func() error) (*instance, error) {
+// instead of the volume's (memcopy.go). ram, when set, is the snapshot's
+// memory being staged in a RAM file (stage_ram.go), which the VMM takes
+// if it was made whole.
+func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snapDir storage.Path, local string, ram *stagedRAM, check func(context.Context) error, disks func() error) (*instance, error) {
 	checked := make(chan error, 1)
 	if check == nil {
 		checked <- nil
@@ -116,8 +118,10 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 			local = "" // dropped by the verification
 		}
 	}
+	staged, waitStaged := ram.take()
 	end = phase.Begin(ctx, "vmm restore")
-	err = hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg, DisksReady: disks, LocalMemory: local})
+	err = hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg, DisksReady: disks,
+		LocalMemory: local, StagedMemory: staged, WaitStaged: waitStaged})
 	end()
 	if err != nil {
 		return fail(err)
@@ -213,6 +217,10 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	if err != nil {
 		return "", err
 	}
+	// The checkpoint's memory is copied into a RAM file of its own while
+	// it is verified and the VM stopped, when the host has room.
+	ram := m.stageRAM(ctx, vm, cp)
+	defer ram.drop()
 	// A damaged checkpoint is refused before anything changes. Its
 	// memory is checked where the restore reads it: the local copy when
 	// there is one (a damaged copy is dropped, the volume's checked).
@@ -279,7 +287,7 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 		return saved, err
 	}
 	crashpoint("restore-after-stop")
-	return saved, m.finishRestore(ctx, vm, cp, staged, progress)
+	return saved, m.finishRestore(ctx, vm, cp, staged, ram, progress)
 }
 
 // stagedDisk is a checkpoint's disk being cloned beside a VM's, for a
@@ -349,7 +357,7 @@ func (st *stagedDisk) drop() {
 // the VM up from it: its memory, or a boot for a disk-only checkpoint. It
 // is idempotent, so a restore a crash interrupted is finished by running
 // it again.
-func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry.Checkpoint, staged *stagedDisk, progress Progress) error {
+func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry.Checkpoint, staged *stagedDisk, ram *stagedRAM, progress Progress) error {
 	name, id := vm.Name, cp.ID
 	sp, err := decodeSpec(vm)
 	if err != nil {
@@ -390,7 +398,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		progress("restoring memory")
 		local := m.memc.local(name, checkpointKey(id, cp.Seal))
-		in, err := m.restoreInto(ctx, vm, sp, checkpoint.Dir(name, id).Join(checkpoint.VMMDir), local, nil, cloned)
+		in, err := m.restoreInto(ctx, vm, sp, checkpoint.Dir(name, id).Join(checkpoint.VMMDir), local, ram, nil, cloned)
 		if err != nil {
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}

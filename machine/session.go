@@ -131,7 +131,7 @@ func (m *Manager) start(ctx context.Context, vm registry.VM) error {
 		if err != nil {
 			return fmt.Errorf("finish the interrupted restore of vm %q: %w", vm.Name, err)
 		}
-		return m.finishRestore(ctx, vm, cp, nil, func(string) {})
+		return m.finishRestore(ctx, vm, cp, nil, nil, func(string) {})
 	}
 	if err := m.boot(ctx, vm, sp); err != nil {
 		return fmt.Errorf("start vm %q: %w", vm.Name, err)

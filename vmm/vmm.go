@@ -223,6 +223,13 @@ type RestoreOptions struct {
 	// a driver that copies memory in reads it there rather than through
 	// the volume. Drivers that map the snapshot's memory ignore it.
 	LocalMemory string
+	// StagedMemory, when set, is a RAM file of the guest's size that the
+	// caller is filling with the snapshot's memory (qemu.StageMemory), and
+	// WaitStaged waits until it is whole: a driver that copies memory into
+	// a RAM file takes this one instead (should WaitStaged fail, it makes
+	// its copy in it). Drivers that map the snapshot's memory ignore it.
+	StagedMemory string
+	WaitStaged   func() error
 }
 
 // WaitDisks waits for o.DisksReady, if any.

@@ -289,6 +289,58 @@ func TestGuestSnapshotRestore(t *testing.T) {
 	if d := time.Now().Unix() - guest; d < -2 || d > 2 {
 		t.Fatalf("guest clock off by %ds after set", d)
 	}
+	c2.Close()
+	if err := w.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The memory staged in a RAM file (as a den restore does while it
+	// verifies and stops the VM) is mapped by the new QEMU as it is
+	// filled, then moved to the VMM's own RAM file; a staged file of
+	// another size is refused.
+	staged := filepath.Join(e.dir, "staged", "memory")
+	wait, err := qemu.StageMemory(snap, "", staged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := filepath.Join(e.dir, "staged", "short")
+	if err := os.WriteFile(short, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.newVMM(t, "c").Restore(ctx, snap, vmm.RestoreOptions{Resume: true, StagedMemory: short, WaitStaged: wait}); err == nil || !strings.Contains(err.Error(), "staged RAM file") {
+		t.Fatalf("restore with a staged RAM file of 0 bytes: %v", err)
+	}
+	x := e.newVMM(t, "d")
+	if err := x.Restore(ctx, snap, vmm.RestoreOptions{Resume: true, StagedMemory: staged, WaitStaged: wait}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(staged); !os.IsNotExist(err) {
+		t.Fatalf("the staged RAM file is still there after the restore took it: %v", err)
+	}
+	if st, err := os.Stat(vmm.RunDir(filepath.Join(e.dir, "d")).MemoryFile()); err != nil || st.Size() == 0 {
+		t.Fatalf("the VMM's RAM file after a restore from staged memory: %v %v", st, err)
+	}
+	c3 := e.connect(t, x)
+	if out, code := run(t, c3, "cat /tmp/note; kill -0 $(cat /tmp/pid) && echo alive"); code != 0 || out != "in-memory\nalive\n" {
+		t.Fatalf("after a restore from staged memory: %q (exit %d)", out, code)
+	}
+	c3.Close()
+	if err := x.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A staging that failed: the driver makes its copy in the file.
+	if _, err = qemu.StageMemory(snap, "", staged); err != nil {
+		t.Fatal(err)
+	}
+	failed := func() error { return errors.New("the staging failed") }
+	y := e.newVMM(t, "e")
+	if err := y.Restore(ctx, snap, vmm.RestoreOptions{Resume: true, StagedMemory: staged, WaitStaged: failed}); err != nil {
+		t.Fatal(err)
+	}
+	c4 := e.connect(t, y)
+	if out, code := run(t, c4, "cat /tmp/note; kill -0 $(cat /tmp/pid) && echo alive"); code != 0 || out != "in-memory\nalive\n" {
+		t.Fatalf("after a restore whose staging failed: %q (exit %d)", out, code)
+	}
 }
 
 func TestGuestBadInput(t *testing.T) {

@@ -188,7 +188,7 @@ func (v *VMM) Create(ctx context.Context, cfg vmm.Config) error {
 	if err := v.checkNoVM("create"); err != nil {
 		return err
 	}
-	if err := v.launch(ctx, cfg, false); err != nil {
+	if err := v.launch(ctx, cfg, false, v.ramFile()); err != nil {
 		return fmt.Errorf("create vm: %w", err)
 	}
 	return nil
@@ -205,7 +205,7 @@ func (v *VMM) checkNoVM(op string) error {
 }
 
 // launch starts the QEMU process for cfg and waits until QMP answers.
-func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
+func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool, ram string) error {
 	// Opened first: a missing disk or boot file fails before anything
 	// is written.
 	end := phase.Begin(ctx, "qemu: open files, write config")
@@ -223,7 +223,6 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool) error {
 		end()
 		return err
 	}
-	ram := v.ramFile()
 	if u := v.opts.Confine.User; u != nil {
 		if err := u.Own(rd.Path(), rd.ConsoleLog(), filepath.Dir(ram), ram); err != nil {
 			end()

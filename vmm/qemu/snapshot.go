@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/denhq/den/internal/fsutil"
@@ -123,17 +124,37 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	// incoming migration (ROMs are not loaded into RAM while it waits
 	// for one), which starts once the copy is over.
 	copied := make(chan error, 1)
-	if meta.RAMInStream {
+	ram := v.ramFile() // the file QEMU maps
+	src, step := filepath.Join(dir, snapMemory), "qemu: copy memory"
+	if opts.LocalMemory != "" {
+		src, step = opts.LocalMemory, "qemu: copy memory (local copy)"
+	}
+	switch {
+	case meta.RAMInStream:
 		// The stream fills a fresh RAM file.
 		_ = os.Remove(v.ramFile())
 		copied <- nil
-	} else {
+	case opts.StagedMemory != "":
+		// QEMU maps the staged file while the caller fills it, as it maps
+		// a copy being made here; it goes to the VMM's own path once QEMU
+		// has it open. Should the staging fail, the copy is made in it.
+		if st, err := os.Stat(opts.StagedMemory); err != nil || st.Size() != cfg.MemoryBytes {
+			return fmt.Errorf("restore vm: memory: staged RAM file %s: not the guest's %d bytes (%v)", opts.StagedMemory, cfg.MemoryBytes, err)
+		}
+		ram = opts.StagedMemory
+		go func() {
+			end := phase.Begin(ctx, "qemu: wait for the staged memory")
+			err := opts.WaitStaged()
+			end()
+			if err != nil {
+				defer phase.Begin(ctx, step+" (the staging failed)")()
+				err = copyMemory(dir, src, ram)
+			}
+			copied <- err
+		}()
+	default:
 		if err := makeRAMFile(v.ramFile(), cfg.MemoryBytes); err != nil {
 			return fmt.Errorf("restore vm: memory: %w", err)
-		}
-		src, step := filepath.Join(dir, snapMemory), "qemu: copy memory"
-		if opts.LocalMemory != "" {
-			src, step = opts.LocalMemory, "qemu: copy memory (local copy)"
 		}
 		go func() {
 			defer phase.Begin(ctx, step)()
@@ -152,7 +173,7 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	end()
 	if err == nil {
 		end = phase.Begin(ctx, "qemu: launch")
-		err = v.launch(ctx, cfg, true)
+		err = v.launch(ctx, cfg, true, ram)
 		end()
 	}
 	if err != nil {
@@ -165,6 +186,11 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	}
 	if err := waitCopy(); err != nil {
 		return fail(err)
+	}
+	if ram != v.ramFile() {
+		if err := takeStaged(ram, v.ramFile()); err != nil {
+			return fail(fmt.Errorf("memory: %w", err))
+		}
 	}
 	if err := v.setIgnoreShared(ctx, !meta.RAMInStream); err != nil {
 		return fail(err)
@@ -209,6 +235,56 @@ func makeRAMFile(path string, size int64) error {
 	return err
 }
 
+// StageMemory makes dst, a RAM file of the snapshot's guest size, and
+// starts filling it with the memory of the snapshot in dir, read from
+// local (a local copy of the snapshot's memory file) or, when local is
+// "", from dir; wait waits for the copy (any number of times). A later
+// Restore takes the file in place of a copy of its own
+// (vmm.RestoreOptions.StagedMemory): the caller copies while it does other
+// work, a restore while it verifies the checkpoint and stops the VM's
+// running VMM. A snapshot with its RAM in the state stream has nothing to
+// stage: an error.
+func StageMemory(dir, local, dst string) (wait func() error, err error) {
+	cfg, meta, err := readSnapshot(dir, "")
+	if err != nil {
+		return nil, fmt.Errorf("stage memory: %w", err)
+	}
+	if meta.RAMInStream {
+		return nil, fmt.Errorf("stage memory: the snapshot in %s has its RAM in its state stream", dir)
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return nil, fmt.Errorf("stage memory: %w", err)
+	}
+	if err := makeRAMFile(dst, cfg.MemoryBytes); err != nil {
+		return nil, fmt.Errorf("stage memory: %w", err)
+	}
+	src := filepath.Join(dir, snapMemory)
+	if local != "" {
+		src = local
+	}
+	done := make(chan error, 1)
+	go func() { done <- copyMemory(dir, src, dst) }()
+	var once sync.Once
+	var copyErr error
+	return func() error {
+		once.Do(func() { copyErr = <-done })
+		if copyErr != nil {
+			return fmt.Errorf("stage memory: %w", copyErr)
+		}
+		return nil
+	}, nil
+}
+
+// takeStaged moves a staged RAM file that QEMU has mapped to ram, the
+// VMM's own path, where snapshots read it (QEMU maps the file, not the
+// path).
+func takeStaged(staged, ram string) error {
+	if err := os.MkdirAll(filepath.Dir(ram), 0o700); err != nil {
+		return err
+	}
+	return os.Rename(staged, ram)
+}
+
 // copyMemory copies src, the memory file of the snapshot in dir (or a
 // local copy of it), into the RAM file dst, which makeRAMFile made (QEMU
 // may have it mapped: it is written in place, never replaced): only the
@@ -243,7 +319,7 @@ func readSnapshot(dir, accel string) (vmm.Config, snapshotMeta, error) {
 	if meta.Driver != "qemu" {
 		return cfg, meta, fmt.Errorf("snapshot was taken by %q, not qemu", meta.Driver)
 	}
-	if meta.Accel != accel {
+	if accel != "" && meta.Accel != accel {
 		return cfg, meta, fmt.Errorf("snapshot was taken under %s, this host uses %s", meta.Accel, accel)
 	}
 	files := []string{snapState}
