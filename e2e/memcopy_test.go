@@ -63,7 +63,10 @@ func TestLocalMemoryCopiesAndSpareDisks(t *testing.T) {
 	}
 	d.must("exec", "box", "--", "sh", "-c", "echo two > /root/mark")
 	d.must("restore", "box", "cp-1", "--no-save")
-	if s := steps("box"); !strings.Contains(s, "qemu: copy memory (local copy)") {
+	// Read while the restore verifies and stops the VM, into a RAM file
+	// the new QEMU maps (when the host has room for the memory twice).
+	if s := steps("box"); !strings.Contains(s, "qemu: copy memory (local copy)") &&
+		!(strings.Contains(s, "stage the memory from its local copy") && strings.Contains(s, "qemu: wait for the staged memory") && !strings.Contains(s, "staging failed")) {
 		t.Fatalf("the restore did not read the local copy: %s", s)
 	}
 	if out := d.must("exec", "box", "--", "cat", "/root/mark"); out != "one\n" {

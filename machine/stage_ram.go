@@ -56,7 +56,7 @@ func (m *Manager) stageRAM(ctx context.Context, vm registry.VM, cp registry.Chec
 		_ = os.RemoveAll(st.dir)
 		return nil
 	}
-	st.wait = m.meanwhile(ctx, "stage the memory (beside the verification and the stop)", "", wait)
+	st.wait = m.meanwhile(ctx, "stage the memory from its local copy (beside the verification and the stop)", "", wait)
 	return st
 }
 
