@@ -66,7 +66,7 @@ func (m *Manager) boot(ctx context.Context, vm registry.VM, sp spec) error {
 	if err != nil {
 		return err
 	}
-	if err := m.needRAMSpace(vm); err != nil {
+	if err := m.needRAMSpace(vm, 0); err != nil {
 		return err
 	}
 	release, err := m.admitMemory(ctx, vm)

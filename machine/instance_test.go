@@ -33,3 +33,20 @@ func TestAdmitAndCloseExclusive(t *testing.T) {
 		t.Fatalf("forced close: %d %v", n, ok)
 	}
 }
+
+// TestInFlightAddWhileWaiting: tasks may start while someone waits for
+// those under way (a sync.WaitGroup panics then); wait returns once none
+// is left.
+func TestInFlightAddWhileWaiting(t *testing.T) {
+	var f inFlight
+	f.wait() // none under way
+	for round := 0; round < 200; round++ {
+		f.add()
+		waited := make(chan struct{})
+		go func() { f.wait(); close(waited) }()
+		f.add() // while the other waits
+		f.done()
+		f.done()
+		<-waited
+	}
+}

@@ -143,7 +143,7 @@ type Manager struct {
 
 	ramDir   string         // guest RAM files (setupRAM)
 	ramWhere string         // where that is, for den doctor
-	ramFrees sync.WaitGroup // RAM files being freed (discardRAM)
+	ramFrees inFlight       // RAM files being freed (discardRAM)
 
 	conf *confinement // the VMMs' user and cgroups (confine.go)
 
@@ -245,7 +245,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		closeDB()
 		return nil, err
 	}
-	m.sweepRAM()
+	m.sweepRAM(ctx)
 	go m.watchVolume()
 	go m.watchPressure()
 	m.startActivitySaver()
@@ -279,7 +279,7 @@ func (m *Manager) Close() error {
 	// Background digests end at their next extent: wait for them, so
 	// that none reads a volume being unmounted.
 	bg := make(chan struct{})
-	go func() { m.background.Wait(); m.ramFrees.Wait(); close(bg) }()
+	go func() { m.background.Wait(); m.ramFrees.wait(); close(bg) }()
 	select {
 	case <-bg:
 	case <-time.After(30 * time.Second):

@@ -1,12 +1,14 @@
 package machine
 
 import (
+	"context"
 	"fmt"
 	"hash/fnv"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -82,19 +84,58 @@ func (m *Manager) discardRAM(name string) {
 		_ = os.RemoveAll(dir) // none (the usual error), or removed here
 		return
 	}
-	m.ramFrees.Add(1)
+	m.ramFrees.add()
 	go func() {
-		defer m.ramFrees.Done()
+		defer m.ramFrees.done()
 		_ = os.RemoveAll(gone)
 	}()
 }
 
+// inFlight counts background tasks (the frees of RAM files) that others
+// may wait for. Unlike a sync.WaitGroup, a task may start while someone
+// waits: wait then waits for it too.
+type inFlight struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n falls to 0
+}
+
+func (f *inFlight) add() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == 0 {
+		f.idle = make(chan struct{})
+	}
+	f.n++
+}
+
+func (f *inFlight) done() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n--
+	if f.n == 0 {
+		close(f.idle)
+	}
+}
+
+// wait returns once no task is under way.
+func (f *inFlight) wait() {
+	f.mu.Lock()
+	idle, n := f.idle, f.n
+	f.mu.Unlock()
+	if n > 0 {
+		<-idle
+	}
+}
+
 // sweepRAM removes, at start once running VMMs are adopted, the RAM
-// directories no VMM uses: those moved aside to be freed, and those of
-// VMMs that are gone (a crash, a host reboot with a RAM dir that is not
-// a tmpfs, a warm base's throwaway VM), and a restore's staged memory
-// (stage_ram.go) that a crash left.
-func (m *Manager) sweepRAM() {
+// directories no VMM uses: den's own leftovers of a crash (a RAM
+// directory moved aside to be freed, a restore's staged memory
+// (stage_ram.go), a warm base's throwaway VM's), and those of this
+// daemon's VMs whose VMM is gone (a crash; a host reboot with a RAM dir
+// that is not a tmpfs). Nothing else in the directory is touched: it may
+// be one others use (--ram-dir /dev/shm).
+func (m *Manager) sweepRAM(ctx context.Context) {
 	if m.ramDir == "" {
 		return
 	}
@@ -102,16 +143,23 @@ func (m *Manager) sweepRAM() {
 	if err != nil {
 		return
 	}
+	vms, err := m.db.ListVMs(ctx, "")
+	if err != nil {
+		m.log.Warn("den: sweep guest RAM files", "err", err)
+		return
+	}
+	ours := map[string]bool{}
+	for _, vm := range vms {
+		ours[vm.Name] = true
+	}
 	for _, e := range ents {
 		name := e.Name()
-		if !e.IsDir() {
+		switch {
+		case !e.IsDir():
 			continue
-		}
-		if !strings.HasPrefix(name, ".") { // .gone-, .staged-: den's own
-			base := strings.HasPrefix(name, baseVMPrefix)
-			if !base && ValidateName(name) != nil || m.instance(name) != nil {
-				continue // not a VM's, or in use
-			}
+		case strings.HasPrefix(name, ramGone), strings.HasPrefix(name, ramStaged), strings.HasPrefix(name, baseVMPrefix):
+		case !ours[name] || m.instance(name) != nil:
+			continue // not a VM of this daemon's, or in use
 		}
 		if err := os.RemoveAll(filepath.Join(m.ramDir, name)); err != nil {
 			m.log.Warn("den: remove an unused guest RAM file", "dir", name, "err", err)

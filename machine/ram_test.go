@@ -43,16 +43,18 @@ func TestRAMFilesFreed(t *testing.T) {
 	}
 	waitFor(t, "the sleeping vm's RAM file is freed", func() bool { return !slices.Contains(entries(), "r") && len(entries()) == 1 })
 
-	// Left by a crash: a directory moved aside, a base's throwaway VM's,
-	// a VM whose VMM is gone; not den's: a file, a name no VM has.
-	for _, d := range []string{".gone-r-1", "_base-base-0123", "r", "Not_A_VM"} {
+	// Left by a crash: a directory moved aside, a restore's staged
+	// memory, a base's throwaway VM's, a VM whose VMM is gone. Not den's
+	// (the directory may be a shared one): a file, names no VM of this
+	// daemon's has.
+	for _, d := range []string{".gone-r-1", ".staged-r-2", "_base-base-0123", "r", "Not_A_VM", "other", ".other"} {
 		mkRAM(d)
 	}
 	if err := os.WriteFile(filepath.Join(ramDir, "notes"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	e.restart()
-	if got, want := entries(), []string{"Not_A_VM", "notes", "s"}; !slices.Equal(got, want) {
+	if got, want := entries(), []string{".other", "Not_A_VM", "notes", "other", "s"}; !slices.Equal(got, want) {
 		t.Fatalf("RAM dir after a start: %v, want %v (the running vm's and what is not den's)", got, want)
 	}
 	if err := e.m.Wake(ctx, "r"); err != nil {

@@ -46,7 +46,7 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	if err != nil {
 		return nil, err
 	}
-	if err := m.needRAMSpace(vm); err != nil {
+	if err := m.needRAMSpace(vm, ram.allocated()); err != nil {
 		return nil, err
 	}
 	end := phase.Begin(ctx, "admit memory")

@@ -67,7 +67,7 @@ func (m *Manager) memorySnapshotNeed(vm registry.VM) int64 {
 // guest memory in a file in the VM's runtime dir) could not grow to the
 // guest's memory size: a full filesystem there kills the VMM with a bus
 // error the moment the guest touches a page it cannot have.
-func (m *Manager) needRAMSpace(vm registry.VM) error {
+func (m *Manager) needRAMSpace(vm registry.VM, staged int64) error {
 	if d, err := m.driver(vm.VMM); err != nil || !d.RAMFile {
 		return nil
 	}
@@ -76,14 +76,14 @@ func (m *Manager) needRAMSpace(vm registry.VM) error {
 		return nil
 	}
 	free := int64(st.Bavail) * st.Bsize
-	need := vm.MemoryBytes
+	need := vm.MemoryBytes - staged // a staged RAM file takes no more room
 	if cur := m.ramFileAllocated(vm.Name); cur > 0 {
 		need -= cur
 	}
 	if free < need {
 		// RAM files being freed in the background (discardRAM) count
 		// as free: wait for them and look again.
-		m.ramFrees.Wait()
+		m.ramFrees.wait()
 		if err := unix.Statfs(m.ramDir, &st); err == nil {
 			free = int64(st.Bavail) * st.Bsize
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
+	"golang.org/x/sys/unix"
 )
 
 // ramStaged marks a RAM directory a restore fills ahead of its VMM:
@@ -72,6 +73,18 @@ func (m *Manager) roomToStage(memory int64) bool {
 }
 
 func (st *stagedRAM) file() string { return filepath.Join(st.dir, "memory") }
+
+// allocated is what the staged RAM file holds on its filesystem now.
+func (st *stagedRAM) allocated() int64 {
+	if st == nil {
+		return 0
+	}
+	var s unix.Stat_t
+	if err := unix.Stat(st.file(), &s); err != nil {
+		return 0
+	}
+	return s.Blocks * 512
+}
 
 // take returns the staged RAM file and the wait for it, for the VMM; ""
 // when there is none to take: it was read from a local copy that the
