@@ -141,9 +141,9 @@ type Manager struct {
 	net    *network.Host // TAP networking; nil: the VMM's own (network.go)
 	netWhy string        // why not TAP networking, for den doctor
 
-	ramDir   string         // guest RAM files (setupRAM)
-	ramWhere string         // where that is, for den doctor
-	ramFrees inFlight       // RAM files being freed (discardRAM)
+	ramDir   string   // guest RAM files (setupRAM)
+	ramWhere string   // where that is, for den doctor
+	ramFrees inFlight // RAM files being freed (discardRAM)
 
 	conf *confinement // the VMMs' user and cgroups (confine.go)
 
