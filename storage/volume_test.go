@@ -279,15 +279,8 @@ func TestAdoptAfterDaemonRestart(t *testing.T) {
 // mount's control file, not the juicefs binary (which is made unrunnable
 // here), and that the client's errors come back as errors.
 func TestCloneThroughControlFile(t *testing.T) {
-	needIntegration(t)
-	v := openVolume(t, Config{StateDir: t.TempDir()})
+	v, disk, src := volumeWithDisk(t)
 	ctx := context.Background()
-	disk := VMDisk("box")
-	if err := v.CreateDisk(ctx, disk, testDiskSize); err != nil {
-		t.Fatal(err)
-	}
-	src, _ := v.Path(disk)
-	writeAt(t, src, mib, mib, 7)
 	if err := os.Chmod(src, 0o640); err != nil {
 		t.Fatal(err)
 	}
@@ -337,20 +330,28 @@ func TestCloneThroughControlFile(t *testing.T) {
 	}
 }
 
+// volumeWithDisk opens a volume with a VM disk holding 1 MiB of data:
+// its volume path and host path.
+func volumeWithDisk(t *testing.T) (*JuiceFS, Path, string) {
+	t.Helper()
+	needIntegration(t)
+	v := openVolume(t, Config{StateDir: t.TempDir()})
+	disk := VMDisk("box")
+	if err := v.CreateDisk(context.Background(), disk, testDiskSize); err != nil {
+		t.Fatal(err)
+	}
+	src, _ := v.Path(disk)
+	writeAt(t, src, mib, mib, 7)
+	return v, disk, src
+}
+
 // TestCloneWhileForking clones while the process forks: a fork copies
 // every descriptor, and the copy's close at exec flushes the control file,
 // which makes JuiceFS cancel the request in flight (EINTR). The daemon
 // starts VMMs and helpers while other VMs are being created.
 func TestCloneWhileForking(t *testing.T) {
-	needIntegration(t)
-	v := openVolume(t, Config{StateDir: t.TempDir()})
+	v, disk, _ := volumeWithDisk(t)
 	ctx := context.Background()
-	disk := VMDisk("box")
-	if err := v.CreateDisk(ctx, disk, testDiskSize); err != nil {
-		t.Fatal(err)
-	}
-	src, _ := v.Path(disk)
-	writeAt(t, src, mib, mib, 7)
 	stop := make(chan struct{})
 	forked := make(chan int, 2)
 	for range 2 {
