@@ -245,7 +245,6 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		closeDB()
 		return nil, err
 	}
-	m.sweepRAM(ctx)
 	go m.watchVolume()
 	go m.watchPressure()
 	m.startActivitySaver()

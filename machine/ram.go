@@ -1,7 +1,6 @@
 package machine
 
 import (
-	"context"
 	"fmt"
 	"hash/fnv"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/denhq/den/registry"
 	"golang.org/x/sys/unix"
 )
 
@@ -128,24 +128,20 @@ func (f *inFlight) wait() {
 	}
 }
 
-// sweepRAM removes, at start once running VMMs are adopted, the RAM
+// sweepRAM removes, at the end of reconcile (vms is the registry it
+// reconciled), the RAM
 // directories no VMM uses: den's own leftovers of a crash (a RAM
 // directory moved aside to be freed, a restore's staged memory
 // (stage_ram.go), a warm base's throwaway VM's), and those of this
 // daemon's VMs whose VMM is gone (a crash; a host reboot with a RAM dir
 // that is not a tmpfs). Nothing else in the directory is touched: it may
 // be one others use (--ram-dir /dev/shm).
-func (m *Manager) sweepRAM(ctx context.Context) {
+func (m *Manager) sweepRAM(vms []registry.VM) {
 	if m.ramDir == "" {
 		return
 	}
 	ents, err := os.ReadDir(m.ramDir)
 	if err != nil {
-		return
-	}
-	vms, err := m.db.ListVMs(ctx, "")
-	if err != nil {
-		m.log.Warn("den: sweep guest RAM files", "err", err)
 		return
 	}
 	ours := map[string]bool{}

@@ -47,6 +47,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			_ = m.db.DeleteVM(ctx, vm.Name)
 		}
 	}
+	m.sweepRAM(vms)
 	return nil
 }
 

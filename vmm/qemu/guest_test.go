@@ -329,10 +329,14 @@ func TestGuestSnapshotRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A staging that failed: the driver makes its copy in the file.
-	if _, err = qemu.StageMemory(snap, "", staged); err != nil {
+	wait, err = qemu.StageMemory(snap, "", staged)
+	if err != nil {
 		t.Fatal(err)
 	}
-	failed := func() error { return errors.New("the staging failed") }
+	failed := func() error {
+		_ = wait() // no other writer while the driver copies
+		return errors.New("the staging failed")
+	}
 	y := e.newVMM(t, "e")
 	if err := y.Restore(ctx, snap, vmm.RestoreOptions{Resume: true, StagedMemory: staged, WaitStaged: failed}); err != nil {
 		t.Fatal(err)

@@ -264,15 +264,12 @@ func StageMemory(dir, local, dst string) (wait func() error, err error) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- copyMemory(dir, src, dst) }()
-	var once sync.Once
-	var copyErr error
-	return func() error {
-		once.Do(func() { copyErr = <-done })
-		if copyErr != nil {
-			return fmt.Errorf("stage memory: %w", copyErr)
+	return sync.OnceValue(func() error {
+		if err := <-done; err != nil {
+			return fmt.Errorf("stage memory: %w", err)
 		}
 		return nil
-	}, nil
+	}), nil
 }
 
 // takeStaged moves a staged RAM file that QEMU has mapped to ram, the
