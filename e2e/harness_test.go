@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/denhq/den/api"
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/storage"
@@ -267,6 +268,21 @@ func (d *daemon) must(args ...string) string {
 		d.t.Fatal(err)
 	}
 	return out
+}
+
+// steps is the op and step names of the last operation the daemon
+// traced for vm ("restore: lock, verify, ...").
+func (d *daemon) steps(vm string) string {
+	d.t.Helper()
+	tr, err := api.NewClient(d.socket).Trace(context.Background(), vm)
+	if err != nil {
+		d.t.Fatalf("trace of %s: %v", vm, err)
+	}
+	var names []string
+	for _, s := range tr.Steps {
+		names = append(names, s.Name)
+	}
+	return tr.Op + ": " + strings.Join(names, ", ")
 }
 
 type runError struct {

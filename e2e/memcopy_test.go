@@ -1,13 +1,10 @@
 package e2e
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/denhq/den/api"
 )
 
 // TestLocalMemoryCopiesAndSpareDisks: a sleep and a memory checkpoint
@@ -17,20 +14,7 @@ import (
 // takes a spare clone of its disk instead of cloning it.
 func TestLocalMemoryCopiesAndSpareDisks(t *testing.T) {
 	d := startDaemon(t)
-	c := api.NewClient(d.socket)
-	ctx := context.Background()
-	steps := func(vm string) string {
-		t.Helper()
-		tr, err := c.Trace(ctx, vm)
-		if err != nil {
-			t.Fatalf("trace of %s: %v", vm, err)
-		}
-		var names []string
-		for _, s := range tr.Steps {
-			names = append(names, s.Name)
-		}
-		return tr.Op + ": " + strings.Join(names, ", ")
-	}
+	steps := d.steps
 	copies := func(vm, prefix string) []string {
 		m, _ := filepath.Glob(filepath.Join(d.state, "memory", vm, prefix+"*"))
 		return m

@@ -132,6 +132,11 @@ func TestNetwork(t *testing.T) {
 	d.must("sleep", "a")
 	reach("sleep and wake")
 	d.must("restore", "a", "cp-1")
+	// The new QEMU started beside the old one, sharing its TAP
+	// (machine/prelaunch.go), and took over once it was gone.
+	if s := d.steps("a"); !strings.Contains(s, "take the prelaunched vmm") || strings.Contains(s, "qemu: launch") {
+		t.Fatalf("the restore did not take a prelaunched vmm: %s", s)
+	}
 	reach("restore")
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
 	d.waitExit()

@@ -106,7 +106,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 	if errors.Is(err, checkpoint.ErrLeftPaused) && in != nil {
 		// Never a paused VM recorded as running: stop it and say so.
 		in.close(true)
-		m.stopInstance(ctx, in, false)
+		m.stopInstance(ctx, in, stopQuit)
 		m.recordStopped(ctx, vm.Name, "checkpoint failed and the vm could not be resumed ("+err.Error()+"); it boots from its disk when next used")
 	}
 	if err != nil {

@@ -183,6 +183,30 @@ func (m *Manager) startConfine(name string, cpus int, memory int64) error {
 	return nil
 }
 
+// moveCgroup moves the processes of runtime name from's cgroup into
+// to's (a prelaunched VMM taking its VM's) and removes from's.
+func (m *Manager) moveCgroup(from, to string) {
+	if m.conf == nil || m.conf.cgs == nil {
+		return
+	}
+	m.conf.mu.Lock()
+	src, okS := m.conf.groups[from]
+	dst, okD := m.conf.groups[to]
+	m.conf.mu.Unlock()
+	if okS && okD {
+		pids, err := src.Pids()
+		for _, pid := range pids {
+			if err == nil {
+				err = dst.Add(pid)
+			}
+		}
+		if err != nil {
+			m.log.Warn("den: move a vmm into its vm's cgroup", "from", from, "to", to, "err", err)
+		}
+	}
+	m.dropCgroup(from)
+}
+
 // dropCgroup removes a VM's cgroup once its VMM is gone (bounded: the
 // last threads of a killed VMM take a moment to leave).
 func (m *Manager) dropCgroup(name string) {

@@ -56,6 +56,10 @@ type Driver struct {
 	// snapshot's host dir, a local copy of its memory or "", the RAM file
 	// to make; it returns the wait for the copy.
 	StageMemory func(dir, local, dst string) (wait func() error, err error)
+	// Prelaunch, when set, returns a VMM of VM vm to be prelaunched for a
+	// restore in runtime dir rd, beside the VM's running one (its cgroup
+	// is rd's name; its RAM file, once restored, the VM's).
+	Prelaunch func(rd vmm.RunDir, vm string) vmm.Prelauncher
 }
 
 // builtinDrivers are the drivers of the VMMs found on this host.
@@ -77,6 +81,11 @@ func (m *Manager) builtinDrivers() map[string]Driver {
 			Network:     "qemu user-mode networking (outbound NAT only, no inbound)",
 			RAMFile:     true,
 			StageMemory: qemu.StageMemory,
+			Prelaunch: func(rd vmm.RunDir, vm string) vmm.Prelauncher {
+				o := opts(rd)
+				o.RAMFile = m.ramFile(vm)
+				return qemu.New(o)
+			},
 		}
 	}
 	if bin, err := cloudhypervisor.FindBinary(); err == nil {

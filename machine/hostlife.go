@@ -346,7 +346,7 @@ func (m *Manager) loseForHost(ctx context.Context, name, cause string) error {
 	if in := m.instance(name); in != nil {
 		in.close(true)
 		m.killVMM(ctx, name) // a hung VMM answers no quit
-		m.stopInstance(ctx, in, false)
+		m.stopInstance(ctx, in, stopQuit)
 	} else {
 		m.stopRecorded(name)
 	}

@@ -192,7 +192,7 @@ func (m *Manager) verifyRunning(in *instance, ref snapshotRef, vmmName string) {
 		m.log.Error("den: a vm runs on memory that failed verification: stopping it", "vm", in.name, "err", err)
 		if m.instance(in.name) == in {
 			in.close(true)
-			m.stopInstance(ctx, in, false)
+			m.stopInstance(ctx, in, stopQuit)
 			m.recordStopped(ctx, in.name, "stopped: "+err.Error()+"; restore another checkpoint (den checkpoints), or start it from its disk")
 		}
 	})

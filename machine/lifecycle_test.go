@@ -771,3 +771,40 @@ func TestRetiredSlotsAndStagedDisks(t *testing.T) {
 		t.Fatalf("the vm's disk: %v", err)
 	}
 }
+
+// TestRestoreKillsTheVMMItReplaces: a restore kills the running VMM (its
+// memory and disk writes are thrown away) instead of having it quit,
+// while a sleep, which keeps them, still has it quit.
+func TestRestoreKillsTheVMMItReplaces(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create("k")
+	cp, err := e.m.Checkpoint(ctx, "k", machine.CheckpointOptions{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := e.drv.VM(e.state.Run("k")).Memory()
+	var mu sync.Mutex
+	var stops []string
+	e.drv.Hook = func(op, _ string) {
+		if op == "shutdown" || op == "discard" {
+			mu.Lock()
+			stops = append(stops, op)
+			mu.Unlock()
+		}
+	}
+	if _, err := e.m.Restore(ctx, "k", cp.ID, machine.RestoreOptions{NoSave: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.drv.VM(e.state.Run("k")).Memory(); got != want {
+		t.Fatalf("restored memory %q, want the checkpoint's %q", got, want)
+	}
+	if err := e.m.Sleep(ctx, "k", false); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Join(stops, ",") != "discard,shutdown" {
+		t.Fatalf("stops %v, want the restore's discard, then the sleep's shutdown", stops)
+	}
+}

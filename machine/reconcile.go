@@ -47,6 +47,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			_ = m.db.DeleteVM(ctx, vm.Name)
 		}
 	}
+	m.sweepPrelaunched()
 	m.sweepRAM(vms)
 	return nil
 }
@@ -238,7 +239,7 @@ func (m *Manager) recordStopped(ctx context.Context, name, reason string) {
 // and runtime files. Best effort: used for rollback and deletion.
 func (m *Manager) destroy(ctx context.Context, name string) {
 	if in := m.instance(name); in != nil {
-		m.stopInstance(ctx, in, false)
+		m.stopInstance(ctx, in, stopQuit)
 	} else {
 		m.stopRecorded(name)
 	}
@@ -248,15 +249,30 @@ func (m *Manager) destroy(ctx context.Context, name string) {
 	m.netDown(ctx, name)
 }
 
-// stopInstance stops a VM's VMM: politely through the agent when
-// graceful (so the guest unmounts its disk), then the VMM itself.
-func (m *Manager) stopInstance(ctx context.Context, in *instance, graceful bool) {
+// stopHow says how stopInstance stops a VMM.
+type stopHow int
+
+const (
+	// stopQuit has the VMM quit: its devices flush, the guest gets no
+	// notice.
+	stopQuit stopHow = iota
+	// stopGraceful asks the guest's agent to power off first (so the
+	// guest unmounts its disk), then quits the VMM.
+	stopGraceful
+	// stopDiscard kills the VMM: for a VM whose running state and disk
+	// writes are thrown away (a restore replaces them).
+	stopDiscard
+)
+
+// stopInstance stops a VM's VMM as how says and removes its runtime
+// files.
+func (m *Manager) stopInstance(ctx context.Context, in *instance, how stopHow) {
 	select {
 	case <-in.stopping:
 	default:
 		close(in.stopping)
 	}
-	if graceful {
+	if how == stopGraceful {
 		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		if c, err := m.agentClient(gctx, in); err == nil {
 			if c.Poweroff(gctx) == nil {
@@ -271,13 +287,20 @@ func (m *Manager) stopInstance(ctx context.Context, in *instance, graceful bool)
 	end := phase.Begin(ctx, "close the agent connection")
 	in.closeAgent()
 	end()
-	end = phase.Begin(ctx, "vmm shutdown")
 	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := in.hv.Shutdown(sctx); err != nil {
-		m.log.Warn("den: stop vmm", "vm", in.name, "err", err)
+	var err error
+	if how == stopDiscard {
+		end = phase.Begin(ctx, "vmm kill")
+		err = in.hv.Discard(sctx)
+	} else {
+		end = phase.Begin(ctx, "vmm shutdown")
+		err = in.hv.Shutdown(sctx)
 	}
 	end()
+	if err != nil {
+		m.log.Warn("den: stop vmm", "vm", in.name, "err", err)
+	}
 	m.dropInstance(in.name)
 	end = phase.Begin(ctx, "remove runtime files")
 	m.discardRuntime(in.name)

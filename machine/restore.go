@@ -84,17 +84,21 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	end = phase.Begin(ctx, "start vmm")
 	rd := m.state.Run(vm.Name)
 	m.discardRuntime(vm.Name)
-	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
-		return nil, err
+	// A VMM prelaunched on the staged memory is taken as it is, in the
+	// VM's runtime dir; else one is started.
+	hv := ram.prelaunched().take(ctx, vm, disks)
+	if hv == nil {
+		if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
+			return nil, err
+		}
+		if err := m.startConfine(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
+			return nil, err
+		}
+		if hv, err = m.newHypervisor(vm.VMM, rd); err != nil {
+			return nil, err
+		}
+		err = hv.Start(ctx)
 	}
-	if err := m.startConfine(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
-		return nil, err
-	}
-	hv, err := m.newHypervisor(vm.VMM, rd)
-	if err != nil {
-		return nil, err
-	}
-	err = hv.Start(ctx)
 	end()
 	if err != nil {
 		return nil, err
@@ -217,10 +221,24 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	if err != nil {
 		return "", err
 	}
-	// The checkpoint's memory is copied into a RAM file of its own while
-	// it is verified and the VM stopped, when the host has room.
+	sp, err := decodeSpec(vm)
+	if err != nil {
+		return "", err
+	}
+	// The checkpoint's memory is copied into a RAM file of its own, its
+	// disk cloned beside the VM's and, with both, the new VMM started
+	// beside the old while the checkpoint is verified, the current state
+	// saved and the old VMM stopped: what is left for after is a rename
+	// and the incoming migration.
 	ram := m.stageRAM(ctx, vm, cp)
 	defer ram.drop()
+	staged := m.stageDisk(ctx, name, id)
+	defer staged.drop()
+	in := m.instance(name)
+	if ram != nil {
+		ram.pre = m.prelaunch(ctx, vm, sp, in, ram, staged)
+		defer ram.pre.drop() // before the staged disk's drop
+	}
 	// A damaged checkpoint is refused before anything changes. Its
 	// memory is checked where the restore reads it: the local copy when
 	// there is one (a damaged copy is dropped, the volume's checked).
@@ -231,7 +249,6 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	if err != nil {
 		return "", fmt.Errorf("restore vm %q: %w", name, err)
 	}
-	in := m.instance(name)
 	if in != nil {
 		// No session is admitted from here; open ones block the restore
 		// unless forced.
@@ -247,10 +264,6 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 			}
 		}()
 	}
-	// The checkpoint's disk is cloned beside the VM's while the current
-	// state is saved and the VMM stops: only a rename is left for after.
-	staged := m.stageDisk(ctx, name, id)
-	defer staged.drop()
 	if !o.NoSave && vm.State != registry.StateStopped {
 		progress("saving the current state first (--no-save skips this)")
 		defer phase.Begin(ctx, "save the current state")()
@@ -261,9 +274,11 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 		saved = row.ID
 	}
 	if in != nil {
+		// Killed, not quit: its memory and its disk's writes since the
+		// checkpoint are what the restore throws away.
 		progress("stopping the vm")
 		end := phase.Begin(ctx, "stop vmm")
-		m.stopInstance(ctx, in, false)
+		m.stopInstance(ctx, in, stopDiscard)
 		end()
 	}
 	// From here the VM is stopped with the restore recorded: a crash
@@ -370,6 +385,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 	// while the memory is read in; it is in place before this returns,
 	// whatever happens.
 	cloned := m.meanwhile(ctx, "", "restore-after-disk", func() error {
+		ram.prelaunched().waitHeld() // a VMM prelaunched on the staged disk opens it first
 		if err := staged.putInPlace(ctx, name); err == nil {
 			return nil
 		} else if staged != nil {
@@ -432,7 +448,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 		// A VMM whose record does not say running must not run on; the
 		// restore is still recorded, and finished when next reached.
 		if in != nil {
-			m.stopInstance(ctx, in, false)
+			m.stopInstance(ctx, in, stopQuit)
 		}
 		return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 	}

@@ -145,7 +145,7 @@ func (m *Manager) start(ctx context.Context, vm registry.VM) error {
 	if err != nil {
 		// A VMM whose record does not say running must not run on.
 		if in := m.instance(vm.Name); in != nil {
-			m.stopInstance(ctx, in, false)
+			m.stopInstance(ctx, in, stopQuit)
 		}
 		return fmt.Errorf("start vm %q: %w", vm.Name, err)
 	}

@@ -90,7 +90,7 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	undo := func(cause error) error {
 		if rerr := checkpoint.Resume(context.WithoutCancel(ctx), guestOf{m: m, in: in}, m.log); rerr != nil {
 			stopped = true
-			m.stopInstance(ctx, in, false)
+			m.stopInstance(ctx, in, stopQuit)
 			m.recordStopped(ctx, name, fmt.Sprintf("sleep failed (%v) and the vm could not be resumed (%v); it boots from its disk when next used", cause, rerr))
 		}
 		return fmt.Errorf("sleep vm %q: %w", name, cause)
@@ -148,7 +148,7 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	memCopy.keep(suspendKey(seal, slept.Generation)) // before the VMM and its RAM file go
 	stopped = true
 	end = phase.Begin(ctx, "stop vmm")
-	m.stopInstance(ctx, in, false)
+	m.stopInstance(ctx, in, stopQuit)
 	end()
 	m.sealLater(storage.SuspendDir(name), m.withLocalMemory(suspendRef(name, seal), suspendKey(seal, slept.Generation)))
 	return nil
@@ -304,7 +304,7 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 	end()
 	if err != nil {
 		if in := m.instance(vm.Name); in != nil {
-			m.stopInstance(ctx, in, false)
+			m.stopInstance(ctx, in, stopQuit)
 		}
 		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
 	}

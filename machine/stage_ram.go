@@ -28,6 +28,7 @@ type stagedRAM struct {
 	dir   string // the RAM directory made for it
 	local string // the local copy it is read from
 	wait  func() error
+	pre   *prelaunched // the VMM prelaunched on it, if any
 }
 
 // stageRAM starts staging the memory of checkpoint cp of vm, when its
@@ -86,6 +87,14 @@ func (st *stagedRAM) allocated() int64 {
 	return s.Blocks * 512
 }
 
+// prelaunched is the VMM prelaunched on the staged memory, nil if none.
+func (st *stagedRAM) prelaunched() *prelaunched {
+	if st == nil {
+		return nil
+	}
+	return st.pre
+}
+
 // take returns the staged RAM file and the wait for it, for the VMM; ""
 // when there is none to take: it was read from a local copy that the
 // verification found damaged and dropped.
@@ -105,6 +114,7 @@ func (st *stagedRAM) drop() {
 	if st == nil {
 		return
 	}
+	st.pre.drop()
 	_ = st.wait()
 	_ = os.RemoveAll(st.dir)
 }

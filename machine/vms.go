@@ -133,7 +133,11 @@ func (m *Manager) Remove(ctx context.Context, name string, force bool) error {
 	crashpoint("rm-after-mark")
 	if in := m.instance(name); in != nil {
 		in.close(true)
-		m.stopInstance(ctx, in, !force)
+		how := stopGraceful
+		if force {
+			how = stopQuit
+		}
+		m.stopInstance(ctx, in, how)
 	}
 	m.destroy(ctx, name)
 	m.forgetUsage(name)

@@ -102,7 +102,7 @@ func (m *Manager) stopLost(in *instance, reason string) {
 	m.log.Warn("den: stopping vm: its disk was on the lost mount", "vm", in.name)
 	in.close(true)
 	ctx := context.Background()
-	m.stopInstance(ctx, in, false)
+	m.stopInstance(ctx, in, stopQuit)
 	m.recordStopped(ctx, in.name, reason)
 }
 

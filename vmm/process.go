@@ -188,6 +188,35 @@ func (p *Process) Alive() bool {
 	}
 }
 
+// File duplicates the process's file descriptor fd into this process
+// (pidfd_getfd: the same open file, shared): how a new VMM takes over a
+// device the running one holds, such as a TAP. The caller checks that
+// the file is what it expects.
+func (p *Process) File(fd int, name string) (*os.File, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.Alive() {
+		return nil, fmt.Errorf("take fd %d of vmm process %d: %w", fd, p.pid, os.ErrProcessDone)
+	}
+	pidfd, owned := p.pidfd, false
+	if p.os != nil {
+		// A child not yet reaped (done is not closed) keeps its pid.
+		var err error
+		if pidfd, err = unix.PidfdOpen(p.pid, 0); err != nil {
+			return nil, fmt.Errorf("take fd %d of vmm process %d: %w", fd, p.pid, err)
+		}
+		owned = true
+	}
+	if owned {
+		defer unix.Close(pidfd)
+	}
+	nfd, err := unix.PidfdGetfd(pidfd, fd, 0)
+	if err != nil {
+		return nil, fmt.Errorf("take fd %d of vmm process %d: %w", fd, p.pid, err)
+	}
+	return os.NewFile(uintptr(nfd), name), nil
+}
+
 // Stop sends SIGTERM, waits up to grace, then SIGKILL, and returns once
 // the process is gone (or after a further bounded wait).
 func (p *Process) Stop(grace time.Duration) error {
@@ -199,6 +228,16 @@ func (p *Process) Stop(grace time.Duration) error {
 	case <-p.done:
 		return nil
 	case <-time.After(grace):
+	}
+	return p.Kill()
+}
+
+// Kill sends SIGKILL at once and waits (bounded) until the process is
+// gone: for a VMM whose guest state is thrown away, which needs neither
+// a clean exit nor a flush of its devices.
+func (p *Process) Kill() error {
+	if !p.Alive() {
+		return nil
 	}
 	_ = p.signal(unix.SIGKILL)
 	select {

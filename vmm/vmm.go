@@ -60,6 +60,11 @@ type Hypervisor interface {
 	// Shutdown stops the guest and the VMM process (SIGTERM, then SIGKILL)
 	// and returns when the process is gone.
 	Shutdown(ctx context.Context) error
+	// Discard ends the VMM process at once (SIGKILL), without a clean
+	// exit or a flush of its devices, and returns when it is gone: for a
+	// VM whose running state and disk writes are thrown away (a restore
+	// replaces both). A VMM it cannot kill so is shut down.
+	Discard(ctx context.Context) error
 	// DialGuest opens a stream to a port of the guest's agent over the
 	// guest channel (vsock or virtio-serial).
 	DialGuest(ctx context.Context, port uint32) (net.Conn, error)
@@ -230,6 +235,35 @@ type RestoreOptions struct {
 	// its copy in it). Drivers that map the snapshot's memory ignore it.
 	StagedMemory string
 	WaitStaged   func() error
+}
+
+// Prelauncher is a Hypervisor that can start its VMM process for a
+// Restore ahead of it, while the VM's current VMM still runs: a restore
+// then pays no process start once the old VMM is gone.
+type Prelauncher interface {
+	Hypervisor
+	// Prelaunch starts the VMM process for a later Restore of a
+	// snapshot with cfg's machine (the Restore's Config), in its own
+	// runtime directory, without running anything.
+	Prelaunch(ctx context.Context, cfg Config, p Prelaunch) error
+	// MoveRunDir renames the VMM's runtime directory to rd, which must
+	// not exist, and uses it from then on: the prelaunched VMM takes the
+	// VM's own once the old one is gone.
+	MoveRunDir(rd RunDir) error
+}
+
+// Prelaunch is what a prelaunched VMM is started with besides its
+// config.
+type Prelaunch struct {
+	// Memory is the RAM file the Restore's StagedMemory will name.
+	Memory string
+	// DiskFiles, where set, is the file opened for each of the config's
+	// disks in place of its Path: a staged copy the caller renames to
+	// the disk's path before the Restore (the VMM keeps the file open).
+	DiskFiles []string
+	// Pred is the VM's running VMM, nil if none: the new VMM shares its
+	// network devices (the same TAP) until it is gone.
+	Pred Hypervisor
 }
 
 // WaitDisks waits for o.DisksReady, if any.

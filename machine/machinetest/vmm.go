@@ -376,10 +376,25 @@ func (v *VMM) ResizeDisk(ctx context.Context, id string, bytes int64) error {
 	return fmt.Errorf("resize disk %q: no such disk", id)
 }
 
-// Shutdown stops the process.
+// Shutdown stops the process (hook "shutdown").
 func (v *VMM) Shutdown(ctx context.Context) error {
+	v.stopHook("shutdown")
 	v.exit(nil)
 	return nil
+}
+
+// Discard stops the process as den's SIGKILL would (hook "discard").
+func (v *VMM) Discard(ctx context.Context) error {
+	v.stopHook("discard")
+	v.exit(errors.New("signal: killed"))
+	return nil
+}
+
+// stopHook tells the hook of a stop of a live process.
+func (v *VMM) stopHook(op string) {
+	if h := v.d.Hook; h != nil && v.alive() {
+		h(op, v.rd.Path())
+	}
 }
 
 // Kill makes the process die as if killed (-9): den did not ask.

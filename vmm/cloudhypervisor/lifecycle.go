@@ -252,6 +252,21 @@ func (v *VMM) Shutdown(ctx context.Context) error {
 	return nil
 }
 
+// Discard kills the VMM (SIGKILL) and removes its sockets, PID file and
+// restore directory; without a process (see Adopt) it shuts it down.
+func (v *VMM) Discard(ctx context.Context) error {
+	p := v.process()
+	if p == nil {
+		return v.Shutdown(ctx)
+	}
+	if err := p.Kill(); err != nil {
+		return fmt.Errorf("ch discard: %w", err)
+	}
+	v.cleanup()
+	v.log.Info("discarded", "pid", p.PID())
+	return nil
+}
+
 // waitSocketGone waits up to a second (even when ctx has ended: an
 // unanswered dial must not pass for a socket gone) for the API socket of
 // a VMM this driver has no process for to stop answering, then removes

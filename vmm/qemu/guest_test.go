@@ -420,3 +420,99 @@ func TestGuestBadInput(t *testing.T) {
 		}
 	})
 }
+
+// TestGuestPrelaunchedRestore: a QEMU prelaunched beside the VM's running
+// one (its RAM the staged memory, its disk a staged copy opened before
+// it is renamed into place) takes over once the old one is killed, in
+// the runtime dir it is moved to, with the guest's memory and the disk of
+// the snapshot; a restore that stages other memory is refused.
+func TestGuestPrelaunchedRestore(t *testing.T) {
+	e := newGuestEnv(t)
+	v := e.newVMM(t, "a")
+	c := e.boot(t, v)
+	ctx := context.Background()
+	run(t, c, "echo in-memory > /tmp/note; echo on-disk > /root/mark; sync")
+	if err := v.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(e.dir, "snap")
+	os.Mkdir(snap, 0o700)
+	if err := v.Snapshot(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	stagedDisk := filepath.Join(e.dir, "disk-restoring")
+	if err := fsutil.CopySparse(e.disk, stagedDisk); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The old guest runs on and changes both (the file in place, in the
+	// blocks the snapshot's memory points at).
+	run(t, c, "echo changed > /tmp/note; printf 'changed\\n' | dd of=/root/mark conv=notrunc 2>/dev/null; sync")
+	c.Close()
+
+	staged := filepath.Join(e.dir, "staged", "memory")
+	wait, err := qemu.StageMemory(snap, "", staged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := e.newVMM(t, "b")
+	if err := w.Prelaunch(ctx, e.config(), vmm.Prelaunch{Memory: staged, DiskFiles: []string{stagedDisk}, Pred: v}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Prelaunch(ctx, e.config(), vmm.Prelaunch{Memory: staged}); err == nil {
+		t.Fatal("a second prelaunch of the same VMM succeeded")
+	}
+	if err := v.Discard(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-v.Exited():
+	default:
+		t.Fatal("Discard returned before the old QEMU was gone")
+	}
+	if err := os.Rename(stagedDisk, e.disk); err != nil {
+		t.Fatal(err)
+	}
+	moved := vmm.RunDir(filepath.Join(e.dir, "c"))
+	if err := w.MoveRunDir(moved); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(e.dir, "b")); !os.IsNotExist(err) {
+		t.Fatalf("the prelaunch's run dir is still there after the move: %v", err)
+	}
+	if err := w.Restore(ctx, snap, vmm.RestoreOptions{Resume: true, StagedMemory: staged, WaitStaged: wait, Config: ptr(e.config())}); err != nil {
+		t.Fatal(err)
+	}
+	c2 := e.connect(t, w)
+	// Read from the disk, not the page cache the memory brought back.
+	if out, code := run(t, c2, "echo 3 > /proc/sys/vm/drop_caches; cat /tmp/note /root/mark"); code != 0 || out != "in-memory\non-disk\n" {
+		t.Fatalf("after a prelaunched restore: %q (exit %d)", out, code)
+	}
+	if pid, err := vmm.AdoptProcess(moved.PIDFile()); err != nil || pid.PID() != w.PID() {
+		t.Fatalf("the moved run dir's PID file: %v %v", pid, err)
+	}
+
+	// A prelaunch for other staged memory than the restore's is refused,
+	// and its QEMU stopped.
+	wait, err = qemu.StageMemory(snap, "", staged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := e.newVMM(t, "d")
+	if err := x.Prelaunch(ctx, e.config(), vmm.Prelaunch{Memory: staged}); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(e.dir, "staged", "other")
+	if err := x.Restore(ctx, snap, vmm.RestoreOptions{Resume: true, StagedMemory: other, WaitStaged: wait}); err == nil || !strings.Contains(err.Error(), "prelaunched") {
+		t.Fatalf("restore of other memory into a prelaunched qemu: %v", err)
+	}
+	select {
+	case <-x.Exited():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the refused prelaunched qemu still runs")
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -15,20 +15,26 @@ import (
 // second a placeholder, /dev/null, for a read-only disk), each net
 // device's TAP (tapFD; /dev/null without one), then the kernel and the
 // initramfs (bootFD; /dev/null without one). On error none stays open.
-func inheritedFiles(cfg vmm.Config) (files []*os.File, err error) {
+// A prelaunch (pre, nil otherwise) opens its staged disk files in place
+// of the disks' paths and shares the TAPs its predecessor holds.
+func inheritedFiles(cfg vmm.Config, pre *vmm.Prelaunch) (files []*os.File, err error) {
 	defer func() {
 		if err != nil {
 			closeAll(files)
 			files = nil
 		}
 	}()
-	for _, d := range cfg.Disks {
-		ro, err := os.Open(d.Path)
+	for i, d := range cfg.Disks {
+		path := d.Path
+		if pre != nil && i < len(pre.DiskFiles) && pre.DiskFiles[i] != "" {
+			path = pre.DiskFiles[i]
+		}
+		ro, err := os.Open(path)
 		if err != nil {
 			return files, fmt.Errorf("disk %q: %w", d.ID, err)
 		}
 		files = append(files, ro)
-		rwPath, flag := d.Path, os.O_RDWR
+		rwPath, flag := path, os.O_RDWR
 		if d.ReadOnly {
 			rwPath, flag = os.DevNull, os.O_RDONLY
 		}
@@ -38,8 +44,20 @@ func inheritedFiles(cfg vmm.Config) (files []*os.File, err error) {
 		}
 		files = append(files, rw)
 	}
-	for _, n := range cfg.Net {
-		f, err := openTap(n.Tap)
+	var pred *VMM
+	if pre != nil {
+		pred, _ = pre.Pred.(*VMM)
+	}
+	for i, n := range cfg.Net {
+		var f *os.File
+		if pred != nil && n.Tap != "" {
+			f, err = pred.tapFile(i, n.Tap)
+			if err != nil && !pred.alive() {
+				f, err = openTap(n.Tap) // gone meanwhile: the TAP is free
+			}
+		} else {
+			f, err = openTap(n.Tap)
+		}
 		if err != nil {
 			return files, err
 		}
@@ -87,4 +105,32 @@ func openTap(name string) (*os.File, error) {
 		return nil, fmt.Errorf("attach tap %s: %w", name, err)
 	}
 	return os.NewFile(uintptr(fd), "/dev/net/tun:"+name), nil
+}
+
+// tapFile takes (pidfd_getfd) the fd of TAP name that this running QEMU
+// holds as its net device i, for a QEMU prelaunched beside it: a TAP
+// without multiqueue takes one attachment, which both then share. The
+// new QEMU reads nothing from it before its guest runs, and by then
+// this one is gone.
+func (v *VMM) tapFile(i int, name string) (*os.File, error) {
+	v.mu.Lock()
+	proc, cfg := v.proc, v.cfg
+	v.mu.Unlock()
+	if proc == nil || cfg == nil || i >= len(cfg.Net) || cfg.Net[i].Tap != name {
+		return nil, fmt.Errorf("share tap %s: the running qemu has no such tap", name)
+	}
+	f, err := proc.File(tapFD(*cfg, i), "/dev/net/tun:"+name)
+	if err != nil {
+		return nil, fmt.Errorf("share tap %s: %w", name, err)
+	}
+	// The fd must be that TAP's: a pid reused since would hold another.
+	ifr, err := unix.NewIfreq("")
+	if err == nil {
+		err = unix.IoctlIfreq(int(f.Fd()), unix.TUNGETIFF, ifr)
+	}
+	if err != nil || ifr.Name() != name {
+		f.Close()
+		return nil, fmt.Errorf("share tap %s: fd %d of qemu %d is not that tap (%v)", name, tapFD(*cfg, i), proc.PID(), err)
+	}
+	return f, nil
 }

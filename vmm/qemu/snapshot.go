@@ -103,7 +103,17 @@ func (v *VMM) Snapshot(ctx context.Context, dir string) error {
 // lazy restore: opts.OnDemand is ignored (Capabilities.OnDemandRestore is
 // false) and the cost is the sparse copy of the RAM the guest had used.
 func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) error {
-	if err := v.checkNoVM("restore"); err != nil {
+	v.mu.Lock()
+	pre := v.prelaunched
+	v.prelaunched = ""
+	v.mu.Unlock()
+	if pre != "" {
+		// A prelaunched QEMU (Prelaunch) maps the staged memory.
+		if opts.StagedMemory != pre {
+			_ = v.Shutdown(context.Background())
+			return fmt.Errorf("restore vm: qemu was prelaunched with RAM file %s, the restore stages %q", pre, opts.StagedMemory)
+		}
+	} else if err := v.checkNoVM("restore"); err != nil {
 		return err
 	}
 	cfg, meta, err := readSnapshot(dir, v.accelerator())
@@ -171,12 +181,21 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	end := phase.Begin(ctx, "wait for the disks")
 	err = opts.WaitDisks()
 	end()
-	if err == nil {
+	switch {
+	case err != nil:
+	case pre == "":
 		end = phase.Begin(ctx, "qemu: launch")
-		err = v.launch(ctx, cfg, true, ram)
+		err = v.launch(ctx, cfg, true, ram, nil)
 		end()
+	default:
+		if !v.alive() {
+			err = fmt.Errorf("prelaunched qemu: %w", v.notRunning("restore"))
+		}
 	}
 	if err != nil {
+		if pre != "" {
+			_ = v.Shutdown(context.Background())
+		}
 		_ = waitCopy() // nothing writes the RAM file once this returns
 		return fmt.Errorf("restore vm: %w", err)
 	}
