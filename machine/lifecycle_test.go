@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
+	"github.com/denhq/den/vmm"
 )
 
 // TestTransitions walks every edge of the state table through the
@@ -807,4 +809,38 @@ func TestRestoreKillsTheVMMItReplaces(t *testing.T) {
 	if strings.Join(stops, ",") != "discard,shutdown" {
 		t.Fatalf("stops %v, want the restore's discard, then the sleep's shutdown", stops)
 	}
+}
+
+// TestRestartStopsPrelaunchedVMMs: a VMM a crash left prelaunched for a
+// restore (its runtime dir _pre-VM-N, its PID file) is stopped and its
+// dir removed at the next start; the VMs' own runtime dirs stay.
+func TestRestartStopsPrelaunchedVMMs(t *testing.T) {
+	e := newEnv(t)
+	e.create("x")
+	rd := e.state.Run("_pre-x-1f")
+	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc, err := vmm.StartProcess(vmm.ProcessSpec{Binary: sleep, Args: []string{"600"}, Log: rd.Log(), PIDFile: rd.PIDFile(), Dir: rd.Path()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proc.Kill() })
+	e.restart()
+	select {
+	case <-proc.Exited():
+	case <-time.After(testTimeout):
+		t.Fatal("the prelaunched process still runs after the restart")
+	}
+	if dirExists(rd.Path()) {
+		t.Fatalf("%s is still there after the restart", rd.Path())
+	}
+	if !dirExists(e.state.Run("x").Path()) {
+		t.Fatal("the restart's sweep removed a running VM's runtime dir")
+	}
+	e.wantState("x", registry.StateRunning)
 }
