@@ -31,6 +31,7 @@ type dialOptions struct {
 	timeout   time.Duration
 	keepalive time.Duration
 	setClock  bool
+	identity  *IdentityRequest
 }
 
 // WithHostKeyCallback checks the agent's host key (default: accept any;
@@ -66,12 +67,12 @@ func WithClockSet() DialOption {
 	return func(o *dialOptions) { o.setClock = true }
 }
 
-func setsClock(opts []DialOption) bool {
-	var o dialOptions
-	for _, f := range opts {
-		f(&o)
-	}
-	return o.setClock
+// WithIdentity makes WaitReady's ready request give the guest a new
+// identity (as NewIdentityWith, its Entropy filled in), after the clock,
+// in the same round trip: ReadyInfo.Identity says how, or is nil (see
+// there). Dial ignores it.
+func WithIdentity(req IdentityRequest) DialOption {
+	return func(o *dialOptions) { o.identity = &req }
 }
 
 // Client is an SSH connection to a guest agent. Its methods may be called

@@ -66,13 +66,22 @@ func (c *Client) NewIdentityToken(ctx context.Context, hostname, token string) (
 // NewIdentityWith is NewIdentityToken with every field of the request
 // (a MAC too); its Entropy is filled in here.
 func (c *Client) NewIdentityWith(ctx context.Context, req IdentityRequest) (IdentityReply, error) {
-	req.Entropy = make([]byte, 64)
-	if _, err := rand.Read(req.Entropy); err != nil {
-		return IdentityReply{}, fmt.Errorf("agent identity: %w", err)
+	req, err := withEntropy(req)
+	if err != nil {
+		return IdentityReply{}, err
 	}
 	var r IdentityReply
-	err := c.call(ctx, ReqIdentity, req, &r)
+	err = c.call(ctx, ReqIdentity, req, &r)
 	return r, err
+}
+
+// withEntropy fills in req's Entropy with fresh random bytes.
+func withEntropy(req IdentityRequest) (IdentityRequest, error) {
+	req.Entropy = make([]byte, 64)
+	if _, err := rand.Read(req.Entropy); err != nil {
+		return req, fmt.Errorf("agent identity: %w", err)
+	}
+	return req, nil
 }
 
 // GrowRoot grows the guest's root filesystem (ext4, online) to the size
@@ -134,9 +143,10 @@ func tryReady(ctx context.Context, dial DialFunc, signer ssh.Signer, opts []Dial
 	if err != nil {
 		return nil, ReadyInfo{}, err
 	}
-	var req ReadyRequest
-	if setsClock(opts) {
-		req.ClockUnixNano = time.Now().UnixNano()
+	req, err := readyRequest(opts)
+	if err != nil {
+		c.Close()
+		return nil, ReadyInfo{}, err
 	}
 	info, err := c.ready(ctx, req)
 	if err != nil {
@@ -147,4 +157,24 @@ func tryReady(ctx context.Context, dial DialFunc, signer ssh.Signer, opts []Dial
 		return nil, ReadyInfo{}, err
 	}
 	return c, info, nil
+}
+
+// readyRequest is the ready request opts ask for, made as it is sent.
+func readyRequest(opts []DialOption) (ReadyRequest, error) {
+	var o dialOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	var req ReadyRequest
+	if o.identity != nil {
+		id, err := withEntropy(*o.identity)
+		if err != nil {
+			return req, err
+		}
+		req.Identity = &id
+	}
+	if o.setClock {
+		req.ClockUnixNano = time.Now().UnixNano()
+	}
+	return req, nil
 }

@@ -46,6 +46,10 @@ type ReadyRequest struct {
 	// clock is stale, and every round trip to a guest just restored
 	// costs 5-20 ms under TCG.
 	ClockUnixNano int64 `json:"clock_unix_nano,omitempty"`
+	// Identity, when set, gives the guest a new identity as ReqIdentity
+	// does, after the clock, in the same round trip (a create from a
+	// warm base, a fork).
+	Identity *IdentityRequest `json:"identity,omitempty"`
 }
 
 // ReadyInfo is the reply to ReqReady.
@@ -72,6 +76,13 @@ type ReadyInfo struct {
 	Clock *ClockReply `json:"clock,omitempty"`
 	// ClockError is why the asked clock was not set.
 	ClockError string `json:"clock_error,omitempty"`
+	// Identity is the new identity a ReadyRequest asked for. It is nil
+	// when none was asked, when it failed (IdentityError says why), and
+	// from an agent older than ReadyRequest.Identity: the caller then
+	// sends ReqIdentity.
+	Identity *IdentityReply `json:"identity,omitempty"`
+	// IdentityError is why the asked identity was not given.
+	IdentityError string `json:"identity_error,omitempty"`
 }
 
 // ClockRequest sets the guest's wall clock.

@@ -73,18 +73,12 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 	defer cloned() // never returns before the clone is over; its error comes from the wait in the restore or the boot
 	if from.memory != "" {
 		progress("restoring the memory of " + from.what + " (" + vm.VMM + ", " + accel + ")")
-		in, err := m.restoreInto(ctx, vm, sp, from.memory, from.ref.local, nil, nil, cloned)
+		id := m.identityRequest(vm, sp)
+		in, err := m.restoreInto(ctx, vm, sp, restoreSource{snapDir: from.memory, local: from.ref.local, disks: cloned, identity: &id})
 		if err != nil {
 			return vm, err
 		}
 		m.verifyRunning(in, from.ref, vm.VMM)
-		progress("new identity")
-		end := phase.Begin(ctx, "new identity")
-		err = m.newIdentity(ctx, in, vm, sp)
-		end()
-		if err != nil {
-			return vm, err
-		}
 		if grow {
 			progress("growing the disk to " + FormatSize(vm.DiskBytes))
 			end := phase.Begin(ctx, "grow disk")

@@ -15,18 +15,36 @@ import (
 	"github.com/denhq/den/vmm"
 )
 
-// restoreInto starts a fresh VMM for vm from the VMM snapshot in snapDir
-// (a volume path), with the VM's own disk and sockets, and waits for its
-// agent; the guest clock is set, since it stopped when the snapshot was
-// taken. check, when set, runs while the VMM starts (a verification of
-// the snapshot): the restore goes on only if it passes. disks, when set,
-// is waited for before the VMM opens the VM's disk (a clone still under
-// way while the memory is read in). local, when set and still there once
-// check passed, is a local copy of the snapshot's memory the VMM reads
-// instead of the volume's (memcopy.go). ram, when set, is the snapshot's
-// memory being staged in a RAM file (stage_ram.go), which the VMM takes
-// if it was made whole.
-func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snapDir storage.Path, local string, ram *stagedRAM, check func(context.Context) error, disks func() error) (*instance, error) {
+// restoreSource is what restoreInto restores a VM from, and what it does
+// beside.
+type restoreSource struct {
+	// snapDir is the VMM snapshot (a volume path).
+	snapDir storage.Path
+	// local, when set and still there once check passed, is a local
+	// copy of the snapshot's memory the VMM reads instead of the
+	// volume's (memcopy.go).
+	local string
+	// ram, when set, is the snapshot's memory being staged in a RAM file
+	// (stage_ram.go), which the VMM takes if it was made whole, and the
+	// VMM prelaunched on it, if any (prelaunch.go).
+	ram *stagedRAM
+	// check, when set, runs while the VMM starts (a verification of the
+	// snapshot): the restore goes on only if it passes.
+	check func(context.Context) error
+	// disks, when set, is waited for before the VMM opens the VM's disk
+	// (a clone still under way while the memory is read in).
+	disks func() error
+	// identity, when set, is the new identity the guest gets in its
+	// agent's ready answer (a fork, a create from a warm base).
+	identity *agent.IdentityRequest
+}
+
+// restoreInto starts a fresh VMM for vm from the snapshot src names, with
+// the VM's own disk and sockets, and waits for its agent; the guest clock
+// is set in the agent's ready answer, since it stopped when the snapshot
+// was taken, and the new identity, if any, given after it.
+func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, src restoreSource) (*instance, error) {
+	local, ram, check, disks := src.local, src.ram, src.check, src.disks
 	checked := make(chan error, 1)
 	if check == nil {
 		checked <- nil
@@ -42,7 +60,7 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	if err != nil {
 		return nil, err
 	}
-	dir, err := m.vol.Path(snapDir)
+	dir, err := m.vol.Path(src.snapDir)
 	if err != nil {
 		return nil, err
 	}
@@ -132,9 +150,14 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 	}
 	// From here the guest runs: a failure is one after it ran.
 	ran := func(err error) (*instance, error) { return fail(fmt.Errorf("%w: %w", errGuestRan, err)) }
-	// The guest clock is stale: the ready request sets it.
+	// The guest clock is stale: the ready request sets it, and gives
+	// the guest its new identity.
+	opts := []agent.DialOption{agent.WithClockSet()}
+	if src.identity != nil {
+		opts = append(opts, agent.WithIdentity(*src.identity))
+	}
 	end = phase.Begin(ctx, "agent reconnect")
-	info, err := m.connectAgent(ctx, in, time.Minute, agent.WithClockSet())
+	info, err := m.connectAgent(ctx, in, time.Minute, opts...)
 	end()
 	if err != nil {
 		return ran(err)
@@ -151,6 +174,11 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, snap
 		end()
 		if err != nil {
 			return ran(fmt.Errorf("set guest clock: %w", err))
+		}
+	}
+	if src.identity != nil {
+		if err := m.identityAnswered(ctx, in, info, *src.identity); err != nil {
+			return ran(err)
 		}
 	}
 	m.setInstance(in)
@@ -414,7 +442,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		progress("restoring memory")
 		local := m.memc.local(name, checkpointKey(id, cp.Seal))
-		in, err := m.restoreInto(ctx, vm, sp, checkpoint.Dir(name, id).Join(checkpoint.VMMDir), local, ram, nil, cloned)
+		in, err := m.restoreInto(ctx, vm, sp, restoreSource{snapDir: checkpoint.Dir(name, id).Join(checkpoint.VMMDir), local: local, ram: ram, disks: cloned})
 		if err != nil {
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}

@@ -282,7 +282,7 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 		}
 		return nil
 	}
-	in, err := m.restoreInto(ctx, vm, sp, ref.dir, ref.local, nil, check, nil)
+	in, err := m.restoreInto(ctx, vm, sp, restoreSource{snapDir: ref.dir, local: ref.local, check: check})
 	if err != nil {
 		if errors.Is(err, errGuestRan) {
 			// The guest ran (and may have written its disk) before the

@@ -89,17 +89,30 @@ func (s *Server) ctlReady(_ ssh.Context, payload []byte) (any, error) {
 			clock = &r
 		}
 	}
+	var identity *agent.IdentityReply
+	identityErr := ""
+	if req.Identity != nil {
+		if clockErr != "" {
+			identityErr = "the clock was not set: " + clockErr
+		} else if r, err := s.newIdentity(*req.Identity); err != nil {
+			identityErr = err.Error()
+		} else {
+			identity = &r
+		}
+	}
 	bootID, _ := os.ReadFile(s.sys.ProcDir + "/sys/kernel/random/boot_id")
 	return agent.ReadyInfo{
-		Version:    agent.Version,
-		BootID:     strings.TrimSpace(string(bootID)),
-		Uptime:     uptime(),
-		Time:       time.Now(),
-		Hostname:   hostname(),
-		PID1:       s.sys.PID1,
-		Frozen:     s.freeze.isFrozen(),
-		Clock:      clock,
-		ClockError: clockErr,
+		Version:       agent.Version,
+		BootID:        strings.TrimSpace(string(bootID)),
+		Uptime:        uptime(),
+		Time:          time.Now(),
+		Hostname:      hostname(),
+		PID1:          s.sys.PID1,
+		Frozen:        s.freeze.isFrozen(),
+		Clock:         clock,
+		ClockError:    clockErr,
+		Identity:      identity,
+		IdentityError: identityErr,
 	}, nil
 }
 

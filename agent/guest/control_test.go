@@ -92,6 +92,43 @@ func TestReadySetsClock(t *testing.T) {
 	}
 }
 
+// TestReadyGivesIdentity: a ready request with an identity sets the clock,
+// then gives the guest its new identity, in one round trip; a bad one is
+// refused in the answer, the connection kept.
+func TestReadyGivesIdentity(t *testing.T) {
+	h := newHarness(t)
+	ctx := testCtx(t)
+	dial := func(context.Context) (net.Conn, error) { return net.Dial("unix", h.sock) }
+	c, info, err := agent.WaitReady(ctx, dial, h.clientKey, agent.WithUser(h.user), agent.WithClockSet(),
+		agent.WithIdentity(agent.IdentityRequest{Hostname: "fork-9", MachineID: strings.Repeat("ab", 16)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if info.Clock == nil || info.Identity == nil || info.IdentityError != "" {
+		t.Fatalf("ready with a clock and an identity: clock %+v, identity %+v, error %q", info.Clock, info.Identity, info.IdentityError)
+	}
+	if info.Identity.Hostname != "fork-9" || info.Identity.MachineID != strings.Repeat("ab", 16) || len(info.Identity.Steps) == 0 {
+		t.Fatalf("identity answer %+v", info.Identity)
+	}
+	if data, err := os.ReadFile(filepath.Join(h.etc, "machine-id")); err != nil || string(data) != strings.Repeat("ab", 16)+"\n" {
+		t.Fatalf("machine-id %q %v", data, err)
+	}
+	h.fake.mu.Lock()
+	hosts := append([]string(nil), h.fake.hostname...)
+	h.fake.mu.Unlock()
+	if len(hosts) != 1 || hosts[0] != "fork-9" {
+		t.Fatalf("hostnames set %v, want [fork-9]", hosts)
+	}
+	ok, payload, err := c.SSH().SendRequest(agent.ReqReady, true, []byte(`{"identity":{"hostname":"bad name","entropy":"AAAA"}}`))
+	if err != nil || !ok || !strings.Contains(string(payload), `"identity_error":"identity: need at least`) {
+		t.Fatalf("ready with a bad identity: %v %s %v", ok, payload, err)
+	}
+	if _, err := c.Ready(ctx); err != nil {
+		t.Fatalf("the connection after a refused identity: %v", err)
+	}
+}
+
 func TestFreezeThaw(t *testing.T) {
 	h := newHarness(t)
 	c := h.dial()
