@@ -134,7 +134,7 @@ func (r *Result) ratios() {
 		put("wake(2 GiB) / wake(512 MiB), in turn", r.find(wakeInTurn, v, "2G"), r.find(wakeInTurn, v, "512M"))
 		if v == "qemu" {
 			// Issue 15's goals: den's operations against the VMM's own floor.
-			floor := r.find("vmm floor: restore to agent ready (QEMU alone, local disk)", v, "512M")
+			floor := r.find(floorName, v, "512M")
 			put("wake to running / vmm floor", r.find("wake to running", v, "512M"), floor)
 			// den create's answer: the VM running, its agent ready, as the
 			// floor is timed (the figure to exec-ready adds a first exec).
@@ -200,28 +200,14 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if len(vmms) == 0 {
 		vmms = available()
 	}
-	// The VMM's floor is measured just before and just after den's own
-	// QEMU figures, and its samples pooled: this host's speed drifts over
-	// minutes, and a ratio to a floor taken at another time drifts with it.
-	var floor *Figure
-	measureFloor := func() error {
-		f, err := floorFigure(ctx, o, o.Progress)
-		if err != nil {
-			return fmt.Errorf("bench floor: %w", err)
-		}
-		if floor == nil {
-			floor = &f
-			return nil
-		}
-		floor.Samples = append(floor.Samples, f.Samples...)
-		floor.Median, floor.Min, floor.Max = stats(floor.Samples)
-		return nil
-	}
 	for _, v := range variants(vmms, o.Quick) {
-		anchored := v.name == "qemu" && !o.NetworkOnly // the figures set against the floor
-		if anchored {
-			if err := measureFloor(); err != nil {
-				return res, err
+		// The figures set against the VMM's floor, which is sampled
+		// between them (floor.go).
+		var fl *floor
+		if v.name == "qemu" && !o.NetworkOnly {
+			var err error
+			if fl, err = newFloor(ctx, o, o.Progress); err != nil {
+				return res, fmt.Errorf("bench %w", err)
 			}
 		}
 		if o.NetworkOnly {
@@ -235,8 +221,10 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 		d, err := startDaemon(ctx, o, v)
 		if err != nil {
+			fl.close()
 			return res, fmt.Errorf("bench %s: %w", v.name, err)
 		}
+		d.floor = fl
 		info, err := d.client.Info(ctx)
 		if err == nil {
 			res.Machine = machineInfo(info.Accel + ": " + info.AccelNote)
@@ -251,17 +239,13 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			res.Breakdowns = append(res.Breakdowns, b)
 		}
 		d.stop()
+		if fl != nil {
+			res.Figures = append(res.Figures, fl.figure())
+			fl.close()
+		}
 		if err != nil {
 			return res, fmt.Errorf("bench %s: %w", v.name, err)
 		}
-		if anchored {
-			if err := measureFloor(); err != nil {
-				return res, err
-			}
-		}
-	}
-	if floor != nil {
-		res.Figures = append(res.Figures, *floor)
 	}
 	if slices.Contains(vmms, "qemu") {
 		figs, err := networkFigures(ctx, o, o.Progress)

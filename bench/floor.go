@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/crypto/ssh"
+
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/internal/fsutil"
@@ -15,106 +17,172 @@ import (
 	"github.com/denhq/den/vmm/qemu"
 )
 
-// floorFigure measures the VMM's own floor, which den's wake, restore and
-// create are set against: QEMU alone (no den) restoring a snapshot of a
-// booted 512 MiB guest of the image, from a local disk with its RAM file
-// on /dev/shm, to the agent answering ready. Every figure above it is
-// den's own work.
-func floorFigure(ctx context.Context, o Options, say func(string)) (Figure, error) {
-	f := Figure{Name: "vmm floor: restore to agent ready (QEMU alone, local disk)", VMM: "qemu", Memory: "512M", Unit: "ms",
-		Note: "no den: the driver restores a local snapshot into a fresh QEMU and waits for the agent; measured before and after den's qemu figures"}
-	images := image.Dir(o.Images)
-	dir, err := os.MkdirTemp("/tmp", "den-floor-")
-	if err != nil {
-		return f, err
-	}
-	defer os.RemoveAll(dir)
-	disk := filepath.Join(dir, "disk.raw")
-	if err := fsutil.CopySparse(images.RootDisk(o.Image), disk); err != nil {
-		return f, fmt.Errorf("floor: %w", err)
-	}
-	_, signer, err := agent.NewEd25519Key("den-bench-floor")
-	if err != nil {
-		return f, err
-	}
-	kvm := vmm.DetectKVM()
-	accel := "tcg"
-	if kvm.Usable {
-		accel = "kvm"
-	}
-	f.Accel = accel
-	shm, err := os.MkdirTemp("/dev/shm", "den-floor-")
-	if err != nil {
-		return f, err
-	}
-	defer os.RemoveAll(shm)
-	cfg := vmm.Config{
-		CPUs: 1, MemoryBytes: 512 << 20, Kernel: images.BzImage(), Initramfs: images.Initramfs(),
-		Cmdline: "console=ttyS0 root=/dev/vda rw panic=-1 " + agent.AuthorizedKeyArg(signer.PublicKey()) + " den.hostname=floor",
-		Disks:   []vmm.Disk{{ID: "root", Path: disk}},
-	}
-	n := 0
-	newVMM := func() (*qemu.VMM, error) {
-		n++
-		v := qemu.New(qemu.Options{RunDir: vmm.RunDir(filepath.Join(dir, fmt.Sprintf("r%d", n))), Accel: accel,
-			RAMFile: filepath.Join(shm, fmt.Sprintf("ram%d", n))})
-		return v, v.Start(ctx)
-	}
-	ready := func(v *qemu.VMM) error {
-		rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		defer cancel()
-		c, _, err := agent.WaitReady(rctx, func(ctx context.Context) (net.Conn, error) { return v.DialGuest(ctx, agent.Port) }, signer)
-		if err == nil {
-			c.Close()
+// floorName is the floor's figure, which den's wake, restore and create
+// are set against.
+const floorName = "vmm floor: restore to agent ready (QEMU alone, local disk)"
+
+// floor times the VMM's own floor: QEMU alone (no den) restoring a
+// snapshot of a booted 512 MiB guest of the image, from a local disk with
+// its RAM file on /dev/shm, to the agent answering ready. Every figure
+// above it is den's own work. Its samples are taken between den's (a
+// sample before each create and each 512 MiB lifecycle run): this host's
+// speed drifts over minutes, and a ratio to a floor taken at another time
+// drifts with it.
+type floor struct {
+	dir, shm string
+	disk     string // the guest's disk, a fresh copy of pristine each sample
+	pristine string // the disk as the snapshot left it
+	snap     string
+	cfg      vmm.Config
+	signer   ssh.Signer
+	accel    string
+	n        int
+	fig      Figure
+}
+
+// newFloor boots the floor's guest with QEMU alone, snapshots it, and
+// takes one sample as a warm-up.
+func newFloor(ctx context.Context, o Options, say func(string)) (f *floor, err error) {
+	f = &floor{fig: Figure{Name: floorName, VMM: "qemu", Memory: "512M", Unit: "ms",
+		Note: "no den: the driver restores a local snapshot into a fresh QEMU and waits for the agent; sampled between den's qemu figures"}}
+	defer func() {
+		if err != nil {
+			f.close()
+			err = fmt.Errorf("floor: %w", err)
 		}
-		return err
+	}()
+	if f.dir, err = os.MkdirTemp("/tmp", "den-floor-"); err != nil {
+		return f, err
+	}
+	if f.shm, err = os.MkdirTemp("/dev/shm", "den-floor-"); err != nil {
+		return f, err
+	}
+	images := image.Dir(o.Images)
+	f.disk, f.pristine, f.snap = filepath.Join(f.dir, "disk.raw"), filepath.Join(f.dir, "pristine.raw"), filepath.Join(f.dir, "snap")
+	if err := fsutil.CopySparse(images.RootDisk(o.Image), f.disk); err != nil {
+		return f, err
+	}
+	if _, f.signer, err = agent.NewEd25519Key("den-bench-floor"); err != nil {
+		return f, err
+	}
+	f.accel = "tcg"
+	if vmm.DetectKVM().Usable {
+		f.accel = "kvm"
+	}
+	f.fig.Accel = f.accel
+	f.cfg = vmm.Config{
+		CPUs: 1, MemoryBytes: 512 << 20, Kernel: images.BzImage(), Initramfs: images.Initramfs(),
+		Cmdline: "console=ttyS0 root=/dev/vda rw panic=-1 " + agent.AuthorizedKeyArg(f.signer.PublicKey()) + " den.hostname=floor",
+		Disks:   []vmm.Disk{{ID: "root", Path: f.disk}},
 	}
 	say("floor: booting a guest with QEMU alone")
-	v, err := newVMM()
+	v, err := f.newVMM(ctx)
 	if err != nil {
 		return f, err
 	}
 	defer func() { _ = v.Shutdown(context.Background()) }()
-	if err := v.Create(ctx, cfg); err != nil {
+	if err := v.Create(ctx, f.cfg); err != nil {
 		return f, err
 	}
 	if err := v.Boot(ctx); err != nil {
 		return f, err
 	}
-	if err := ready(v); err != nil {
-		return f, fmt.Errorf("floor: boot: %w", err)
+	if err := f.ready(ctx, v); err != nil {
+		return f, fmt.Errorf("boot: %w", err)
 	}
-	for i := 0; i < o.Runs+1; i++ { // the first is a warm-up
-		say(fmt.Sprintf("floor: snapshot and restore (%d/%d)", i+1, o.Runs+1))
-		snap := filepath.Join(dir, fmt.Sprintf("snap%d", i))
-		if err := os.Mkdir(snap, 0o700); err != nil {
-			return f, err
-		}
-		if err := v.Pause(ctx); err != nil {
-			return f, err
-		}
-		if err := v.Snapshot(ctx, snap); err != nil {
-			return f, err
-		}
-		if err := v.Shutdown(ctx); err != nil {
-			return f, err
-		}
-		w, err := newVMM()
-		if err != nil {
-			return f, err
-		}
-		v = w
-		start := time.Now()
-		if err := v.Restore(ctx, snap, vmm.RestoreOptions{Resume: true, Config: &cfg}); err != nil {
-			return f, fmt.Errorf("floor: restore: %w", err)
-		}
-		if err := ready(v); err != nil {
-			return f, fmt.Errorf("floor: restore: %w", err)
-		}
-		if i > 0 {
-			f.Samples = append(f.Samples, float64(time.Since(start).Microseconds())/1000)
-		}
+	if err := v.Pause(ctx); err != nil {
+		return f, err
 	}
-	f.Median, f.Min, f.Max = stats(f.Samples)
-	return f, nil
+	if err := os.Mkdir(f.snap, 0o700); err != nil {
+		return f, err
+	}
+	if err := v.Snapshot(ctx, f.snap); err != nil {
+		return f, err
+	}
+	if err := v.Shutdown(ctx); err != nil {
+		return f, err
+	}
+	if err := fsutil.CopySparse(f.disk, f.pristine); err != nil {
+		return f, err
+	}
+	say("floor: a warm-up restore")
+	return f, f.restore(ctx, false)
+}
+
+func (f *floor) newVMM(ctx context.Context) (*qemu.VMM, error) {
+	f.n++
+	v := qemu.New(qemu.Options{RunDir: vmm.RunDir(filepath.Join(f.dir, fmt.Sprintf("r%d", f.n))), Accel: f.accel,
+		RAMFile: filepath.Join(f.shm, fmt.Sprintf("ram%d", f.n))})
+	return v, v.Start(ctx)
+}
+
+func (f *floor) ready(ctx context.Context, v *qemu.VMM) error {
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	c, _, err := agent.WaitReady(rctx, func(ctx context.Context) (net.Conn, error) { return v.DialGuest(ctx, agent.Port) }, f.signer)
+	if err == nil {
+		c.Close()
+	}
+	return err
+}
+
+// sample times one restore of the snapshot into a fresh QEMU, to the
+// agent answering ready.
+func (f *floor) sample(ctx context.Context, say func(string)) error {
+	if f == nil {
+		return nil
+	}
+	say(fmt.Sprintf("floor: restore (sample %d)", len(f.fig.Samples)+1))
+	if err := f.restore(ctx, true); err != nil {
+		return fmt.Errorf("floor: %w", err)
+	}
+	return nil
+}
+
+func (f *floor) restore(ctx context.Context, record bool) error {
+	// The disk as the snapshot left it (the last guest wrote to it).
+	if err := os.Remove(f.disk); err != nil {
+		return err
+	}
+	if err := fsutil.CopySparse(f.pristine, f.disk); err != nil {
+		return err
+	}
+	v, err := f.newVMM(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		_ = v.Shutdown(context.Background())
+		_ = os.Remove(filepath.Join(f.shm, fmt.Sprintf("ram%d", f.n)))
+	}()
+	start := time.Now()
+	if err := v.Restore(ctx, f.snap, vmm.RestoreOptions{Resume: true, Config: &f.cfg}); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	if err := f.ready(ctx, v); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	if record {
+		f.fig.Samples = append(f.fig.Samples, float64(time.Since(start).Microseconds())/1000)
+	}
+	return nil
+}
+
+// figure is the floor's figure over its samples.
+func (f *floor) figure() Figure {
+	fig := f.fig
+	fig.Median, fig.Min, fig.Max = stats(fig.Samples)
+	return fig
+}
+
+func (f *floor) close() {
+	if f == nil {
+		return
+	}
+	if f.dir != "" {
+		_ = os.RemoveAll(f.dir)
+	}
+	if f.shm != "" {
+		_ = os.RemoveAll(f.shm)
+	}
 }

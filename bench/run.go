@@ -27,6 +27,7 @@ type daemon struct {
 	version string
 	vmm     string
 	traces  traces // the daemon's traces of timed operations (breakdown.go)
+	floor   *floor // sampled between the figures set against it, if any
 }
 
 // startDaemon starts `den daemon` for one VMM on a fresh state dir, with
@@ -201,6 +202,9 @@ func (d *daemon) runAll(ctx context.Context, o Options, v variant, accel string)
 	// output.
 	var cold, warm, warmRunning []time.Duration
 	for i := 0; i < o.Runs && !v.compare; i++ {
+		if err := d.floor.sample(ctx, o.Progress); err != nil {
+			return figs, err
+		}
 		say(fmt.Sprintf("create, cold and warm (%d/%d)", i+1, o.Runs))
 		for _, c := range []struct {
 			cold bool
@@ -320,6 +324,11 @@ func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, 
 	var cpMem, cpDisk, restore, sleep, wake, wakeExec, clone, cloneCtl, wakeSealed []time.Duration
 	var sleepingRSS []float64
 	for i := 0; i < o.Runs; i++ {
+		if gateway && label == "512M" { // the main run's figures are set against the floor
+			if err := d.floor.sample(ctx, o.Progress); err != nil {
+				return nil, err
+			}
+		}
 		say(fmt.Sprintf("%s: checkpoint, restore, sleep, wake (%d/%d)", label, i+1, o.Runs))
 		var id string
 		t, err := timed(func() error {
