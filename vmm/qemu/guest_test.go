@@ -155,6 +155,23 @@ func (e *guestEnv) connect(t testing.TB, v *qemu.VMM) *agent.Client {
 	return c
 }
 
+// snapshot pauses v's VM and snapshots it into the env's dir "snap".
+func (e *guestEnv) snapshot(t testing.TB, v *qemu.VMM) string {
+	t.Helper()
+	ctx := context.Background()
+	if err := v.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(e.dir, "snap")
+	if err := os.Mkdir(snap, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Snapshot(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
 // run runs a shell command line in the guest and returns its stdout.
 func run(t testing.TB, c *agent.Client, line string) (string, int) {
 	t.Helper()
@@ -253,14 +270,7 @@ func TestGuestSnapshotRestore(t *testing.T) {
 	pid, _ := run(t, c, "cat /tmp/pid")
 	c.Close() // the guest channel does not survive a restore: redial after
 
-	if err := v.Pause(ctx); err != nil {
-		t.Fatal(err)
-	}
-	snap := filepath.Join(e.dir, "snap")
-	os.Mkdir(snap, 0o700)
-	if err := v.Snapshot(ctx, snap); err != nil {
-		t.Fatal(err)
-	}
+	snap := e.snapshot(t, v)
 	if err := v.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -432,14 +442,7 @@ func TestGuestPrelaunchedRestore(t *testing.T) {
 	c := e.boot(t, v)
 	ctx := context.Background()
 	run(t, c, "echo in-memory > /tmp/note; echo on-disk > /root/mark; sync")
-	if err := v.Pause(ctx); err != nil {
-		t.Fatal(err)
-	}
-	snap := filepath.Join(e.dir, "snap")
-	os.Mkdir(snap, 0o700)
-	if err := v.Snapshot(ctx, snap); err != nil {
-		t.Fatal(err)
-	}
+	snap := e.snapshot(t, v)
 	stagedDisk := filepath.Join(e.dir, "disk-restoring")
 	if err := fsutil.CopySparse(e.disk, stagedDisk); err != nil {
 		t.Fatal(err)
