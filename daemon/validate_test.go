@@ -128,11 +128,13 @@ func TestValidationAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The create's spare disk (machine/spares.go) is made in the
-	// background: the volume is listed once it is in place.
+	// background: the volume is listed once it is in place (there, and
+	// no clone of it under way).
 	var vol []string
 	if !poll.Until(testTimeout, func() bool {
 		vol = tree(t, e.volumeDir())
-		return !strings.Contains(strings.Join(vol, "\n"), "clone")
+		all := strings.Join(vol, "\n")
+		return strings.Contains(all, "/spares/disk-") && !strings.Contains(all, "clone")
 	}) {
 		t.Fatalf("the create's spare disk is still being made:\n%s", strings.Join(vol, "\n"))
 	}
