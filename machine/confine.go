@@ -195,10 +195,8 @@ func (m *Manager) moveCgroup(from, to string) {
 	m.conf.mu.Unlock()
 	if okS && okD {
 		pids, err := src.Pids()
-		for _, pid := range pids {
-			if err == nil {
-				err = dst.Add(pid)
-			}
+		for i := 0; err == nil && i < len(pids); i++ {
+			err = dst.Add(pids[i])
 		}
 		if err != nil {
 			m.log.Warn("den: move a vmm into its vm's cgroup", "from", from, "to", to, "err", err)

@@ -35,8 +35,11 @@ func (s StateDir) MemoryCopies() string { return filepath.Join(string(s), "memor
 // Audit is the directory of the audit log.
 func (s StateDir) Audit() string { return filepath.Join(string(s), "audit") }
 
+// Runs holds the VMMs' runtime directories.
+func (s StateDir) Runs() string { return filepath.Join(string(s), "run") }
+
 // Run is the runtime directory of one VM's VMM (sockets, logs, RAM file).
-func (s StateDir) Run(vm string) vmm.RunDir { return vmm.RunDir(filepath.Join(string(s), "run", vm)) }
+func (s StateDir) Run(vm string) vmm.RunDir { return vmm.RunDir(filepath.Join(s.Runs(), vm)) }
 
 // DaemonLock is held by the one daemon using this state dir, for its
 // whole life.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -192,8 +191,7 @@ func stopPIDFile(rd vmm.RunDir) {
 // sweepPrelaunched stops and removes the VMMs a crash left prelaunched,
 // at start.
 func (m *Manager) sweepPrelaunched() {
-	dir := filepath.Dir(m.state.Run("x").Path())
-	ents, _ := os.ReadDir(dir)
+	ents, _ := os.ReadDir(m.state.Runs())
 	for _, e := range ents {
 		if !e.IsDir() || !strings.HasPrefix(e.Name(), prelaunchPrefix) {
 			continue

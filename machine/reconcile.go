@@ -172,9 +172,7 @@ func (m *Manager) sweepSuspend(ctx context.Context, vm registry.VM) {
 // stopRecorded kills a VMM that its PID file names but that den could
 // not adopt (it does not answer): it must not run on unsupervised.
 func (m *Manager) stopRecorded(name string) {
-	if p, err := vmm.AdoptProcess(m.state.Run(name).PIDFile()); err == nil {
-		_ = p.Stop(3 * time.Second)
-	}
+	stopPIDFile(m.state.Run(name))
 	m.discardRuntime(name)
 }
 

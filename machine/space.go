@@ -96,9 +96,13 @@ func (m *Manager) needRAMSpace(vm registry.VM, staged int64) error {
 }
 
 // ramFileAllocated is what a VM's RAM file holds on disk now.
-func (m *Manager) ramFileAllocated(name string) int64 {
+func (m *Manager) ramFileAllocated(name string) int64 { return allocatedBytes(m.ramFile(name)) }
+
+// allocatedBytes is what the file at path holds on its filesystem now
+// (0 if there is none).
+func allocatedBytes(path string) int64 {
 	var st unix.Stat_t
-	if err := unix.Stat(m.ramFile(name), &st); err != nil {
+	if err := unix.Stat(path, &st); err != nil {
 		return 0
 	}
 	return st.Blocks * 512

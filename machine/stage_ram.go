@@ -10,7 +10,6 @@ import (
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
-	"golang.org/x/sys/unix"
 )
 
 // ramStaged marks a RAM directory a restore fills ahead of its VMM:
@@ -80,11 +79,7 @@ func (st *stagedRAM) allocated() int64 {
 	if st == nil {
 		return 0
 	}
-	var s unix.Stat_t
-	if err := unix.Stat(st.file(), &s); err != nil {
-		return 0
-	}
-	return s.Blocks * 512
+	return allocatedBytes(st.file())
 }
 
 // prelaunched is the VMM prelaunched on the staged memory, nil if none.

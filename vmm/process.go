@@ -198,16 +198,13 @@ func (p *Process) File(fd int, name string) (*os.File, error) {
 	if !p.Alive() {
 		return nil, fmt.Errorf("take fd %d of vmm process %d: %w", fd, p.pid, os.ErrProcessDone)
 	}
-	pidfd, owned := p.pidfd, false
+	pidfd := p.pidfd // an adopted process's
 	if p.os != nil {
 		// A child not yet reaped (done is not closed) keeps its pid.
 		var err error
 		if pidfd, err = unix.PidfdOpen(p.pid, 0); err != nil {
 			return nil, fmt.Errorf("take fd %d of vmm process %d: %w", fd, p.pid, err)
 		}
-		owned = true
-	}
-	if owned {
 		defer unix.Close(pidfd)
 	}
 	nfd, err := unix.PidfdGetfd(pidfd, fd, 0)

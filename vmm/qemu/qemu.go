@@ -211,8 +211,8 @@ func (v *VMM) Prelaunch(ctx context.Context, cfg vmm.Config, p vmm.Prelaunch) er
 	if err := v.checkNoVM("prelaunch"); err != nil {
 		return err
 	}
-	if st, err := os.Stat(p.Memory); err != nil || st.Size() != cfg.MemoryBytes {
-		return fmt.Errorf("prelaunch qemu: RAM file %q is not the guest's %d bytes (%v)", p.Memory, cfg.MemoryBytes, err)
+	if err := checkRAMFile(p.Memory, cfg.MemoryBytes); err != nil {
+		return fmt.Errorf("prelaunch qemu: %w", err)
 	}
 	if err := v.launch(ctx, cfg, true, p.Memory, &p); err != nil {
 		return fmt.Errorf("prelaunch qemu: %w", err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -161,16 +160,7 @@ func TestGuestGrowRootAfterRestore(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c.Close()
-	if err := v.Pause(ctx); err != nil {
-		t.Fatal(err)
-	}
-	snap := filepath.Join(e.dir, "snap")
-	if err := os.Mkdir(snap, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := v.Snapshot(ctx, snap); err != nil {
-		t.Fatal(err)
-	}
+	snap := e.snapshot(t, v)
 	if err := v.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}

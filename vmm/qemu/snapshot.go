@@ -148,8 +148,8 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 		// QEMU maps the staged file while the caller fills it, as it maps
 		// a copy being made here; it goes to the VMM's own path once QEMU
 		// has it open. Should the staging fail, the copy is made in it.
-		if st, err := os.Stat(opts.StagedMemory); err != nil || st.Size() != cfg.MemoryBytes {
-			return fmt.Errorf("restore vm: memory: staged RAM file %s: not the guest's %d bytes (%v)", opts.StagedMemory, cfg.MemoryBytes, err)
+		if err := checkRAMFile(opts.StagedMemory, cfg.MemoryBytes); err != nil {
+			return fmt.Errorf("restore vm: memory: %w", err)
 		}
 		ram = opts.StagedMemory
 		go func() {
@@ -289,6 +289,15 @@ func StageMemory(dir, local, dst string) (wait func() error, err error) {
 		}
 		return nil
 	}), nil
+}
+
+// checkRAMFile checks that the staged RAM file at path is the guest's
+// size.
+func checkRAMFile(path string, size int64) error {
+	if st, err := os.Stat(path); err != nil || st.Size() != size {
+		return fmt.Errorf("staged RAM file %s: not the guest's %d bytes (%v)", path, size, err)
+	}
+	return nil
 }
 
 // takeStaged moves a staged RAM file that QEMU has mapped to ram, the
