@@ -1,8 +1,11 @@
 package qemu
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -17,7 +20,7 @@ import (
 // initramfs (bootFD; /dev/null without one). On error none stays open.
 // A prelaunch (pre, nil otherwise) opens its staged disk files in place
 // of the disks' paths and shares the TAPs its predecessor holds.
-func inheritedFiles(cfg vmm.Config, pre *vmm.Prelaunch) (files []*os.File, err error) {
+func inheritedFiles(ctx context.Context, cfg vmm.Config, pre *vmm.Prelaunch) (files []*os.File, err error) {
 	defer func() {
 		if err != nil {
 			closeAll(files)
@@ -52,8 +55,8 @@ func inheritedFiles(cfg vmm.Config, pre *vmm.Prelaunch) (files []*os.File, err e
 		var f *os.File
 		if pred != nil && n.Tap != "" {
 			f, err = pred.tapFile(i, n.Tap)
-			if err != nil && !pred.alive() {
-				f, err = openTap(n.Tap) // gone meanwhile: the TAP is free
+			if err != nil && pred.exiting(err) {
+				f, err = openTapAfter(ctx, pred, n.Tap)
 			}
 		} else {
 			f, err = openTap(n.Tap)
@@ -74,6 +77,36 @@ func inheritedFiles(cfg vmm.Config, pre *vmm.Prelaunch) (files []*os.File, err e
 		files = append(files, f)
 	}
 	return files, nil
+}
+
+// predExitWait bounds how long a prelaunch waits for a predecessor that
+// is exiting to let go of its TAP (a killed QEMU is gone in milliseconds).
+const predExitWait = 10 * time.Second
+
+// exiting says whether err, from taking a file of v's process, means
+// that the process is gone or on its way out: killed, it has no files
+// left (pidfd_getfd: ESRCH) before its exit is noticed.
+func (v *VMM) exiting(err error) bool {
+	return errors.Is(err, unix.ESRCH) || errors.Is(err, os.ErrProcessDone) || !v.alive()
+}
+
+// openTapAfter attaches to TAP name once pred, exiting, has let go of it
+// (a TAP without multiqueue takes one attachment).
+func openTapAfter(ctx context.Context, pred *VMM, name string) (*os.File, error) {
+	exited := pred.Exited()
+	if exited == nil {
+		return openTap(name) // it never ran
+	}
+	t := time.NewTimer(predExitWait)
+	defer t.Stop()
+	select {
+	case <-exited:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("share tap %s: wait for the old qemu to exit: %w", name, ctx.Err())
+	case <-t.C:
+		return nil, fmt.Errorf("share tap %s: the old qemu did not exit within %s", name, predExitWait)
+	}
+	return openTap(name)
 }
 
 func closeAll(files []*os.File) {

@@ -259,7 +259,7 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool, ram str
 	// Opened first: a missing disk or boot file fails before anything
 	// is written.
 	end := phase.Begin(ctx, "qemu: open files, write config")
-	files, err := inheritedFiles(cfg, pre)
+	files, err := inheritedFiles(ctx, cfg, pre)
 	if err != nil {
 		end()
 		return err
