@@ -168,6 +168,9 @@ type IdentityReply struct {
 type GuestStep struct {
 	Name string  `json:"name"`
 	MS   float64 `json:"ms"`
+	// CPUMS is the agent's own CPU time (user and system) in the step:
+	// close to MS when the step is the guest's own work, not a wait.
+	CPUMS float64 `json:"cpu_ms,omitempty"`
 }
 
 // Activity is what the guest reports for the idle policy. The CPU

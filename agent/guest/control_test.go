@@ -111,6 +111,13 @@ func TestReadyGivesIdentity(t *testing.T) {
 	if info.Identity.Hostname != "fork-9" || info.Identity.MachineID != strings.Repeat("ab", 16) || len(info.Identity.Steps) == 0 {
 		t.Fatalf("identity answer %+v", info.Identity)
 	}
+	var cpu float64
+	for _, s := range info.Identity.Steps {
+		cpu += s.CPUMS
+	}
+	if cpu <= 0 {
+		t.Fatalf("the identity's steps report no cpu time of the agent: %+v", info.Identity.Steps)
+	}
 	if data, err := os.ReadFile(filepath.Join(h.etc, "machine-id")); err != nil || string(data) != strings.Repeat("ab", 16)+"\n" {
 		t.Fatalf("machine-id %q %v", data, err)
 	}

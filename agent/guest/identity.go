@@ -164,11 +164,11 @@ func (s *Server) newIdentity(req agent.IdentityRequest) (agent.IdentityReply, er
 		return agent.IdentityReply{}, errors.New("identity: filesystems are frozen")
 	}
 	var steps []agent.GuestStep
-	last := time.Now()
+	last, lastCPU := time.Now(), processCPU()
 	step := func(name string) {
-		now := time.Now()
-		steps = append(steps, agent.GuestStep{Name: name, MS: float64(now.Sub(last).Microseconds()) / 1000})
-		last = now
+		now, cpu := time.Now(), processCPU()
+		steps = append(steps, agent.GuestStep{Name: name, MS: ms(now.Sub(last)), CPUMS: ms(cpu - lastCPU)})
+		last, lastCPU = now, cpu
 	}
 	if err := s.sys.Reseed(req.Entropy); err != nil {
 		return agent.IdentityReply{}, fmt.Errorf("identity: %w", err)
@@ -236,6 +236,18 @@ func (s *Server) newIdentity(req agent.IdentityRequest) (agent.IdentityReply, er
 	s.log.Info("new identity", "hostname", host, "machine_id", id, "host_key", gossh.FingerprintSHA256(key.PublicKey()), "token", req.Token)
 	return agent.IdentityReply{Hostname: host, MachineID: id, HostKey: pub, Steps: steps}, nil
 }
+
+// processCPU is the CPU time (user and system) the agent has used, 0 if
+// it cannot be read.
+func processCPU() time.Duration {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // checkNet refuses a network configuration that is not an IPv4 address
 // with its prefix, a gateway and a resolver.
