@@ -266,8 +266,9 @@ func (d *daemon) runAll(ctx context.Context, o Options, v variant, accel string)
 }
 
 // wakeBySize times wakes of a 512 MiB and a 2 GiB guest (64 MiB of
-// ballast each) taken in turn, run after run: the sizes' figures above
-// are minutes apart, and this host's speed drifts over minutes.
+// ballast each) taken in turn, run after run, each size first in every
+// other run: the sizes' figures above are minutes apart, and this host's
+// speed drifts over minutes.
 func (d *daemon) wakeBySize(ctx context.Context, accel string, runs int, say func(string)) ([]Figure, error) {
 	sizes := []struct {
 		label string
@@ -286,7 +287,14 @@ func (d *daemon) wakeBySize(ctx context.Context, accel string, runs int, say fun
 	}
 	for i := 0; i <= runs; i++ { // the first is a warm-up
 		say(fmt.Sprintf("wakes of 512M and 2G in turn (%d/%d)", i+1, runs+1))
-		for j, s := range sizes {
+		for k := range sizes {
+			// Which goes first alternates: the second wake of a pair
+			// runs beside what the first left in the background.
+			j := k
+			if i%2 == 1 {
+				j = len(sizes) - 1 - k
+			}
+			s := sizes[j]
 			name := "i" + strings.ToLower(s.label)
 			if _, err := d.client.Sleep(ctx, name, api.SleepRequest{}); err != nil {
 				return nil, fmt.Errorf("sleep %s: %w", name, err)
