@@ -116,7 +116,11 @@ func (d *daemon) start() {
 	defer logf.Close()
 	d.cmd = exec.Command(d.den, "daemon", "--state-dir", d.state, "--socket", d.socket,
 		"--images", d.images.Path(), "--default-image", image.Minimal, "--idle-check", "1s",
-		"--ssh-listen", "127.0.0.1:0") // a port of its own: tests run side by side
+		"--ssh-listen", "127.0.0.1:0", // a port of its own: tests run side by side
+		// The host's memory pressure (PSI) is other processes' too: a
+		// build beside the tests put their idle VMs to sleep. Tests of
+		// pressure set a MemAvailable threshold instead.
+		"--memory-pressure", "0")
 	if !slices.Contains(d.extraArgs, "--net") {
 		// The host's own network stays as it is: tests of TAP
 		// networking run their daemon in a namespace (network_test.go).
