@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -198,7 +200,16 @@ func (d *daemon) teardown(dir string) {
 		d.t.Logf("daemon log:\n%s", log)
 		return // keep the state dir for a post-mortem
 	}
-	_ = os.RemoveAll(dir)
+	// The volume's processes may still be leaving (a file made and
+	// removed as RemoveAll walks): try again until the dir is gone.
+	var err error
+	if !eventually(30*time.Second, func() bool {
+		err = os.RemoveAll(dir)
+		_, serr := os.Stat(dir)
+		return err == nil && errors.Is(serr, fs.ErrNotExist)
+	}) {
+		d.t.Logf("remove %s: %v", dir, err)
+	}
 }
 
 // killUnder SIGKILLs QEMU processes whose command line mentions dir.
