@@ -9,14 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
@@ -845,43 +843,4 @@ func TestRestartStopsPrelaunchedVMMs(t *testing.T) {
 		t.Fatal("the restart's sweep removed a running VM's runtime dir")
 	}
 	e.wantState("x", registry.StateRunning)
-}
-
-// TestCheckpointLeavesASpareDisk: a new checkpoint gets a spare of its
-// disk in the background, which a restore to it renames into place
-// instead of cloning; a VM keeps the spares of its newest checkpoint and
-// of that one's parent only.
-func TestCheckpointLeavesASpareDisk(t *testing.T) {
-	e := newEnv(t)
-	e.create("s")
-	ctx := ctxT(t)
-	spare := func(id string) string {
-		p, _ := e.vol.Path(storage.Path("spares").Join("s@" + id))
-		return p
-	}
-	var ids []string
-	for range 3 {
-		cp, err := e.m.Checkpoint(ctx, "s", machine.CheckpointOptions{}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, cp.ID)
-		waitFor(t, "the spare of "+cp.ID, func() bool { return dirExists(spare(cp.ID)) })
-	}
-	waitFor(t, "the spare of the oldest checkpoint is removed", func() bool { return !dirExists(spare(ids[0])) })
-	if !dirExists(spare(ids[1])) {
-		t.Fatalf("the spare of %s, the newest checkpoint's parent, was removed", ids[1])
-	}
-
-	r := phase.New()
-	if _, err := e.m.Restore(phase.With(ctx, r), "s", ids[2], machine.RestoreOptions{NoSave: true}, nil); err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, s := range r.Steps() {
-		names = append(names, s.Name)
-	}
-	if !slices.Contains(names, "take a spare disk") || slices.Contains(names, "clone disk beside the vm's") {
-		t.Fatalf("the restore to the newest checkpoint did not take its spare disk: %v", names)
-	}
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/phase"
-	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/storage"
 )
 
@@ -25,19 +24,12 @@ import (
 // clone; spares go when a daemon starts (one may be half made) and when a
 // damaged base is dropped.
 //
-// A checkpoint's disk never changes either. A new checkpoint gets a spare
-// of its disk, spares/VM@ID, made in the background once the checkpoint
-// is over, and so does a checkpoint restored to (an agent trying again
-// from the same point): a restore to it renames the spare over the VM's
-// disk rather than cloning it while the VM waits. A spare shares all its
-// data with its checkpoint: it costs metadata and the clone's time in the
-// background (a clone through the mount's control file: 10-20 ms). A VM
-// keeps the spares of its newest checkpoint and of the one before it
-// (its parent: the head when it was made, often the last restored to);
-// the others go when a checkpoint is made, and all go with their
-// checkpoint and with their VM. (When clones were a juicefs process of
-// 70 ms and more, a spare made at checkpoint time slowed what came next:
-// a disk-only checkpoint from 261 to 575 ms in den bench.)
+// A checkpoint's disk never changes either: a restore to a checkpoint
+// leaves a spare of its disk, spares/VM@ID, which the next restore to it
+// (an agent trying again from the same point) renames over the VM's disk
+// rather than cloning it while the VM waits. A spare shares all its data with its
+// checkpoint: it costs metadata and the clone's time in the background.
+// It goes with its checkpoint and with its VM.
 
 // sparesDir holds the spare disks, one per base disk.
 const sparesDir storage.Path = "spares"
@@ -151,35 +143,6 @@ func (m *Manager) dropVMSpares(ctx context.Context, vm string) {
 			_ = m.vol.Remove(ctx, sparesDir.Join(e.Name()))
 		}
 	}
-}
-
-// spareNewCheckpoint makes the spare of vm's new checkpoint id, in the
-// background, and removes the spares of vm's other checkpoints but
-// parent's (and any still being made).
-func (m *Manager) spareNewCheckpoint(vm, id, parent string) {
-	m.goBackground(func() {
-		ctx, cancel := m.lifetime()
-		defer cancel()
-		dir, err := m.vol.Path(sparesDir)
-		if err != nil {
-			return
-		}
-		ents, _ := os.ReadDir(dir)
-		for _, e := range ents {
-			cp, ok := strings.CutPrefix(e.Name(), vm+"@")
-			if !ok || cp == id || cp == parent || validate.CheckpointID(cp) != nil {
-				continue // not a spare of vm's (a clone under way), or kept
-			}
-			spare := sparesDir.Join(e.Name())
-			m.spareMu.Lock()
-			busy := m.spareBusy[spare] != nil
-			m.spareMu.Unlock()
-			if !busy {
-				_ = m.vol.Remove(ctx, spare)
-			}
-		}
-	})
-	m.spareCheckpoint(vm, id)
 }
 
 // spareCheckpoint makes the spare of vm's checkpoint id.
