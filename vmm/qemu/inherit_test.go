@@ -79,6 +79,10 @@ func TestPrelaunchTakesTheTapOfAnExitingPredecessor(t *testing.T) {
 			t.Fatalf("try %d: fd 3 is not tap %s: %v", i, name, err)
 		}
 		closeAll(files)
-		<-proc.Exited()
+		select {
+		case <-proc.Exited():
+		case <-ctx.Done():
+			t.Fatalf("try %d: the killed stand-in did not exit", i)
+		}
 	}
 }
