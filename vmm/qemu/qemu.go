@@ -238,9 +238,15 @@ func (v *VMM) MoveRunDir(rd vmm.RunDir) error {
 
 // alive says whether the QEMU process runs.
 func (v *VMM) alive() bool {
+	p := v.process()
+	return p != nil && p.Alive()
+}
+
+// process is the QEMU process, nil before Create or Restore.
+func (v *VMM) process() *vmm.Process {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.proc != nil && v.proc.Alive()
+	return v.proc
 }
 
 // checkNoVM fails when this VMM already runs a VM.
@@ -343,9 +349,7 @@ func (v *VMM) call(ctx context.Context, cmd string, args any) (json.RawMessage, 
 // session runs f on a QMP session of its own (commands that must share
 // one: getfd and the command using the fd), like call.
 func (v *VMM) session(ctx context.Context, op string, f func(context.Context, *qmpConn) error) error {
-	v.mu.Lock()
-	proc := v.proc
-	v.mu.Unlock()
+	proc := v.process()
 	if proc == nil || !proc.Alive() {
 		return v.notRunning(op)
 	}
@@ -473,9 +477,7 @@ func mapStatus(status string, booted bool) vmm.State {
 // gets no notice: ask its agent to power off first for a clean
 // filesystem.
 func (v *VMM) Shutdown(ctx context.Context) error {
-	v.mu.Lock()
-	proc := v.proc
-	v.mu.Unlock()
+	proc := v.process()
 	if proc == nil || !proc.Alive() {
 		return nil
 	}
@@ -496,9 +498,7 @@ func (v *VMM) Shutdown(ctx context.Context) error {
 // whose writes the caller throws away; 5-10 ms where a quit takes
 // 10-60 ms here.
 func (v *VMM) Discard(ctx context.Context) error {
-	v.mu.Lock()
-	proc := v.proc
-	v.mu.Unlock()
+	proc := v.process()
 	if proc == nil {
 		return nil
 	}
@@ -512,9 +512,7 @@ func (v *VMM) Discard(ctx context.Context) error {
 // stream per VM: a second dial waits until the first connection closes.
 // After a Restore, dial again.
 func (v *VMM) DialGuest(ctx context.Context, port uint32) (net.Conn, error) {
-	v.mu.Lock()
-	proc := v.proc
-	v.mu.Unlock()
+	proc := v.process()
 	if proc == nil || !proc.Alive() {
 		return nil, v.notRunning("dial guest")
 	}
@@ -528,32 +526,26 @@ func (v *VMM) DialGuest(ctx context.Context, port uint32) (net.Conn, error) {
 
 // Exited is closed when the QEMU process exits (never, before Create).
 func (v *VMM) Exited() <-chan struct{} {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.proc == nil {
-		return nil
+	if p := v.process(); p != nil {
+		return p.Exited()
 	}
-	return v.proc.Exited()
+	return nil
 }
 
 // ExitErr says how the process exited.
 func (v *VMM) ExitErr() error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.proc == nil {
-		return nil
+	if p := v.process(); p != nil {
+		return p.Err()
 	}
-	return v.proc.Err()
+	return nil
 }
 
 // PID is the QEMU process id, 0 before Create or Restore.
 func (v *VMM) PID() int {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.proc == nil {
-		return 0
+	if p := v.process(); p != nil {
+		return p.PID()
 	}
-	return v.proc.PID()
+	return 0
 }
 
 // Adopt re-attaches to a QEMU process that an earlier driver started in
