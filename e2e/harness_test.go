@@ -95,6 +95,14 @@ func startDaemonIn(t testing.TB, setup func(dir string) []string) *daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Until the daemon's teardown owns it: a setup that skips or fails
+	// the test leaves no empty dir behind.
+	owned := false
+	t.Cleanup(func() {
+		if !owned {
+			os.RemoveAll(dir)
+		}
+	})
 	// The VMMs' user goes through to the state dir (as through /var/lib).
 	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)
@@ -104,6 +112,7 @@ func startDaemonIn(t testing.TB, setup func(dir string) []string) *daemon {
 		extra = setup(dir)
 	}
 	d := &daemon{extraArgs: extra, t: t, den: den, images: images, state: filepath.Join(dir, "state"), socket: filepath.Join(dir, "den.sock"), logPath: filepath.Join(dir, "daemon.log")}
+	owned = true
 	t.Cleanup(func() { d.teardown(dir) })
 	d.start()
 	return d
