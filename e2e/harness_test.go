@@ -95,12 +95,20 @@ func startDaemonIn(t testing.TB, setup func(dir string) []string) *daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Until the daemon's teardown owns it: a setup that skips or fails
-	// the test leaves no empty dir behind.
-	owned := false
+	// Removed last, after the test's own cleanups (a setup that skips,
+	// fails or mounts a filesystem on dir), unless kept for a
+	// post-mortem; volume processes still leaving may briefly hold it.
 	t.Cleanup(func() {
-		if !owned {
-			os.RemoveAll(dir)
+		if t.Failed() {
+			return
+		}
+		var err error
+		if !eventually(10*time.Second, func() bool {
+			err = os.RemoveAll(dir)
+			_, serr := os.Stat(dir)
+			return err == nil && errors.Is(serr, fs.ErrNotExist)
+		}) {
+			t.Logf("remove %s: %v", dir, err)
 		}
 	})
 	// The VMMs' user goes through to the state dir (as through /var/lib).
@@ -112,8 +120,7 @@ func startDaemonIn(t testing.TB, setup func(dir string) []string) *daemon {
 		extra = setup(dir)
 	}
 	d := &daemon{extraArgs: extra, t: t, den: den, images: images, state: filepath.Join(dir, "state"), socket: filepath.Join(dir, "den.sock"), logPath: filepath.Join(dir, "daemon.log")}
-	owned = true
-	t.Cleanup(func() { d.teardown(dir) })
+	t.Cleanup(d.teardown)
 	d.start()
 	return d
 }
@@ -178,7 +185,7 @@ func (d *daemon) kill() {
 }
 
 // teardown removes every VM, stops the daemon and unmounts the volume.
-func (d *daemon) teardown(dir string) {
+func (d *daemon) teardown() {
 	if out, err := d.run("ls", "--json"); err == nil {
 		var vms []struct{ Name string }
 		_ = json.Unmarshal([]byte(out), &vms)
@@ -204,20 +211,10 @@ func (d *daemon) teardown(dir string) {
 		_ = v.Unmount(ctx)
 	}
 	_ = syscall.Unmount(filepath.Join(d.state, "ram"), syscall.MNT_DETACH) // den's tmpfs for guest RAM
+	// On failure the state dir stays for a post-mortem.
 	if d.t.Failed() {
 		log, _ := os.ReadFile(d.logPath)
 		d.t.Logf("daemon log:\n%s", log)
-		return // keep the state dir for a post-mortem
-	}
-	// The volume's processes may still be leaving (a file made and
-	// removed as RemoveAll walks): try again until the dir is gone.
-	var err error
-	if !eventually(30*time.Second, func() bool {
-		err = os.RemoveAll(dir)
-		_, serr := os.Stat(dir)
-		return err == nil && errors.Is(serr, fs.ErrNotExist)
-	}) {
-		d.t.Logf("remove %s: %v", dir, err)
 	}
 }
 

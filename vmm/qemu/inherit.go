@@ -87,7 +87,7 @@ const predExitWait = 10 * time.Second
 // that the process is gone or on its way out: killed, it has no files
 // left (pidfd_getfd: ESRCH) before its exit is noticed.
 func (v *VMM) exiting(err error) bool {
-	return errors.Is(err, unix.ESRCH) || errors.Is(err, os.ErrProcessDone) || !v.alive()
+	return errors.Is(err, unix.ESRCH) || !v.alive()
 }
 
 // openTapAfter attaches to TAP name once pred, exiting, has let go of it
