@@ -132,6 +132,11 @@ func (r *Result) ratios() {
 		put("checkpoint(2 GiB) / checkpoint(512 MiB)", r.find("checkpoint (memory+disk)", v, "2G"), r.find("checkpoint (memory+disk)", v, "512M"))
 		put("wake(2 GiB) / wake(512 MiB)", r.find("wake to running", v, "2G"), r.find("wake to running", v, "512M"))
 		put("wake(2 GiB) / wake(512 MiB), in turn", r.find(wakeInTurn, v, "2G"), r.find(wakeInTurn, v, "512M"))
+		// What the VMM alone spends more on the larger guest, sampled in
+		// the same turns, and den's own time above it at each size.
+		put("vmm floor(2 GiB) / vmm floor(512 MiB), in turn", r.find(floorInTurn, v, "2G"), r.find(floorInTurn, v, "512M"))
+		put("(wake - vmm floor)(2 GiB) / (wake - vmm floor)(512 MiB), in turn",
+			r.find(wakeInTurn, v, "2G")-r.find(floorInTurn, v, "2G"), r.find(wakeInTurn, v, "512M")-r.find(floorInTurn, v, "512M"))
 		if v == "qemu" {
 			// Issue 15's goals: den's operations against the VMM's own floor.
 			floor := r.find(floorName, v, "512M")
@@ -206,7 +211,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		var fl *floor
 		if v.name == "qemu" && !o.NetworkOnly {
 			var err error
-			if fl, err = newFloor(ctx, o, o.Progress); err != nil {
+			if fl, err = newFloor(ctx, o, mainFloor, o.Progress); err != nil {
 				return res, fmt.Errorf("bench %w", err)
 			}
 		}
@@ -232,7 +237,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 		figs, err := d.runAll(ctx, o, v, info.Accel)
 		res.Figures = append(res.Figures, figs...)
-		for _, b := range d.breakdowns() {
+		for _, b := range d.traces.breakdowns() {
 			if v.name != v.vmm {
 				b.VMM = v.name
 			}

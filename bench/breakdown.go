@@ -29,7 +29,8 @@ type StepStats struct {
 	Runs int `json:"runs"`
 }
 
-// traces collects the daemon's traces of the operations a run times.
+// traces collects the steps of the operations a run times: the daemon's
+// traces, and the floor's own (floor.go).
 type traces struct {
 	order []string
 	by    map[string]*opTraces
@@ -52,31 +53,46 @@ func (d *daemon) addTrace(ctx context.Context, o Options, label, mem, vm string)
 	if err != nil {
 		return fmt.Errorf("trace of %s: %w", label, err)
 	}
-	if d.traces.by == nil {
-		d.traces.by = map[string]*opTraces{}
-	}
-	key := d.vmm + "\x00" + mem + "\x00" + label
-	ot := d.traces.by[key]
-	if ot == nil {
-		ot = &opTraces{op: label, vmm: d.vmm, mem: mem, steps: map[string][]float64{}}
-		d.traces.by[key] = ot
-		d.traces.order = append(d.traces.order, key)
-	}
-	ot.totals = append(ot.totals, t.TotalMS)
+	steps := make([]timedStep, 0, len(t.Steps))
 	for _, s := range t.Steps {
-		if _, ok := ot.steps[s.Name]; !ok {
-			ot.stepOrder = append(ot.stepOrder, s.Name)
-		}
-		ot.steps[s.Name] = append(ot.steps[s.Name], s.MS)
+		steps = append(steps, timedStep{s.Name, s.MS})
 	}
+	d.traces.add(label, d.vmm, mem, t.TotalMS, steps)
 	return nil
 }
 
+// timedStep is one step of one run, in milliseconds.
+type timedStep struct {
+	name string
+	ms   float64
+}
+
+// add records one run of op: its total and its steps.
+func (ts *traces) add(op, vmm, mem string, totalMS float64, steps []timedStep) {
+	if ts.by == nil {
+		ts.by = map[string]*opTraces{}
+	}
+	key := vmm + "\x00" + mem + "\x00" + op
+	ot := ts.by[key]
+	if ot == nil {
+		ot = &opTraces{op: op, vmm: vmm, mem: mem, steps: map[string][]float64{}}
+		ts.by[key] = ot
+		ts.order = append(ts.order, key)
+	}
+	ot.totals = append(ot.totals, totalMS)
+	for _, s := range steps {
+		if _, ok := ot.steps[s.name]; !ok {
+			ot.stepOrder = append(ot.stepOrder, s.name)
+		}
+		ot.steps[s.name] = append(ot.steps[s.name], s.ms)
+	}
+}
+
 // breakdowns are the medians of what was collected.
-func (d *daemon) breakdowns() []Breakdown {
+func (ts *traces) breakdowns() []Breakdown {
 	var out []Breakdown
-	for _, key := range d.traces.order {
-		ot := d.traces.by[key]
+	for _, key := range ts.order {
+		ot := ts.by[key]
 		total, _, _ := stats(ot.totals)
 		b := Breakdown{Op: ot.op, VMM: ot.vmm, Memory: ot.mem, TotalMS: total}
 		for _, name := range ot.stepOrder {

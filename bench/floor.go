@@ -13,6 +13,7 @@ import (
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/vmm"
 	"github.com/denhq/den/vmm/qemu"
 )
@@ -21,13 +22,33 @@ import (
 // are set against.
 const floorName = "vmm floor: restore to agent ready (QEMU alone, local disk)"
 
+// floorInTurn is the floor's figure for the guest sizes whose wakes
+// wakeBySize times: what the VMM itself spends more on a larger guest.
+const floorInTurn = "vmm floor: restore to agent ready (QEMU alone, 512M and 2G in turn)"
+
+// floorGuest is the guest a floor restores.
+type floorGuest struct {
+	name    string // the figure
+	label   string // its memory column ("512M")
+	bytes   int64
+	ballast bool // 64 MiB written in the guest before the snapshot, as wakeBySize's VMs have
+	note    string
+}
+
+// mainFloor is the floor of the 512 MiB figures.
+var mainFloor = floorGuest{name: floorName, label: "512M", bytes: 512 << 20,
+	note: "no den: the driver restores a local snapshot into a fresh QEMU and waits for the agent; sampled between den's qemu figures"}
+
+// ballastCmd gives a guest something in memory, as a working VM has.
+const ballastCmd = "dd if=/dev/urandom of=/tmp/ballast bs=1M count=64 2>/dev/null; sync"
+
 // floor times the VMM's own floor: QEMU alone (no den) restoring a
-// snapshot of a booted 512 MiB guest of the image, from a local disk with
-// its RAM file on /dev/shm, to the agent answering ready. Every figure
-// above it is den's own work. Its samples are taken between den's (a
-// sample before each create and each 512 MiB lifecycle run): this host's
-// speed drifts over minutes, and a ratio to a floor taken at another time
-// drifts with it.
+// snapshot of a booted guest of the image (512 MiB for the main floor),
+// from a local disk with its RAM file on /dev/shm, to the agent
+// answering ready. Every figure above it is den's own work. Its samples
+// are taken between den's (the main floor's before each create and each
+// 512 MiB lifecycle run): this host's speed drifts over minutes, and a
+// ratio to a floor taken at another time drifts with it.
 type floor struct {
 	dir, shm string
 	disk     string // the guest's disk, a fresh copy of pristine each sample
@@ -42,9 +63,8 @@ type floor struct {
 
 // newFloor boots the floor's guest with QEMU alone, snapshots it, and
 // takes one sample as a warm-up.
-func newFloor(ctx context.Context, o Options, say func(string)) (f *floor, err error) {
-	f = &floor{fig: Figure{Name: floorName, VMM: "qemu", Memory: "512M", Unit: "ms",
-		Note: "no den: the driver restores a local snapshot into a fresh QEMU and waits for the agent; sampled between den's qemu figures"}}
+func newFloor(ctx context.Context, o Options, g floorGuest, say func(string)) (f *floor, err error) {
+	f = &floor{fig: Figure{Name: g.name, VMM: "qemu", Memory: g.label, Unit: "ms", Note: g.note}}
 	defer func() {
 		if err != nil {
 			f.close()
@@ -71,11 +91,11 @@ func newFloor(ctx context.Context, o Options, say func(string)) (f *floor, err e
 	}
 	f.fig.Accel = f.accel
 	f.cfg = vmm.Config{
-		CPUs: 1, MemoryBytes: 512 << 20, Kernel: images.BzImage(), Initramfs: images.Initramfs(),
+		CPUs: 1, MemoryBytes: g.bytes, Kernel: images.BzImage(), Initramfs: images.Initramfs(),
 		Cmdline: "console=ttyS0 root=/dev/vda rw panic=-1 " + agent.AuthorizedKeyArg(f.signer.PublicKey()) + " den.hostname=floor",
 		Disks:   []vmm.Disk{{ID: "root", Path: f.disk}},
 	}
-	say("floor: booting a guest with QEMU alone")
+	say("floor: booting a " + g.label + " guest with QEMU alone")
 	v, err := f.newVMM(ctx)
 	if err != nil {
 		return f, err
@@ -87,8 +107,16 @@ func newFloor(ctx context.Context, o Options, say func(string)) (f *floor, err e
 	if err := v.Boot(ctx); err != nil {
 		return f, err
 	}
-	if err := f.ready(ctx, v); err != nil {
+	c, err := f.dial(ctx, v)
+	if err != nil {
 		return f, fmt.Errorf("boot: %w", err)
+	}
+	if g.ballast {
+		_, err = c.Exec(ctx, agent.ExecRequest{CmdLine: ballastCmd})
+	}
+	c.Close()
+	if err != nil {
+		return f, fmt.Errorf("ballast: %w", err)
 	}
 	if err := v.Pause(ctx); err != nil {
 		return f, err
@@ -105,7 +133,7 @@ func newFloor(ctx context.Context, o Options, say func(string)) (f *floor, err e
 	if err := fsutil.CopySparse(f.disk, f.pristine); err != nil {
 		return f, err
 	}
-	say("floor: a warm-up restore")
+	say("floor: a warm-up restore (" + g.label + ")")
 	return f, f.restore(ctx, false)
 }
 
@@ -116,10 +144,16 @@ func (f *floor) newVMM(ctx context.Context) (*qemu.VMM, error) {
 	return v, v.Start(ctx)
 }
 
-func (f *floor) ready(ctx context.Context, v *qemu.VMM) error {
+// dial waits (at most 3 minutes) for the guest's agent to answer ready.
+func (f *floor) dial(ctx context.Context, v *qemu.VMM) (*agent.Client, error) {
 	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	c, _, err := agent.WaitReady(rctx, func(ctx context.Context) (net.Conn, error) { return v.DialGuest(ctx, agent.Port) }, f.signer)
+	return c, err
+}
+
+func (f *floor) ready(ctx context.Context, v *qemu.VMM) error {
+	c, err := f.dial(ctx, v)
 	if err == nil {
 		c.Close()
 	}
@@ -127,14 +161,22 @@ func (f *floor) ready(ctx context.Context, v *qemu.VMM) error {
 }
 
 // sample times one restore of the snapshot into a fresh QEMU, to the
-// agent answering ready.
-func (f *floor) sample(ctx context.Context, say func(string)) error {
+// agent answering ready, and adds its steps to tr (if not nil).
+func (f *floor) sample(ctx context.Context, say func(string), tr *traces) error {
 	if f == nil {
 		return nil
 	}
-	say(fmt.Sprintf("floor: restore (sample %d)", len(f.fig.Samples)+1))
-	if err := f.restore(ctx, true); err != nil {
+	say(fmt.Sprintf("floor: restore, %s (sample %d)", f.fig.Memory, len(f.fig.Samples)+1))
+	rec := phase.New()
+	if err := f.restore(phase.With(ctx, rec), true); err != nil {
 		return fmt.Errorf("floor: %w", err)
+	}
+	if tr != nil {
+		var steps []timedStep
+		for _, s := range rec.Steps() {
+			steps = append(steps, timedStep{s.Name, float64(s.Took.Microseconds()) / 1000})
+		}
+		tr.add(f.fig.Name, "qemu", f.fig.Memory, f.fig.Samples[len(f.fig.Samples)-1], steps)
 	}
 	return nil
 }
@@ -156,10 +198,16 @@ func (f *floor) restore(ctx context.Context, record bool) error {
 		_ = os.Remove(filepath.Join(f.shm, fmt.Sprintf("ram%d", f.n)))
 	}()
 	start := time.Now()
-	if err := v.Restore(ctx, f.snap, vmm.RestoreOptions{Resume: true, Config: &f.cfg}); err != nil {
+	end := phase.Begin(ctx, "vmm restore")
+	err = v.Restore(ctx, f.snap, vmm.RestoreOptions{Resume: true, Config: &f.cfg})
+	end()
+	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
-	if err := f.ready(ctx, v); err != nil {
+	end = phase.Begin(ctx, "agent ready")
+	err = f.ready(ctx, v)
+	end()
+	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
 	if record {

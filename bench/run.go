@@ -130,6 +130,16 @@ func (d *daemon) stop() {
 	}
 }
 
+// sampleFloor takes a sample of f (nil: none), its steps added to the
+// daemon's breakdowns if they are asked for.
+func (d *daemon) sampleFloor(ctx context.Context, o Options, f *floor) error {
+	var tr *traces
+	if o.Breakdown {
+		tr = &d.traces
+	}
+	return f.sample(ctx, o.Progress, tr)
+}
+
 // exec runs a command in a VM through the daemon and returns its stdout.
 func (d *daemon) exec(ctx context.Context, name, cmd string) (string, error) {
 	sc, err := d.client.SSH(ctx, name)
@@ -202,7 +212,7 @@ func (d *daemon) runAll(ctx context.Context, o Options, v variant, accel string)
 	// output.
 	var cold, warm, warmRunning []time.Duration
 	for i := 0; i < o.Runs && !v.compare; i++ {
-		if err := d.floor.sample(ctx, o.Progress); err != nil {
+		if err := d.sampleFloor(ctx, o, d.floor); err != nil {
 			return figs, err
 		}
 		say(fmt.Sprintf("create, cold and warm (%d/%d)", i+1, o.Runs))
@@ -256,7 +266,7 @@ func (d *daemon) runAll(ctx context.Context, o Options, v variant, accel string)
 		}
 	}
 	if !o.Quick && !v.compare {
-		f, err := d.wakeBySize(ctx, accel, o.Runs, say)
+		f, err := d.wakeBySize(ctx, o, accel, say)
 		figs = append(figs, f...)
 		if err != nil {
 			return figs, err
@@ -268,23 +278,37 @@ func (d *daemon) runAll(ctx context.Context, o Options, v variant, accel string)
 // wakeBySize times wakes of a 512 MiB and a 2 GiB guest (64 MiB of
 // ballast each) taken in turn, run after run, each size first in every
 // other run: the sizes' figures above are minutes apart, and this host's
-// speed drifts over minutes.
-func (d *daemon) wakeBySize(ctx context.Context, accel string, runs int, say func(string)) ([]Figure, error) {
+// speed drifts over minutes. With the floor measured (QEMU), each wake is
+// followed by a floor's restore of a guest of its size and ballast: what
+// the VMM alone spends more on the larger guest.
+func (d *daemon) wakeBySize(ctx context.Context, o Options, accel string, say func(string)) ([]Figure, error) {
 	sizes := []struct {
 		label string
 		bytes int64
 	}{{"512M", 512 << 20}, {"2G", 2 << 30}}
 	ds := make([][]time.Duration, len(sizes))
-	for _, s := range sizes {
+	floors := make([]*floor, len(sizes))
+	for j, s := range sizes {
 		name := "i" + strings.ToLower(s.label)
 		if _, err := d.client.CreateVM(ctx, api.CreateRequest{Name: name, MemoryBytes: s.bytes, IdleTimeout: "0"}, nil); err != nil {
 			return nil, err
 		}
 		defer func() { _ = d.client.RemoveVM(context.WithoutCancel(ctx), name, true) }()
-		if _, err := d.exec(ctx, name, "dd if=/dev/urandom of=/tmp/ballast bs=1M count=64 2>/dev/null; sync"); err != nil {
+		if _, err := d.exec(ctx, name, ballastCmd); err != nil {
 			return nil, err
 		}
+		if d.floor == nil {
+			continue
+		}
+		f, err := newFloor(ctx, o, floorGuest{name: floorInTurn, label: s.label, bytes: s.bytes, ballast: true,
+			note: "no den: as the main floor, for a guest of each size with 64 MiB of ballast, sampled right after den's wake of the same size"}, o.Progress)
+		if err != nil {
+			return nil, fmt.Errorf("bench %w", err)
+		}
+		defer f.close()
+		floors[j] = f
 	}
+	runs := o.Runs
 	for i := 0; i <= runs; i++ { // the first is a warm-up
 		say(fmt.Sprintf("wakes of 512M and 2G in turn (%d/%d)", i+1, runs+1))
 		for k := range sizes {
@@ -305,12 +329,21 @@ func (d *daemon) wakeBySize(ctx context.Context, accel string, runs int, say fun
 			}
 			if i > 0 {
 				ds[j] = append(ds[j], t)
+				if err := d.addTrace(ctx, o, wakeInTurn, s.label, name); err != nil {
+					return nil, err
+				}
+				if err := d.sampleFloor(ctx, o, floors[j]); err != nil {
+					return nil, err
+				}
 			}
 		}
 	}
 	var figs []Figure
 	for j, s := range sizes {
 		figs = append(figs, figure(wakeInTurn, d.vmm, accel, s.label, ds[j]))
+		if floors[j] != nil {
+			figs = append(figs, floors[j].figure())
+		}
 	}
 	return figs, nil
 }
@@ -326,14 +359,14 @@ func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, 
 		return nil, err
 	}
 	// Give the guest something in memory, as a working VM has.
-	if _, err := d.exec(ctx, name, "dd if=/dev/urandom of=/tmp/ballast bs=1M count=64 2>/dev/null; sync"); err != nil {
+	if _, err := d.exec(ctx, name, ballastCmd); err != nil {
 		return nil, err
 	}
 	var cpMem, cpDisk, restore, sleep, wake, wakeExec, clone, cloneCtl, wakeSealed []time.Duration
 	var sleepingRSS []float64
 	for i := 0; i < o.Runs; i++ {
 		if gateway && label == "512M" { // the main run's figures are set against the floor
-			if err := d.floor.sample(ctx, o.Progress); err != nil {
+			if err := d.sampleFloor(ctx, o, d.floor); err != nil {
 				return nil, err
 			}
 		}

@@ -1,0 +1,59 @@
+package bench
+
+import (
+	"math"
+	"testing"
+)
+
+// The breakdown of an operation is the median of each step over its
+// runs, and its share of the median total; a step seen in some runs only
+// says in how many.
+func TestTracesBreakdowns(t *testing.T) {
+	var ts traces
+	ts.add("wake", "qemu", "512M", 500, []timedStep{{"vmm restore", 150}, {"agent reconnect", 340}})
+	ts.add("wake", "qemu", "512M", 600, []timedStep{{"vmm restore", 170}, {"agent reconnect", 420}, {"verify", 10}})
+	ts.add("wake", "qemu", "512M", 700, []timedStep{{"vmm restore", 160}, {"agent reconnect", 380}})
+	ts.add(floorInTurn, "qemu", "2G", 530, []timedStep{{"agent ready", 330}})
+	bs := ts.breakdowns()
+	if len(bs) != 2 || bs[0].Op != "wake" || bs[1].Op != floorInTurn || bs[1].Memory != "2G" {
+		t.Fatalf("breakdowns: %+v", bs)
+	}
+	w := bs[0]
+	if w.TotalMS != 600 || len(w.Steps) != 3 {
+		t.Fatalf("wake: %+v", w)
+	}
+	want := []StepStats{{"vmm restore", 160, 160.0 / 600, 3}, {"agent reconnect", 380, 380.0 / 600, 3}, {"verify", 10, 10.0 / 600, 1}}
+	for i, s := range w.Steps {
+		if s.Name != want[i].Name || s.MedianMS != want[i].MedianMS || s.Runs != want[i].Runs || math.Abs(s.Share-want[i].Share) > 1e-9 {
+			t.Errorf("step %d: %+v, want %+v", i, s, want[i])
+		}
+	}
+}
+
+// The size ratios are set against the floor's own, taken in the same
+// turns: what the VMM alone spends more on the larger guest, and den's
+// time above the floor at each size.
+func TestSizeRatiosAgainstTheFloor(t *testing.T) {
+	r := Result{VMMs: map[string]string{"qemu": "7.2"}, Figures: []Figure{
+		{Name: wakeInTurn, VMM: "qemu", Memory: "512M", Median: 560},
+		{Name: wakeInTurn, VMM: "qemu", Memory: "2G", Median: 600},
+		{Name: floorInTurn, VMM: "qemu", Memory: "512M", Median: 500},
+		{Name: floorInTurn, VMM: "qemu", Memory: "2G", Median: 530},
+	}}
+	r.ratios()
+	for name, want := range map[string]float64{
+		"qemu: wake(2 GiB) / wake(512 MiB), in turn":                             600.0 / 560,
+		"qemu: vmm floor(2 GiB) / vmm floor(512 MiB), in turn":                   530.0 / 500,
+		"qemu: (wake - vmm floor)(2 GiB) / (wake - vmm floor)(512 MiB), in turn": 70.0 / 60,
+	} {
+		if got, ok := r.Ratios[name]; !ok || math.Abs(got-want) > 1e-9 {
+			t.Errorf("%s = %v (present %v), want %v", name, got, ok, want)
+		}
+	}
+	// A den figure at or under its floor gives no ratio of overheads.
+	r.Figures[1].Median = 520
+	r.ratios()
+	if got, ok := r.Ratios["qemu: (wake - vmm floor)(2 GiB) / (wake - vmm floor)(512 MiB), in turn"]; ok {
+		t.Errorf("overhead ratio with no overhead at 2G: %v", got)
+	}
+}
