@@ -135,8 +135,10 @@ func (r *Result) ratios() {
 		// What the VMM alone spends more on the larger guest, sampled in
 		// the same turns, and den's own time above it at each size.
 		put("vmm floor(2 GiB) / vmm floor(512 MiB), in turn", r.find(floorInTurn, v, "2G"), r.find(floorInTurn, v, "512M"))
-		put("(wake - vmm floor)(2 GiB) / (wake - vmm floor)(512 MiB), in turn",
-			r.find(wakeInTurn, v, "2G")-r.find(floorInTurn, v, "2G"), r.find(wakeInTurn, v, "512M")-r.find(floorInTurn, v, "512M"))
+		if f2, f5 := r.find(floorInTurn, v, "2G"), r.find(floorInTurn, v, "512M"); f2 > 0 && f5 > 0 {
+			put("(wake - vmm floor)(2 GiB) / (wake - vmm floor)(512 MiB), in turn",
+				r.find(wakeInTurn, v, "2G")-f2, r.find(wakeInTurn, v, "512M")-f5)
+		}
 		if v == "qemu" {
 			// Issue 15's goals: den's operations against the VMM's own floor.
 			floor := r.find(floorName, v, "512M")

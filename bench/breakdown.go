@@ -7,14 +7,15 @@ import (
 	"strings"
 )
 
-// Breakdown is one operation's steps, as the daemon traced them: the
-// median of each over the runs, so that every millisecond of a wake or a
-// restore has a name.
+// Breakdown is one operation's steps, as the daemon traced them (the
+// floor's, as the bench timed them: there is no daemon): the median of
+// each over the runs, so that every millisecond of a wake or a restore
+// has a name.
 type Breakdown struct {
 	Op      string      `json:"op"`
 	VMM     string      `json:"vmm"`
 	Memory  string      `json:"memory"`
-	TotalMS float64     `json:"total_ms"` // median, as the daemon measured it
+	TotalMS float64     `json:"total_ms"` // median, as the daemon (or, for the floor, the bench) measured it
 	Steps   []StepStats `json:"steps"`
 }
 
@@ -112,8 +113,12 @@ func (ts *traces) breakdowns() []Breakdown {
 func breakdownMarkdown(bs []Breakdown) string {
 	var b strings.Builder
 	for _, bd := range bs {
-		fmt.Fprintf(&b, "\n**%s** (%s, %s): %.0f ms as the daemon measured it\n\n| step | median | share | runs |\n|---|---:|---:|---:|\n",
-			bd.Op, bd.VMM, bd.Memory, bd.TotalMS)
+		by := "the daemon"
+		if strings.HasPrefix(bd.Op, "vmm floor") {
+			by = "the bench (QEMU alone, no daemon)"
+		}
+		fmt.Fprintf(&b, "\n**%s** (%s, %s): %.0f ms as %s measured it\n\n| step | median | share | runs |\n|---|---:|---:|---:|\n",
+			bd.Op, bd.VMM, bd.Memory, bd.TotalMS, by)
 		steps := append([]StepStats(nil), bd.Steps...)
 		sort.SliceStable(steps, func(i, j int) bool { return steps[i].MedianMS > steps[j].MedianMS })
 		for _, s := range steps {

@@ -56,4 +56,14 @@ func TestSizeRatiosAgainstTheFloor(t *testing.T) {
 	if got, ok := r.Ratios["qemu: (wake - vmm floor)(2 GiB) / (wake - vmm floor)(512 MiB), in turn"]; ok {
 		t.Errorf("overhead ratio with no overhead at 2G: %v", got)
 	}
+	// A VMM without a floor (Cloud Hypervisor) has the wakes' ratio, and
+	// none set against a floor.
+	r = Result{VMMs: map[string]string{"cloud-hypervisor": "v48"}, Figures: []Figure{
+		{Name: wakeInTurn, VMM: "cloud-hypervisor", Memory: "512M", Median: 60},
+		{Name: wakeInTurn, VMM: "cloud-hypervisor", Memory: "2G", Median: 66},
+	}}
+	r.ratios()
+	if got := r.Ratios["cloud-hypervisor: wake(2 GiB) / wake(512 MiB), in turn"]; len(r.Ratios) != 1 || math.Abs(got-1.1) > 1e-9 {
+		t.Errorf("ratios without a floor: %v", r.Ratios)
+	}
 }

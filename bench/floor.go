@@ -100,7 +100,10 @@ func newFloor(ctx context.Context, o Options, g floorGuest, say func(string)) (f
 	if err != nil {
 		return f, err
 	}
-	defer func() { _ = v.Shutdown(context.Background()) }()
+	defer func() {
+		_ = v.Shutdown(context.Background())
+		_ = os.Remove(f.ramFile(1)) // the booted guest's RAM: the snapshot has its copy
+	}()
 	if err := v.Create(ctx, f.cfg); err != nil {
 		return f, err
 	}
@@ -140,9 +143,12 @@ func newFloor(ctx context.Context, o Options, g floorGuest, say func(string)) (f
 func (f *floor) newVMM(ctx context.Context) (*qemu.VMM, error) {
 	f.n++
 	v := qemu.New(qemu.Options{RunDir: vmm.RunDir(filepath.Join(f.dir, fmt.Sprintf("r%d", f.n))), Accel: f.accel,
-		RAMFile: filepath.Join(f.shm, fmt.Sprintf("ram%d", f.n))})
+		RAMFile: f.ramFile(f.n)})
 	return v, v.Start(ctx)
 }
+
+// ramFile is the RAM file of the floor's n-th VMM, on /dev/shm.
+func (f *floor) ramFile(n int) string { return filepath.Join(f.shm, fmt.Sprintf("ram%d", n)) }
 
 // dial waits (at most 3 minutes) for the guest's agent to answer ready.
 func (f *floor) dial(ctx context.Context, v *qemu.VMM) (*agent.Client, error) {
@@ -195,7 +201,7 @@ func (f *floor) restore(ctx context.Context, record bool) error {
 	}
 	defer func() {
 		_ = v.Shutdown(context.Background())
-		_ = os.Remove(filepath.Join(f.shm, fmt.Sprintf("ram%d", f.n)))
+		_ = os.Remove(f.ramFile(f.n))
 	}()
 	start := time.Now()
 	end := phase.Begin(ctx, "vmm restore")

@@ -278,8 +278,8 @@ func (d *daemon) runAll(ctx context.Context, o Options, v variant, accel string)
 // wakeBySize times wakes of a 512 MiB and a 2 GiB guest (64 MiB of
 // ballast each) taken in turn, run after run, each size first in every
 // other run: the sizes' figures above are minutes apart, and this host's
-// speed drifts over minutes. With the floor measured (QEMU), each wake is
-// followed by a floor's restore of a guest of its size and ballast: what
+// speed drifts over minutes. With the floor measured (QEMU), each wake has
+// beside it a floor's restore of a guest of its size and ballast: what
 // the VMM alone spends more on the larger guest.
 func (d *daemon) wakeBySize(ctx context.Context, o Options, accel string, say func(string)) ([]Figure, error) {
 	sizes := []struct {
@@ -301,9 +301,9 @@ func (d *daemon) wakeBySize(ctx context.Context, o Options, accel string, say fu
 			continue
 		}
 		f, err := newFloor(ctx, o, floorGuest{name: floorInTurn, label: s.label, bytes: s.bytes, ballast: true,
-			note: "no den: as the main floor, for a guest of each size with 64 MiB of ballast, sampled right after den's wake of the same size"}, o.Progress)
+			note: "no den: as the main floor, for a guest of each size with 64 MiB of ballast, sampled beside den's wake of the same size"}, o.Progress)
 		if err != nil {
-			return nil, fmt.Errorf("bench %w", err)
+			return nil, err
 		}
 		defer f.close()
 		floors[j] = f
@@ -320,6 +320,23 @@ func (d *daemon) wakeBySize(ctx context.Context, o Options, accel string, say fu
 			}
 			s := sizes[j]
 			name := "i" + strings.ToLower(s.label)
+			// The floor's sample of the size comes right before den's
+			// sleep and wake in half the runs, right after them in the
+			// others: each runs as often beside what the other left
+			// in the background (a QEMU's exit, a suspend slot's
+			// removal).
+			floorFirst := (i/2)%2 == 0
+			sample := func() error {
+				if i == 0 {
+					return nil
+				}
+				return d.sampleFloor(ctx, o, floors[j])
+			}
+			if floorFirst {
+				if err := sample(); err != nil {
+					return nil, err
+				}
+			}
 			if _, err := d.client.Sleep(ctx, name, api.SleepRequest{}); err != nil {
 				return nil, fmt.Errorf("sleep %s: %w", name, err)
 			}
@@ -332,7 +349,9 @@ func (d *daemon) wakeBySize(ctx context.Context, o Options, accel string, say fu
 				if err := d.addTrace(ctx, o, wakeInTurn, s.label, name); err != nil {
 					return nil, err
 				}
-				if err := d.sampleFloor(ctx, o, floors[j]); err != nil {
+			}
+			if !floorFirst {
+				if err := sample(); err != nil {
 					return nil, err
 				}
 			}
