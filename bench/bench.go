@@ -134,8 +134,8 @@ func (r *Result) ratios() {
 		put("wake(2 GiB) / wake(512 MiB), in turn", r.find(wakeInTurn, v, "2G"), r.find(wakeInTurn, v, "512M"))
 		// What the VMM alone spends more on the larger guest, sampled in
 		// the same turns, and den's own time above it at each size.
-		put("vmm floor(2 GiB) / vmm floor(512 MiB), in turn", r.find(floorInTurn, v, "2G"), r.find(floorInTurn, v, "512M"))
 		if f2, f5 := r.find(floorInTurn, v, "2G"), r.find(floorInTurn, v, "512M"); f2 > 0 && f5 > 0 {
+			put("vmm floor(2 GiB) / vmm floor(512 MiB), in turn", f2, f5)
 			put("(wake - vmm floor)(2 GiB) / (wake - vmm floor)(512 MiB), in turn",
 				r.find(wakeInTurn, v, "2G")-f2, r.find(wakeInTurn, v, "512M")-f5)
 		}

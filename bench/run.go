@@ -308,9 +308,8 @@ func (d *daemon) wakeBySize(ctx context.Context, o Options, accel string, say fu
 		defer f.close()
 		floors[j] = f
 	}
-	runs := o.Runs
-	for i := 0; i <= runs; i++ { // the first is a warm-up
-		say(fmt.Sprintf("wakes of 512M and 2G in turn (%d/%d)", i+1, runs+1))
+	for i := 0; i <= o.Runs; i++ { // the first is a warm-up
+		say(fmt.Sprintf("wakes of 512M and 2G in turn (%d/%d)", i+1, o.Runs+1))
 		for k := range sizes {
 			// Which goes first alternates: the second wake of a pair
 			// runs beside what the first left in the background.
