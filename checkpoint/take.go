@@ -17,10 +17,11 @@ import (
 // agent, as the orchestrator hands them over.
 type Guest interface {
 	// Pause and Resume stop and run the vCPUs; Snapshot writes the
-	// paused VMM's memory and device state into a host directory.
+	// paused VMM's memory and device state into a directory of the
+	// volume.
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
-	Snapshot(ctx context.Context, dir string) error
+	Snapshot(ctx context.Context, dir storage.Path) error
 	// Freeze and Thaw the guest's filesystems (FIFREEZE), so that a disk
 	// clone is consistent without a pause.
 	Freeze(ctx context.Context) error
@@ -162,11 +163,8 @@ func (s Store) Sizes(ctx context.Context, vm, id string) (memory, disk int64, er
 // flushed it, the guest cannot write), and resumes: memory and disk of
 // one instant.
 func (s Store) pausedSnapshot(ctx context.Context, from From, p *Pending, h TakeHooks) (err error) {
-	if err := s.Vol.MkdirAll(ctx, p.Path(VMMDir)); err != nil {
-		return err
-	}
-	dir, err := p.HostPath(VMMDir)
-	if err != nil {
+	dir := p.Path(VMMDir)
+	if err := s.Vol.MkdirAll(ctx, dir); err != nil {
 		return err
 	}
 	end := phase.Begin(ctx, "pause")

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
@@ -99,7 +100,13 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 	}
 	rec, err = m.store().Take(ctx, rec, from, checkpoint.TakeHooks{Progress: progress, Crash: crashpoint, Log: m.log})
 	if err == nil {
-		memCopy.keep(checkpointKey(id, rec.Seal))
+		key := checkpointKey(id, rec.Seal)
+		memCopy.keep(key)
+		if local := m.memc.local(vm.Name, key); memCopy != nil && local != "" {
+			// The RAM equals the checkpoint's memory now: the next
+			// snapshot is written over it (delta.go).
+			in.origin.set(memOrigin{dir: checkpoint.Dir(vm.Name, id).Join(checkpoint.VMMDir), local: local})
+		}
 	} else {
 		memCopy.drop()
 	}
@@ -162,17 +169,19 @@ type guestOf struct {
 func (g guestOf) Pause(ctx context.Context) error  { return g.in.hv.Pause(ctx) }
 func (g guestOf) Resume(ctx context.Context) error { return g.in.hv.Resume(ctx) }
 
-// Snapshot writes the paused VM's snapshot and, when asked, a local copy
-// of its memory at the same time; the VM stays paused until both are
-// whole.
-func (g guestOf) Snapshot(ctx context.Context, dir string) error {
+// Snapshot writes the paused VM's snapshot (over its last one's memory,
+// delta.go) and, when asked, a local copy of its memory at the same
+// time; the VM stays paused until both are whole.
+func (g guestOf) Snapshot(ctx context.Context, dir storage.Path) error {
 	var job *memCopyJob
 	if g.mem != nil {
 		job = g.m.startMemCopy(g.in.name)
 		*g.mem = job
 	}
-	err := g.in.hv.Snapshot(ctx, dir)
+	err := g.m.snapshotVMM(ctx, g.in, dir)
+	end := phase.Begin(ctx, "wait for the local memory copy")
 	job.wait()
+	end()
 	return err
 }
 

@@ -27,6 +27,8 @@ type instance struct {
 	closing  bool
 	lastAct  time.Time
 	savedAct time.Time // the last activity recorded in the registry (activity.go)
+
+	origin originBox // the snapshot its RAM last equalled (delta.go)
 }
 
 // newInstance is a VMM just started or adopted: closed to sessions until

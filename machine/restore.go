@@ -141,6 +141,10 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, src 
 		}
 	}
 	staged, waitStaged := ram.take()
+	from := local // the local copy the RAM is read from, if any
+	if staged != "" {
+		from = ram.local
+	}
 	end = phase.Begin(ctx, "vmm restore")
 	err = hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg, DisksReady: disks,
 		LocalMemory: local, StagedMemory: staged, WaitStaged: waitStaged})
@@ -181,6 +185,7 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, src 
 			return ran(err)
 		}
 	}
+	in.origin.set(memOrigin{dir: src.snapDir, local: from})
 	m.setInstance(in)
 	go m.watch(in)
 	return in, nil

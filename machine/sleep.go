@@ -96,7 +96,7 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 		return fmt.Errorf("sleep vm %q: %w", name, cause)
 	}
 	end = phase.Begin(ctx, "vmm snapshot")
-	err = in.hv.Snapshot(ctx, dir)
+	err = m.snapshotVMM(ctx, in, tmp)
 	end()
 	if err == nil {
 		end = phase.Begin(ctx, "sync the snapshot")
@@ -145,7 +145,9 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 		return undo(err)
 	}
 	crashpoint("sleep-after-record")
+	end = phase.Begin(ctx, "wait for the local memory copy")
 	memCopy.keep(suspendKey(seal, slept.Generation)) // before the VMM and its RAM file go
+	end()
 	stopped = true
 	end = phase.Begin(ctx, "stop vmm")
 	m.stopInstance(ctx, in, stopQuit)

@@ -89,6 +89,21 @@ const (
 	ChannelSerial ChannelKind = "virtio-serial"
 )
 
+// DeltaSnapshotter is a Hypervisor whose memory snapshot can be written
+// over an earlier one: a guest's memory changes little between two
+// snapshots, and writing it whole is most of a sleep or a checkpoint.
+type DeltaSnapshotter interface {
+	// DeltaMemoryFile names the memory file of its snapshot directories;
+	// "" when this VMM has none to write over (its RAM goes elsewhere).
+	DeltaMemoryFile() string
+	// SnapshotOver is Snapshot into dir where the file DeltaMemoryFile
+	// names already holds an earlier snapshot's memory (a metadata
+	// clone), of which base is a local copy: only the pages that differ
+	// from base are written. When base cannot be read, the memory is
+	// written whole.
+	SnapshotOver(ctx context.Context, dir, base string) error
+}
+
 // Capabilities says what a driver can do on this host.
 type Capabilities struct {
 	// Name of the VMM ("cloud-hypervisor", "qemu").

@@ -3,6 +3,7 @@ package fsutil
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 
@@ -133,4 +134,175 @@ func copySkippingZeros(in, out *os.File, off, end int64) ([]Extent, error) {
 		}
 	}
 	return ext, nil
+}
+
+// pageSize is the unit CopyDelta compares: a guest page.
+const pageSize = 4096
+
+// DeltaGap is the largest run of unchanged bytes CopyDelta writes again
+// to join two runs of changed pages into one write: through JuiceFS each
+// write far from the last is a slice and an object of its own, which cost
+// 2-3 ms each here (130 scattered pages took 360 ms to sync), where
+// rewriting a MiB costs 3-4 ms. Measured over a 512 MiB guest's memory
+// with 1.6 MiB changed (2026-11-26, 3 rounds): 410-525 ms page by page,
+// 260-285 joined within 64 KiB, 160-200 within 256 KiB, 125-175 within
+// 1 MiB (23.5 MiB written), 190-270 within 4 MiB.
+var DeltaGap int64 = 1 << 20
+
+// CopyDelta makes dst hold what src holds, where dst, a file of src's
+// size, already holds what base holds (a metadata clone of an earlier
+// copy of src, of which base is another copy, on a filesystem that reads
+// cheaper): it compares src with base page by page over the data ranges
+// of either, and writes to dst only the runs of pages that differ (zeros
+// where src has a hole and base had data), joined when DeltaGap or less
+// apart. A guest's memory changes little between two snapshots, and the
+// write is what costs through a FUSE volume (some 200 MB/s here). dst is
+// fsynced. It returns the data ranges of src, as CopySparseExtents does,
+// and how many bytes it wrote.
+func CopyDelta(src, dst, base string) ([]Extent, int64, error) {
+	fail := func(err error) ([]Extent, int64, error) {
+		return nil, 0, fmt.Errorf("copy changes of %s to %s: %w", src, dst, err)
+	}
+	var files [3]*os.File
+	for i, p := range []string{src, base} {
+		f, err := os.Open(p)
+		if err != nil {
+			return fail(err)
+		}
+		defer f.Close()
+		files[i] = f
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY, 0)
+	if err != nil {
+		return fail(err)
+	}
+	defer out.Close()
+	files[2] = out
+	var size int64
+	for i, f := range files {
+		st, err := f.Stat()
+		if err != nil {
+			return fail(err)
+		}
+		if i == 0 {
+			size = st.Size()
+		} else if st.Size() != size {
+			return fail(fmt.Errorf("%s is %d bytes, %s %d", f.Name(), st.Size(), src, size))
+		}
+	}
+	in, old := files[0], files[1]
+	ext := dataRanges(in, size)
+	var changed []Extent
+	a, b := make([]byte, copyBlock), make([]byte, copyBlock)
+	for _, r := range unionPages(ext, dataRanges(old, size), size) {
+		for off := r.Off; off < r.Off+r.Len; {
+			n := int(min(int64(copyBlock), r.Off+r.Len-off))
+			if err := readFull(in, a[:n], off); err != nil {
+				return fail(err)
+			}
+			if err := readFull(old, b[:n], off); err != nil {
+				return fail(err)
+			}
+			changed = changedPages(changed, a[:n], b[:n], off)
+			off += int64(n)
+		}
+	}
+	var written int64
+	for _, c := range changed {
+		for off := c.Off; off < c.Off+c.Len; {
+			n := int(min(int64(copyBlock), c.Off+c.Len-off))
+			if err := readFull(in, a[:n], off); err != nil {
+				return fail(err)
+			}
+			if _, err := out.WriteAt(a[:n], off); err != nil {
+				return fail(err)
+			}
+			written += int64(n)
+			off += int64(n)
+		}
+	}
+	if err := out.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := out.Close(); err != nil {
+		return fail(err)
+	}
+	return ext, written, nil
+}
+
+// changedPages adds to runs the pages of cur that differ from old (both
+// as long, at off in their files), joining a page to the last run when
+// DeltaGap or less after it.
+func changedPages(runs []Extent, cur, old []byte, off int64) []Extent {
+	if bytes.Equal(cur, old) {
+		return runs
+	}
+	for p := 0; p < len(cur); p += pageSize {
+		e := min(p+pageSize, len(cur))
+		if bytes.Equal(cur[p:e], old[p:e]) {
+			continue
+		}
+		at, n := off+int64(p), int64(e-p)
+		if k := len(runs); k > 0 && at-(runs[k-1].Off+runs[k-1].Len) <= DeltaGap {
+			runs[k-1].Len = at + n - runs[k-1].Off
+			continue
+		}
+		runs = append(runs, Extent{at, n})
+	}
+	return runs
+}
+
+// readFull reads len(buf) bytes at off: what lies past the end reads as
+// zeros.
+func readFull(f *os.File, buf []byte, off int64) error {
+	n, err := f.ReadAt(buf, off)
+	if err == io.EOF {
+		clear(buf[n:])
+		return nil
+	}
+	return err
+}
+
+// dataRanges lists the data ranges of f (size bytes): the whole file
+// when its filesystem cannot tell holes.
+func dataRanges(f *os.File, size int64) []Extent {
+	var ext []Extent
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole remains
+		}
+		if err != nil {
+			return addExtent(ext, off, size-off)
+		}
+		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
+		if err != nil || hole > size {
+			hole = size
+		}
+		ext = addExtent(ext, data, hole-data)
+		off = hole
+	}
+	return ext
+}
+
+// unionPages merges two sorted lists of ranges into one, each range
+// widened to whole pages (and cut at size).
+func unionPages(a, b []Extent, size int64) []Extent {
+	all := make([]Extent, 0, len(a)+len(b))
+	for len(a) > 0 || len(b) > 0 {
+		var e Extent
+		if len(b) == 0 || len(a) > 0 && a[0].Off <= b[0].Off {
+			e, a = a[0], a[1:]
+		} else {
+			e, b = b[0], b[1:]
+		}
+		start := e.Off / pageSize * pageSize
+		end := min((e.Off+e.Len+pageSize-1)/pageSize*pageSize, size)
+		if k := len(all); k > 0 && start <= all[k-1].Off+all[k-1].Len {
+			all[k-1].Len = max(all[k-1].Len, end-all[k-1].Off)
+			continue
+		}
+		all = append(all, Extent{start, end - start})
+	}
+	return all
 }

@@ -67,6 +67,11 @@ func (v *VMM) ramFile() string {
 	return v.opts.RunDir.MemoryFile()
 }
 
+var (
+	_ vmm.Hypervisor       = (*VMM)(nil)
+	_ vmm.DeltaSnapshotter = (*VMM)(nil)
+)
+
 // VMM is one QEMU process and its VM.
 type VMM struct {
 	opts  Options

@@ -47,6 +47,28 @@ type snapshotMeta struct {
 // x-ignore-shared (RAM is not streamed), then a sparse copy of the RAM
 // file. The VM stays paused.
 func (v *VMM) Snapshot(ctx context.Context, dir string) error {
+	return v.snapshot(ctx, dir, "")
+}
+
+// DeltaMemoryFile is the memory file SnapshotOver writes over; "" when
+// the RAM goes into the state stream (Options.StreamRAM).
+func (v *VMM) DeltaMemoryFile() string {
+	if v.opts.StreamRAM {
+		return ""
+	}
+	return snapMemory
+}
+
+// SnapshotOver is Snapshot into dir whose memory file is a clone of an
+// earlier snapshot's memory, of which base is a local copy: only the
+// pages of the RAM file that differ from base are written
+// (fsutil.CopyDelta). If that fails (base gone, or of another size), the
+// memory is written whole.
+func (v *VMM) SnapshotOver(ctx context.Context, dir, base string) error {
+	return v.snapshot(ctx, dir, base)
+}
+
+func (v *VMM) snapshot(ctx context.Context, dir, base string) error {
 	if err := v.transition(ctx, "snapshot"); err != nil {
 		return err
 	}
@@ -61,6 +83,7 @@ func (v *VMM) Snapshot(ctx context.Context, dir string) error {
 	if err != nil {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
+	end := phase.Begin(ctx, "qemu: device state")
 	err = v.migrateFD(ctx, "migrate", f)
 	if err == nil {
 		err = v.waitMigration(ctx)
@@ -68,11 +91,13 @@ func (v *VMM) Snapshot(ctx context.Context, dir string) error {
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
+	end()
 	if err != nil {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
+	defer phase.Begin(ctx, "qemu: memory, map, config")()
 	if !v.opts.StreamRAM {
-		ext, err := fsutil.CopySparseExtents(v.ramFile(), filepath.Join(dir, snapMemory))
+		ext, err := v.copyMemoryOut(ctx, filepath.Join(dir, snapMemory), base)
 		if err != nil {
 			return fmt.Errorf("snapshot vm: memory: %w", err)
 		}
@@ -95,6 +120,24 @@ func (v *VMM) Snapshot(ctx context.Context, dir string) error {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
 	return nil
+}
+
+// copyMemoryOut copies the RAM file to dst, a snapshot's memory file:
+// only the pages that differ from base when base is set (dst then holds
+// what base holds), else whole; it returns the RAM file's data ranges.
+func (v *VMM) copyMemoryOut(ctx context.Context, dst, base string) ([]fsutil.Extent, error) {
+	if base != "" {
+		end := phase.Begin(ctx, "qemu: write the changed memory")
+		ext, n, err := fsutil.CopyDelta(v.ramFile(), dst, base)
+		end()
+		if err == nil {
+			v.opts.Logger.Debug("qemu: snapshot memory written over the earlier one", "changed_bytes", n)
+			return ext, nil
+		}
+		v.opts.Logger.Warn("qemu: snapshot memory: writing it whole", "err", err)
+	}
+	defer phase.Begin(ctx, "qemu: copy the memory")()
+	return fsutil.CopySparseExtents(v.ramFile(), dst)
 }
 
 // Restore starts a fresh QEMU on a copy of the snapshot's RAM file and
