@@ -77,3 +77,50 @@ func TestLocalMemoryCopiesAndSpareDisks(t *testing.T) {
 		t.Fatalf("a removed vm's copies stay: %v", err)
 	}
 }
+
+// TestSnapshotsWrittenOverTheLast: a sleep or a memory checkpoint of a VM
+// whose RAM came from a snapshot with a local copy clones that snapshot's
+// memory and writes only the pages that changed (their traces say so);
+// what it wrote restores the guest's memory as it was, read from the
+// volume after a daemon restart dropped the local copies.
+func TestSnapshotsWrittenOverTheLast(t *testing.T) {
+	d := startDaemon(t)
+	const over = "qemu: write the changed memory"
+	d.must("create", "box", "--memory", "128M", "--idle-timeout", "0")
+	d.must("exec", "box", "--", "sh", "-c", "echo one > /tmp/mark") // /tmp is a tmpfs: memory only
+	d.must("sleep", "box")
+	d.must("wake", "box") // from the slot's local copy: the RAM equals it
+	d.must("exec", "box", "--", "sh", "-c", "echo two > /tmp/mark; head -c 4000000 /dev/urandom > /tmp/blob; md5sum /tmp/blob > /tmp/sum")
+	d.must("sleep", "box")
+	if s := d.steps("box"); !strings.Contains(s, "volume: clone the last snapshot's memory") || !strings.Contains(s, over) {
+		t.Fatalf("the sleep after a wake wrote its memory whole: %s", s)
+	}
+	d.must("wake", "box")
+	if id := strings.TrimSpace(d.must("checkpoint", "box")); id != "cp-1" {
+		t.Fatalf("checkpoint id %q", id)
+	}
+	if s := d.steps("box"); !strings.Contains(s, over) {
+		t.Fatalf("the checkpoint after a wake wrote its memory whole: %s", s)
+	}
+	d.must("exec", "box", "--", "sh", "-c", "echo three > /tmp/mark")
+	d.must("sleep", "box") // over the checkpoint's memory
+	if s := d.steps("box"); !strings.Contains(s, over) {
+		t.Fatalf("the sleep after a checkpoint wrote its memory whole: %s", s)
+	}
+
+	// Without local copies, the wake and the restore read the volume's.
+	d.kill()
+	d.start()
+	d.must("wake", "box")
+	if s := d.steps("box"); strings.Contains(s, "local copy") {
+		t.Fatalf("the wake after a restart read a local copy: %s", s)
+	}
+	check := "cat /tmp/mark; md5sum -c /tmp/sum >/dev/null && echo intact"
+	if out := d.must("exec", "box", "--", "sh", "-c", check); out != "three\nintact\n" {
+		t.Fatalf("after a wake from the memory written over the checkpoint's: %q", out)
+	}
+	d.must("restore", "box", "cp-1", "--no-save")
+	if out := d.must("exec", "box", "--", "sh", "-c", check); out != "two\nintact\n" {
+		t.Fatalf("after a restore of the checkpoint written over the slot: %q", out)
+	}
+}
