@@ -195,7 +195,10 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 	if err := hv.Pause(ctx); err != nil {
 		return err
 	}
-	return hv.Snapshot(ctx, snap)
+	if err := hv.Snapshot(ctx, snap); err != nil {
+		return err
+	}
+	return fsutil.SyncTree(snap)
 }
 
 // baseImage makes sure the image's root disk is on the volume (imported

@@ -42,7 +42,8 @@ type Hypervisor interface {
 	// Resume runs the vCPUs of a paused VM.
 	Resume(ctx context.Context) error
 	// Snapshot writes the state of a paused VM (memory and devices) into
-	// dir, which must exist and be empty. The VM stays paused.
+	// dir, which must exist and be empty. The VM stays paused. Its files
+	// may not be synced: the caller syncs dir before it relies on them.
 	Snapshot(ctx context.Context, dir string) error
 	// Restore brings a VM back from a snapshot directory into this VMM,
 	// which must not have a VM yet.

@@ -80,6 +80,15 @@ func WriteJSONAtomic(path string, v any, perm os.FileMode) error {
 	return WriteFileAtomic(path, append(data, '\n'), perm)
 }
 
+// ReplaceJSON writes v as indented JSON with ReplaceFile: not synced.
+func ReplaceJSON(path string, v any, perm os.FileMode) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return ReplaceFile(path, append(data, '\n'), perm)
+}
+
 // SyncDir fsyncs a directory so that a rename or create in it is durable.
 func SyncDir(dir string) error {
 	d, err := os.Open(dir)
