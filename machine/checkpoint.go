@@ -105,7 +105,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 		if local := m.memc.local(vm.Name, key); memCopy != nil && local != "" {
 			// The RAM equals the checkpoint's memory now: the next
 			// snapshot is written over it (delta.go).
-			in.origin.set(memOrigin{dir: checkpoint.Dir(vm.Name, id).Join(checkpoint.VMMDir), local: local})
+			m.setOrigin(in, checkpoint.Dir(vm.Name, id).Join(checkpoint.VMMDir), local)
 		}
 	} else {
 		memCopy.drop()

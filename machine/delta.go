@@ -2,8 +2,10 @@ package machine
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
+	"syscall"
 
 	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/storage"
@@ -29,6 +31,10 @@ import (
 type memOrigin struct {
 	dir   storage.Path // the VMM's snapshot directory on the volume
 	local string       // the local copy of its memory file
+	// ino is the volume's memory file's inode when the origin was
+	// recorded: a file renamed into its place since (a sleep that swapped
+	// its slot and then failed) is another snapshot's.
+	ino uint64
 }
 
 // originBox holds an instance's memory origin.
@@ -43,15 +49,51 @@ func (b *originBox) get() memOrigin {
 	return b.o
 }
 
-// set records o; one without a local copy records none (the next
-// snapshot is written whole).
 func (b *originBox) set(o memOrigin) {
-	if o.local == "" {
-		o = memOrigin{}
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.o = o
+}
+
+// setOrigin records that in's RAM now equals the memory of the VMM
+// snapshot in dir, of which local is a local copy; without a local copy,
+// a VMM that writes over snapshots or a memory file there, it records
+// none (the next snapshot is written whole).
+func (m *Manager) setOrigin(in *instance, dir storage.Path, local string) {
+	o := memOrigin{}
+	if file, ok := deltaFile(in); ok && local != "" {
+		if ino, err := m.inode(dir.Join(file)); err == nil {
+			o = memOrigin{dir: dir, local: local, ino: ino}
+		}
+	}
+	in.origin.set(o)
+}
+
+// deltaFile is the memory file of in's VMM snapshots when it writes
+// snapshots over earlier ones.
+func deltaFile(in *instance) (string, bool) {
+	ds, ok := in.hv.(vmm.DeltaSnapshotter)
+	if !ok || ds.DeltaMemoryFile() == "" {
+		return "", false
+	}
+	return ds.DeltaMemoryFile(), true
+}
+
+// inode is the inode number of a file on the volume.
+func (m *Manager) inode(p storage.Path) (uint64, error) {
+	host, err := m.vol.Path(p)
+	if err != nil {
+		return 0, err
+	}
+	st, err := os.Stat(host)
+	if err != nil {
+		return 0, err
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok || !st.Mode().IsRegular() {
+		return 0, fmt.Errorf("%s: not a regular file", p)
+	}
+	return sys.Ino, nil
 }
 
 // snapshotVMM writes the paused VM's VMM snapshot into dir, a directory
@@ -72,18 +114,18 @@ func (m *Manager) snapshotVMM(ctx context.Context, in *instance, dir storage.Pat
 // over it, and returns the VMM that writes it and the local copy to
 // compare with: "" when the snapshot is to be written whole.
 func (m *Manager) deltaBase(ctx context.Context, in *instance, dir storage.Path) (vmm.DeltaSnapshotter, string) {
-	ds, ok := in.hv.(vmm.DeltaSnapshotter)
-	if !ok || ds.DeltaMemoryFile() == "" {
-		return nil, ""
-	}
+	name, ok := deltaFile(in)
 	o := in.origin.get()
-	if o.local == "" {
+	if !ok || o.local == "" {
 		return nil, ""
 	}
 	if st, err := os.Stat(o.local); err != nil || !st.Mode().IsRegular() {
 		return nil, "" // trimmed from the copies, or dropped
 	}
-	name := ds.DeltaMemoryFile()
+	if ino, err := m.inode(o.dir.Join(name)); err != nil || ino != o.ino {
+		m.log.Debug("den: snapshot memory written whole: its origin is gone or replaced", "vm", in.name, "err", err)
+		return nil, ""
+	}
 	end := phase.Begin(ctx, "volume: clone the last snapshot's memory")
 	err := m.vol.Clone(ctx, o.dir.Join(name), dir.Join(name))
 	end()
@@ -92,5 +134,5 @@ func (m *Manager) deltaBase(ctx context.Context, in *instance, dir storage.Path)
 		_ = m.vol.Remove(context.WithoutCancel(ctx), dir.Join(name))
 		return nil, ""
 	}
-	return ds, o.local
+	return in.hv.(vmm.DeltaSnapshotter), o.local
 }

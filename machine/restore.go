@@ -185,7 +185,7 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, src 
 			return ran(err)
 		}
 	}
-	in.origin.set(memOrigin{dir: src.snapDir, local: from})
+	m.setOrigin(in, src.snapDir, from)
 	m.setInstance(in)
 	go m.watch(in)
 	return in, nil
