@@ -1,10 +1,16 @@
 package e2e
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/denhq/den/api"
+	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/storage"
 )
 
 // TestLocalMemoryCopiesAndSpareDisks: a sleep and a memory checkpoint
@@ -81,36 +87,54 @@ func TestLocalMemoryCopiesAndSpareDisks(t *testing.T) {
 // TestSnapshotsWrittenOverTheLast: a sleep or a memory checkpoint of a VM
 // whose RAM came from a snapshot with a local copy clones that snapshot's
 // memory and writes only the pages that changed (their traces say so);
-// what it wrote restores the guest's memory as it was, read from the
-// volume after a daemon restart dropped the local copies.
+// what it wrote is whole against its digests and restores the guest's
+// memory as it was, read from the volume after a daemon restart dropped
+// the local copies.
 func TestSnapshotsWrittenOverTheLast(t *testing.T) {
 	d := startDaemon(t)
-	const over = "qemu: write the changed memory"
+	writtenOver := func(what string) {
+		t.Helper()
+		s := d.steps("box")
+		if !strings.Contains(s, "volume: clone the last snapshot's memory") || !strings.Contains(s, "qemu: write the changed memory") ||
+			strings.Contains(s, "qemu: copy the memory") {
+			t.Fatalf("%s wrote its memory whole: %s", what, s)
+		}
+	}
 	d.must("create", "box", "--memory", "128M", "--idle-timeout", "0")
 	d.must("exec", "box", "--", "sh", "-c", "echo one > /tmp/mark") // /tmp is a tmpfs: memory only
 	d.must("sleep", "box")
 	d.must("wake", "box") // from the slot's local copy: the RAM equals it
 	d.must("exec", "box", "--", "sh", "-c", "echo two > /tmp/mark; head -c 4000000 /dev/urandom > /tmp/blob; md5sum /tmp/blob > /tmp/sum")
 	d.must("sleep", "box")
-	if s := d.steps("box"); !strings.Contains(s, "volume: clone the last snapshot's memory") || !strings.Contains(s, over) {
-		t.Fatalf("the sleep after a wake wrote its memory whole: %s", s)
-	}
+	writtenOver("the sleep after a wake")
 	d.must("wake", "box")
 	if id := strings.TrimSpace(d.must("checkpoint", "box")); id != "cp-1" {
 		t.Fatalf("checkpoint id %q", id)
 	}
-	if s := d.steps("box"); !strings.Contains(s, over) {
-		t.Fatalf("the checkpoint after a wake wrote its memory whole: %s", s)
-	}
+	writtenOver("the checkpoint after a wake")
 	d.must("exec", "box", "--", "sh", "-c", "echo three > /tmp/mark")
 	d.must("sleep", "box") // over the checkpoint's memory
-	if s := d.steps("box"); !strings.Contains(s, over) {
-		t.Fatalf("the sleep after a checkpoint wrote its memory whole: %s", s)
-	}
+	writtenOver("the sleep after a checkpoint")
 
-	// Without local copies, the wake and the restore read the volume's.
+	// The digests, made from the local copies of the RAM, are written
+	// before the restart: what the wake and the restore then read from
+	// the volume is checked against them.
+	mnt := filepath.Join(d.state, "juicefs", "mnt")
+	slot, cp := filepath.Join(mnt, string(storage.SuspendDir("box"))), filepath.Join(mnt, string(checkpoint.Dir("box", "cp-1")))
+	if !eventually(3*time.Minute, func() bool { return checkpoint.Sealed(slot) && checkpoint.Sealed(cp) }) {
+		t.Fatal("the slot's and the checkpoint's digests were not written within 3 minutes")
+	}
 	d.kill()
 	d.start()
+	var verified []api.Verification
+	if err := json.Unmarshal([]byte(d.must("checkpoint", "verify", "box", "cp-1", "--json")), &verified); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range verified {
+		if r.Status != "ok" {
+			t.Fatalf("verify of the checkpoint written over the slot: %+v", r)
+		}
+	}
 	d.must("wake", "box")
 	if s := d.steps("box"); strings.Contains(s, "local copy") {
 		t.Fatalf("the wake after a restart read a local copy: %s", s)

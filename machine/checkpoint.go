@@ -178,7 +178,7 @@ func (g guestOf) Snapshot(ctx context.Context, dir storage.Path) error {
 		job = g.m.startMemCopy(g.in.name)
 		*g.mem = job
 	}
-	err := g.m.snapshotVMM(ctx, g.in, dir)
+	err := g.m.snapshotVMM(ctx, g.in, dir, job != nil)
 	end := phase.Begin(ctx, "wait for the local memory copy")
 	job.wait()
 	end()

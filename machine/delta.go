@@ -98,11 +98,16 @@ func (m *Manager) inode(p storage.Path) (uint64, error) {
 
 // snapshotVMM writes the paused VM's VMM snapshot into dir, a directory
 // on the volume: over a clone of its memory origin's memory when it has
-// one, else whole.
-func (m *Manager) snapshotVMM(ctx context.Context, in *instance, dir storage.Path) error {
+// one and over says so, else whole. over is whether a local copy of the
+// new snapshot's memory is being made: its digests are then made from
+// that copy of the RAM, never from the file written over the origin.
+func (m *Manager) snapshotVMM(ctx context.Context, in *instance, dir storage.Path, over bool) error {
 	host, err := m.vol.Path(dir)
 	if err != nil {
-		return err
+		return fmt.Errorf("snapshot vm %q: %w", in.name, err)
+	}
+	if !over {
+		return in.hv.Snapshot(ctx, host)
 	}
 	if ds, base := m.deltaBase(ctx, in, dir); base != "" {
 		return ds.SnapshotOver(ctx, host, base)
@@ -130,7 +135,7 @@ func (m *Manager) deltaBase(ctx context.Context, in *instance, dir storage.Path)
 	err := m.vol.Clone(ctx, o.dir.Join(name), dir.Join(name))
 	end()
 	if err != nil {
-		m.log.Debug("den: snapshot memory written whole", "vm", in.name, "err", err)
+		m.log.Warn("den: snapshot memory written whole: clone of the last snapshot's", "vm", in.name, "err", err)
 		_ = m.vol.Remove(context.WithoutCancel(ctx), dir.Join(name))
 		return nil, ""
 	}

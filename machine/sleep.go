@@ -88,6 +88,9 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	// undo runs the paused VM again after a failure; a VM that cannot be
 	// resumed is stopped and recorded so, never left paused as running.
 	undo := func(cause error) error {
+		// The slot may hold the new snapshot now: the next one is
+		// written whole (delta.go).
+		in.origin.set(memOrigin{})
 		if rerr := checkpoint.Resume(context.WithoutCancel(ctx), guestOf{m: m, in: in}, m.log); rerr != nil {
 			stopped = true
 			m.stopInstance(ctx, in, stopQuit)
@@ -96,7 +99,7 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 		return fmt.Errorf("sleep vm %q: %w", name, cause)
 	}
 	end = phase.Begin(ctx, "vmm snapshot")
-	err = m.snapshotVMM(ctx, in, tmp)
+	err = m.snapshotVMM(ctx, in, tmp, memCopy != nil)
 	end()
 	if err == nil {
 		end = phase.Begin(ctx, "sync the snapshot")
