@@ -81,11 +81,7 @@ func deltaFile(in *instance) (string, bool) {
 
 // inode is the inode number of a file on the volume.
 func (m *Manager) inode(p storage.Path) (uint64, error) {
-	host, err := m.vol.Path(p)
-	if err != nil {
-		return 0, err
-	}
-	st, err := os.Stat(host)
+	st, err := m.statVolume(p)
 	if err != nil {
 		return 0, err
 	}

@@ -24,13 +24,18 @@ func (m *Manager) growDiskFile(name string, size int64) error {
 	return m.growFile(storage.VMDisk(name), size)
 }
 
-// fileSize is the apparent size of a file on the volume.
-func (m *Manager) fileSize(p storage.Path) (int64, error) {
+// statVolume stats a file on the volume.
+func (m *Manager) statVolume(p storage.Path) (os.FileInfo, error) {
 	host, err := m.vol.Path(p)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	st, err := os.Stat(host)
+	return os.Stat(host)
+}
+
+// fileSize is the apparent size of a file on the volume.
+func (m *Manager) fileSize(p storage.Path) (int64, error) {
+	st, err := m.statVolume(p)
 	if err != nil {
 		return 0, fmt.Errorf("disk: %w", err)
 	}
