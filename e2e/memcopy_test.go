@@ -130,6 +130,9 @@ func TestSnapshotsWrittenOverTheLast(t *testing.T) {
 	if err := json.Unmarshal([]byte(d.must("checkpoint", "verify", "box", "cp-1", "--json")), &verified); err != nil {
 		t.Fatal(err)
 	}
+	if len(verified) != 1 {
+		t.Fatalf("verify of cp-1 reported %d checkpoints: %+v", len(verified), verified)
+	}
 	for _, r := range verified {
 		if r.Status != "ok" {
 			t.Fatalf("verify of the checkpoint written over the slot: %+v", r)

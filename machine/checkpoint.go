@@ -102,10 +102,12 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 	if err == nil {
 		key := checkpointKey(id, rec.Seal)
 		memCopy.keep(key)
-		if local := m.memc.local(vm.Name, key); memCopy != nil && local != "" {
-			// The RAM equals the checkpoint's memory now: the next
-			// snapshot is written over it (delta.go).
-			m.setOrigin(in, checkpoint.Dir(vm.Name, id).Join(checkpoint.VMMDir), local)
+		if memCopy != nil {
+			if local := m.memc.local(vm.Name, key); local != "" {
+				// The RAM equals the checkpoint's memory now: the next
+				// snapshot is written over it (delta.go).
+				m.setOrigin(in, checkpoint.Dir(vm.Name, id).Join(checkpoint.VMMDir), local)
+			}
 		}
 	} else {
 		memCopy.drop()

@@ -61,7 +61,7 @@ func (b *originBox) set(o memOrigin) {
 // none (the next snapshot is written whole).
 func (m *Manager) setOrigin(in *instance, dir storage.Path, local string) {
 	o := memOrigin{}
-	if file, ok := deltaFile(in); ok && local != "" {
+	if _, file := deltaVMM(in); file != "" && local != "" {
 		if ino, err := m.inode(dir.Join(file)); err == nil {
 			o = memOrigin{dir: dir, local: local, ino: ino}
 		}
@@ -69,14 +69,14 @@ func (m *Manager) setOrigin(in *instance, dir storage.Path, local string) {
 	in.origin.set(o)
 }
 
-// deltaFile is the memory file of in's VMM snapshots when it writes
-// snapshots over earlier ones.
-func deltaFile(in *instance) (string, bool) {
+// deltaVMM is in's VMM as one that writes snapshots over earlier ones,
+// and the memory file it writes over ("" when it does not).
+func deltaVMM(in *instance) (vmm.DeltaSnapshotter, string) {
 	ds, ok := in.hv.(vmm.DeltaSnapshotter)
-	if !ok || ds.DeltaMemoryFile() == "" {
-		return "", false
+	if !ok {
+		return nil, ""
 	}
-	return ds.DeltaMemoryFile(), true
+	return ds, ds.DeltaMemoryFile()
 }
 
 // inode is the inode number of a file on the volume.
@@ -102,11 +102,10 @@ func (m *Manager) snapshotVMM(ctx context.Context, in *instance, dir storage.Pat
 	if err != nil {
 		return fmt.Errorf("snapshot vm %q: %w", in.name, err)
 	}
-	if !over {
-		return in.hv.Snapshot(ctx, host)
-	}
-	if ds, base := m.deltaBase(ctx, in, dir); base != "" {
-		return ds.SnapshotOver(ctx, host, base)
+	if over {
+		if ds, base := m.deltaBase(ctx, in, dir); base != "" {
+			return ds.SnapshotOver(ctx, host, base)
+		}
 	}
 	return in.hv.Snapshot(ctx, host)
 }
@@ -115,9 +114,9 @@ func (m *Manager) snapshotVMM(ctx context.Context, in *instance, dir storage.Pat
 // over it, and returns the VMM that writes it and the local copy to
 // compare with: "" when the snapshot is to be written whole.
 func (m *Manager) deltaBase(ctx context.Context, in *instance, dir storage.Path) (vmm.DeltaSnapshotter, string) {
-	name, ok := deltaFile(in)
+	ds, name := deltaVMM(in)
 	o := in.origin.get()
-	if !ok || o.local == "" {
+	if name == "" || o.local == "" {
 		return nil, ""
 	}
 	if st, err := os.Stat(o.local); err != nil || !st.Mode().IsRegular() {
@@ -135,5 +134,5 @@ func (m *Manager) deltaBase(ctx context.Context, in *instance, dir storage.Path)
 		_ = m.vol.Remove(context.WithoutCancel(ctx), dir.Join(name))
 		return nil, ""
 	}
-	return in.hv.(vmm.DeltaSnapshotter), o.local
+	return ds, o.local
 }

@@ -73,20 +73,20 @@ func ReplaceFile(path string, data []byte, perm os.FileMode) error {
 
 // WriteJSONAtomic writes v as indented JSON with WriteFileAtomic.
 func WriteJSONAtomic(path string, v any, perm os.FileMode) error {
-	data, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return WriteFileAtomic(path, append(data, '\n'), perm)
+	return writeJSON(WriteFileAtomic, path, v, perm)
 }
 
 // ReplaceJSON writes v as indented JSON with ReplaceFile: not synced.
 func ReplaceJSON(path string, v any, perm os.FileMode) error {
+	return writeJSON(ReplaceFile, path, v, perm)
+}
+
+func writeJSON(write func(string, []byte, os.FileMode) error, path string, v any, perm os.FileMode) error {
 	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	return ReplaceFile(path, append(data, '\n'), perm)
+	return write(path, append(data, '\n'), perm)
 }
 
 // SyncDir fsyncs a directory so that a rename or create in it is durable.

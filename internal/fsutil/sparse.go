@@ -30,30 +30,15 @@ func addExtent(ext []Extent, off, n int64) []Extent {
 // copyRanges copies the data ranges of in (size bytes) to the same offsets
 // of out and returns them.
 func copyRanges(in, out *os.File, size int64) ([]Extent, error) {
-	var off int64
-	var ext []Extent
-	for off < size {
-		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return ext, nil // only a hole remains
-		}
-		if err != nil {
-			// The filesystem cannot tell holes: copy, skipping zeros.
-			more, err := copySkippingZeros(in, out, off, size)
-			for _, e := range more {
-				ext = addExtent(ext, e.Off, e.Len)
-			}
-			return ext, err
-		}
-		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			hole = size
-		}
-		if err := copyRange(in, out, data, hole-data); err != nil {
+	ext, ok := dataRanges(in, size)
+	if !ok {
+		// The filesystem cannot tell holes: copy, skipping zeros.
+		return copySkippingZeros(in, out, 0, size)
+	}
+	for _, e := range ext {
+		if err := copyRange(in, out, e.Off, e.Len); err != nil {
 			return nil, err
 		}
-		ext = addExtent(ext, data, hole-data)
-		off = hole
 	}
 	return ext, nil
 }
@@ -163,38 +148,36 @@ func CopyDelta(src, dst, base string) ([]Extent, int64, error) {
 	fail := func(err error) ([]Extent, int64, error) {
 		return nil, 0, fmt.Errorf("copy changes of %s to %s: %w", src, dst, err)
 	}
-	var files [3]*os.File
-	for i, p := range []string{src, base} {
-		f, err := os.Open(p)
-		if err != nil {
-			return fail(err)
-		}
-		defer f.Close()
-		files[i] = f
+	in, err := os.Open(src)
+	if err != nil {
+		return fail(err)
 	}
+	defer in.Close()
+	old, err := os.Open(base)
+	if err != nil {
+		return fail(err)
+	}
+	defer old.Close()
 	out, err := os.OpenFile(dst, os.O_WRONLY, 0)
 	if err != nil {
 		return fail(err)
 	}
 	defer out.Close()
-	files[2] = out
-	var size int64
-	for i, f := range files {
-		st, err := f.Stat()
-		if err != nil {
-			return fail(err)
-		}
-		if i == 0 {
-			size = st.Size()
-		} else if st.Size() != size {
-			return fail(fmt.Errorf("%s is %d bytes, %s %d", f.Name(), st.Size(), src, size))
+	st, err := in.Stat()
+	if err != nil {
+		return fail(err)
+	}
+	size := st.Size()
+	for _, f := range []*os.File{old, out} {
+		if st, err := f.Stat(); err != nil || st.Size() != size {
+			return fail(fmt.Errorf("%s is not %s's %d bytes (%v)", f.Name(), src, size, err))
 		}
 	}
-	in, old := files[0], files[1]
-	ext := dataRanges(in, size)
+	ext, _ := dataRanges(in, size)
+	oldExt, _ := dataRanges(old, size)
 	var changed []Extent
 	a, b := make([]byte, copyBlock), make([]byte, copyBlock)
-	for _, r := range unionPages(ext, dataRanges(old, size), size) {
+	for _, r := range unionPages(ext, oldExt, size) {
 		for off := r.Off; off < r.Off+r.Len; {
 			n := int(min(int64(copyBlock), r.Off+r.Len-off))
 			if err := readFull(in, a[:n], off); err != nil {
@@ -263,17 +246,16 @@ func readFull(f *os.File, buf []byte, off int64) error {
 	return err
 }
 
-// dataRanges lists the data ranges of f (size bytes): the whole file
-// when its filesystem cannot tell holes.
-func dataRanges(f *os.File, size int64) []Extent {
-	var ext []Extent
+// dataRanges lists the data ranges of f (size bytes); ok is false, with
+// the whole file as one range, when its filesystem cannot tell holes.
+func dataRanges(f *os.File, size int64) (ext []Extent, ok bool) {
 	for off := int64(0); off < size; {
 		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
 			break // only a hole remains
 		}
 		if err != nil {
-			return addExtent(ext, off, size-off)
+			return []Extent{{0, size}}, false
 		}
 		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
 		if err != nil || hole > size {
@@ -282,7 +264,7 @@ func dataRanges(f *os.File, size int64) []Extent {
 		ext = addExtent(ext, data, hole-data)
 		off = hole
 	}
-	return ext
+	return ext, true
 }
 
 // unionPages merges two sorted lists of ranges into one, each range
