@@ -147,6 +147,9 @@ func (r *Result) ratios() {
 			// floor is timed (the figure to exec-ready adds a first exec).
 			put("create (warm base) / vmm floor", r.find("create to running (warm base)", v, "512M"), floor)
 			put("restore (memory+disk) / vmm floor", r.find("restore (memory+disk, to running)", v, "512M"), floor)
+			// What a create or a fork asks of the guest beyond the floor,
+			// first in a fresh QEMU and again (floor.go).
+			put("vmm floor: new identity first / again", r.find(identityFirst, v, "512M"), r.find(identityAgain, v, "512M"))
 		}
 		put("checkpoint (memory+disk) / sleep", r.find("checkpoint (memory+disk)", v, "512M"), r.find("sleep", v, "512M"))
 		put("TCP throughput tap / user-mode", r.find("guest to host TCP (tap)", v, ""), r.find("guest to host TCP (qemu user-mode)", v, ""))
@@ -247,7 +250,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 		d.stop()
 		if fl != nil {
-			res.Figures = append(res.Figures, fl.figure())
+			res.Figures = append(res.Figures, fl.figures()...)
 			fl.close()
 		}
 		if err != nil {

@@ -16,7 +16,10 @@ type Breakdown struct {
 	VMM     string      `json:"vmm"`
 	Memory  string      `json:"memory"`
 	TotalMS float64     `json:"total_ms"` // median, as the daemon (or, for the floor, the bench) measured it
-	Steps   []StepStats `json:"steps"`
+	// HostCPUMS is the median CPU time the whole host (every process,
+	// every core) used while the bench timed the operation; 0 unknown.
+	HostCPUMS float64     `json:"host_cpu_ms,omitempty"`
+	Steps     []StepStats `json:"steps"`
 }
 
 // StepStats is one step's median over the runs, and its share of the
@@ -39,7 +42,7 @@ type traces struct {
 
 type opTraces struct {
 	op, vmm, mem string
-	totals       []float64
+	totals, cpu  []float64
 	steps        map[string][]float64
 	stepOrder    []string
 }
@@ -58,7 +61,8 @@ func (d *daemon) addTrace(ctx context.Context, o Options, label, mem, vm string)
 	for _, s := range t.Steps {
 		steps = append(steps, timedStep{s.Name, s.MS})
 	}
-	d.traces.add(label, d.vmm, mem, t.TotalMS, steps)
+	d.traces.add(label, d.vmm, mem, t.TotalMS, d.opCPU, steps)
+	d.opCPU = -1
 	return nil
 }
 
@@ -68,8 +72,9 @@ type timedStep struct {
 	ms   float64
 }
 
-// add records one run of op: its total and its steps.
-func (ts *traces) add(op, vmm, mem string, totalMS float64, steps []timedStep) {
+// add records one run of op: its total, the host's CPU time meanwhile
+// (< 0: unknown) and its steps.
+func (ts *traces) add(op, vmm, mem string, totalMS, cpuMS float64, steps []timedStep) {
 	if ts.by == nil {
 		ts.by = map[string]*opTraces{}
 	}
@@ -81,6 +86,9 @@ func (ts *traces) add(op, vmm, mem string, totalMS float64, steps []timedStep) {
 		ts.order = append(ts.order, key)
 	}
 	ot.totals = append(ot.totals, totalMS)
+	if cpuMS >= 0 {
+		ot.cpu = append(ot.cpu, cpuMS)
+	}
 	for _, s := range steps {
 		if _, ok := ot.steps[s.name]; !ok {
 			ot.stepOrder = append(ot.stepOrder, s.name)
@@ -96,6 +104,7 @@ func (ts *traces) breakdowns() []Breakdown {
 		ot := ts.by[key]
 		total, _, _ := stats(ot.totals)
 		b := Breakdown{Op: ot.op, VMM: ot.vmm, Memory: ot.mem, TotalMS: total}
+		b.HostCPUMS, _, _ = stats(ot.cpu)
 		for _, name := range ot.stepOrder {
 			med, _, _ := stats(ot.steps[name])
 			st := StepStats{Name: name, MedianMS: med, Runs: len(ot.steps[name])}
@@ -117,8 +126,12 @@ func breakdownMarkdown(bs []Breakdown) string {
 		if strings.HasPrefix(bd.Op, "vmm floor") {
 			by = "the bench (QEMU alone, no daemon)"
 		}
-		fmt.Fprintf(&b, "\n**%s** (%s, %s): %.0f ms as %s measured it\n\n| step | median | share | runs |\n|---|---:|---:|---:|\n",
-			bd.Op, bd.VMM, bd.Memory, bd.TotalMS, by)
+		cpu := ""
+		if bd.HostCPUMS > 0 {
+			cpu = fmt.Sprintf("; the host's CPUs were busy %.0f ms meanwhile (every process, every core)", bd.HostCPUMS)
+		}
+		fmt.Fprintf(&b, "\n**%s** (%s, %s): %.0f ms as %s measured it%s\n\n| step | median | share | runs |\n|---|---:|---:|---:|\n",
+			bd.Op, bd.VMM, bd.Memory, bd.TotalMS, by, cpu)
 		steps := append([]StepStats(nil), bd.Steps...)
 		sort.SliceStable(steps, func(i, j int) bool { return steps[i].MedianMS > steps[j].MedianMS })
 		for _, s := range steps {

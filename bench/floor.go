@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
@@ -32,11 +34,14 @@ type floorGuest struct {
 	label   string // its memory column ("512M")
 	bytes   int64
 	ballast bool // 64 MiB written in the guest before the snapshot, as wakeBySize's VMs have
-	note    string
+	// identity: each sample then gives the restored guest a new
+	// identity twice (identityFirst, identityAgain).
+	identity bool
+	note     string
 }
 
 // mainFloor is the floor of the 512 MiB figures.
-var mainFloor = floorGuest{name: floorName, label: "512M", bytes: 512 << 20,
+var mainFloor = floorGuest{name: floorName, label: "512M", bytes: 512 << 20, identity: true,
 	note: "no den: the driver restores a local snapshot into a fresh QEMU and waits for the agent; sampled between den's qemu figures"}
 
 // ballastCmd gives a guest something in memory, as a working VM has.
@@ -59,12 +64,28 @@ type floor struct {
 	accel    string
 	n        int
 	fig      Figure
+	cpu      float64 // the host's CPU time over the last sample, ms (-1: unknown)
+	// idFirst and idAgain time a new identity in the guest, the first
+	// after the restore and another right after, when the guest asks.
+	identity         bool
+	idFirst, idAgain Figure
 }
+
+// The figures of the floor's identities: what a create from a warm base
+// or a fork asks of the guest after its restore, timed alone. Under TCG
+// the first runs guest code a fresh QEMU has not translated yet.
+const (
+	identityFirst = "vmm floor: a new identity in the guest, first after the restore (QEMU alone)"
+	identityAgain = "vmm floor: a new identity in the guest, again in the same QEMU (QEMU alone)"
+)
 
 // newFloor boots the floor's guest with QEMU alone, snapshots it, and
 // takes one sample as a warm-up.
 func newFloor(ctx context.Context, o Options, g floorGuest, say func(string)) (f *floor, err error) {
-	f = &floor{fig: Figure{Name: g.name, VMM: "qemu", Memory: g.label, Unit: "ms", Note: g.note}}
+	f = &floor{fig: Figure{Name: g.name, VMM: "qemu", Memory: g.label, Unit: "ms", Note: g.note}, identity: g.identity}
+	idNote := "no den: hostname, machine-id, host keys and token, as the agent's identity request sets them (no network device here)"
+	f.idFirst = Figure{Name: identityFirst, VMM: "qemu", Memory: g.label, Unit: "ms", Note: idNote}
+	f.idAgain = Figure{Name: identityAgain, VMM: "qemu", Memory: g.label, Unit: "ms", Note: idNote}
 	defer func() {
 		if err != nil {
 			f.close()
@@ -89,7 +110,7 @@ func newFloor(ctx context.Context, o Options, g floorGuest, say func(string)) (f
 	if vmm.DetectKVM().Usable {
 		f.accel = "kvm"
 	}
-	f.fig.Accel = f.accel
+	f.fig.Accel, f.idFirst.Accel, f.idAgain.Accel = f.accel, f.accel, f.accel
 	f.cfg = vmm.Config{
 		CPUs: 1, MemoryBytes: g.bytes, Kernel: images.BzImage(), Initramfs: images.Initramfs(),
 		Cmdline: "console=ttyS0 root=/dev/vda rw panic=-1 " + agent.AuthorizedKeyArg(f.signer.PublicKey()) + " den.hostname=floor",
@@ -158,12 +179,23 @@ func (f *floor) dial(ctx context.Context, v *qemu.VMM) (*agent.Client, error) {
 	return c, err
 }
 
-func (f *floor) ready(ctx context.Context, v *qemu.VMM) error {
-	c, err := f.dial(ctx, v)
-	if err == nil {
-		c.Close()
+// newIdentities gives the guest behind c a new identity twice and, when
+// record, times each into idFirst and idAgain.
+func (f *floor) newIdentities(ctx context.Context, c *agent.Client, record bool) error {
+	for _, fig := range []*Figure{&f.idFirst, &f.idAgain} {
+		var tok [16]byte
+		if _, err := rand.Read(tok[:]); err != nil {
+			return err
+		}
+		start := time.Now()
+		if _, err := c.NewIdentityToken(ctx, fmt.Sprintf("floor-%d", f.n), hex.EncodeToString(tok[:])); err != nil {
+			return fmt.Errorf("new identity: %w", err)
+		}
+		if record {
+			fig.Samples = append(fig.Samples, float64(time.Since(start).Microseconds())/1000)
+		}
 	}
-	return err
+	return nil
 }
 
 // sample times one restore of the snapshot into a fresh QEMU, to the
@@ -182,7 +214,7 @@ func (f *floor) sample(ctx context.Context, say func(string), tr *traces) error 
 		for _, s := range rec.Steps() {
 			steps = append(steps, timedStep{s.Name, float64(s.Took.Microseconds()) / 1000})
 		}
-		tr.add(f.fig.Name, "qemu", f.fig.Memory, f.fig.Samples[len(f.fig.Samples)-1], steps)
+		tr.add(f.fig.Name, "qemu", f.fig.Memory, f.fig.Samples[len(f.fig.Samples)-1], f.cpu, steps)
 	}
 	return nil
 }
@@ -203,7 +235,7 @@ func (f *floor) restore(ctx context.Context, record bool) error {
 		_ = v.Shutdown(context.Background())
 		_ = os.Remove(f.ramFile(f.n))
 	}()
-	start := time.Now()
+	start, span := time.Now(), startCPU()
 	end := phase.Begin(ctx, "vmm restore")
 	err = v.Restore(ctx, f.snap, vmm.RestoreOptions{Resume: true, Config: &f.cfg})
 	end()
@@ -211,13 +243,18 @@ func (f *floor) restore(ctx context.Context, record bool) error {
 		return fmt.Errorf("restore: %w", err)
 	}
 	end = phase.Begin(ctx, "agent ready")
-	err = f.ready(ctx, v)
+	c, err := f.dial(ctx, v)
 	end()
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
+	defer c.Close()
 	if record {
 		f.fig.Samples = append(f.fig.Samples, float64(time.Since(start).Microseconds())/1000)
+	}
+	f.cpu = span.ms()
+	if f.identity {
+		return f.newIdentities(ctx, c, record)
 	}
 	return nil
 }
@@ -227,6 +264,18 @@ func (f *floor) figure() Figure {
 	fig := f.fig
 	fig.Median, fig.Min, fig.Max = stats(fig.Samples)
 	return fig
+}
+
+// figures is the floor's figure, and its identities' when it timed them.
+func (f *floor) figures() []Figure {
+	out := []Figure{f.figure()}
+	if f.identity {
+		for _, fig := range []Figure{f.idFirst, f.idAgain} {
+			fig.Median, fig.Min, fig.Max = stats(fig.Samples)
+			out = append(out, fig)
+		}
+	}
+	return out
 }
 
 func (f *floor) close() {

@@ -28,6 +28,17 @@ type daemon struct {
 	vmm     string
 	traces  traces // the daemon's traces of timed operations (breakdown.go)
 	floor   *floor // sampled between the figures set against it, if any
+	// opCPU is the host's CPU time over the operation timed last, for
+	// its breakdown (-1: none, or unknown).
+	opCPU float64
+}
+
+// timed times f, and the host's CPU time over it into d.opCPU.
+func (d *daemon) timed(f func() error) (time.Duration, error) {
+	span := startCPU()
+	t, err := timed(f)
+	d.opCPU = span.ms()
+	return t, err
 }
 
 // startDaemon starts `den daemon` for one VMM on a fresh state dir, with
@@ -42,7 +53,7 @@ func startDaemon(ctx context.Context, o Options, v variant) (*daemon, error) {
 	if err := os.Chmod(dir, 0o711); err != nil {
 		return nil, err
 	}
-	d := &daemon{dir: dir, vmm: v.name}
+	d := &daemon{dir: dir, vmm: v.name, opCPU: -1}
 	sock := filepath.Join(dir, "den.sock")
 	logf, err := os.Create(filepath.Join(dir, "daemon.log"))
 	if err != nil {
@@ -225,11 +236,11 @@ func (d *daemon) runAll(ctx context.Context, o Options, v variant, accel string)
 			name = strings.ReplaceAll(name, "false", "warm")
 			var running time.Duration
 			t, err := timed(func() error {
-				start := time.Now()
+				start, span := time.Now(), startCPU()
 				if _, err := d.client.CreateVM(ctx, api.CreateRequest{Name: name, Cold: c.cold, IdleTimeout: "0"}, nil); err != nil {
 					return err
 				}
-				running = time.Since(start)
+				running, d.opCPU = time.Since(start), span.ms() // the trace ends there
 				_, err := d.firstOutput(ctx, name)
 				return err
 			})
@@ -339,7 +350,7 @@ func (d *daemon) wakeBySize(ctx context.Context, o Options, accel string, say fu
 			if _, err := d.client.Sleep(ctx, name, api.SleepRequest{}); err != nil {
 				return nil, fmt.Errorf("sleep %s: %w", name, err)
 			}
-			t, err := timed(func() error { _, err := d.client.Wake(ctx, name); return err })
+			t, err := d.timed(func() error { _, err := d.client.Wake(ctx, name); return err })
 			if err != nil {
 				return nil, fmt.Errorf("wake %s: %w", name, err)
 			}
@@ -390,7 +401,7 @@ func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, 
 		}
 		say(fmt.Sprintf("%s: checkpoint, restore, sleep, wake (%d/%d)", label, i+1, o.Runs))
 		var id string
-		t, err := timed(func() error {
+		t, err := d.timed(func() error {
 			cp, err := d.client.Checkpoint(ctx, name, api.CheckpointRequest{}, nil)
 			id = cp.ID
 			return err
@@ -409,7 +420,7 @@ func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, 
 			return nil, fmt.Errorf("disk-only checkpoint: %w", err)
 		}
 		cpDisk = append(cpDisk, t)
-		if t, err = timed(func() error {
+		if t, err = d.timed(func() error {
 			_, err := d.client.Restore(ctx, name, api.RestoreRequest{Checkpoint: id, NoSave: true}, nil)
 			return err
 		}); err != nil {
@@ -419,7 +430,7 @@ func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, 
 		if err := d.addTrace(ctx, o, "restore (memory+disk)", label, name); err != nil {
 			return nil, err
 		}
-		if t, err = timed(func() error { _, err := d.client.Sleep(ctx, name, api.SleepRequest{}); return err }); err != nil {
+		if t, err = d.timed(func() error { _, err := d.client.Sleep(ctx, name, api.SleepRequest{}); return err }); err != nil {
 			return nil, fmt.Errorf("sleep: %w", err)
 		}
 		sleep = append(sleep, t)
@@ -431,7 +442,7 @@ func (d *daemon) lifecycle(ctx context.Context, o Options, accel, label string, 
 			return nil, err
 		}
 		sleepingRSS = append(sleepingRSS, float64(rss))
-		if t, err = timed(func() error { _, err := d.client.Wake(ctx, name); return err }); err != nil {
+		if t, err = d.timed(func() error { _, err := d.client.Wake(ctx, name); return err }); err != nil {
 			return nil, fmt.Errorf("wake: %w", err)
 		}
 		wake = append(wake, t)
