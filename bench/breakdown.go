@@ -12,10 +12,10 @@ import (
 // each over the runs, so that every millisecond of a wake or a restore
 // has a name.
 type Breakdown struct {
-	Op      string      `json:"op"`
-	VMM     string      `json:"vmm"`
-	Memory  string      `json:"memory"`
-	TotalMS float64     `json:"total_ms"` // median, as the daemon (or, for the floor, the bench) measured it
+	Op      string  `json:"op"`
+	VMM     string  `json:"vmm"`
+	Memory  string  `json:"memory"`
+	TotalMS float64 `json:"total_ms"` // median, as the daemon (or, for the floor, the bench) measured it
 	// HostCPUMS is the median CPU time the whole host (every process,
 	// every core) used while the bench timed the operation; 0 unknown.
 	HostCPUMS float64     `json:"host_cpu_ms,omitempty"`
