@@ -217,7 +217,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		if v.name == "qemu" && !o.NetworkOnly {
 			var err error
 			if fl, err = newFloor(ctx, o, mainFloor, o.Progress); err != nil {
-				return res, fmt.Errorf("bench %w", err)
+				return res, fmt.Errorf("bench: %w", err)
 			}
 		}
 		if o.NetworkOnly {

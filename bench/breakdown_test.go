@@ -2,6 +2,7 @@ package bench
 
 import (
 	"math"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -76,22 +77,54 @@ func TestSizeRatiosAgainstTheFloor(t *testing.T) {
 	}
 }
 
-// A span over 200 ms of spinning measures at least half of it (the spin
-// is busy all along, and the host counts steal as busy too).
+// The busy time is /proc/stat's first line less idle and iowait, in
+// ms; anything else is unknown.
+func TestBusyMS(t *testing.T) {
+	stat := "cpu  100 5 40 9000 300 2 3 7 50 0\ncpu0 50 2 20 4500 150 1 1 3 25 0\n"
+	if got := busyMS(stat); got != (100+5+40+2+3+7)*10 {
+		t.Errorf("busy of %q: %v ms", stat, got)
+	}
+	for _, bad := range []string{"", "cpu0 1 2 3 4 5 6 7 8\n", "cpu 1 2 3\n", "cpu 1 x 3 4 5 6 7 8\n"} {
+		if got := busyMS(bad); got != -1 {
+			t.Errorf("busy of %q: %v, want -1", bad, got)
+		}
+	}
+}
+
+// On Linux, a span over 200 ms of spinning measures at least half of it
+// (the spin is busy all along, and the host counts steal as busy too).
 func TestHostCPU(t *testing.T) {
-	span := startCPU()
-	if span.start < 0 {
+	if _, err := os.Stat("/proc/stat"); err != nil {
 		t.Skip("no /proc/stat here")
 	}
-	deadline := time.Now().Add(200 * time.Millisecond)
-	n := 0
-	for time.Now().Before(deadline) {
-		n++
+	span := startCPU()
+	for deadline := time.Now().Add(200 * time.Millisecond); time.Now().Before(deadline); {
 	}
-	if got := span.ms(); got < 100 || n == 0 {
+	if got := span.ms(); got < 100 {
 		t.Fatalf("host CPU over 200 ms of busy work: %v ms", got)
 	}
-	if later := hostCPUms(); later < span.start {
-		t.Fatalf("host CPU went back: %v then %v", span.start, later)
+}
+
+// The floor gives its identities' figures only when both were timed as
+// often.
+func TestFloorFigures(t *testing.T) {
+	f := &floor{identity: true, fig: Figure{Name: floorName, Samples: []float64{500}},
+		idFirst: Figure{Name: identityFirst}, idAgain: Figure{Name: identityAgain}}
+	if got := f.figures(); len(got) != 1 {
+		t.Fatalf("figures without identity samples: %+v", got)
+	}
+	f.idFirst.Samples, f.idAgain.Samples = []float64{300, 280, 320}, []float64{90, 100, 80}
+	got := f.figures()
+	if len(got) != 3 || got[1].Name != identityFirst || got[1].Median != 300 || got[2].Median != 90 {
+		t.Fatalf("figures: %+v", got)
+	}
+	r := Result{VMMs: map[string]string{"qemu": "7.2"}}
+	for _, fig := range got {
+		fig.VMM, fig.Memory = "qemu", "512M"
+		r.Figures = append(r.Figures, fig)
+	}
+	r.ratios()
+	if got := r.Ratios["qemu: vmm floor: new identity first / again"]; math.Abs(got-300.0/90) > 1e-9 {
+		t.Errorf("identity ratio: %v (ratios %v)", got, r.Ratios)
 	}
 }

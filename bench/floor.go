@@ -83,7 +83,7 @@ const (
 // takes one sample as a warm-up.
 func newFloor(ctx context.Context, o Options, g floorGuest, say func(string)) (f *floor, err error) {
 	f = &floor{fig: Figure{Name: g.name, VMM: "qemu", Memory: g.label, Unit: "ms", Note: g.note}, identity: g.identity}
-	idNote := "no den: hostname, machine-id, host keys and token, as the agent's identity request sets them (no network device here)"
+	idNote := "no den: the RNG reseeded, hostname, machine-id, host keys and token, as a create from a warm base asks; no MAC or network (the floor's guest has no network device)"
 	f.idFirst = Figure{Name: identityFirst, VMM: "qemu", Memory: g.label, Unit: "ms", Note: idNote}
 	f.idAgain = Figure{Name: identityAgain, VMM: "qemu", Memory: g.label, Unit: "ms", Note: idNote}
 	defer func() {
@@ -179,17 +179,19 @@ func (f *floor) dial(ctx context.Context, v *qemu.VMM) (*agent.Client, error) {
 	return c, err
 }
 
-// newIdentities gives the guest behind c a new identity twice and, when
+// newIdentities gives the guest behind c a new identity twice, each with
+// a hostname of its own (an unchanged one skips a file), and, when
 // record, times each into idFirst and idAgain.
 func (f *floor) newIdentities(ctx context.Context, c *agent.Client, record bool) error {
-	for _, fig := range []*Figure{&f.idFirst, &f.idAgain} {
+	for i, fig := range []*Figure{&f.idFirst, &f.idAgain} {
+		which := [...]string{"first", "again"}[i]
 		var tok [16]byte
 		if _, err := rand.Read(tok[:]); err != nil {
-			return err
+			return fmt.Errorf("new identity (%s): token: %w", which, err)
 		}
 		start := time.Now()
-		if _, err := c.NewIdentityToken(ctx, fmt.Sprintf("floor-%d", f.n), hex.EncodeToString(tok[:])); err != nil {
-			return fmt.Errorf("new identity: %w", err)
+		if _, err := c.NewIdentityToken(ctx, fmt.Sprintf("floor-%d-%s", f.n, which), hex.EncodeToString(tok[:])); err != nil {
+			return fmt.Errorf("new identity (%s): %w", which, err)
 		}
 		if record {
 			fig.Samples = append(fig.Samples, float64(time.Since(start).Microseconds())/1000)
@@ -269,7 +271,7 @@ func (f *floor) figure() Figure {
 // figures is the floor's figure, and its identities' when it timed them.
 func (f *floor) figures() []Figure {
 	out := []Figure{f.figure()}
-	if f.identity {
+	if f.identity && len(f.idFirst.Samples) > 0 && len(f.idFirst.Samples) == len(f.idAgain.Samples) {
 		for _, fig := range []Figure{f.idFirst, f.idAgain} {
 			fig.Median, fig.Min, fig.Max = stats(fig.Samples)
 			out = append(out, fig)

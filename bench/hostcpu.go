@@ -30,15 +30,21 @@ func (s cpuSpan) ms() float64 {
 // architecture den runs on.
 const clockTicks = 100
 
-// hostCPUms is the CPU time the host has spent busy since boot, in ms:
-// /proc/stat's first line, every field but idle and iowait (guest time
-// is counted in user already).
+// hostCPUms is the CPU time the host has spent busy since boot, in ms
+// (-1 if unknown).
 func hostCPUms() float64 {
 	data, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return -1
 	}
-	line, _, _ := strings.Cut(string(data), "\n")
+	return busyMS(string(data))
+}
+
+// busyMS reads the busy time off /proc/stat's text, in ms: its first
+// line, every field but idle and iowait (guest time is counted in user
+// already); -1 if it is not that line.
+func busyMS(stat string) float64 {
+	line, _, _ := strings.Cut(stat, "\n")
 	f := strings.Fields(line)
 	if len(f) < 9 || f[0] != "cpu" {
 		return -1
