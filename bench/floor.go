@@ -64,7 +64,6 @@ type floor struct {
 	accel    string
 	n        int
 	fig      Figure
-	cpu      float64 // the host's CPU time over the last sample, ms (-1: unknown)
 	// idFirst and idAgain time a new identity in the guest, the first
 	// after the restore and another right after, when the guest asks.
 	identity         bool
@@ -158,7 +157,8 @@ func newFloor(ctx context.Context, o Options, g floorGuest, say func(string)) (f
 		return f, err
 	}
 	say("floor: a warm-up restore (" + g.label + ")")
-	return f, f.restore(ctx, false)
+	_, err = f.restore(ctx, false)
+	return f, err
 }
 
 func (f *floor) newVMM(ctx context.Context) (*qemu.VMM, error) {
@@ -180,9 +180,9 @@ func (f *floor) dial(ctx context.Context, v *qemu.VMM) (*agent.Client, error) {
 }
 
 // newIdentities gives the guest behind c a new identity twice, each with
-// a hostname of its own (an unchanged one skips a file), and, when
-// record, times each into idFirst and idAgain.
-func (f *floor) newIdentities(ctx context.Context, c *agent.Client, record bool) error {
+// a hostname of its own (an unchanged one skips a file), and times each
+// into idFirst and idAgain.
+func (f *floor) newIdentities(ctx context.Context, c *agent.Client) error {
 	for i, fig := range []*Figure{&f.idFirst, &f.idAgain} {
 		which := [...]string{"first", "again"}[i]
 		var tok [16]byte
@@ -193,9 +193,7 @@ func (f *floor) newIdentities(ctx context.Context, c *agent.Client, record bool)
 		if _, err := c.NewIdentityToken(ctx, fmt.Sprintf("floor-%d-%s", f.n, which), hex.EncodeToString(tok[:])); err != nil {
 			return fmt.Errorf("new identity (%s): %w", which, err)
 		}
-		if record {
-			fig.Samples = append(fig.Samples, float64(time.Since(start).Microseconds())/1000)
-		}
+		fig.Samples = append(fig.Samples, float64(time.Since(start).Microseconds())/1000)
 	}
 	return nil
 }
@@ -208,7 +206,8 @@ func (f *floor) sample(ctx context.Context, say func(string), tr *traces) error 
 	}
 	say(fmt.Sprintf("floor: restore, %s (sample %d)", f.fig.Memory, len(f.fig.Samples)+1))
 	rec := phase.New()
-	if err := f.restore(phase.With(ctx, rec), true); err != nil {
+	cpu, err := f.restore(phase.With(ctx, rec), true)
+	if err != nil {
 		return fmt.Errorf("floor: %w", err)
 	}
 	if tr != nil {
@@ -216,22 +215,26 @@ func (f *floor) sample(ctx context.Context, say func(string), tr *traces) error 
 		for _, s := range rec.Steps() {
 			steps = append(steps, timedStep{s.Name, float64(s.Took.Microseconds()) / 1000})
 		}
-		tr.add(f.fig.Name, "qemu", f.fig.Memory, f.fig.Samples[len(f.fig.Samples)-1], f.cpu, steps)
+		tr.add(f.fig.Name, "qemu", f.fig.Memory, f.fig.Samples[len(f.fig.Samples)-1], cpu, steps)
 	}
 	return nil
 }
 
-func (f *floor) restore(ctx context.Context, record bool) error {
+// restore restores the snapshot into a fresh QEMU, to the agent answering
+// ready, and returns the host's CPU time over that (-1: unknown). With
+// record it adds its time to the floor's figure, then times the guest's
+// two new identities (not in the warm-up).
+func (f *floor) restore(ctx context.Context, record bool) (cpu float64, err error) {
 	// The disk as the snapshot left it (the last guest wrote to it).
 	if err := os.Remove(f.disk); err != nil {
-		return err
+		return -1, err
 	}
 	if err := fsutil.CopySparse(f.pristine, f.disk); err != nil {
-		return err
+		return -1, err
 	}
 	v, err := f.newVMM(ctx)
 	if err != nil {
-		return err
+		return -1, err
 	}
 	defer func() {
 		_ = v.Shutdown(context.Background())
@@ -242,28 +245,30 @@ func (f *floor) restore(ctx context.Context, record bool) error {
 	err = v.Restore(ctx, f.snap, vmm.RestoreOptions{Resume: true, Config: &f.cfg})
 	end()
 	if err != nil {
-		return fmt.Errorf("restore: %w", err)
+		return -1, fmt.Errorf("restore: %w", err)
 	}
 	end = phase.Begin(ctx, "agent ready")
 	c, err := f.dial(ctx, v)
 	end()
 	if err != nil {
-		return fmt.Errorf("restore: %w", err)
+		return -1, fmt.Errorf("restore: %w", err)
 	}
 	defer c.Close()
 	if record {
 		f.fig.Samples = append(f.fig.Samples, float64(time.Since(start).Microseconds())/1000)
 	}
-	f.cpu = span.ms()
-	if f.identity {
-		return f.newIdentities(ctx, c, record)
+	cpu = span.ms()
+	if f.identity && record {
+		return cpu, f.newIdentities(ctx, c)
 	}
-	return nil
+	return cpu, nil
 }
 
 // figure is the floor's figure over its samples.
-func (f *floor) figure() Figure {
-	fig := f.fig
+func (f *floor) figure() Figure { return withStats(f.fig) }
+
+// withStats is fig with the median, min and max of its samples.
+func withStats(fig Figure) Figure {
 	fig.Median, fig.Min, fig.Max = stats(fig.Samples)
 	return fig
 }
@@ -272,10 +277,7 @@ func (f *floor) figure() Figure {
 func (f *floor) figures() []Figure {
 	out := []Figure{f.figure()}
 	if f.identity && len(f.idFirst.Samples) > 0 && len(f.idFirst.Samples) == len(f.idAgain.Samples) {
-		for _, fig := range []Figure{f.idFirst, f.idAgain} {
-			fig.Median, fig.Min, fig.Max = stats(fig.Samples)
-			out = append(out, fig)
-		}
+		out = append(out, withStats(f.idFirst), withStats(f.idAgain))
 	}
 	return out
 }
