@@ -74,25 +74,11 @@ const (
 // gets its digests.
 func (m *Manager) sealPace() checkpoint.Pace {
 	return checkpoint.Pace{Idle: 1, Yield: func(ctx context.Context) {
-		deadline := time.Now().Add(sealYieldMax)
-		for m.busyOps() > 0 && time.Now().Before(deadline) {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
+		m.waitQuiet(ctx, 0, sealYieldMax)
 	}}
 }
 
 const sealYieldMax = time.Minute
-
-// busyOps is how many VMs an operation holds now.
-func (m *Manager) busyOps() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.holders)
-}
 
 // policy is what verification reads of ref before a VMM restores it.
 func (m *Manager) policy(ref snapshotRef, lazy bool) checkpoint.Policy {

@@ -158,6 +158,7 @@ type Manager struct {
 	removals chan struct{}   // bounds the removals at once
 
 	seal       sealer         // digests snapshots' large files
+	sizing     sync.Map       // "vm/id" of checkpoints whose sizes are being read
 	background sync.WaitGroup // digests and verifications under way
 
 	mu        sync.Mutex
@@ -170,6 +171,10 @@ type Manager struct {
 	hostWG    sync.WaitGroup // the boot wake (hostlife.go)
 	actWG     sync.WaitGroup // the activity saver (activity.go)
 	hostDown  atomic.Bool    // a host shutdown began: the boot wake starts no more wakes
+
+	// lastRelease is when an operation last let go of a VM (waitQuiet);
+	// under mu.
+	lastRelease time.Time
 
 	// volumeLostAt is when the volume's mount was last lost, and why:
 	// VMMs started before then run on a dead disk.
