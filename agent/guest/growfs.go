@@ -70,11 +70,22 @@ func (s *Server) ctlGrowRoot(ctx ssh.Context, payload []byte) (any, error) {
 	if req.MinDeviceBytes < 0 {
 		return nil, fmt.Errorf("grow root filesystem: min_device_bytes %d is negative", req.MinDeviceBytes)
 	}
-	rep, err := newRootGrower(s.sys).grow(ctx.Done(), req.MinDeviceBytes, s.freeze)
-	if err == nil && rep.NewBytes != rep.OldBytes {
+	g := newRootGrower(s.sys)
+	rep, err := g.grow(ctx.Done(), req.MinDeviceBytes, s.freeze)
+	if err != nil {
+		return rep, err
+	}
+	if rep.NewBytes != rep.OldBytes {
 		s.log.Info("root filesystem grown", "device", rep.Device, "from", rep.OldBytes, "to", rep.NewBytes, "device_bytes", rep.DeviceBytes)
 	}
-	return rep, err
+	// The groups a grow adds, now or at an earlier boot, are left
+	// without the kernel zeroing their inode tables (noItableInit).
+	if s.sys.NoItableInit != nil {
+		if err := s.sys.NoItableInit(g.root); err != nil {
+			s.log.Warn("root filesystem: the kernel goes on zeroing inode tables", "err", err)
+		}
+	}
+	return rep, nil
 }
 
 // grow waits (bounded) until the device holds minDevice bytes, then grows

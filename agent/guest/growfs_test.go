@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -312,6 +313,9 @@ func TestGrowRootRequest(t *testing.T) {
 	if rep.OldBytes != 256<<20 || rep.NewBytes != 1<<30 || rep.DeviceBytes != 1<<30 {
 		t.Errorf("reply %+v", rep)
 	}
+	if got := h.itable(); !slices.Equal(got, []string{tr.g.root}) {
+		t.Errorf("noinit_itable set on %q after the grow, want [%q]", got, tr.g.root)
+	}
 	if _, err := c.Freeze(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -325,4 +329,14 @@ func TestGrowRootRequest(t *testing.T) {
 	if rep, err := c.GrowRoot(ctx, 0); err != nil || rep.NewBytes != 2<<30 {
 		t.Errorf("grow after thaw: %+v %v", rep, err)
 	}
+	// Once per grow that succeeded, none for the refused one.
+	if got := h.itable(); len(got) != 2 {
+		t.Errorf("noinit_itable set %d times (%q), want 2", len(got), got)
+	}
+}
+
+func (h *harness) itable() []string {
+	h.fake.mu.Lock()
+	defer h.fake.mu.Unlock()
+	return slices.Clone(h.fake.itable)
 }

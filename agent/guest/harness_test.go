@@ -48,7 +48,8 @@ type fakeSys struct {
 	frozen   []string // currently frozen, in freeze order
 	events   []string // "freeze /x", "thaw /x"
 	mounts   []string
-	failOn   string // Freeze of this mount fails
+	failOn   string   // Freeze of this mount fails
+	itable   []string // NoItableInit's mount points
 }
 
 func (f *fakeSys) Mounts() ([]string, error) { return f.mounts, nil }
@@ -125,6 +126,12 @@ func newHarness(t *testing.T) *harness {
 			fake.mu.Lock()
 			defer fake.mu.Unlock()
 			fake.entropy = append(fake.entropy, e)
+			return nil
+		},
+		NoItableInit: func(mnt string) error {
+			fake.mu.Lock()
+			defer fake.mu.Unlock()
+			fake.itable = append(fake.itable, mnt)
 			return nil
 		},
 		Poweroff: func(reboot bool) {

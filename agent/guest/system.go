@@ -32,6 +32,9 @@ type System struct {
 	SetNet func(ifname string, c agent.NetConfig) error
 	// Reseed mixes host randomness into the kernel RNG and reseeds it.
 	Reseed func(entropy []byte) error
+	// NoItableInit stops the kernel's background zeroing of the inode
+	// tables of the ext4 filesystem mounted at a path; nil: leave it.
+	NoItableInit func(mnt string) error
 	// Poweroff stops the guest; nil refuses poweroff requests. It is
 	// called in its own goroutine after the reply has been sent.
 	Poweroff func(reboot bool)
@@ -46,13 +49,14 @@ type System struct {
 // DefaultSystem is the real guest: Linux syscalls, /etc and /proc.
 func DefaultSystem() *System {
 	return &System{
-		SetClock:    setRealtime,
-		Freezer:     NewFSFreezer("/proc/self/mountinfo"),
-		SetHostname: func(h string) error { return unix.Sethostname([]byte(h)) },
-		Reseed:      reseedKernelRNG,
-		EtcDir:      "/etc",
-		ProcDir:     "/proc",
-		PID1:        os.Getpid() == 1,
+		SetClock:     setRealtime,
+		Freezer:      NewFSFreezer("/proc/self/mountinfo"),
+		SetHostname:  func(h string) error { return unix.Sethostname([]byte(h)) },
+		Reseed:       reseedKernelRNG,
+		NoItableInit: noItableInit,
+		EtcDir:       "/etc",
+		ProcDir:      "/proc",
+		PID1:         os.Getpid() == 1,
 	}
 }
 
@@ -99,4 +103,33 @@ func uptime() time.Duration {
 		return 0
 	}
 	return time.Duration(ts.Nano())
+}
+
+// noItableInit sets noinit_itable on the ext4 filesystem mounted at mnt:
+// the kernel's ext4lazyinit thread stops zeroing the inode tables of
+// block groups not zeroed yet (the groups an online grow adds). The
+// superblock is reconfigured through fspick, which changes that one
+// option and none of the filesystem's or its mounts' others.
+//
+// The zeroing is needless on den's disks: sparse files, whose grown space
+// reads as zeros already. It is not free: after a VM's disk grew from the
+// image's 256 MiB to 4 GiB, the guest wrote zeros over 480 inode tables
+// for half a minute, one 512 KiB write (a hole punched, one transaction
+// of the volume's metadata) every 70 ms, in every VM made from the warm
+// base, and again after each restore to a checkpoint taken meanwhile.
+// ext4 does not need the tables zeroed: the groups' descriptors say
+// which inodes were never used (uninit_bg, metadata_csum).
+func noItableInit(mnt string) error {
+	fd, err := unix.Fspick(unix.AT_FDCWD, mnt, unix.FSPICK_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("noinit_itable on %s: fspick: %w", mnt, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.FsconfigSetFlag(fd, "noinit_itable"); err != nil {
+		return fmt.Errorf("noinit_itable on %s: %w", mnt, err)
+	}
+	if err := unix.FsconfigReconfigure(fd); err != nil {
+		return fmt.Errorf("noinit_itable on %s: reconfigure: %w", mnt, err)
+	}
+	return nil
 }
