@@ -24,10 +24,15 @@ type Verification struct {
 
 // VerifiedFile is one file of a verified checkpoint.
 type VerifiedFile struct {
-	File    string `json:"file"`
-	Size    int64  `json:"size"`
-	Extents int    `json:"extents_read"`
-	Of      int    `json:"extents"`
+	File string `json:"file"`
+	Size int64  `json:"size"`
+	// Extents is how many of its Of extents were checked: read, or
+	// known to be holes from the volume's map of the file (Holes of
+	// them, checked as zeros); ReadBytes is what was read.
+	Extents   int   `json:"extents_read"`
+	Of        int   `json:"extents"`
+	Holes     int   `json:"holes,omitempty"`
+	ReadBytes int64 `json:"read_bytes"`
 	// Status is "ok", "damaged", "missing" or "unsealed".
 	Status string `json:"status"`
 	Detail string `json:"detail,omitempty"`

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/denhq/den/internal/fsutil"
 )
 
 // snapshotDir is a snapshot as the VMMs write it: small state and config
@@ -327,5 +330,112 @@ func TestSealReadsLocalCopies(t *testing.T) {
 		if _, err := Verify(ctx, dir, Policy{Full: true}); err != nil {
 			t.Fatalf("local copy %s not usable: the snapshot's file should have been read: %v", bad, err)
 		}
+	}
+}
+
+// TestHolesNotRead: with the filesystem's map of a file's data, a seal
+// and a full verification read only the extents that hold data. The
+// digests are those of a seal that reads everything. A seal takes a
+// steady map at its word, and reads whole when the map changed under it;
+// a verification reads what the digests say is data whatever the map
+// says; damage in data is still found.
+func TestHolesNotRead(t *testing.T) {
+	ctx := context.Background()
+	dir := snapshotDir(t) // data in extents 0, 3, 6, 9 of 10
+	mem := filepath.Join(dir, "vmm", "memory")
+	seekData := func(path string) ([]fsutil.Extent, bool) {
+		ext, ok, err := fsutil.DataRanges(path)
+		return ext, ok && err == nil
+	}
+	if ext, ok := seekData(mem); !ok || len(ext) != 4 {
+		t.Skipf("the test dir's filesystem does not tell holes (SEEK_DATA): %v", ext)
+	}
+	man, err := SealSmall(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Seal(ctx, dir, Pace{Data: seekData}, "", nil); err != nil {
+		t.Fatal(err)
+	}
+	mapped, err := readLarge(dir, man.Seal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := digestFile(ctx, mem, Pace{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(mapped["vmm/memory"].Extents, whole.Extents) {
+		t.Fatalf("digests with holes skipped differ from a whole read:\n%v\n%v", mapped["vmm/memory"].Extents, whole.Extents)
+	}
+
+	p := Policy{Full: true, Seal: man.Seal, Data: seekData}
+	res, err := Verify(ctx, dir, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		if r.File == "vmm/memory" && (r.Extents != 10 || r.Holes != 6 || r.ReadBytes != 4*ExtentSize) {
+			t.Errorf("checked %d extents, %d of them holes, read %d bytes; want 10, 6, %d", r.Extents, r.Holes, r.ReadBytes, 4*ExtentSize)
+		}
+	}
+
+	// A map that calls everything a hole. Verify reads what the
+	// digests say is data all the same (no false damage, no damage
+	// missed).
+	allHoles := func(string) ([]fsutil.Extent, bool) { return nil, true }
+	res, err = Verify(ctx, dir, Policy{Full: true, Seal: man.Seal, Data: allHoles})
+	if err != nil {
+		t.Fatalf("data mapped as holes: %v", err)
+	}
+	for _, r := range res {
+		if r.File == "vmm/memory" && (r.Holes != 6 || r.ReadBytes != 4*ExtentSize) {
+			t.Errorf("data mapped as holes: %d holes, read %d bytes; want 6, %d", r.Holes, r.ReadBytes, 4*ExtentSize)
+		}
+	}
+	// A seal takes the map at its word: nothing is read ...
+	fd, err := digestFile(ctx, mem, Pace{Data: allHoles})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range fd.Extents {
+		if d != zeroDigest(ExtentSize) {
+			t.Fatalf("extent %d of a file mapped as holes: digest %s, not that of zeros", i, d)
+		}
+	}
+	// ... unless the map says data there when asked again (a map that
+	// missed data): those extents are read.
+	var asked int
+	flaky := func(path string) ([]fsutil.Extent, bool) {
+		if asked++; asked == 1 {
+			return nil, true
+		}
+		return seekData(path)
+	}
+	if fd, err = digestFile(ctx, mem, Pace{Data: flaky}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(fd.Extents, whole.Extents) {
+		t.Errorf("a map that missed data: digests differ from a whole read")
+	}
+	// Holes that became data (JuiceFS's compaction fills the gaps
+	// between slices with zeros): read again, they are zeros still.
+	asked = 0
+	filled := func(path string) ([]fsutil.Extent, bool) {
+		if asked++; asked == 1 {
+			return seekData(path)
+		}
+		return []fsutil.Extent{{Off: 0, Len: 10 * ExtentSize}}, true
+	}
+	if fd, err = digestFile(ctx, mem, Pace{Data: filled}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(fd.Extents, whole.Extents) {
+		t.Errorf("holes filled meanwhile: digests differ from a whole read")
+	}
+
+	corrupt(t, mem, 6*ExtentSize+100)
+	if _, err := Verify(ctx, dir, p); !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "extent 6") {
+		t.Fatalf("damage in a data extent: %v", err)
 	}
 }

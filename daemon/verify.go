@@ -56,7 +56,7 @@ func (s *Server) verifyCheckpoints(w http.ResponseWriter, r *http.Request) {
 				if f.Status == "unsealed" && v.Status == "ok" {
 					v.Status = "unsealed"
 				}
-				v.Files = append(v.Files, api.VerifiedFile{File: f.File, Size: f.Size, Extents: f.Extents, Of: f.Of, Status: f.Status, Detail: f.Detail})
+				v.Files = append(v.Files, api.VerifiedFile{File: f.File, Size: f.Size, Extents: f.Extents, Of: f.Of, Holes: f.Holes, ReadBytes: f.ReadBytes, Status: f.Status, Detail: f.Detail})
 			}
 			progress(fmt.Sprintf("%s: %s", id, v.Status))
 			out = append(out, v)

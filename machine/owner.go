@@ -231,13 +231,13 @@ func exitReason(in *instance) string {
 }
 
 // waitQuiet waits until no operation holds a VM and none has for settle,
-// or until max has passed or ctx ends. Background work that competes
+// or until limit has passed or ctx ends. Background work that competes
 // with operations for the host starts once operations pause: a
 // checkpoint's sizes, asked of JuiceFS right after it was taken, slowed
 // the restore that came next by a fifth (the volume's clones and the
 // VMM's start waited behind the chunk lists it read).
-func (m *Manager) waitQuiet(ctx context.Context, settle, max time.Duration) {
-	deadline := time.Now().Add(max)
+func (m *Manager) waitQuiet(ctx context.Context, settle, limit time.Duration) {
+	deadline := time.Now().Add(limit)
 	for {
 		m.mu.Lock()
 		busy, since := len(m.holders) > 0, time.Since(m.lastRelease)

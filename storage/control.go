@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/denhq/den/internal/fsutil"
 )
 
 // The JuiceFS client takes requests through a control file at the root of
@@ -77,36 +79,77 @@ func ControlClone(ctx context.Context, root, src, dst string) error {
 	return nil
 }
 
-// sliceInfo is what den reads of an info answer: a file's slices (raw).
+// sliceInfo is what den reads of an info answer: a file's slices (raw),
+// chunk by chunk in order, each chunk's from its start: the slices of
+// JuiceFS's built view, where a hole is a slice of id 0 (and a chunk with
+// no slice at all is a hole).
 type sliceInfo struct {
 	Failed bool
 	Reason string
 	Chunks []struct {
-		ID  uint64 `json:"Id"`
-		Len uint32
+		Chunk uint64 `json:"ChunkIndex"`
+		ID    uint64 `json:"Id"`
+		Len   uint32
 	}
+}
+
+// chunkSize is JuiceFS's chunk: a file's slices are listed per chunk.
+const chunkSize = 64 << 20
+
+// controlSlices asks the mount at root for the slices of file (a host
+// path under it).
+func controlSlices(ctx context.Context, root, file string) (sliceInfo, error) {
+	ino, err := inode(file)
+	if err != nil {
+		return sliceInfo{}, err
+	}
+	body := binary.BigEndian.AppendUint64(nil, ino)
+	body = append(body, 0, 1, 0) // not recursive, raw slices, not strict
+	data, err := control(ctx, root, controlInfo, body)
+	if err != nil {
+		return sliceInfo{}, fmt.Errorf("juicefs info: %w", err)
+	}
+	var info sliceInfo
+	if err := json.Unmarshal(data, &info); err != nil {
+		return sliceInfo{}, fmt.Errorf("juicefs info: %w", err)
+	}
+	if info.Failed {
+		return sliceInfo{}, fmt.Errorf("juicefs info: %s", info.Reason)
+	}
+	return info, nil
+}
+
+// dataRanges is where info's slices hold data, in order, adjacent ones
+// merged.
+func (info sliceInfo) dataRanges() []fsutil.Extent {
+	var out []fsutil.Extent
+	var pos int64
+	chunk := ^uint64(0)
+	for _, c := range info.Chunks {
+		if c.Chunk != chunk {
+			chunk, pos = c.Chunk, 0
+		}
+		off := int64(chunk)*chunkSize + pos
+		pos += int64(c.Len)
+		if c.ID == 0 || c.Len == 0 {
+			continue
+		}
+		if k := len(out); k > 0 && out[k-1].Off+out[k-1].Len == off {
+			out[k-1].Len += int64(c.Len)
+			continue
+		}
+		out = append(out, fsutil.Extent{Off: off, Len: int64(c.Len)})
+	}
+	return out
 }
 
 // controlDataBytes is the data a file's slices reference (holes are no
 // slices; a slice of id 0 is a hole written as zeroes), asked through the
 // control file of the mount at root.
 func controlDataBytes(ctx context.Context, root, file string) (int64, error) {
-	ino, err := inode(file)
+	info, err := controlSlices(ctx, root, file)
 	if err != nil {
 		return 0, err
-	}
-	body := binary.BigEndian.AppendUint64(nil, ino)
-	body = append(body, 0, 1, 0) // not recursive, raw slices, not strict
-	data, err := control(ctx, root, controlInfo, body)
-	if err != nil {
-		return 0, fmt.Errorf("juicefs info: %w", err)
-	}
-	var info sliceInfo
-	if err := json.Unmarshal(data, &info); err != nil {
-		return 0, fmt.Errorf("juicefs info: %w", err)
-	}
-	if info.Failed {
-		return 0, fmt.Errorf("juicefs info: %s", info.Reason)
 	}
 	var n int64
 	for _, c := range info.Chunks {

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/denhq/den/internal/fsutil"
 )
 
 type unixStat = unix.Stat_t
@@ -74,6 +76,22 @@ func (v *JuiceFS) Usage(ctx context.Context, p Path) (Usage, error) {
 	}
 	u.Data = data
 	return u, nil
+}
+
+// DataRanges lists the ranges of file p that hold data, in order: the
+// slices JuiceFS maps for each of its chunks (through the mount's control
+// file). A hole is no slice; zeros written as data are data. Reading a
+// range outside them returns zeros without touching object storage.
+func (v *JuiceFS) DataRanges(ctx context.Context, p Path) ([]fsutil.Extent, error) {
+	hp, err := v.live(p)
+	if err != nil {
+		return nil, fmt.Errorf("data ranges of %s: %w", p, err)
+	}
+	info, err := controlSlices(ctx, v.cfg.MountPoint, hp)
+	if err != nil {
+		return nil, fmt.Errorf("data ranges of %s: %w", p, err)
+	}
+	return info.dataRanges(), nil
 }
 
 // dataBytes sums the data the files reference, asked through the mount's

@@ -41,6 +41,10 @@ type Volume interface {
 	Remove(ctx context.Context, p Path) error
 	// Usage is the size of p (a file or a tree).
 	Usage(ctx context.Context, p Path) (Usage, error)
+	// DataRanges lists the ranges of file p that hold data, in order;
+	// the rest of it reads as zeros. Only for a file nobody is writing:
+	// writes still buffered are not in it.
+	DataRanges(ctx context.Context, p Path) ([]fsutil.Extent, error)
 	// Health is nil when the volume answers.
 	Health(ctx context.Context) error
 	// Subscribe delivers the volume's events until the returned func is

@@ -8,9 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/denhq/den/internal/fsutil"
 )
 
 const (
@@ -36,6 +41,7 @@ func exercise(t *testing.T, v Volume, reopen func() Volume) {
 	writeAt(t, src, 100*mib, 4*mib, 2)
 	writeAt(t, src, testDiskSize-mib, mib, 3)
 	srcSum := sha(t, src)
+	checkDataRanges(t, v)
 
 	start := time.Now()
 	if err := v.Clone(ctx, disk, cp); err != nil {
@@ -380,4 +386,51 @@ func TestCloneWhileForking(t *testing.T) {
 	}
 	close(stop)
 	t.Logf("40 clones beside %d forks", <-forked+<-forked)
+}
+
+// checkDataRanges: a file's data ranges, as the volume maps them, are
+// where it was written, across a chunk boundary (64 MiB) too, in a clone
+// with writes of its own, and after a hole was punched.
+func checkDataRanges(t *testing.T, v Volume) {
+	t.Helper()
+	ctx := context.Background()
+	f, c := VMDir("ranges").Join("file"), VMDir("ranges").Join("clone")
+	if err := v.CreateDisk(ctx, f, testDiskSize); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = v.Remove(ctx, VMDir("ranges")) }()
+	want := func(p Path, ext []fsutil.Extent) {
+		t.Helper()
+		got, err := v.DataRanges(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, ext) {
+			t.Errorf("data ranges of %s: %v, want %v", p, got, ext)
+		}
+	}
+	want(f, nil)
+	hf, _ := v.Path(f)
+	writeAt(t, hf, 0, 4096, 1)
+	writeAt(t, hf, 63*mib, 2*mib, 2)
+	writeAt(t, hf, 130*mib, mib, 3)
+	want(f, []fsutil.Extent{{Off: 0, Len: 4096}, {Off: 63 * mib, Len: 2 * mib}, {Off: 130 * mib, Len: mib}})
+	if err := v.Clone(ctx, f, c); err != nil {
+		t.Fatal(err)
+	}
+	hc, _ := v.Path(c)
+	writeAt(t, hc, 130*mib+mib/2, mib, 4)
+	writeAt(t, hc, 200*mib, mib, 5)
+	want(c, []fsutil.Extent{{Off: 0, Len: 4096}, {Off: 63 * mib, Len: 2 * mib}, {Off: 130 * mib, Len: mib + mib/2}, {Off: 200 * mib, Len: mib}})
+	want(f, []fsutil.Extent{{Off: 0, Len: 4096}, {Off: 63 * mib, Len: 2 * mib}, {Off: 130 * mib, Len: mib}})
+	fd, err := os.OpenFile(hc, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = syscall.Fallocate(int(fd.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 63*mib, 2*mib)
+	fd.Close()
+	if err != nil {
+		t.Fatalf("punch a hole: %v", err)
+	}
+	want(c, []fsutil.Extent{{Off: 0, Len: 4096}, {Off: 130 * mib, Len: mib + mib/2}, {Off: 200 * mib, Len: mib}})
 }

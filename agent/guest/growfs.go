@@ -46,6 +46,10 @@ type rootGrower struct {
 	// resize grows the filesystem mounted at root to blocks blocks.
 	resize     func(root string, blocks uint64) error
 	deviceWait time.Duration
+	// itableInit sets init_itable or noinit_itable on root (nil: leaves
+	// it); warn says what failed of it (nil: nothing).
+	itableInit func(root string, on bool) error
+	warn       func(msg string, args ...any)
 }
 
 // newRootGrower is the grower a server uses: mountinfo under the
@@ -59,6 +63,7 @@ var newRootGrower = func(sys *System) *rootGrower {
 		root:       "/",
 		resize:     ext4Resize,
 		deviceWait: growDeviceWait,
+		itableInit: sys.ItableInit,
 	}
 }
 
@@ -71,21 +76,12 @@ func (s *Server) ctlGrowRoot(ctx ssh.Context, payload []byte) (any, error) {
 		return nil, fmt.Errorf("grow root filesystem: min_device_bytes %d is negative", req.MinDeviceBytes)
 	}
 	g := newRootGrower(s.sys)
+	g.warn = s.log.Warn
 	rep, err := g.grow(ctx.Done(), req.MinDeviceBytes, s.freeze)
-	if err != nil {
-		return rep, err
-	}
-	if rep.NewBytes != rep.OldBytes {
+	if err == nil && rep.NewBytes != rep.OldBytes {
 		s.log.Info("root filesystem grown", "device", rep.Device, "from", rep.OldBytes, "to", rep.NewBytes, "device_bytes", rep.DeviceBytes)
 	}
-	// The groups a grow adds, now or at an earlier boot, are left
-	// without the kernel zeroing their inode tables (noItableInit).
-	if s.sys.NoItableInit != nil {
-		if err := s.sys.NoItableInit(g.root); err != nil {
-			s.log.Warn("root filesystem: the kernel goes on zeroing inode tables", "err", err)
-		}
-	}
-	return rep, nil
+	return rep, err
 }
 
 // grow waits (bounded) until the device holds minDevice bytes, then grows
@@ -109,12 +105,24 @@ func (g *rootGrower) grow(done <-chan struct{}, minDevice int64, st *freezeState
 	rep.NewBytes = rep.OldBytes
 	want := uint64(rep.DeviceBytes) / sb.blockSize
 	if want <= sb.blocks {
+		// The groups an earlier grow added (before a reboot) are not
+		// zeroed in the background either.
+		if !dev.readOnly {
+			st.ifThawed(func() { g.setItableInit(false) })
+		}
 		return rep, nil
 	}
 	if dev.readOnly {
 		return rep, fmt.Errorf("grow root filesystem: %s is mounted read-only", g.root)
 	}
 	err = st.whileThawed(func() error {
+		// With noinit_itable set, ext4 zeroes the new groups' inode
+		// tables inside the resize (hundreds of writes back to back, on
+		// the caller's time); with init_itable it leaves them to its
+		// background thread, which noinit_itable then stops before it
+		// starts (setItableInit).
+		g.setItableInit(true)
+		defer g.setItableInit(false)
 		if err := g.resize(g.root, want); err != nil {
 			return fmt.Errorf("%s from %d to %d blocks of %d bytes: %w", dev.node, sb.blocks, want, sb.blockSize, err)
 		}
@@ -129,6 +137,27 @@ func (g *rootGrower) grow(done <-chan struct{}, minDevice int64, st *freezeState
 	}
 	rep.NewBytes = after.bytes()
 	return rep, nil
+}
+
+// setItableInit sets init_itable (on) or noinit_itable on the root; a
+// failure only costs the background zeroing it was to spare.
+func (g *rootGrower) setItableInit(on bool) {
+	if g.itableInit == nil {
+		return
+	}
+	if err := g.itableInit(g.root, on); err != nil && g.warn != nil {
+		g.warn("root filesystem: inode tables", "err", err)
+	}
+}
+
+// ifThawed runs fn with the freeze lock held unless filesystems are
+// frozen (a frozen filesystem takes no reconfiguration).
+func (st *freezeState) ifThawed(fn func()) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.frozen) == 0 {
+		fn()
+	}
 }
 
 // whileThawed runs fn with the freeze lock held, so that no freeze starts

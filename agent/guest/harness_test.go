@@ -48,8 +48,7 @@ type fakeSys struct {
 	frozen   []string // currently frozen, in freeze order
 	events   []string // "freeze /x", "thaw /x"
 	mounts   []string
-	failOn   string   // Freeze of this mount fails
-	itable   []string // NoItableInit's mount points
+	failOn   string // Freeze of this mount fails
 }
 
 func (f *fakeSys) Mounts() ([]string, error) { return f.mounts, nil }
@@ -126,12 +125,6 @@ func newHarness(t *testing.T) *harness {
 			fake.mu.Lock()
 			defer fake.mu.Unlock()
 			fake.entropy = append(fake.entropy, e)
-			return nil
-		},
-		NoItableInit: func(mnt string) error {
-			fake.mu.Lock()
-			defer fake.mu.Unlock()
-			fake.itable = append(fake.itable, mnt)
 			return nil
 		},
 		Poweroff: func(reboot bool) {

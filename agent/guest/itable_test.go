@@ -12,10 +12,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestNoItableInitRealMount sets noinit_itable on a real ext4 mount (a
-// loop device over an image mkfs.ext4 made) and finds it, with the
-// mount's other options as they were, in mountinfo.
-func TestNoItableInitRealMount(t *testing.T) {
+// TestItableInitRealMount sets noinit_itable, then init_itable, then
+// noinit_itable again on a real ext4 mount (a loop device over an image
+// mkfs.ext4 made) and finds each in mountinfo, with the mount's other
+// options as they were.
+func TestItableInitRealMount(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to mount a loop device")
 	}
@@ -34,13 +35,18 @@ func TestNoItableInitRealMount(t *testing.T) {
 		t.Skipf("cannot mount a loop device here: %v: %s", err, out)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
-	if err := noItableInit(mnt); err != nil {
-		t.Fatal(err)
-	}
-	line := mountLine(t, mnt)
-	for _, want := range []string{"noinit_itable", "nosuid", "nodev", " rw,"} {
-		if !strings.Contains(line, want) {
-			t.Errorf("mountinfo line %q lacks %q", line, want)
+	for _, on := range []bool{false, true, false} {
+		if err := setItableInit(mnt, on); err != nil {
+			t.Fatal(err)
+		}
+		line := mountLine(t, mnt)
+		if strings.Contains(line, "noinit_itable") == on {
+			t.Errorf("init_itable %v: mountinfo line %q", on, line)
+		}
+		for _, want := range []string{"nosuid", "nodev", " rw,"} {
+			if !strings.Contains(line, want) {
+				t.Errorf("mountinfo line %q lacks %q", line, want)
+			}
 		}
 	}
 }

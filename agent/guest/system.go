@@ -32,9 +32,10 @@ type System struct {
 	SetNet func(ifname string, c agent.NetConfig) error
 	// Reseed mixes host randomness into the kernel RNG and reseeds it.
 	Reseed func(entropy []byte) error
-	// NoItableInit stops the kernel's background zeroing of the inode
-	// tables of the ext4 filesystem mounted at a path; nil: leave it.
-	NoItableInit func(mnt string) error
+	// ItableInit sets whether the kernel zeroes the inode tables of the
+	// ext4 filesystem mounted at a path in the background (init_itable,
+	// noinit_itable); nil: leave it as it is.
+	ItableInit func(mnt string, on bool) error
 	// Poweroff stops the guest; nil refuses poweroff requests. It is
 	// called in its own goroutine after the reply has been sent.
 	Poweroff func(reboot bool)
@@ -49,14 +50,14 @@ type System struct {
 // DefaultSystem is the real guest: Linux syscalls, /etc and /proc.
 func DefaultSystem() *System {
 	return &System{
-		SetClock:     setRealtime,
-		Freezer:      NewFSFreezer("/proc/self/mountinfo"),
-		SetHostname:  func(h string) error { return unix.Sethostname([]byte(h)) },
-		Reseed:       reseedKernelRNG,
-		NoItableInit: noItableInit,
-		EtcDir:       "/etc",
-		ProcDir:      "/proc",
-		PID1:         os.Getpid() == 1,
+		SetClock:    setRealtime,
+		Freezer:     NewFSFreezer("/proc/self/mountinfo"),
+		SetHostname: func(h string) error { return unix.Sethostname([]byte(h)) },
+		Reseed:      reseedKernelRNG,
+		ItableInit:  setItableInit,
+		EtcDir:      "/etc",
+		ProcDir:     "/proc",
+		PID1:        os.Getpid() == 1,
 	}
 }
 
@@ -105,13 +106,15 @@ func uptime() time.Duration {
 	return time.Duration(ts.Nano())
 }
 
-// noItableInit sets noinit_itable on the ext4 filesystem mounted at mnt:
-// the kernel's ext4lazyinit thread stops zeroing the inode tables of
-// block groups not zeroed yet (the groups an online grow adds). The
-// superblock is reconfigured through fspick, which changes that one
-// option and none of the filesystem's or its mounts' others.
+// setItableInit sets init_itable (on) or noinit_itable on the ext4
+// filesystem mounted at mnt: whether the kernel's ext4lazyinit thread
+// zeroes the inode tables of the block groups not zeroed yet (the groups
+// an online grow adds). The superblock is reconfigured through fspick,
+// which changes that one option and none of the filesystem's or its
+// mounts' others.
 //
-// The zeroing is needless on den's disks: sparse files, whose grown space
+// den's root filesystems run with noinit_itable (rootGrower.grow). The
+// zeroing is needless on den's disks: sparse files, whose grown space
 // reads as zeros already. It is not free: after a VM's disk grew from the
 // image's 256 MiB to 4 GiB, the guest wrote zeros over 480 inode tables
 // for half a minute, one 512 KiB write (a hole punched, one transaction
@@ -119,17 +122,21 @@ func uptime() time.Duration {
 // base, and again after each restore to a checkpoint taken meanwhile.
 // ext4 does not need the tables zeroed: the groups' descriptors say
 // which inodes were never used (uninit_bg, metadata_csum).
-func noItableInit(mnt string) error {
+func setItableInit(mnt string, on bool) error {
+	opt := "noinit_itable"
+	if on {
+		opt = "init_itable"
+	}
 	fd, err := unix.Fspick(unix.AT_FDCWD, mnt, unix.FSPICK_CLOEXEC)
 	if err != nil {
-		return fmt.Errorf("noinit_itable on %s: fspick: %w", mnt, err)
+		return fmt.Errorf("%s on %s: fspick: %w", opt, mnt, err)
 	}
 	defer unix.Close(fd)
-	if err := unix.FsconfigSetFlag(fd, "noinit_itable"); err != nil {
-		return fmt.Errorf("noinit_itable on %s: %w", mnt, err)
+	if err := unix.FsconfigSetFlag(fd, opt); err != nil {
+		return fmt.Errorf("%s on %s: %w", opt, mnt, err)
 	}
 	if err := unix.FsconfigReconfigure(fd); err != nil {
-		return fmt.Errorf("noinit_itable on %s: reconfigure: %w", mnt, err)
+		return fmt.Errorf("%s on %s: reconfigure: %w", opt, mnt, err)
 	}
 	return nil
 }

@@ -246,6 +246,23 @@ func readFull(f *os.File, buf []byte, off int64) error {
 	return err
 }
 
+// DataRanges lists the data ranges of the file at path, in order, as its
+// filesystem tells them (SEEK_DATA and SEEK_HOLE); ok is false, with the
+// whole file as one range, when the filesystem cannot tell holes.
+func DataRanges(path string) (ext []Extent, ok bool, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, false, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, false, err
+	}
+	ext, ok = dataRanges(f, st.Size())
+	return ext, ok, nil
+}
+
 // dataRanges lists the data ranges of f (size bytes); ok is false, with
 // the whole file as one range, when its filesystem cannot tell holes.
 func dataRanges(f *os.File, size int64) (ext []Extent, ok bool) {

@@ -188,6 +188,17 @@ func (v *Volume) Remove(ctx context.Context, p storage.Path) error {
 	return os.RemoveAll(h)
 }
 
+// DataRanges is what the directory's filesystem tells of file p's data
+// (SEEK_DATA); one whole range where it cannot tell.
+func (v *Volume) DataRanges(ctx context.Context, p storage.Path) ([]fsutil.Extent, error) {
+	h, err := v.Path(p)
+	if err != nil {
+		return nil, err
+	}
+	ext, _, err := fsutil.DataRanges(h)
+	return ext, err
+}
+
 // Usage sums a tree's sizes.
 func (v *Volume) Usage(ctx context.Context, p storage.Path) (storage.Usage, error) {
 	h, err := v.Path(p)
