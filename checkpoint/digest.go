@@ -119,7 +119,7 @@ func mapData(ranges DataRanges, path string) dataMap {
 
 // hole says that n bytes at off hold no data: they read as zeros.
 func (d dataMap) hole(off, n int64) bool {
-	if !d.known {
+	if !d.known || n <= 0 {
 		return false
 	}
 	i := sort.Search(len(d.ext), func(i int) bool { return d.ext[i].Off+d.ext[i].Len > off })
@@ -142,37 +142,55 @@ type Pace struct {
 // hashExtents reads r (size bytes) and returns one digest per extent,
 // paced by p; the extents data says are holes are not read.
 func hashExtents(ctx context.Context, r io.ReaderAt, n int64, data dataMap, p Pace) ([]string, error) {
-	var out []string
-	buf := make([]byte, 1<<20)
-	for off := int64(0); off < n || (n == 0 && len(out) == 0); off += ExtentSize {
-		if err := ctx.Err(); err != nil {
-			return nil, err
+	count := 1 // an empty file has the digest of nothing
+	if n > 0 {
+		count = int((n + ExtentSize - 1) / ExtentSize)
+	}
+	out := make([]string, count)
+	for i := range out {
+		if off := int64(i) * ExtentSize; data.hole(off, min(ExtentSize, n-off)) {
+			out[i] = zeroDigest(min(ExtentSize, n-off))
 		}
-		if size := min(ExtentSize, n-off); size > 0 && data.hole(off, size) {
-			out = append(out, zeroDigest(size))
+	}
+	if err := hashInto(ctx, r, n, out, func(i int) bool { return out[i] == "" }, p); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// hashInto reads the extents of r (n bytes) that want picks and puts
+// their digests in out, paced by p.
+func hashInto(ctx context.Context, r io.ReaderAt, n int64, out []string, want func(i int) bool, p Pace) error {
+	var buf []byte
+	for i := range out {
+		if !want(i) {
 			continue
 		}
 		if p.Yield != nil {
 			p.Yield(ctx)
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
+		}
+		if buf == nil {
+			buf = make([]byte, 1<<20)
 		}
 		start := time.Now()
+		off := int64(i) * ExtentSize
 		d, err := hashExtent(r, off, min(ExtentSize, n-off), buf)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		out = append(out, d)
+		out[i] = d
 		if p.Idle > 0 {
 			select {
 			case <-ctx.Done():
-				return nil, ctx.Err()
+				return ctx.Err()
 			case <-time.After(time.Duration(float64(time.Since(start)) * p.Idle)):
 			}
 		}
 	}
-	return out, nil
+	return ctx.Err()
 }
 
 // hashExtent digests n bytes of r at off.
@@ -224,40 +242,16 @@ func digestFile(ctx context.Context, path string, p Pace) (FileDigest, error) {
 	// start, turns holes between slices into data (zeros) too: those
 	// reads find the zeros.
 	if data.known {
-		if err := rehashHoles(ctx, f, st.Size(), ext, data, mapData(p.Data, path), p); err != nil {
+		after, n := mapData(p.Data, path), st.Size()
+		filled := func(i int) bool {
+			off := int64(i) * ExtentSize
+			return data.hole(off, min(ExtentSize, n-off)) && !after.hole(off, min(ExtentSize, n-off))
+		}
+		if err := hashInto(ctx, f, n, ext, filled, p); err != nil {
 			return FileDigest{}, fmt.Errorf("digest %s: %w", path, err)
 		}
 	}
 	return FileDigest{Size: st.Size(), Extents: ext}, nil
-}
-
-// rehashHoles reads again, into ext, the extents of r (n bytes) that
-// before calls holes and after does not (all of them if after is not
-// known).
-func rehashHoles(ctx context.Context, r io.ReaderAt, n int64, ext []string, before, after dataMap, p Pace) error {
-	var buf []byte
-	for i := range ext {
-		off := int64(i) * ExtentSize
-		size := min(ExtentSize, n-off)
-		if size <= 0 || !before.hole(off, size) || after.hole(off, size) {
-			continue
-		}
-		if p.Yield != nil {
-			p.Yield(ctx)
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if buf == nil {
-			buf = make([]byte, 1<<20)
-		}
-		d, err := hashExtent(r, off, size, buf)
-		if err != nil {
-			return err
-		}
-		ext[i] = d
-	}
-	return nil
 }
 
 // isManifest says whether a file name is one of the digest files.
@@ -590,7 +584,7 @@ func verifyFile(ctx context.Context, dir, rel string, fd FileDigest, p Policy) (
 		off := int64(i) * ExtentSize
 		n := min(ExtentSize, fd.Size-off)
 		var d string
-		if n > 0 && data.hole(off, n) && fd.Extents[i] == zeroDigest(n) {
+		if data.hole(off, n) && fd.Extents[i] == zeroDigest(n) {
 			d = zeroDigest(n)
 			res.Holes++
 		} else {

@@ -28,17 +28,26 @@ func TestWaitQuiet(t *testing.T) {
 	if err != nil || unlock == nil {
 		t.Fatalf("lock: %v", err)
 	}
-	released := make(chan time.Time, 1)
-	go func() {
-		time.Sleep(100 * time.Millisecond)
-		released <- time.Now()
-		unlock()
-	}()
 	const settle = 300 * time.Millisecond
-	m.waitQuiet(ctx, settle, time.Minute)
-	at := <-released
-	if d := time.Since(at); d < settle {
-		t.Fatalf("returned %v after the release, before the settle time (%v)", d, settle)
+	done := make(chan time.Time, 1)
+	go func() {
+		m.waitQuiet(ctx, settle, time.Minute)
+		done <- time.Now()
+	}()
+	select {
+	case <-done:
+		t.Fatal("returned while a vm was held")
+	default:
+	}
+	released := time.Now()
+	unlock()
+	select {
+	case at := <-done:
+		if d := at.Sub(released); d < settle {
+			t.Fatalf("returned %v after the release, before the settle time (%v)", d, settle)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("waitQuiet did not return after the release")
 	}
 
 	unlock, err = m.tryLockVM("box", "test")
@@ -53,17 +62,14 @@ func TestWaitQuiet(t *testing.T) {
 	}
 
 	cctx, cancel := context.WithCancel(ctx)
-	go func() {
-		time.Sleep(50 * time.Millisecond)
-		cancel()
-	}()
-	done := make(chan struct{})
+	ended := make(chan struct{})
 	go func() {
 		m.waitQuiet(cctx, 0, time.Hour)
-		close(done)
+		close(ended)
 	}()
+	cancel()
 	select {
-	case <-done:
+	case <-ended:
 	case <-time.After(30 * time.Second):
 		t.Fatal("waitQuiet did not end with its context")
 	}

@@ -131,14 +131,9 @@ func (info sliceInfo) dataRanges() []fsutil.Extent {
 		}
 		off := int64(chunk)*chunkSize + pos
 		pos += int64(c.Len)
-		if c.ID == 0 || c.Len == 0 {
-			continue
+		if c.ID != 0 && c.Len != 0 {
+			out = fsutil.AddExtent(out, off, int64(c.Len))
 		}
-		if k := len(out); k > 0 && out[k-1].Off+out[k-1].Len == off {
-			out[k-1].Len += int64(c.Len)
-			continue
-		}
-		out = append(out, fsutil.Extent{Off: off, Len: int64(c.Len)})
 	}
 	return out
 }
@@ -152,10 +147,8 @@ func controlDataBytes(ctx context.Context, root, file string) (int64, error) {
 		return 0, err
 	}
 	var n int64
-	for _, c := range info.Chunks {
-		if c.ID != 0 {
-			n += int64(c.Len)
-		}
+	for _, e := range info.dataRanges() {
+		n += e.Len
 	}
 	return n, nil
 }

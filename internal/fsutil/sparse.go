@@ -18,8 +18,8 @@ type Extent struct {
 	Len int64 `json:"len"`
 }
 
-// addExtent appends a range, merging it with the last one when adjacent.
-func addExtent(ext []Extent, off, n int64) []Extent {
+// AddExtent appends a range, merging it with the last one when adjacent.
+func AddExtent(ext []Extent, off, n int64) []Extent {
 	if k := len(ext); k > 0 && ext[k-1].Off+ext[k-1].Len == off {
 		ext[k-1].Len += n
 		return ext
@@ -108,7 +108,7 @@ func copySkippingZeros(in, out *os.File, off, end int64) ([]Extent, error) {
 			if _, werr := out.WriteAt(buf[:r], off); werr != nil {
 				return nil, werr
 			}
-			ext = addExtent(ext, off, int64(r))
+			ext = AddExtent(ext, off, int64(r))
 		}
 		off += int64(r)
 		if err == io.EOF {
@@ -278,7 +278,7 @@ func dataRanges(f *os.File, size int64) (ext []Extent, ok bool) {
 		if err != nil || hole > size {
 			hole = size
 		}
-		ext = addExtent(ext, data, hole-data)
+		ext = AddExtent(ext, data, hole-data)
 		off = hole
 	}
 	return ext, true
