@@ -23,6 +23,7 @@ import (
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/netlimit"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/users"
 )
@@ -38,8 +39,9 @@ type apiListener struct {
 
 // listenAPI listens on o.APIListen ("" or "off": no listener) with
 // o.APITLSCert and o.APITLSKey, or a self-signed certificate the daemon
-// makes once and keeps in the state dir.
-func listenAPI(o Options, state machine.StateDir) (*apiListener, error) {
+// makes once and keeps in the state dir, and srv's connection caps
+// (nil: none, in tests of other things).
+func listenAPI(o Options, state machine.StateDir, srv *netlimit.HTTP) (*apiListener, error) {
 	if o.APIListen == "" || o.APIListen == "off" {
 		return &apiListener{}, nil
 	}
@@ -63,7 +65,11 @@ func listenAPI(o Options, state machine.StateDir) (*apiListener, error) {
 	}
 	sum := sha256.Sum256(cert.Certificate[0])
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	return &apiListener{ln: tls.NewListener(ln, cfg), addr: ln.Addr().String(),
+	addr := ln.Addr().String()
+	if srv != nil {
+		ln = srv.Listen(ln, false)
+	}
+	return &apiListener{ln: tls.NewListener(ln, cfg), addr: addr,
 		fingerprint: hex.EncodeToString(sum[:]), certFile: certFile}, nil
 }
 
@@ -140,6 +146,6 @@ func tokenCaller(tokens users.Tokens) func(*http.Request) (Caller, error) {
 			// Wrong, revoked and malformed tokens get the same answer.
 			return Caller{}, fmt.Errorf("who is calling: the token is not valid: %w", api.ErrUnauthenticated)
 		}
-		return Caller{User: tok.User, Admin: tok.Admin, Source: "tls " + r.RemoteAddr + " " + tok.ID}, nil
+		return Caller{User: tok.User, Admin: tok.Admin, Source: "tls " + r.RemoteAddr + " " + tok.ID, Token: tok.ID}, nil
 	}
 }

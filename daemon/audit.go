@@ -97,6 +97,10 @@ func (s *Server) getAudit(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	f := audit.Filter{VM: q.Get("vm"), User: q.Get("user")}
+	if err := forUser(r, "audit", f.User); err != nil {
+		writeError(w, err)
+		return
+	}
 	if c := callerOf(r); !c.Admin {
 		f.User = c.User
 	}

@@ -169,17 +169,19 @@ func Run(ctx context.Context, o Options) error {
 	apiSrv.audit = auditLog
 	apiSrv.tokens = users.Tokens{Store: db}
 	apiSrv.bearer = tokenCaller(apiSrv.tokens)
-	apiLn, err := listenAPI(o, state)
+	if o.AdminGroup == "" {
+		o.AdminGroup = DefaultAdminGroup
+	}
+	limited := NewHTTPServer(apiSrv, &Identities{AdminGroup: o.AdminGroup}, o.Logger)
+	defer limited.Close()
+	srv := limited.Server
+	apiLn, err := listenAPI(o, state, limited)
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	defer apiLn.close()
 	info.API, info.APIFingerprint = apiLn.addr, apiLn.fingerprint
 	apiSrv.info = info
-	if o.AdminGroup == "" {
-		o.AdminGroup = DefaultAdminGroup
-	}
-	srv := NewHTTPServer(apiSrv, &Identities{AdminGroup: o.AdminGroup})
 
 	ln, err := listenUnix(o.Socket)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/denhq/den/api"
 	"github.com/denhq/den/internal/validate"
 )
 
@@ -30,6 +31,20 @@ type Caller struct {
 	// Source says where the request came from, for the audit log:
 	// "unix uid=1000", "ssh 192.0.2.1:50022", "tls 192.0.2.1:443 tok_ab12".
 	Source string
+	// Token is the id of the bearer token the request came with ("":
+	// none); what it opens closes when it is revoked.
+	Token string
+}
+
+// forUser refuses (403) a request field that names a user other than
+// the caller, unless the caller is an admin: what a caller may not ask
+// for is refused, never quietly replaced by what it may.
+func forUser(r *http.Request, what, user string) error {
+	c := callerOf(r)
+	if c.Admin || user == "" || user == c.User {
+		return nil
+	}
+	return fmt.Errorf("%s: only an admin acts for another user (%q; you are %q): %w", what, user, c.User, api.ErrForbidden)
 }
 
 // owner is the user whose VMs the caller may touch ("" for an admin:

@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -9,6 +11,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"golang.org/x/crypto/ssh"
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/audit"
@@ -56,11 +60,24 @@ func TestCallers(t *testing.T) {
 	alice := e.asCaller(Caller{User: "alice", Source: "test"})
 	bob := e.asCaller(Caller{User: "bob", Source: "test"})
 	admin := e.asCaller(Caller{User: "ops", Admin: true, Source: "test"})
-	if _, err := alice.CreateVM(ctx, api.CreateRequest{Name: "abox", Owner: "bob", MemoryBytes: 128 << 20, DiskBytes: imageSize, IdleTimeout: "0", Cold: true}, nil); err != nil {
+	// A field only an admin may set is refused, not ignored.
+	if _, err := alice.CreateVM(ctx, api.CreateRequest{Name: "abox", Owner: "bob", MemoryBytes: 128 << 20, DiskBytes: imageSize, IdleTimeout: "0", Cold: true}, nil); !errors.Is(err, api.ErrForbidden) {
+		t.Fatalf("alice creates a vm for bob: %v; want forbidden", err)
+	}
+	if _, err := alice.AddKey(ctx, api.AddKeyRequest{User: "mallory", Name: "k", PublicKey: testPublicKey(t)}); !errors.Is(err, api.ErrForbidden) {
+		t.Errorf("alice adds a key for mallory: %v; want forbidden", err)
+	}
+	if keys, err := admin.ListKeys(ctx); err != nil || len(keys) != 0 {
+		t.Errorf("keys after the refusal: %+v %v", keys, err)
+	}
+	if _, err := alice.Audit(ctx, api.AuditQuery{User: "bob"}); !errors.Is(err, api.ErrForbidden) {
+		t.Errorf("alice reads bob's audit: %v; want forbidden", err)
+	}
+	if _, err := alice.CreateVM(ctx, api.CreateRequest{Name: "abox", Owner: "alice", MemoryBytes: 128 << 20, DiskBytes: imageSize, IdleTimeout: "0", Cold: true}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if vm, err := alice.GetVM(ctx, "abox"); err != nil || vm.Owner != "alice" {
-		t.Fatalf("alice's vm: %+v %v; want owner alice whatever the body says", vm, err)
+		t.Fatalf("alice's vm: %+v %v", vm, err)
 	}
 	if _, err := bob.GetVM(ctx, "abox"); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("bob reads alice's vm: %v", err)
@@ -160,4 +177,18 @@ func TestUIDs(t *testing.T) {
 	if c, err := ids.ofUID(4_000_000_123); err == nil || !strings.Contains(err.Error(), "has no user name") {
 		t.Fatalf("a uid without a name: %+v %v", c, err)
 	}
+}
+
+// testPublicKey is a fresh public key in authorized_keys form.
+func testPublicKey(t *testing.T) string {
+	t.Helper()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey())))
 }

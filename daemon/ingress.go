@@ -15,13 +15,15 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/denhq/den/ingress"
+	"github.com/denhq/den/internal/netlimit"
 	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/machine"
 )
 
 // ingressServer serves the VMs' HTTP URLs on --http-listen.
 type ingressServer struct {
-	srv    *http.Server
+	srv    *netlimit.HTTP
+	h      *ingress.Handler
 	url    string // base URL ("" when off)
 	domain string
 	tls    bool
@@ -41,19 +43,20 @@ func startIngress(o Options, m *machine.Manager) (*ingressServer, error) {
 		return nil, fmt.Errorf("%w (choose another with --http-listen ADDR, or off)", err)
 	}
 	h := &ingress.Handler{Backend: ingressBackend{m}, Domain: o.HTTPDomain, Logger: o.Logger}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: nil}
-	in := &ingressServer{srv: srv, domain: o.HTTPDomain, tls: o.TLSCert != ""}
+	srv := netlimit.NewHTTP("http listener", h, netlimit.Ingress, o.Logger)
+	in := &ingressServer{srv: srv, h: h, domain: o.HTTPDomain, tls: o.TLSCert != ""}
 	scheme := "http"
 	if in.tls {
 		scheme = "https"
 	}
 	in.url = scheme + "://" + ln.Addr().String()
+	limited := srv.Listen(ln, !in.tls)
 	go func() {
 		var err error
 		if in.tls {
-			err = srv.ServeTLS(ln, o.TLSCert, o.TLSKey)
+			err = srv.Server.ServeTLS(limited, o.TLSCert, o.TLSKey)
 		} else {
-			err = srv.Serve(ln)
+			err = srv.Server.Serve(limited)
 		}
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			o.Logger.Error("den: http listener", "err", err)
@@ -66,8 +69,18 @@ func startIngress(o Options, m *machine.Manager) (*ingressServer, error) {
 // close stops the listener and ends its connections.
 func (in *ingressServer) close() {
 	if in.srv != nil {
-		_ = in.srv.Close()
+		_ = in.srv.Server.Close()
+		in.srv.Close()
 	}
+}
+
+// cut closes every connection open through vm's URL (its token changed,
+// or it turned private).
+func (in *ingressServer) cut(vm string) int {
+	if in == nil || in.h == nil {
+		return 0
+	}
+	return in.h.Cut(vm)
 }
 
 // vmURL is the URL of a VM's port: by host name with a domain, else by

@@ -32,6 +32,10 @@ func (s *Server) addKey(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
+	if err := forUser(r, "add key", req.User); err != nil {
+		writeError(w, err)
+		return
+	}
 	if owner(r) != "" {
 		req.User = owner(r)
 	}

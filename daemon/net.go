@@ -82,6 +82,12 @@ func (s *Server) setURL(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	// What the old token opened, or the URL while public, closes with it.
+	if req.Rotate || (req.Public != nil && !*req.Public) {
+		if n := s.web.cut(name); n > 0 {
+			s.log.Info("den: url connections closed", "vm", name, "connections", n, "rotate", req.Rotate)
+		}
+	}
 	writeJSON(w, http.StatusOK, s.urlInfo(name, u))
 }
 

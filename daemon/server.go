@@ -39,6 +39,7 @@ type Server struct {
 	// no TLS listener).
 	bearer func(*http.Request) (Caller, error)
 	tokens users.Tokens
+	held   tokenConns // connections each bearer token holds open
 	audit  *audit.Log // nil: none
 }
 
@@ -286,6 +287,10 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 	var req api.CreateRequest
 	if !decode(w, r, &req) {
+		return
+	}
+	if err := forUser(r, "create vm", req.Owner); err != nil {
+		writeError(w, err)
 		return
 	}
 	if owner(r) != "" {

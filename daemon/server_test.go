@@ -116,11 +116,12 @@ func newAPIEnv(t *testing.T) *apiEnv {
 	if s.audit, err = audit.Open(state.Audit(), audit.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	tlsLn, err := listenAPI(Options{APIListen: "127.0.0.1:0"}, state)
+	limited := NewHTTPServer(s, nil, log)
+	srv := limited.Server
+	tlsLn, err := listenAPI(Options{APIListen: "127.0.0.1:0"}, state, limited)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := NewHTTPServer(s, nil)
 	inproc := newInProcess()
 	go func() { _ = srv.Serve(ln) }()
 	go func() { _ = srv.Serve(inproc) }()

@@ -43,6 +43,13 @@ func (s *Server) sshUpgrade(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer conn.Close()
+	if tok := callerOf(r).Token; tok != "" {
+		release, ok := s.held.hold(tok, conn)
+		if !ok {
+			return // revoked meanwhile
+		}
+		defer release()
+	}
 	_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + api.UpgradeSSH + "\r\nConnection: Upgrade\r\n\r\n")
 	if err := brw.Flush(); err != nil {
 		return

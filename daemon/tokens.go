@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"fmt"
+	"net"
 	"net/http"
+	"sync"
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/registry"
@@ -35,11 +37,13 @@ func (s *Server) addToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := callerOf(r)
-	if !c.Admin {
-		if req.Admin || (req.User != "" && req.User != c.User) {
-			writeError(w, fmt.Errorf("add token: only an admin makes admin tokens or another user's: %w", api.ErrForbidden))
-			return
-		}
+	if !c.Admin && req.Admin {
+		writeError(w, fmt.Errorf("add token: only an admin makes admin tokens: %w", api.ErrForbidden))
+		return
+	}
+	if err := forUser(r, "add token", req.User); err != nil {
+		writeError(w, err)
+		return
 	}
 	if req.User == "" {
 		req.User = c.User
@@ -66,6 +70,58 @@ func (s *Server) removeToken(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	s.log.Info("den: token removed", "user", t.User, "token", t.ID, "name", t.Name)
+	n := s.held.cut(t.ID)
+	s.log.Info("den: token removed", "user", t.User, "token", t.ID, "name", t.Name, "connections_closed", n)
 	writeJSON(w, http.StatusOK, tokenToAPI(t))
+}
+
+// tokenConns are the connections that bearer tokens hold open (SSH
+// upgrades: den ssh and den exec over TLS): revoking a token closes
+// them, and a connection a revoked token would open is refused.
+type tokenConns struct {
+	mu      sync.Mutex
+	open    map[string]map[net.Conn]struct{}
+	revoked map[string]bool
+}
+
+// hold records c as held by token id; release forgets it. false: id was
+// revoked (c is not held).
+func (t *tokenConns) hold(id string, c net.Conn) (release func(), ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.revoked[id] {
+		return nil, false
+	}
+	if t.open == nil {
+		t.open = map[string]map[net.Conn]struct{}{}
+	}
+	if t.open[id] == nil {
+		t.open[id] = map[net.Conn]struct{}{}
+	}
+	t.open[id][c] = struct{}{}
+	return func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		delete(t.open[id], c)
+		if len(t.open[id]) == 0 {
+			delete(t.open, id)
+		}
+	}, true
+}
+
+// cut closes what token id holds and refuses what it would open; it
+// returns how many connections it closed.
+func (t *tokenConns) cut(id string) int {
+	t.mu.Lock()
+	if t.revoked == nil {
+		t.revoked = map[string]bool{}
+	}
+	t.revoked[id] = true
+	conns := t.open[id]
+	delete(t.open, id)
+	t.mu.Unlock()
+	for c := range conns {
+		_ = c.Close()
+	}
+	return len(conns)
 }

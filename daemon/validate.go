@@ -1,40 +1,31 @@
 package daemon
 
 import (
+	"log/slog"
 	"net/http"
-	"time"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/internal/netlimit"
 	"github.com/denhq/den/internal/validate"
 )
 
-// Read deadlines of the API socket's server (docs/api.md, "Limits"). A
-// client has ReadHeaderTimeout to send a request's headers and
-// ReadTimeout to send the whole request, body included. Once the body is
-// read to its end (decode reads it whole), net/http lifts the read
-// deadline itself (it starts its background read, which watches for the
-// client going away, without one), so a stream, a lock wait or the SSH
-// upgrade that runs for minutes is not cut, nor taken for a client that
-// went away (TestReadDeadlineLifted); the SSH upgrade sets deadlines of
-// its own on the hijacked connection. There is no WriteTimeout, for the
-// same answers. A keep-alive connection is closed after IdleTimeout
-// without a request.
-const (
-	ReadHeaderTimeout = 10 * time.Second
-	ReadTimeout       = 30 * time.Second
-	IdleTimeout       = 2 * time.Minute
-	MaxHeaderBytes    = 64 << 10
-)
-
-// NewHTTPServer is the http.Server that serves h (NewServer's) on the API
-// socket, with the read deadlines above, learning each connection's
-// caller as ids says (nil: root and DefaultAdminGroup administer).
-func NewHTTPServer(h http.Handler, ids *Identities) *http.Server {
+// NewHTTPServer serves h (NewServer's) on the API's listeners with
+// netlimit.API's limits, learning each connection's caller as ids says
+// (nil: root and DefaultAdminGroup administer). The whole request has
+// RequestTimeout; once its body is read to its end (decode reads it
+// whole), net/http lifts the read deadline itself (it starts its
+// background read, which watches for the client going away, without
+// one), so a stream, a lock wait or the SSH upgrade that runs for minutes
+// is not cut, nor taken for a client that went away
+// (TestReadDeadlineLifted); the SSH upgrade sets deadlines of its own on
+// the hijacked connection.
+func NewHTTPServer(h http.Handler, ids *Identities, log *slog.Logger) *netlimit.HTTP {
 	if ids == nil {
 		ids = &Identities{AdminGroup: DefaultAdminGroup}
 	}
-	return &http.Server{Handler: h, ReadHeaderTimeout: ReadHeaderTimeout, ReadTimeout: ReadTimeout,
-		IdleTimeout: IdleTimeout, MaxHeaderBytes: MaxHeaderBytes, ConnContext: ids.connContext}
+	s := netlimit.NewHTTP("api listener", h, netlimit.API, log)
+	s.Server.ConnContext = ids.connContext
+	return s
 }
 
 // guard runs before every handler: it refuses a bad VM name, checkpoint id or key reference in the header, path or query

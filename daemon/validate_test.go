@@ -23,6 +23,7 @@ import (
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/image"
+	"github.com/denhq/den/internal/netlimit"
 	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/machine"
@@ -276,15 +277,15 @@ func TestValidationGateway(t *testing.T) {
 	}
 }
 
-// TestServerTimeouts: the API socket's server has header and body read
-// deadlines and no write deadline (streams and the SSH upgrade run for
-// minutes); a client that sends half a header is cut after
-// ReadHeaderTimeout, and a request without a body is not cut by
-// ReadTimeout while it is answered.
+// TestServerTimeouts: the API socket's server has netlimit.API's limits;
+// a client that sends half a header is cut after HeaderTimeout, and a
+// request without a body is not cut by RequestTimeout while it is
+// answered.
 func TestServerTimeouts(t *testing.T) {
-	srv := NewHTTPServer(http.NotFoundHandler(), nil)
-	if srv.ReadHeaderTimeout != ReadHeaderTimeout || srv.ReadTimeout != ReadTimeout || srv.IdleTimeout != IdleTimeout ||
-		srv.WriteTimeout != 0 || srv.MaxHeaderBytes != MaxHeaderBytes {
+	srv := NewHTTPServer(http.NotFoundHandler(), nil, nil).Server
+	l := netlimit.API
+	if srv.ReadHeaderTimeout != l.HeaderTimeout || srv.ReadTimeout != l.RequestTimeout || srv.IdleTimeout != l.IdleTimeout ||
+		srv.WriteTimeout != 0 || srv.MaxHeaderBytes != l.MaxHeaderBytes {
 		t.Errorf("server: header %s, read %s, idle %s, write %s, headers %d", srv.ReadHeaderTimeout, srv.ReadTimeout,
 			srv.IdleTimeout, srv.WriteTimeout, srv.MaxHeaderBytes)
 	}
@@ -301,10 +302,10 @@ func TestServerTimeouts(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	_ = c.SetReadDeadline(time.Now().Add(ReadHeaderTimeout + 20*time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(l.HeaderTimeout + 20*time.Second))
 	_, err = io.ReadAll(c)
-	if err != nil || time.Since(start) < ReadHeaderTimeout-time.Second {
-		t.Errorf("half a header: connection ended after %s (%v), want closed after %s", time.Since(start), err, ReadHeaderTimeout)
+	if err != nil || time.Since(start) < l.HeaderTimeout-time.Second {
+		t.Errorf("half a header: connection ended after %s (%v), want closed after %s", time.Since(start), err, l.HeaderTimeout)
 	}
 	// Meanwhile, and after, other clients are served.
 	if _, err := e.client.ListVMs(context.Background()); err != nil {
@@ -335,7 +336,7 @@ func TestReadDeadlineLifted(t *testing.T) {
 			w.WriteHeader(http.StatusNoContent)
 		}
 	})
-	srv := NewHTTPServer(h, nil)
+	srv := NewHTTPServer(h, nil, nil).Server
 	srv.ReadTimeout = readTimeout
 	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "s.sock"))
 	if err != nil {

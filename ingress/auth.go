@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"crypto/subtle"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -38,6 +39,17 @@ func (h *Handler) authorize(w http.ResponseWriter, r *http.Request, rt *route, t
 			Name: tokenName, Value: q, Path: rt.root,
 			HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: r.TLS != nil,
 		})
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			// The token leaves the address bar, the history and every
+			// Referer: the cookie carries it from now on.
+			u := r.URL.EscapedPath()
+			if q := stripQuery(r.URL.RawQuery); q != "" {
+				u += "?" + q
+			}
+			w.Header().Set("Location", u)
+			denAnswer(w, "", http.StatusSeeOther)
+			return false
+		}
 		return true
 	}
 	for _, c := range r.Cookies() {
@@ -46,8 +58,91 @@ func (h *Handler) authorize(w http.ResponseWriter, r *http.Request, rt *route, t
 		}
 	}
 	w.Header().Set("WWW-Authenticate", `Bearer realm="den"`)
-	http.Error(w, msgUnauthorized, http.StatusUnauthorized)
+	denAnswer(w, msgUnauthorized, http.StatusUnauthorized)
 	return false
+}
+
+// denAnswer is den's own answer (not a VM's): a line of text, or none,
+// sent with no Referer to follow it.
+func denAnswer(w http.ResponseWriter, msg string, code int) {
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	if msg == "" {
+		w.WriteHeader(code)
+		return
+	}
+	http.Error(w, msg, code)
+}
+
+// referer is what of r's Referer the VM rt may see: none when it names
+// another VM's URL (path URLs share one origin, so the browser sends it
+// along), else the Referer without den_token in its query.
+func (h *Handler) referer(ref, reqHost string, rt *route) (string, bool) {
+	u, err := url.Parse(ref)
+	if err != nil || ref == "" {
+		return "", false
+	}
+	vm, byHost := h.hostVM(u.Host)
+	if !byHost {
+		vm = ""
+		if strings.EqualFold(u.Host, reqHost) {
+			if rest, ok := strings.CutPrefix(u.Path, pathPrefix); ok {
+				vm, _, _ = strings.Cut(rest, "/")
+			}
+		}
+	}
+	if vm != "" && vm != rt.vm {
+		return "", false
+	}
+	if _, ok := queryToken(u.RawQuery); ok {
+		u.RawQuery = stripQuery(u.RawQuery)
+		u.ForceQuery = false
+		ref = u.String()
+	}
+	return ref, true
+}
+
+// keepSetCookie filters a VM's Set-Cookie lines: it drops den's own
+// cookie name, a Domain other than the request's host (a cookie for the
+// parent domain would reach every VM's host), and a Path outside the
+// VM's URL root (path URLs share one host). It returns what it dropped.
+func keepSetCookie(hdr http.Header, reqHost string, rt route) (dropped []string) {
+	lines := hdr.Values("Set-Cookie")
+	if len(lines) == 0 {
+		return nil
+	}
+	host := reqHost
+	if hh, _, err := net.SplitHostPort(reqHost); err == nil {
+		host = hh
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	var keep []string
+	for _, line := range lines {
+		if cookieAllowed(line, host, rt.root) {
+			keep = append(keep, line)
+		} else {
+			name, _, _ := strings.Cut(line, "=")
+			dropped = append(dropped, strings.TrimSpace(name))
+		}
+	}
+	hdr.Del("Set-Cookie")
+	for _, line := range keep {
+		hdr.Add("Set-Cookie", line)
+	}
+	return dropped
+}
+
+func cookieAllowed(line, host, root string) bool {
+	c, err := http.ParseSetCookie(line)
+	if err != nil || strings.EqualFold(c.Name, tokenName) {
+		return false
+	}
+	if d := strings.TrimSuffix(strings.TrimPrefix(strings.ToLower(c.Domain), "."), "."); d != "" && d != host {
+		return false
+	}
+	if root == "/" || c.Path == "" {
+		return true // a default path is under the page's own
+	}
+	return c.Path == strings.TrimSuffix(root, "/") || strings.HasPrefix(c.Path, root)
 }
 
 // tokenEqual compares a given token with the VM's in constant time; an

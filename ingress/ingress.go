@@ -51,8 +51,9 @@ type Handler struct {
 	WakeTimeout time.Duration // bound on Dial (wake included); default 60s
 	Logger      *slog.Logger
 
-	once  sync.Once
-	proxy *httputil.ReverseProxy
+	once    sync.Once
+	proxy   *httputil.ReverseProxy
+	streams streams
 }
 
 // ServeHTTP routes r to its VM, checks its token and proxies it to the
@@ -63,10 +64,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	rt.gen = h.generation(rt.vm)
 	t, err := h.Backend.Lookup(r.Context(), rt.vm)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		h.logger().Warn("ingress lookup", "vm", rt.vm, "err", err)
-		http.Error(w, "den: cannot look up vm "+rt.vm+" now; try again", http.StatusServiceUnavailable)
+		denAnswer(w, "den: cannot look up vm "+rt.vm+" now; try again", http.StatusServiceUnavailable)
 		return
 	}
 	found := err == nil
@@ -74,7 +76,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if t.Port < 1 || t.Port > 65535 {
-		http.Error(w, "den: vm "+rt.vm+" has no valid URL port", http.StatusBadGateway)
+		denAnswer(w, "den: vm "+rt.vm+" has no valid URL port", http.StatusBadGateway)
 		return
 	}
 	rt.port = t.Port

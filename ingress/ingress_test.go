@@ -328,21 +328,181 @@ func TestTokenHeader(t *testing.T) {
 	f.b.waitReleased(t)
 }
 
+// TestTokenQuery: a token in the query sets the cookie and is taken
+// out of the address bar by a redirect (GET, HEAD); other methods go on
+// to the guest without it.
 func TestTokenQuery(t *testing.T) {
 	f := newFixture(t, http.HandlerFunc(echoGuest))
-	resp, s := f.getSeen(t, "", "/vm/box/p?a=1&den_token="+token+"&b=2", nil)
-	if got, want := resp.Header.Get("Set-Cookie"), "den_token="+token+"; Path=/vm/box/; HttpOnly; SameSite=Lax"; got != want {
-		t.Errorf("Set-Cookie %q, want %q", got, want)
+	for _, tc := range []struct{ host, path, cookiePath, location string }{
+		{"", "/vm/box/p?a=1&den_token=" + token + "&b=2", "/vm/box/", "/vm/box/p?a=1&b=2"},
+		{"box.den.test", "/?den_token=" + token, "/", "/"},
+		{"box.den.test", "/a%2Fb?den_token=" + token + "&x", "/", "/a%2Fb?x"},
+	} {
+		resp, _ := f.get(t, tc.host, tc.path, nil)
+		if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != tc.location {
+			t.Errorf("%s: %d Location %q, want 303 %q", tc.path, resp.StatusCode, resp.Header.Get("Location"), tc.location)
+		}
+		if got, want := resp.Header.Get("Set-Cookie"), "den_token="+token+"; Path="+tc.cookiePath+"; HttpOnly; SameSite=Lax"; got != want {
+			t.Errorf("%s: Set-Cookie %q, want %q", tc.path, got, want)
+		}
+		if got := resp.Header.Get("Referrer-Policy"); got != "no-referrer" {
+			t.Errorf("%s: Referrer-Policy %q", tc.path, got)
+		}
 	}
+	if d, _, _ := f.b.counts(); d != 0 {
+		t.Errorf("%d dials for redirects", d)
+	}
+	// The redirect's target, with the cookie, reaches the guest.
+	_, s := f.getSeen(t, "", "/vm/box/p?a=1&b=2", http.Header{"Cookie": {"den_token=" + token}})
 	if s.Query != "a=1&b=2" || s.Path != "/p" {
 		t.Errorf("guest saw %q ? %q, want /p ? a=1&b=2", s.Path, s.Query)
 	}
-	resp, s = f.getSeen(t, "box.den.test", "/?den_token="+token, nil)
-	if got, want := resp.Header.Get("Set-Cookie"), "den_token="+token+"; Path=/; HttpOnly; SameSite=Lax"; got != want {
-		t.Errorf("by host: Set-Cookie %q, want %q", got, want)
+	// A POST is not redirected (its body would be lost): it goes on
+	// without the token.
+	resp := f.do(t, http.MethodPost, "", "/vm/box/p?den_token="+token+"&b=2", nil)
+	defer resp.Body.Close()
+	var seenPost seen
+	if err := json.NewDecoder(resp.Body).Decode(&seenPost); err != nil || resp.StatusCode != 200 || seenPost.Query != "b=2" {
+		t.Errorf("POST with the token in the query: %d %+v %v", resp.StatusCode, seenPost, err)
 	}
-	if s.Query != "" {
-		t.Errorf("guest saw query %q", s.Query)
+	f.b.waitReleased(t)
+}
+
+// TestRefererAcrossVMs: a Referer from another VM's URL never reaches a
+// VM (path URLs share one origin, so browsers send it); one from the
+// VM's own URL or from elsewhere does, without den_token.
+func TestRefererAcrossVMs(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(echoGuest))
+	front := strings.TrimPrefix(f.front.URL, "http://")
+	for _, tc := range []struct{ host, path, referer, want string }{
+		{"", "/vm/box/", "http://" + front + "/vm/pub/page?den_token=" + token, ""},
+		{"", "/vm/box/", "http://" + front + "/vm/other/", ""},
+		{"", "/vm/box/", "http://" + front + "/vm/box/a?den_token=" + token + "&z=1", "http://" + front + "/vm/box/a?z=1"},
+		{"", "/vm/box/", "https://example.com/?q=1", "https://example.com/?q=1"},
+		{"box.den.test", "/", "http://pub.den.test/x?den_token=" + token, ""},
+		{"box.den.test", "/", "http://box.den.test/x?den_token=" + token, "http://box.den.test/x"},
+		{"box.den.test", "/", "http://example.com/vm/pub/", "http://example.com/vm/pub/"},
+	} {
+		hdr := bearer(token)
+		hdr.Set("Referer", tc.referer)
+		_, s := f.getSeen(t, tc.host, tc.path, hdr)
+		if got := s.Header.Get("Referer"); got != tc.want {
+			t.Errorf("Referer %q to %s%s: guest saw %q, want %q", tc.referer, tc.host, tc.path, got, tc.want)
+		}
+	}
+	f.b.waitReleased(t)
+}
+
+// TestSetCookieFiltered: a VM cannot set den's cookie, nor cookies for
+// another VM's path or for the domain every VM's host shares.
+func TestSetCookieFiltered(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, c := range []string{
+			"app=1; Path=/vm/box/", "plain=1", "exact=1; Path=/vm/box",
+			"den_token=evil; Path=/vm/pub/", "DEN_TOKEN=evil",
+			"steal=1; Path=/vm/pub/", "wide=1; Path=/", "near=1; Path=/vm/boxer/",
+			"dom=1; Domain=den.test", "own=1; Domain=box.den.test", "junk",
+		} {
+			w.Header().Add("Set-Cookie", c)
+		}
+	}))
+	names := func(resp *http.Response) string {
+		var n []string
+		for _, c := range resp.Cookies() {
+			n = append(n, c.Name)
+		}
+		return strings.Join(n, ",")
+	}
+	resp, _ := f.get(t, "", "/vm/box/", bearer(token))
+	if got := names(resp); got != "app,plain,exact" {
+		t.Errorf("by path: cookies %q, want app,plain,exact", got)
+	}
+	resp, _ = f.get(t, "box.den.test", "/", bearer(token))
+	if got := names(resp); got != "app,plain,exact,steal,wide,near,own" {
+		t.Errorf("by host: cookies %q", got)
+	}
+	if !strings.Contains(f.log.String(), "cookies refused") {
+		t.Errorf("refusals not logged: %s", f.log.String())
+	}
+	f.b.waitReleased(t)
+}
+
+// TestDenAnswersNoReferrer: den's own answers send no Referer on.
+func TestDenAnswersNoReferrer(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(echoGuest))
+	for _, p := range []string{"/vm/box/", "/nowhere", "/vm/box", "/vm/shut/"} {
+		resp, _ := f.get(t, "", p, nil)
+		if got := resp.Header.Get("Referrer-Policy"); got != "no-referrer" {
+			t.Errorf("%s (%d): Referrer-Policy %q", p, resp.StatusCode, got)
+		}
+	}
+}
+
+// TestCut: Cut closes the streams open to a VM's port, and a request let
+// in before it cannot open one after it; other VMs' streams stay.
+func TestCut(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		for i := 0; ; i++ {
+			if _, err := fmt.Fprintf(w, "tick %d\n", i); err != nil {
+				return
+			}
+			http.NewResponseController(w).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}))
+	open := func(path string, hdr http.Header) *bufio.Reader {
+		resp := f.do(t, http.MethodGet, "", path, hdr)
+		t.Cleanup(func() { resp.Body.Close() })
+		br := bufio.NewReader(resp.Body)
+		if l, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(l, "tick") {
+			t.Fatalf("%s: %d %q %v", path, resp.StatusCode, l, err)
+		}
+		return br
+	}
+	box := open("/vm/box/", bearer(token))
+	pub := open("/vm/pub/", nil)
+	if n := f.h.Cut("box"); n != 1 {
+		t.Errorf("Cut closed %d streams, want 1", n)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := box.ReadString('\n'); err != nil {
+				ended <- err
+				return
+			}
+		}
+	}()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("box's stream still open 10 s after Cut")
+	}
+	if l, err := pub.ReadString('\n'); err != nil || !strings.HasPrefix(l, "tick") {
+		t.Errorf("pub's stream after box's cut: %q %v", l, err)
+	}
+	// A request that passed its token check before Cut, still waking the
+	// VM when it came, gets no stream.
+	entered, cut := make(chan struct{}), make(chan struct{})
+	f.b.setHook(func(context.Context) error { close(entered); <-cut; return nil })
+	done := make(chan *http.Response, 1)
+	go func() { done <- f.do(t, http.MethodGet, "", "/vm/box/", bearer(token)) }()
+	<-entered
+	f.h.Cut("box")
+	close(cut)
+	resp := <-done
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Errorf("a stream opened across Cut: %d", resp.StatusCode)
+	}
+	f.b.setHook(nil)
+	if n := f.h.Cut("pub"); n != 1 {
+		t.Errorf("Cut(pub) closed %d, want 1", n)
 	}
 	f.b.waitReleased(t)
 }

@@ -20,13 +20,13 @@ type routeKey struct{}
 // claim on the VM, per proxied request.
 func (h *Handler) init() {
 	h.proxy = &httputil.ReverseProxy{
-		Rewrite: rewrite,
+		Rewrite: h.rewrite,
 		Transport: &http.Transport{
 			DialContext:       h.dial,
 			DisableKeepAlives: true, // each connection is a claim: none may idle
 		},
 		FlushInterval:  -1,
-		ModifyResponse: noteStatus,
+		ModifyResponse: h.modifyResponse,
 		ErrorHandler:   h.proxyError,
 		ErrorLog:       slog.NewLogLogger(h.logger().Handler(), slog.LevelDebug),
 	}
@@ -55,8 +55,9 @@ type proxyState struct {
 
 // rewrite sends the request to the guest's port: the URL's host is
 // "<vm>:<port>", which is what dial gets. The Host header stays the
-// client's; den's prefix, token and cookie are taken out.
-func rewrite(pr *httputil.ProxyRequest) {
+// client's; den's prefix, token and cookie are taken out, and so is a
+// Referer from another VM's URL.
+func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 	st := pr.In.Context().Value(routeKey{}).(*proxyState)
 	out := pr.Out
 	out.URL.Scheme = "http"
@@ -77,13 +78,26 @@ func rewrite(pr *httputil.ProxyRequest) {
 		out.Header.Del("Authorization")
 	}
 	stripCookie(out.Header)
+	if ref := pr.In.Header.Get("Referer"); ref != "" {
+		if ref, ok := h.referer(ref, pr.In.Host, &st.route); ok {
+			out.Header.Set("Referer", ref)
+		} else {
+			out.Header.Del("Referer")
+		}
+	}
 	pr.SetXForwarded()
 }
 
-// noteStatus keeps the guest's status for the log.
-func noteStatus(resp *http.Response) error {
-	if st, ok := resp.Request.Context().Value(routeKey{}).(*proxyState); ok {
-		st.status = resp.StatusCode
+// modifyResponse keeps the guest's status for the log and drops the
+// cookies it may not set (keepSetCookie).
+func (h *Handler) modifyResponse(resp *http.Response) error {
+	st, ok := resp.Request.Context().Value(routeKey{}).(*proxyState)
+	if !ok {
+		return nil
+	}
+	st.status = resp.StatusCode
+	if dropped := keepSetCookie(resp.Header, resp.Request.Host, st.route); len(dropped) > 0 {
+		h.logger().Debug("ingress: cookies refused", "vm", st.vm, "cookies", dropped)
 	}
 	return nil
 }
@@ -137,7 +151,12 @@ func (h *Handler) dial(ctx context.Context, _, addr string) (net.Conn, error) {
 			timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
 			return nil, &dialError{vm: vm, port: port, timeout: timeout, timedOut: timedOut, err: r.err}
 		}
-		return newClaimConn(r.conn, r.release), nil
+		st, _ := ctx.Value(routeKey{}).(*proxyState)
+		c, ok := h.track(vm, st, r.conn, r.release)
+		if !ok {
+			return nil, &dialError{vm: vm, port: port, timeout: timeout, err: errCut}
+		}
+		return c, nil
 	case <-ctx.Done():
 		go func() { // a Dial that came too late: give its claim back
 			if r := <-done; r.err == nil && r.conn != nil {
@@ -166,15 +185,15 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	var de *dialError
 	switch {
 	case errors.As(err, &de) && de.timedOut:
-		http.Error(w, fmt.Sprintf("den: vm %s did not answer within %s", vm, seconds(de.timeout)), http.StatusGatewayTimeout)
+		denAnswer(w, fmt.Sprintf("den: vm %s did not answer within %s", vm, seconds(de.timeout)), http.StatusGatewayTimeout)
 	case isRefused(err):
-		http.Error(w, fmt.Sprintf("den: nothing listens on port %d in vm %s", port, vm), http.StatusBadGateway)
+		denAnswer(w, fmt.Sprintf("den: nothing listens on port %d in vm %s", port, vm), http.StatusBadGateway)
 	case de != nil:
 		h.logger().Info("ingress dial", "vm", vm, "port", port, "err", err)
-		http.Error(w, "den: "+oneLine(err.Error()), http.StatusBadGateway)
+		denAnswer(w, "den: "+oneLine(err.Error()), http.StatusBadGateway)
 	default:
 		h.logger().Debug("ingress proxy", "vm", vm, "port", port, "err", err)
-		http.Error(w, fmt.Sprintf("den: port %d in vm %s: %s", port, vm, oneLine(err.Error())), http.StatusBadGateway)
+		denAnswer(w, fmt.Sprintf("den: port %d in vm %s: %s", port, vm, oneLine(err.Error())), http.StatusBadGateway)
 	}
 }
 

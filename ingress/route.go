@@ -21,6 +21,9 @@ type route struct {
 	strip string
 	// dropAuth: the Authorization header carried the den token.
 	dropAuth bool
+	// gen is the VM's generation of streams before the request's token
+	// was checked (Handler.Cut).
+	gen uint64
 }
 
 // route finds the VM r is for; without one it answers r itself (404,
@@ -50,7 +53,7 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) (route, bool) {
 			u += "?" + r.URL.RawQuery
 		}
 		w.Header().Set("Location", u)
-		w.WriteHeader(http.StatusPermanentRedirect)
+		denAnswer(w, "", http.StatusPermanentRedirect)
 		return route{}, false
 	}
 	return route{vm: vm, root: root, strip: pathPrefix + vm}, true
@@ -77,5 +80,5 @@ func (h *Handler) notFound(w http.ResponseWriter) {
 	if d := strings.Trim(h.Domain, "."); d != "" {
 		msg = "den: no vm here; vm URLs look like http(s)://VM." + strings.ToLower(d) + "/ or /vm/VM/"
 	}
-	http.Error(w, msg, http.StatusNotFound)
+	denAnswer(w, msg, http.StatusNotFound)
 }

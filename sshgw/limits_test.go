@@ -380,24 +380,6 @@ func TestFailureTableBounded(t *testing.T) {
 	}
 }
 
-func TestSourceOf(t *testing.T) {
-	for addr, want := range map[string]string{
-		"192.0.2.7:22":                "192.0.2.7",
-		"[::ffff:192.0.2.7]:22":       "192.0.2.7",
-		"[2001:db8:1:2:3:4:5:6]:22":   "2001:db8:1:2::/64",
-		"[2001:db8:1:2:ffff::1]:2222": "2001:db8:1:2::/64",
-		"[fe80::1%eth0]:22":           "fe80::/64",
-	} {
-		a, err := net.ResolveTCPAddr("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := sourceOf(a); got != want {
-			t.Errorf("sourceOf(%s) = %s, want %s", addr, got, want)
-		}
-	}
-}
-
 // A flood of refused connections logs a bounded number of lines with
 // the default rate limit, and sums up the rest.
 func TestUnauthLogRateLimited(t *testing.T) {

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	gliderssh "github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/denhq/den/internal/netlimit"
 	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/sshproxy"
 )
@@ -181,15 +181,12 @@ const (
 type Server struct {
 	cfg   Config
 	log   *slog.Logger
-	noisy *logLimiter // for what unauthenticated connections cause
+	noisy *netlimit.LogLimiter // for what unauthenticated connections cause
 	fails *failures
 	srv   *gliderssh.Server
 	ln    net.Listener
 
-	mu     sync.Mutex
-	pend   map[string][]*pending // unauthenticated connections per source, oldest first
-	npend  int
-	seq    uint64
+	pend   *netlimit.Conns // unauthenticated connections
 	done   chan struct{}
 	closed atomic.Bool
 }
@@ -249,8 +246,9 @@ func Listen(addr string, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ssh gateway: %w", err)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln, pend: map[string][]*pending{}, done: make(chan struct{}),
-		noisy: newLogLimiter(cfg.Logger, cfg.UnauthLogBurst, cfg.UnauthLogEvery, cfg.UnauthLogSummary),
+	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln, done: make(chan struct{}),
+		pend:  netlimit.NewConns(cfg.MaxUnauthenticated, cfg.MaxUnauthenticatedPerSource),
+		noisy: netlimit.NewLogLimiter(cfg.Logger, "ssh gateway", cfg.UnauthLogBurst, cfg.UnauthLogEvery, cfg.UnauthLogSummary),
 		fails: newFailures(cfg.MaxAuthFailures, cfg.AuthFailureWindow, cfg.AuthFailureBan, maxFailureSources)}
 	s.srv = &gliderssh.Server{
 		Version:              "den",
@@ -296,7 +294,7 @@ func (s *Server) Close() error {
 	err := s.srv.Close()
 	_ = s.ln.Close() // in case Serve had not tracked it yet
 	<-s.done
-	s.noisy.close()
+	s.noisy.Close()
 	return err
 }
 
@@ -309,11 +307,11 @@ type stateKey struct{}
 // timeout, and counts the connection as a failure of its source if it
 // ends after trying to authenticate and failing.
 func (s *Server) accept(ctx gliderssh.Context, c net.Conn) net.Conn {
-	src := sourceOf(c.RemoteAddr())
+	src := netlimit.SourceOf(c.RemoteAddr())
 	p, victim, err := s.admit(c, src, time.Now())
 	if victim != nil {
-		s.noisy.Log(slog.LevelWarn, "den: ssh gateway: too many unauthenticated connections, closing the oldest of the address with the most", "remote", victim.c.RemoteAddr().String(), "limit", s.cfg.MaxUnauthenticated)
-		_ = victim.c.Close()
+		s.noisy.Log(slog.LevelWarn, "den: ssh gateway: too many unauthenticated connections, closing the oldest of the address with the most", "remote", victim.RemoteAddr().String(), "limit", s.cfg.MaxUnauthenticated)
+		_ = victim.Close()
 	}
 	if err != nil {
 		limit := s.cfg.MaxUnauthenticatedPerSource
@@ -328,7 +326,7 @@ func (s *Server) accept(ctx gliderssh.Context, c net.Conn) net.Conn {
 		return nil
 	}
 	st := &connState{keys: map[string]string{}, sessionOpen: make(chan struct{})}
-	st.releaseSlot = func() { s.release(p) }
+	st.releaseSlot = func() { s.pend.Release(p) }
 	st.timer = time.AfterFunc(s.cfg.HandshakeTimeout, func() {
 		if !st.authed.Load() {
 			s.noisy.Log(slog.LevelDebug, "den: gateway handshake timed out", "remote", c.RemoteAddr().String())
@@ -397,7 +395,7 @@ func (s *Server) serverConfig(ctx gliderssh.Context) *gossh.ServerConfig {
 }
 
 // lookup says whether some user registered key, and remembers whose it is.
-func (st *connState) lookup(ctx context.Context, b Backend, key gossh.PublicKey, log *logLimiter) bool {
+func (st *connState) lookup(ctx context.Context, b Backend, key gossh.PublicKey, log *netlimit.LogLimiter) bool {
 	fp := gossh.FingerprintSHA256(key)
 	user, err := b.UserForKey(ctx, fp)
 	if err != nil {
