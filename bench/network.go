@@ -187,16 +187,26 @@ func (d *daemon) httpFirstByte(ctx context.Context, o Options, ns string) ([]Fig
 		return nil, err
 	}
 	hc := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{DisableKeepAlives: true, DialContext: netns.Dialer(ns)}}
+	// The token as a header, as a script sends it: the URL's query
+	// would answer a redirect first.
+	target := strings.Replace(u.URL, "?den_token="+u.Token, "", 1)
 	get := func() (time.Duration, error) {
 		start := time.Now()
-		resp, err := hc.Get(u.URL)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+		if err != nil {
+			return 0, err
+		}
+		if u.Token != "" {
+			req.Header.Set("Authorization", "Bearer "+u.Token)
+		}
+		resp, err := hc.Do(req)
 		if err != nil {
 			return 0, err
 		}
 		defer resp.Body.Close()
 		var b [1]byte
 		if _, err := io.ReadFull(resp.Body, b[:]); err != nil || resp.StatusCode != 200 {
-			return 0, fmt.Errorf("GET %s: %d %v", u.URL, resp.StatusCode, err)
+			return 0, fmt.Errorf("GET %s: %d %v", target, resp.StatusCode, err)
 		}
 		return time.Since(start), nil
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/cookiejar"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -380,8 +381,18 @@ func TestVMURL(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(body)
 	}
-	if code, body := get(u.URL); code != 200 || body != "hi from web\n" {
-		t.Fatalf("GET %s: %d %q", u.URL, code, body)
+	// A browser: the token in the URL sets a cookie and is redirected
+	// out of the address bar.
+	browser := n.client(n.den)
+	browser.Jar, _ = cookiejar.New(nil)
+	if resp, err := browser.Get(u.URL); err != nil {
+		t.Fatalf("GET %s: %v", u.URL, err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(body) != "hi from web\n" || strings.Contains(resp.Request.URL.String(), "den_token") {
+			t.Fatalf("GET %s: %d %q at %s", u.URL, resp.StatusCode, body, resp.Request.URL)
+		}
 	}
 	base := "http://127.0.0.1:8081/vm/web/"
 	if code, body := get(base, "Authorization", "Bearer "+u.Token); code != 200 || body != "hi from web\n" {

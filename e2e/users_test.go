@@ -147,6 +147,22 @@ func TestLocalUsers(t *testing.T) {
 	if _, err := d.runAs(bob, "sleep", "--all"); err == nil || !strings.Contains(stderrOf(err), "admin") {
 		t.Errorf("bob: sleep --all: %v", err)
 	}
+	// A field only an admin may set is refused (403), not quietly
+	// replaced by the caller's own name.
+	pub := filepath.Join(filepath.Dir(d.state), "bob.pub")
+	if err := os.WriteFile(pub, []byte(testPublicKey(t)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.runAs(bob, "keys", "add", "--user", "den-alice", pub); err == nil || !strings.Contains(stderrOf(err), "forbidden") {
+		t.Errorf("bob adds a key for alice: %v; want forbidden", err)
+	}
+	if _, err := d.runAs(bob, "audit", "--user", "den-alice"); err == nil || !strings.Contains(stderrOf(err), "forbidden") {
+		t.Errorf("bob reads alice's audit: %v; want forbidden", err)
+	}
+	if out := d.must("keys", "ls", "--json"); strings.Contains(out, "den-alice") || strings.Contains(out, "den-bob") {
+		t.Errorf("keys after the refusals: %s", out)
+	}
+	d.mustAs(bob, "keys", "add", pub) // his own
 
 	// carol (den-admin) and root see alice's VM; a uid with no name is refused.
 	for _, u := range []osUser{carol, {name: "root"}} {

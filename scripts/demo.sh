@@ -128,7 +128,7 @@ url=$("$den" url box)
 step "its private URL" echo "$url"
 step "a request without the token is refused" in_den curl -s -o /dev/null -w "%{http_code}\n" http://127.0.0.1:8081/vm/box/
 step "sleep it" "$den" sleep box
-step "a request to its URL wakes it" in_den curl -sS --max-time 60 "$url"
+step "a request to its URL wakes it (the token becomes a cookie)" in_den curl -sS -L -b '' --max-time 60 "$url"
 
 ssh-keygen -q -t ed25519 -N '' -f "$key"
 step "add an ssh key for the gateway" "$den" keys add "$key.pub"

@@ -49,7 +49,7 @@ Examples:
    ssh -p 2222 den@host keys add - < new.pub    # a user adds another key of theirs`,
 		Flags: withDaemon(
 			jsonFlag(),
-			&cli.StringFlag{Name: "user", Usage: `the user the key logs in as (default "default")`},
+			&cli.StringFlag{Name: "user", Usage: `the user the key logs in as: an admin's choice (default "default"); others add only their own`},
 			&cli.StringFlag{Name: "name", Usage: "a label for the key (default: its comment)"},
 		),
 		Action: func(c *cli.Context) error {
