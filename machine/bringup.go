@@ -16,7 +16,7 @@ import (
 func (m *Manager) reserve(ctx context.Context, vm registry.VM, undo *cleanups) (registry.VM, error) {
 	if err := m.db.CreateVM(ctx, vm); err != nil {
 		if errors.Is(err, registry.ErrExists) {
-			return vm, fmt.Errorf("the name %q is taken (vm names are one namespace per host; whose is not said): %w", vm.Name, ErrExists)
+			return vm, nameTaken(vm.Name)
 		}
 		return vm, err
 	}
@@ -28,6 +28,24 @@ func (m *Manager) reserve(ctx context.Context, vm registry.VM, undo *cleanups) (
 		return nil
 	})
 	return m.get(ctx, vm.Name)
+}
+
+// nameFree refuses a name a VM has. Create and fork check it under the
+// name's lock before they take anything for the new VM (a lease, a
+// checkpoint of the source), so that a refusal has nothing to undo.
+func (m *Manager) nameFree(ctx context.Context, name string) error {
+	_, err := m.db.GetVM(ctx, name)
+	switch {
+	case err == nil:
+		return nameTaken(name)
+	case errors.Is(err, registry.ErrNotFound):
+		return nil
+	}
+	return err
+}
+
+func nameTaken(name string) error {
+	return fmt.Errorf("the name %q is taken (vm names are one namespace per host; whose is not said): %w", name, ErrExists)
 }
 
 // bringUpFrom is where a new VM's disk and (unless it boots) memory come

@@ -212,8 +212,8 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		return registry.VM{}, err
 	}
 	defer unlock()
-	if _, err := m.db.GetVM(ctx, o.Name); err == nil {
-		return registry.VM{}, fmt.Errorf("create vm %q: the name is taken (vm names are one namespace per host; whose is not said): %w", o.Name, ErrExists)
+	if err := m.nameFree(ctx, o.Name); err != nil {
+		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
 
 	base, baseSize, err := m.baseImage(ctx, o.Image, progress)

@@ -15,9 +15,10 @@ import (
 // state when id is empty: a checkpoint is taken first). The new VM gets a
 // new identity whatever the checkpoint's kind: hostname, machine-id, host
 // keys and a reseeded RNG, so that two forks never share random state.
-// The new name is taken before anything else happens: a fork onto an
-// existing name changes nothing, and a failed fork (or one a crash cut
-// short) removes the checkpoint it took and puts the source's head back.
+// The new name is checked and taken before anything else happens: a fork
+// onto an existing name changes nothing (not that VM's network either),
+// and a failed fork (or one a crash cut short) removes the checkpoint it
+// took and puts the source's head back.
 func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progress) (registry.VM, error) {
 	if progress == nil {
 		progress = func(string) {}
@@ -47,6 +48,10 @@ func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progr
 		return registry.VM{}, err
 	}
 	defer unlock()
+	// A name a VM has is refused before anything is taken for it.
+	if err := m.nameFree(ctx, name); err != nil {
+		return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
+	}
 	// The name is taken first, with the source's record as it is now;
 	// the sizes are read again under the source's lock.
 	now := time.Now().UTC()
@@ -126,7 +131,7 @@ func (m *Manager) forkFrom(ctx context.Context, vm registry.VM, src, id string, 
 	if srcSpec.Net == nil && own.Net != nil && cp.Kind == checkpoint.KindMemoryDisk {
 		// The source's memory holds the VMM's user-mode network (a VM
 		// made before TAP networking): the fork restores into the same.
-		m.netDown(ctx, vm.Name)
+		m.dropLease(ctx, vm.Name, own.Net)
 		sp.Net = nil
 	}
 	sp.ForkedFrom = src + "@" + id

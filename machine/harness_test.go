@@ -37,6 +37,13 @@ const imageSize = 8 << 20
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvWith(t, nil)
+}
+
+// newEnvWith is newEnv with the Manager's config changed by tweak first
+// (nil: none).
+func newEnvWith(t *testing.T, tweak func(*machine.Config)) *env {
+	t.Helper()
 	dir := t.TempDir()
 	images := image.Dir(filepath.Join(dir, "images"))
 	if err := os.MkdirAll(images.Path(), 0o755); err != nil {
@@ -64,6 +71,9 @@ func newEnv(t *testing.T) *env {
 		Drivers:     map[string]machine.Driver{machinetest.Name: drv.Machine()},
 		BootTimeout: 20 * time.Second, LockWait: 20 * time.Second, DrainTimeout: 20 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	if tweak != nil {
+		tweak(&e.cfg)
 	}
 	e.open()
 	t.Cleanup(func() { e.m.Close() })

@@ -129,8 +129,9 @@ func (m *Manager) policyOf(sp spec) egress.Policy {
 	return p
 }
 
-// takeLease gives a new VM its own subnet and TAP (a fork gets new ones),
-// undone if the VM is rolled back.
+// takeLease gives a new VM its own subnet and TAP (a fork gets new ones).
+// Its undo gives back that lease and nothing else: never by name, which
+// may be another VM's.
 func (m *Manager) takeLease(name string, sp *spec, undo *cleanups) error {
 	sp.Net = nil
 	if m.net == nil {
@@ -141,10 +142,21 @@ func (m *Manager) takeLease(name string, sp *spec, undo *cleanups) error {
 		return err
 	}
 	sp.Net = &l
-	undo.push("release the network of vm "+name, func() error {
-		return m.net.Detach(context.Background(), name)
+	undo.push("release the network lease "+l.Tap+" of vm "+name, func() error {
+		return m.net.Release(context.Background(), name, l)
 	})
 	return nil
+}
+
+// dropLease gives back a lease takeLease took that the VM will not use
+// after all (its undo then finds nothing to do).
+func (m *Manager) dropLease(ctx context.Context, name string, l *network.Lease) {
+	if m.net == nil || l == nil {
+		return
+	}
+	if err := m.net.Release(ctx, name, *l); err != nil {
+		m.log.Warn("den: release a network lease", "vm", name, "tap", l.Tap, "err", err)
+	}
 }
 
 // netUp puts a VM on its TAP before its VMM starts (it opens the TAP by

@@ -269,9 +269,10 @@ func (h *Host) SetPolicy(ctx context.Context, vm string, p egress.Policy) error 
 	return nil
 }
 
-// Detach takes a VM off the network (it is removed, or its creation
-// rolled back): its rules, its resolver and its TAP go, and its subnet is
-// free again. A VM that only reserved a lease frees it.
+// Detach takes a VM off the network (it is removed): its rules, its
+// resolver and its TAP go, and its subnet is free again. A VM that only
+// reserved a lease frees it. It goes by name: an operation rolling back
+// what it took uses Release, which cannot touch another VM's network.
 func (h *Host) Detach(ctx context.Context, vm string) error {
 	h.mu.Lock()
 	slot, l := -1, Lease{}
@@ -288,17 +289,46 @@ func (h *Host) Detach(ctx context.Context, vm string) error {
 	if slot < 0 {
 		return nil
 	}
-	h.res.Stop(vm)
-	var errs []error
-	if err := h.table.run(ctx, h.table.remove(slot, l.Tap)); err != nil {
-		errs = append(errs, err)
+	return h.takeDown(ctx, vm, slot, l, true)
+}
+
+// Release gives back one lease that Reserve handed out for vm (the
+// operation that took it is rolling back): its subnet is free again and,
+// if vm is on the network with that lease, its rules, resolver and TAP
+// go. Nothing else is touched: not vm's attachment on another lease (a
+// VM of that name that existed already), not a subnet held by another
+// VM, not a lease given back already.
+func (h *Host) Release(ctx context.Context, vm string, l Lease) error {
+	h.mu.Lock()
+	slot := h.cfg.Pool.Slot(l.Subnet)
+	if slot < 0 || h.slots[slot] != vm || h.lease(slot) != l {
+		h.mu.Unlock()
+		return nil
 	}
-	if err := removeTap(l.Tap); err != nil {
-		errs = append(errs, err)
+	a, attached := h.vms[vm]
+	attached = attached && a.lease == l
+	h.mu.Unlock()
+	return h.takeDown(ctx, vm, slot, l, attached)
+}
+
+// takeDown frees slot, held by vm on lease l, and with all removes the
+// slot's rules, vm's resolver and the lease's TAP.
+func (h *Host) takeDown(ctx context.Context, vm string, slot int, l Lease, all bool) error {
+	var errs []error
+	if all {
+		h.res.Stop(vm)
+		if err := h.table.run(ctx, h.table.remove(slot, l.Tap)); err != nil {
+			errs = append(errs, err)
+		}
+		if err := removeTap(l.Tap); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	h.mu.Lock()
-	delete(h.vms, vm)
-	delete(h.opened, vm)
+	if a, ok := h.vms[vm]; ok && a.lease == l {
+		delete(h.vms, vm)
+		delete(h.opened, vm)
+	}
 	if h.slots[slot] == vm {
 		delete(h.slots, slot)
 	}
