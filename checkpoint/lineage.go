@@ -13,7 +13,9 @@ type Line struct {
 
 // Tree orders checkpoints as a lineage tree (children under their parent,
 // oldest first) with box-drawing prefixes. A checkpoint whose parent is
-// unknown is a root.
+// unknown, or itself, is a root; every checkpoint is listed once, even
+// where a damaged catalog's parents make a loop (its oldest member is
+// then a root).
 func Tree(cps []Record) []Line {
 	byID := map[string]bool{}
 	for _, c := range cps {
@@ -22,7 +24,7 @@ func Tree(cps []Record) []Line {
 	children := map[string][]Record{}
 	for _, c := range cps {
 		parent := c.Parent
-		if !byID[parent] {
+		if !byID[parent] || parent == c.ID {
 			parent = ""
 		}
 		children[parent] = append(children[parent], c)
@@ -31,11 +33,18 @@ func Tree(cps []Record) []Line {
 		sort.Slice(cs, func(i, j int) bool { return cs[i].Seq < cs[j].Seq })
 	}
 	var out []Line
-	var walk func(parent, indent string, root bool)
-	walk = func(parent, indent string, root bool) {
-		cs := children[parent]
-		for i, c := range cs {
-			last := i == len(cs)-1
+	listed := map[string]bool{}
+	var walk func(cs []Record, indent string, root bool)
+	walk = func(cs []Record, indent string, root bool) {
+		var todo []Record
+		for _, c := range cs {
+			if !listed[c.ID] {
+				todo = append(todo, c)
+				listed[c.ID] = true
+			}
+		}
+		for i, c := range todo {
+			last := i == len(todo)-1
 			prefix, next := "", ""
 			if !root {
 				prefix, next = indent+"├─ ", indent+"│  "
@@ -44,10 +53,19 @@ func Tree(cps []Record) []Line {
 				}
 			}
 			out = append(out, Line{Prefix: prefix, Record: c})
-			walk(c.ID, next, false)
+			walk(children[c.ID], next, false)
 		}
 	}
-	walk("", "", true)
+	walk(children[""], "", true)
+	if len(listed) < len(byID) { // a loop: no root leads to it
+		rest := append([]Record(nil), cps...)
+		sort.Slice(rest, func(i, j int) bool { return rest[i].Seq < rest[j].Seq })
+		for _, c := range rest {
+			if !listed[c.ID] {
+				walk([]Record{c}, "", true)
+			}
+		}
+	}
 	return out
 }
 

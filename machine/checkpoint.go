@@ -278,7 +278,9 @@ func (m *Manager) getCheckpoint(ctx context.Context, vm, id string) (registry.Ch
 	return cp, nil
 }
 
-// DeleteCheckpoint removes a checkpoint and reclaims its space.
+// DeleteCheckpoint removes a checkpoint and reclaims its space; its id
+// is not given out again (registry.CheckpointStore). Deleting the VM's
+// head makes the checkpoint's parent the head.
 func (m *Manager) DeleteCheckpoint(ctx context.Context, name, id string) error {
 	if _, err := m.get(ctx, name); err != nil {
 		return err
@@ -291,8 +293,12 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, name, id string) error {
 	if err := checkpoint.ValidateID(id); err != nil {
 		return err
 	}
-	if _, err := m.db.GetCheckpoint(ctx, name, id); errors.Is(err, registry.ErrNotFound) {
+	cp, err := m.db.GetCheckpoint(ctx, name, id)
+	if errors.Is(err, registry.ErrNotFound) {
 		return fmt.Errorf("vm %q has no checkpoint %s: %w", name, id, ErrNotFound)
+	}
+	if err != nil {
+		return err
 	}
 	vm, err := m.get(ctx, name)
 	if err != nil {
@@ -301,7 +307,9 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, name, id string) error {
 	if sp, err := decodeSpec(vm); err == nil && sp.Restoring == id {
 		return fmt.Errorf("delete checkpoint %s of %q: an interrupted restore to it is still to be finished (reach the vm first): %w", id, name, ErrConflict)
 	}
-	return m.deleteCheckpoint(ctx, name, id)
+	// The head moves to the parent, as the children do: the next
+	// checkpoint descends from a checkpoint that exists.
+	return m.dropCheckpoint(ctx, name, cp)
 }
 
 func (m *Manager) deleteCheckpoint(ctx context.Context, name, id string) error {

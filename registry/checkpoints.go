@@ -25,27 +25,61 @@ func scanCheckpoint(s scanner) (Checkpoint, error) {
 	return c, err
 }
 
-// NextCheckpointSeq is one more than the highest sequence number a VM's
-// checkpoints ever had (ids are never reused, even after deletion).
+// NextCheckpointSeq is one more than the highest sequence number a
+// checkpoint of a VM of that name ever had: ids are never reused, after
+// the deletion of checkpoints or of the VM either.
 func (d *DB) NextCheckpointSeq(ctx context.Context, vm string) (int, error) {
-	var n sql.NullInt64
-	if err := d.db.QueryRowContext(ctx, `SELECT MAX(seq) FROM checkpoints WHERE vm = ?`, vm).Scan(&n); err != nil {
+	last, err := lastCheckpointSeq(ctx, d.db, vm)
+	if err != nil {
 		return 0, fmt.Errorf("next checkpoint of %q: %w", vm, err)
 	}
-	return int(n.Int64) + 1, nil
+	return last + 1, nil
 }
 
-// AddCheckpoint records a checkpoint.
+// lastCheckpointSeq is the highest sequence number a checkpoint of vm
+// was recorded with (0: none ever was).
+func lastCheckpointSeq(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, vm string) (int, error) {
+	var n int
+	err := q.QueryRowContext(ctx, `SELECT MAX(
+		COALESCE((SELECT last FROM checkpoint_seqs WHERE vm = ?), 0),
+		COALESCE((SELECT MAX(seq) FROM checkpoints WHERE vm = ?), 0))`, vm, vm).Scan(&n)
+	return n, err
+}
+
+// AddCheckpoint records a checkpoint, and its sequence number as its VM
+// name's highest: ErrExists when a checkpoint of that name had the
+// number (or a higher one) before, even one deleted since.
 func (d *DB) AddCheckpoint(ctx context.Context, c Checkpoint) error {
 	if err := checkCheckpoint(c); err != nil {
 		return err
 	}
-	_, err := d.db.ExecContext(ctx, `INSERT INTO checkpoints (`+cpColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?)`,
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("record checkpoint %s of %q: %w", c.ID, c.VM, err)
+	}
+	defer tx.Rollback()
+	last, err := lastCheckpointSeq(ctx, tx, c.VM)
+	if err != nil {
+		return fmt.Errorf("record checkpoint %s of %q: %w", c.ID, c.VM, err)
+	}
+	if c.Seq <= last {
+		return fmt.Errorf("checkpoint %s of %q: sequence number %d was handed out before (the last is %d): %w", c.ID, c.VM, c.Seq, last, ErrExists)
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO checkpoints (`+cpColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?)`,
 		c.VM, c.ID, c.Seq, c.Parent, c.Kind, c.Comment, c.CreatedAt.UnixMilli(), c.MemoryBytes, c.DiskBytes, c.VMM, c.Seal)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint") {
 			return fmt.Errorf("checkpoint %s of %q: %w", c.ID, c.VM, ErrExists)
 		}
+		return fmt.Errorf("record checkpoint %s of %q: %w", c.ID, c.VM, err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO checkpoint_seqs (vm, last) VALUES (?, ?)
+		ON CONFLICT (vm) DO UPDATE SET last = excluded.last`, c.VM, c.Seq); err != nil {
+		return fmt.Errorf("record checkpoint %s of %q: %w", c.ID, c.VM, err)
+	}
+	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("record checkpoint %s of %q: %w", c.ID, c.VM, err)
 	}
 	return nil
@@ -89,7 +123,7 @@ func (d *DB) ListCheckpoints(ctx context.Context, vm string) ([]Checkpoint, erro
 }
 
 // DeleteCheckpoint removes a checkpoint's row; its children take its
-// parent, so the lineage stays connected.
+// parent, so the lineage stays connected. Its id is not handed out again.
 func (d *DB) DeleteCheckpoint(ctx context.Context, vm, id string) error {
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -112,7 +146,9 @@ func (d *DB) DeleteCheckpoint(ctx context.Context, vm, id string) error {
 	return tx.Commit()
 }
 
-// DeleteCheckpoints removes every checkpoint row of a VM.
+// DeleteCheckpoints removes every checkpoint row of a VM (its name's
+// highest sequence number is kept: a new VM of that name goes on from
+// it).
 func (d *DB) DeleteCheckpoints(ctx context.Context, vm string) error {
 	_, err := d.db.ExecContext(ctx, `DELETE FROM checkpoints WHERE vm = ?`, vm)
 	return err

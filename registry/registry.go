@@ -89,6 +89,16 @@ var schema = []string{
 		last_used   INTEGER NOT NULL DEFAULT 0,
 		UNIQUE (user, name)
 	)`,
+	// checkpoint_seqs is, per VM name, the highest checkpoint sequence
+	// number ever recorded: a checkpoint id is never handed out twice
+	// for a name, whatever was deleted since (the newest checkpoint, or
+	// the VM and every checkpoint with it). Existing databases start
+	// from the rows they have.
+	`CREATE TABLE checkpoint_seqs (
+		vm   TEXT PRIMARY KEY,
+		last INTEGER NOT NULL
+	)`,
+	`INSERT INTO checkpoint_seqs (vm, last) SELECT vm, MAX(seq) FROM checkpoints GROUP BY vm`,
 }
 
 // Open opens (creating if needed) the database at path and brings its

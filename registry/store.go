@@ -36,7 +36,11 @@ type VMStore interface {
 	TouchVM(ctx context.Context, name string, t time.Time) error
 }
 
-// CheckpointStore keeps the checkpoint catalog.
+// CheckpointStore keeps the checkpoint catalog. A checkpoint id is never
+// handed out twice for a VM name: NextCheckpointSeq is past every
+// sequence number AddCheckpoint ever recorded for the name, of rows
+// deleted since and of VMs of that name removed since too, and
+// AddCheckpoint refuses one that is not.
 type CheckpointStore interface {
 	NextCheckpointSeq(ctx context.Context, vm string) (int, error)
 	AddCheckpoint(ctx context.Context, c Checkpoint) error

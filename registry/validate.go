@@ -39,6 +39,9 @@ func checkCheckpoint(c Checkpoint) error {
 		if err := validate.CheckpointID(c.Parent); err != nil {
 			return fmt.Errorf("record checkpoint %s of %q: parent: %w", c.ID, c.VM, err)
 		}
+		if c.Parent == c.ID {
+			return fmt.Errorf("record checkpoint %s of %q: it cannot be its own parent: %w", c.ID, c.VM, validate.ErrInvalid)
+		}
 	}
 	if err := validate.Comment(c.Comment); err != nil {
 		return fmt.Errorf("record checkpoint %s of %q: %w", c.ID, c.VM, err)
