@@ -193,21 +193,22 @@ func (e errorLog) Write(p []byte) (int, error) {
 // deadline, set as it starts.
 func (s *HTTP) handler(h http.Handler) http.Handler {
 	l := s.limits
-	if l.ReadTimeout <= 0 && l.WriteTimeout <= 0 {
-		return h
-	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rc := http.NewResponseController(w)
-		if l.ReadTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
-			r.Body = &stallBody{ReadCloser: r.Body, rc: rc, d: l.ReadTimeout, clear: r.ProtoMajor >= 2}
-		}
-		if l.WriteTimeout <= 0 {
-			h.ServeHTTP(w, r)
-			return
-		}
 		sw := &stallWriter{ResponseWriter: w, rc: rc, d: l.WriteTimeout}
-		_ = rc.SetWriteDeadline(time.Time{}) // until the first write
-		defer sw.finish()
+		if l.ReadTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
+			b := &stallBody{ReadCloser: r.Body, rc: rc, d: l.ReadTimeout, clear: r.ProtoMajor >= 2}
+			r.Body = b
+			// net/http reads what the handler left of the body (to
+			// reuse the connection): with this deadline, not forever.
+			defer func() {
+				if r.ProtoMajor < 2 && !sw.isHijacked() {
+					_ = rc.SetReadDeadline(time.Now().Add(l.ReadTimeout))
+				}
+			}()
+		}
+		sw.disarm() // until the first write
+		defer sw.finish(l.ReadTimeout)
 		h.ServeHTTP(sw, r)
 	})
 }
@@ -244,9 +245,10 @@ func (b *stallBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// stallWriter is an answer whose every write and flush has WriteTimeout,
-// cleared once it is done: a handler may wait as long as it needs
-// between writes.
+// stallWriter is an answer whose every write and flush has WriteTimeout
+// (none when 0), cleared once it is done: a handler may wait as long as
+// it needs between writes. It notes a hijack: the connection's
+// deadlines are the new owner's then.
 type stallWriter struct {
 	http.ResponseWriter
 	rc       *http.ResponseController
@@ -255,9 +257,19 @@ type stallWriter struct {
 	hijacked bool
 }
 
-func (w *stallWriter) arm() { _ = w.rc.SetWriteDeadline(time.Now().Add(w.d)) }
+// arm and disarm set the write deadline, when there is one (a
+// connection once hijacked is not theirs to touch).
+func (w *stallWriter) arm() {
+	if w.d > 0 {
+		_ = w.rc.SetWriteDeadline(time.Now().Add(w.d))
+	}
+}
 
-func (w *stallWriter) disarm() { _ = w.rc.SetWriteDeadline(time.Time{}) }
+func (w *stallWriter) disarm() {
+	if w.d > 0 {
+		_ = w.rc.SetWriteDeadline(time.Time{})
+	}
+}
 
 func (w *stallWriter) Write(p []byte) (int, error) {
 	w.arm()
@@ -289,13 +301,17 @@ func (w *stallWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // Unwrap is for http.ResponseController.
 func (w *stallWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// finish arms the deadline for what net/http writes after the handler
-// returns (the buffered rest of the answer).
-func (w *stallWriter) finish() {
+func (w *stallWriter) isHijacked() bool {
 	w.mu.Lock()
-	hijacked := w.hijacked
-	w.mu.Unlock()
-	if !hijacked {
-		w.arm()
+	defer w.mu.Unlock()
+	return w.hijacked
+}
+
+// finish arms the deadline for what net/http writes after the handler
+// returns (the buffered rest of the answer), after it may first have
+// read what the handler left of the body, for up to read.
+func (w *stallWriter) finish(read time.Duration) {
+	if w.d > 0 && !w.isHijacked() {
+		_ = w.rc.SetWriteDeadline(time.Now().Add(read + w.d))
 	}
 }

@@ -236,6 +236,21 @@ func TestHTTPStalls(t *testing.T) {
 			time.Sleep(stall + stall/2)
 			_, err := io.WriteString(w, "second\n")
 			results <- fmt.Sprintf("wait %v", err)
+		case "/early": // answers without reading the body, as a 401 does
+			w.WriteHeader(http.StatusUnauthorized)
+		case "/hijack": // reads its body, then owns the connection
+			_, _ = io.Copy(io.Discard, r.Body)
+			c, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				results <- "hijack " + err.Error()
+				return
+			}
+			defer c.Close()
+			_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: test\r\nConnection: Upgrade\r\n\r\n")
+			_ = brw.Flush()
+			l, err := brw.ReadString('\n')
+			_, _ = io.WriteString(c, l)
+			results <- fmt.Sprintf("hijack %v", err)
 		case "/big": // the client never reads
 			var err error
 			for i := 0; i < 1024 && err == nil; i++ {
@@ -284,6 +299,38 @@ func TestHTTPStalls(t *testing.T) {
 		resp.Body.Close()
 		if r := <-results; r != "wait <nil>" || string(b) != "first\nsecond\n" || err != nil {
 			t.Fatalf("a handler that waits: %s, %q %v", r, b, err)
+		}
+	})
+	t.Run("body left unread", func(t *testing.T) {
+		c := dialFrom(t, "127.0.0.1", addr)
+		fmt.Fprintf(c, "POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n%s", make([]byte, 1000))
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		b, err := io.ReadAll(c) // the answer, then the end: not a wait for the rest forever
+		if !strings.Contains(string(b), " 401 ") || err != nil {
+			t.Fatalf("a body left unread: %q %v", b, err)
+		}
+	})
+	t.Run("hijacked", func(t *testing.T) {
+		c := dialFrom(t, "127.0.0.1", addr)
+		fmt.Fprintf(c, "POST /hijack HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: Upgrade\r\nUpgrade: test\r\n\r\nx")
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		br := bufio.NewReader(c)
+		for {
+			l, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l == "\r\n" {
+				break
+			}
+		}
+		time.Sleep(stall + stall/2) // past both deadlines: the connection is not theirs
+		fmt.Fprint(c, "ping\n")
+		if l, err := br.ReadString('\n'); l != "ping\n" || err != nil {
+			t.Fatalf("a hijacked connection after the deadlines: %q %v", l, err)
+		}
+		if r := <-results; r != "hijack <nil>" {
+			t.Fatal(r)
 		}
 	})
 	t.Run("stalled download", func(t *testing.T) {
