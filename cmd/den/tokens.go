@@ -114,7 +114,7 @@ func tokensLsCommand() *cli.Command {
 func tokensRmCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "rm",
-		Usage:     "revoke a token, by id or name",
+		Usage:     "revoke a token, by id or name: its open sessions (den ssh, den exec over TLS) are closed",
 		ArgsUsage: "ID|NAME",
 		UsageText: "den tokens rm ID|NAME",
 		Description: `The token is refused from its next request on.

@@ -18,19 +18,24 @@ func urlCommand() *cli.Command {
 --http-listen, at http://HOST:PORT/vm/NAME/ or, with --http-domain, at
 http(s)://NAME.DOMAIN/. A sleeping VM is woken by a request, and a VM with a
 request or connection open does not fall asleep. URLs are private: the URL
-printed carries the VM's token (or send Authorization: Bearer TOKEN);
---public opens it to anyone who can reach the listener.
+printed carries the VM's token, which a browser trades for a cookie (the
+token is redirected out of the address bar); scripts send Authorization:
+Bearer TOKEN. --public opens it to anyone who can reach the listener.
+--rotate, and --private, close every connection open through the URL.
+For pages you do not trust, use host URLs (den daemon --http-domain): path
+URLs share one origin.
 
 Examples:
    den url box
    den url box --port 3000
    den url box --public
-   curl -H "Authorization: Bearer $(den url box --json | jq -r .token)" http://127.0.0.1:8081/vm/box/`,
+   curl -H "Authorization: Bearer $(den url box --json | jq -r .token)" http://127.0.0.1:8081/vm/box/
+   curl -L -b '' "$(den url box)"              # curl keeps the cookie across the redirect`,
 		Flags: withDaemon(jsonFlag(),
 			&cli.IntFlag{Name: "port", Usage: "the VM's port the URL reaches (1-65535)"},
 			&cli.BoolFlag{Name: "public", Usage: "no token needed"},
-			&cli.BoolFlag{Name: "private", Usage: "a token needed again"},
-			&cli.BoolFlag{Name: "rotate", Usage: "a new token: URLs given out before stop working"},
+			&cli.BoolFlag{Name: "private", Usage: "a token needed again; open connections are closed"},
+			&cli.BoolFlag{Name: "rotate", Usage: "a new token: URLs given out before stop working, connections they opened are closed"},
 		),
 		Action: func(c *cli.Context) error {
 			name, err := oneName(c)

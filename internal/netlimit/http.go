@@ -2,6 +2,7 @@ package netlimit
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -18,6 +19,9 @@ type HTTPLimits struct {
 	// MaxHeaderBytes bounds a request's header (request line included);
 	// more is answered 431 and the connection closed.
 	MaxHeaderBytes int
+	// MaxHeaderFields bounds how many header fields a request has; more
+	// are answered 431 (nothing passes them on).
+	MaxHeaderFields int
 	// HeaderTimeout: a request's header, and a TLS handshake, must
 	// arrive within it.
 	HeaderTimeout time.Duration
@@ -51,7 +55,7 @@ type HTTPLimits struct {
 // RequestTimeout. Streams (progress, logs) and the SSH upgrade run as
 // long as they need.
 var API = HTTPLimits{
-	MaxHeaderBytes: 64 << 10,
+	MaxHeaderBytes: 64 << 10, MaxHeaderFields: 256,
 	HeaderTimeout:  10 * time.Second,
 	RequestTimeout: 30 * time.Second,
 	WriteTimeout:   time.Minute,
@@ -63,7 +67,7 @@ var API = HTTPLimits{
 // Ingress is the limits of the VMs' URLs (--http-listen): bodies of any
 // size, as long as they move.
 var Ingress = HTTPLimits{
-	MaxHeaderBytes: 64 << 10,
+	MaxHeaderBytes: 64 << 10, MaxHeaderFields: 256,
 	HeaderTimeout:  30 * time.Second,
 	ReadTimeout:    time.Minute,
 	WriteTimeout:   time.Minute,
@@ -194,6 +198,12 @@ func (e errorLog) Write(p []byte) (int, error) {
 func (s *HTTP) handler(h http.Handler) http.Handler {
 	l := s.limits
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n := headerFields(r); l.MaxHeaderFields > 0 && n > l.MaxHeaderFields {
+			w.Header().Set("Connection", "close")
+			http.Error(w, fmt.Sprintf("den: too many header fields (%d; the limit is %d)", n, l.MaxHeaderFields),
+				http.StatusRequestHeaderFieldsTooLarge)
+			return
+		}
 		rc := http.NewResponseController(w)
 		sw := &stallWriter{ResponseWriter: w, rc: rc, d: l.WriteTimeout}
 		if l.ReadTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
@@ -211,6 +221,15 @@ func (s *HTTP) handler(h http.Handler) http.Handler {
 		defer sw.finish(l.ReadTimeout)
 		h.ServeHTTP(sw, r)
 	})
+}
+
+// headerFields is how many header fields r came with (Host included).
+func headerFields(r *http.Request) int {
+	n := 1
+	for _, v := range r.Header {
+		n += len(v)
+	}
+	return n
 }
 
 // stallBody is a request body whose every read has ReadTimeout. The

@@ -151,7 +151,8 @@ func limits(max, perSource int) HTTPLimits {
 	return l
 }
 
-// TestHTTPHeaderLimit: a header over MaxHeaderBytes is answered 431.
+// TestHTTPHeaderLimit: a header over MaxHeaderBytes, or with more than
+// MaxHeaderFields fields, is answered 431.
 func TestHTTPHeaderLimit(t *testing.T) {
 	_, addr, _ := serve(t, ok, limits(16, 16), nil)
 	c := dialFrom(t, "127.0.0.1", addr)
@@ -165,6 +166,13 @@ func TestHTTPHeaderLimit(t *testing.T) {
 	}
 	if status, err := get(dialFrom(t, "127.0.0.1", addr), "X-Pad: "+strings.Repeat("a", 32<<10)+"\r\n"); err != nil || !strings.Contains(status, " 200 ") {
 		t.Fatalf("32 KiB header: %q %v", status, err)
+	}
+	// 10,000 small fields fit in the bytes, not in the count.
+	if status, err := get(dialFrom(t, "127.0.0.1", addr), strings.Repeat("a:b\r\n", 10000)); err != nil || !strings.Contains(status, " 431 ") {
+		t.Fatalf("10,000 header fields: %q %v", status, err)
+	}
+	if status, err := get(dialFrom(t, "127.0.0.1", addr), strings.Repeat("a:b\r\n", 200)); err != nil || !strings.Contains(status, " 200 ") {
+		t.Fatalf("200 header fields: %q %v", status, err)
 	}
 }
 
