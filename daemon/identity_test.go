@@ -2,8 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -12,10 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/crypto/ssh"
-
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/audit"
+	"github.com/denhq/den/internal/testutil"
 )
 
 // asCaller is a client whose connections are the given caller's, as the
@@ -64,7 +61,7 @@ func TestCallers(t *testing.T) {
 	if _, err := alice.CreateVM(ctx, api.CreateRequest{Name: "abox", Owner: "bob", MemoryBytes: 128 << 20, DiskBytes: imageSize, IdleTimeout: "0", Cold: true}, nil); !errors.Is(err, api.ErrForbidden) {
 		t.Fatalf("alice creates a vm for bob: %v; want forbidden", err)
 	}
-	if _, err := alice.AddKey(ctx, api.AddKeyRequest{User: "mallory", Name: "k", PublicKey: testPublicKey(t)}); !errors.Is(err, api.ErrForbidden) {
+	if _, err := alice.AddKey(ctx, api.AddKeyRequest{User: "mallory", Name: "k", PublicKey: testutil.PublicKey(t)}); !errors.Is(err, api.ErrForbidden) {
 		t.Errorf("alice adds a key for mallory: %v; want forbidden", err)
 	}
 	if keys, err := admin.ListKeys(ctx); err != nil || len(keys) != 0 {
@@ -177,18 +174,4 @@ func TestUIDs(t *testing.T) {
 	if c, err := ids.ofUID(4_000_000_123); err == nil || !strings.Contains(err.Error(), "has no user name") {
 		t.Fatalf("a uid without a name: %+v %v", c, err)
 	}
-}
-
-// testPublicKey is a fresh public key in authorized_keys form.
-func testPublicKey(t *testing.T) string {
-	t.Helper()
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer, err := ssh.NewSignerFromKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey())))
 }

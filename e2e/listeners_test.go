@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"bufio"
-	"crypto/ed25519"
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,23 +15,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"golang.org/x/crypto/ssh"
 )
-
-// testPublicKey is a fresh public key in authorized_keys form.
-func testPublicKey(t *testing.T) string {
-	t.Helper()
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer, err := ssh.NewSignerFromKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey())))
-}
 
 // rssBytes is a process's resident set size.
 func rssBytes(t *testing.T, pid int) int64 {

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/denhq/den/internal/testutil"
 )
 
 // osUser is a local user a test runs den as.
@@ -150,7 +152,7 @@ func TestLocalUsers(t *testing.T) {
 	// A field only an admin may set is refused (403), not quietly
 	// replaced by the caller's own name.
 	pub := filepath.Join(filepath.Dir(d.state), "bob.pub")
-	if err := os.WriteFile(pub, []byte(testPublicKey(t)+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(pub, []byte(testutil.PublicKey(t)+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.runAs(bob, "keys", "add", "--user", "den-alice", pub); err == nil || !strings.Contains(stderrOf(err), "forbidden") {

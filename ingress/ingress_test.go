@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/internal/poll"
+	"github.com/denhq/den/internal/testutil"
 )
 
 const token = "s3cret-token"
@@ -121,25 +122,7 @@ type fixture struct {
 	b     *fakeBackend
 	h     *Handler
 	front *httptest.Server
-	log   *syncBuffer
-}
-
-// syncBuffer is a log sink the handler's goroutines may share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	log   *testutil.Buffer
 }
 
 // newFixture serves guest as port 8080 of the private VM "box" (token
@@ -164,7 +147,7 @@ func newFixture(t *testing.T, guest http.Handler) *fixture {
 		},
 		ports: map[int]string{8080: g.Listener.Addr().String(), 9090: closed},
 	}
-	log := &syncBuffer{}
+	log := &testutil.Buffer{}
 	h := &Handler{
 		Backend: b, Domain: "den.test", WakeTimeout: 5 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug})),

@@ -8,35 +8,17 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/denhq/den/internal/poll"
+	"github.com/denhq/den/internal/testutil"
 )
 
-// syncBuffer is a log sink for a test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestLongUserNameRefused(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &testutil.Buffer{}
 	f := newFixture(t, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
 	long := "box" + strings.Repeat("x", 64<<10)
 	var banner string
@@ -384,7 +366,7 @@ func TestFailureTableBounded(t *testing.T) {
 // the default rate limit, and sums up the rest.
 func TestUnauthLogRateLimited(t *testing.T) {
 	const summary = 100 * time.Millisecond
-	logs := &syncBuffer{}
+	logs := &testutil.Buffer{}
 	f := newFixture(t, func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
 		c.MaxUnauthenticatedPerSource = 1

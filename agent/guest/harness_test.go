@@ -3,7 +3,6 @@
 package guest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/internal/poll"
+	"github.com/denhq/den/internal/testutil"
 	gossh "golang.org/x/crypto/ssh"
 )
 
@@ -194,31 +194,13 @@ func writeFile(t *testing.T, path, data string) {
 
 // testLogger keeps the server's log and prints it if the test fails.
 func testLogger(t *testing.T) *slog.Logger {
-	buf := &syncBuffer{}
+	buf := &testutil.Buffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("agent log:\n%s", buf.String())
 		}
 	})
 	return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // waitFor polls cond until it holds or the timeout passes.
@@ -232,7 +214,7 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 // run executes a command line and returns status, stdout and stderr.
 func run(t *testing.T, c *agent.Client, req agent.ExecRequest) (int, string, string) {
 	t.Helper()
-	var out, errb syncBuffer
+	var out, errb testutil.Buffer
 	req.Stdout, req.Stderr = &out, &errb
 	code, err := c.Exec(testCtx(t), req)
 	if err != nil {
@@ -241,4 +223,4 @@ func run(t *testing.T, c *agent.Client, req agent.ExecRequest) (int, string, str
 	return code, out.String(), errb.String()
 }
 
-var _ io.Writer = (*syncBuffer)(nil)
+var _ io.Writer = (*testutil.Buffer)(nil)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/agent"
+	"github.com/denhq/den/internal/testutil"
 )
 
 func TestExecExitCodes(t *testing.T) {
@@ -133,7 +134,7 @@ func TestPTYSessionResize(t *testing.T) {
 	c := h.dial()
 	stdinR, stdinW := io.Pipe()
 	defer stdinW.Close()
-	var out syncBuffer
+	var out testutil.Buffer
 	resize := make(chan agent.WindowSize, 1)
 	done := make(chan struct{})
 	var code int
@@ -171,7 +172,7 @@ func TestPTYSessionResize(t *testing.T) {
 func TestShellLoginPTY(t *testing.T) {
 	h := newHarness(t)
 	c := h.dial()
-	var out syncBuffer
+	var out testutil.Buffer
 	code, err := c.Shell(testCtx(t), agent.ExecRequest{
 		TTY: true, Stdin: strings.NewReader("echo shell-$((6*7))\nexit 5\n"), Stdout: &out,
 	})

@@ -68,11 +68,11 @@ var API = HTTPLimits{
 // size, as long as they move.
 var Ingress = HTTPLimits{
 	MaxHeaderBytes: 64 << 10, MaxHeaderFields: 256,
-	HeaderTimeout:  30 * time.Second,
-	ReadTimeout:    time.Minute,
-	WriteTimeout:   time.Minute,
-	IdleTimeout:    2 * time.Minute,
-	MaxConns:       1024, MaxConnsPerSource: 64,
+	HeaderTimeout: 30 * time.Second,
+	ReadTimeout:   time.Minute,
+	WriteTimeout:  time.Minute,
+	IdleTimeout:   2 * time.Minute,
+	MaxConns:      1024, MaxConnsPerSource: 64,
 	LogBurst: 20, LogEvery: 5 * time.Second, LogSummary: time.Minute,
 }
 

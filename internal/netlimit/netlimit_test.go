@@ -2,7 +2,6 @@ package netlimit
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -17,11 +16,11 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/denhq/den/internal/poll"
+	"github.com/denhq/den/internal/testutil"
 )
 
 func TestSourceOf(t *testing.T) {
@@ -84,29 +83,11 @@ func TestConns(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink goroutines may share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // serve runs a limited server for h on 127.0.0.1, plain or TLS, and
 // returns its address and log.
-func serve(t *testing.T, h http.Handler, l HTTPLimits, tlsCfg *tls.Config) (*HTTP, string, *syncBuffer) {
+func serve(t *testing.T, h http.Handler, l HTTPLimits, tlsCfg *tls.Config) (*HTTP, string, *testutil.Buffer) {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &testutil.Buffer{}
 	s := NewHTTP("test listener", h, l, slog.New(slog.NewTextHandler(logs, nil)))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
