@@ -16,7 +16,7 @@ import (
 func (m *Manager) reserve(ctx context.Context, vm registry.VM, undo *cleanups) (registry.VM, error) {
 	if err := m.db.CreateVM(ctx, vm); err != nil {
 		if errors.Is(err, registry.ErrExists) {
-			return vm, nameTaken(vm.Name)
+			return vm, errNameTaken
 		}
 		return vm, err
 	}
@@ -37,16 +37,15 @@ func (m *Manager) nameFree(ctx context.Context, name string) error {
 	_, err := m.db.GetVM(ctx, name)
 	switch {
 	case err == nil:
-		return nameTaken(name)
+		return errNameTaken
 	case errors.Is(err, registry.ErrNotFound):
 		return nil
 	}
 	return err
 }
 
-func nameTaken(name string) error {
-	return fmt.Errorf("the name %q is taken (vm names are one namespace per host; whose is not said): %w", name, ErrExists)
-}
+// errNameTaken says a name is a VM's; the caller says which name.
+var errNameTaken = fmt.Errorf("the name is taken (vm names are one namespace per host; whose is not said): %w", ErrExists)
 
 // bringUpFrom is where a new VM's disk and (unless it boots) memory come
 // from: an image, a warm base or a checkpoint.
