@@ -116,6 +116,27 @@ func TestNetwork(t *testing.T) {
 	if out, err := d.fetch("b", "http://127.0.0.1:8080/"); err != nil || out != "hi from b\n" {
 		t.Fatalf("b's own server: %q %v", out, err)
 	}
+	// den net log shows what was dropped, whatever dropped it: the
+	// other VM and the host's services, not only the egress policy.
+	var log struct {
+		DeniedPackets uint64 `json:"denied_packets"`
+		Denied        []struct {
+			Addr string `json:"addr"`
+			Port int    `json:"port"`
+		} `json:"denied"`
+	}
+	if err := json.Unmarshal([]byte(d.must("net", "log", "a", "--json")), &log); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{bIP + ":8080", denUplink + ":9999", aGW + ":9999"} {
+		found := false
+		for _, dn := range log.Denied {
+			found = found || fmt.Sprintf("%s:%d", dn.Addr, dn.Port) == want
+		}
+		if !found || log.DeniedPackets < 3 {
+			t.Errorf("den net log a: %s not among what was dropped (%d packets): %+v", want, log.DeniedPackets, log.Denied)
+		}
+	}
 
 	reach := func(when string) {
 		t.Helper()

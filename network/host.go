@@ -411,8 +411,11 @@ type Status struct {
 	IP     string `json:"ip"`
 	Tap    string `json:"tap"`
 	Policy string `json:"policy"`
-	// DeniedPackets counts packets the policy dropped; Denied lists the
-	// destinations, most refused first (kept an hour after the last).
+	// DeniedPackets counts the packets from the VM that were dropped:
+	// refused by its egress policy, addressed to another VM, to the host
+	// beyond its resolver and ping, or from an address not its own.
+	// Denied lists their destinations, most refused first (kept an hour
+	// after the last).
 	DeniedPackets uint64   `json:"denied_packets"`
 	Denied        []Denied `json:"denied,omitempty"`
 	// DNS: queries answered and refused, and the last names refused.

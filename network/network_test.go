@@ -98,6 +98,14 @@ func TestTableScripts(t *testing.T) {
 	if !strings.Contains(script, "ip daddr @cidr_1 accept") || strings.Contains(tb.vm(atts[2], true), "@dns_7 accept") {
 		t.Fatal("policies are not rendered as they say")
 	}
+	// Every drop of a VM's packets is counted and logged: to other VMs,
+	// to the host, by the policy.
+	for _, rule := range []string{"add rule inet den_test in_0 jump deny_0", "add rule inet den_test vm_0 ip daddr 10.200.0.0/16 jump deny_0",
+		"add rule inet den_test vm_0 jump deny_0", `add rule inet den_test deny_0 counter name "denied_0" drop`} {
+		if !strings.Contains(script, rule) {
+			t.Errorf("the script lacks %q", rule)
+		}
+	}
 }
 
 // TestCarriedAddresses: in a network namespace of its own, a table with

@@ -121,6 +121,7 @@ func dnsSet(slot int) string     { return fmt.Sprintf("dns_%d", slot) }
 func cidrSet(slot int) string    { return fmt.Sprintf("cidr_%d", slot) }
 func logSet(slot int) string     { return fmt.Sprintf("log_%d", slot) }
 func deniedName(slot int) string { return fmt.Sprintf("denied_%d", slot) }
+func denyChain(slot int) string  { return fmt.Sprintf("deny_%d", slot) }
 
 // vm is the script that (re)makes one VM's objects; with flushDNS the
 // addresses its resolver let through are forgotten (a new policy).
@@ -133,6 +134,8 @@ func (t table) vm(a attachment, flushDNS bool) string {
 	w("flush chain inet %s %s", T, vmChain(n))
 	w("add chain inet %s %s", T, inChain(n))
 	w("flush chain inet %s %s", T, inChain(n))
+	w("add chain inet %s %s", T, denyChain(n))
+	w("flush chain inet %s %s", T, denyChain(n))
 	w("add set inet %s %s { type ipv4_addr; flags timeout; }", T, dnsSet(n))
 	if flushDNS {
 		w("flush set inet %s %s", T, dnsSet(n))
@@ -148,12 +151,16 @@ func (t table) vm(a attachment, flushDNS bool) string {
 	}
 	w("add set inet %s %s { type ipv4_addr . inet_proto . inet_service; flags dynamic,timeout; timeout 1h; size 256; counter; }", T, logSet(n))
 	w("add counter inet %s %s", T, deniedName(n))
+	// Whatever the VM may not send is denied here: counted and remembered
+	// (destination, protocol, port) for den net log.
+	w("add rule inet %s %s meta l4proto { tcp, udp } update @%s { ip daddr . meta l4proto . th dport }", T, denyChain(n), logSet(n))
+	w("add rule inet %s %s meta l4proto icmp update @%s { ip daddr . meta l4proto . 0 }", T, denyChain(n), logSet(n))
+	w(`add rule inet %s %s counter name "%s" drop`, T, denyChain(n), deniedName(n))
 	// Egress: its own address only; replies and established flows; never
-	// another VM; then the policy; what is left is denied, counted and
-	// remembered (destination, protocol, port) for den net log.
-	w("add rule inet %s %s ip saddr != %s drop", T, vmChain(n), guest)
+	// another VM; then the policy; what is left is denied.
+	w("add rule inet %s %s ip saddr != %s jump %s", T, vmChain(n), guest, denyChain(n))
 	w("add rule inet %s %s ct state established,related accept", T, vmChain(n))
-	w("add rule inet %s %s ip daddr %s drop", T, vmChain(n), t.pool)
+	w("add rule inet %s %s ip daddr %s jump %s", T, vmChain(n), t.pool, denyChain(n))
 	switch a.policy.Mode {
 	case egress.DenyAll:
 	case egress.AllowList:
@@ -162,15 +169,14 @@ func (t table) vm(a attachment, flushDNS bool) string {
 	default:
 		w("add rule inet %s %s accept", T, vmChain(n))
 	}
-	w("add rule inet %s %s meta l4proto { tcp, udp } update @%s { ip daddr . meta l4proto . th dport }", T, vmChain(n), logSet(n))
-	w("add rule inet %s %s meta l4proto icmp update @%s { ip daddr . meta l4proto . 0 }", T, vmChain(n), logSet(n))
-	w(`add rule inet %s %s counter name "%s" drop`, T, vmChain(n), deniedName(n))
+	w("add rule inet %s %s jump %s", T, vmChain(n), denyChain(n))
 	// To the host: the VM's resolver and ping on its own gateway address,
-	// and replies to what the host opened.
+	// and replies to what the host opened; the rest is denied.
 	w("add rule inet %s %s ct state established,related accept", T, inChain(n))
 	w("add rule inet %s %s ip saddr %s ip daddr %s udp dport 53 accept", T, inChain(n), guest, host)
 	w("add rule inet %s %s ip saddr %s ip daddr %s tcp dport 53 accept", T, inChain(n), guest, host)
 	w("add rule inet %s %s ip saddr %s ip daddr %s icmp type echo-request accept", T, inChain(n), guest, host)
+	w("add rule inet %s %s jump %s", T, inChain(n), denyChain(n))
 	w(`add element inet %s taps { "%s" }`, T, a.lease.Tap)
 	w(`add element inet %s egress { "%s" : jump %s }`, T, a.lease.Tap, vmChain(n))
 	w(`add element inet %s ingress { "%s" : jump %s }`, T, a.lease.Tap, inChain(n))
@@ -217,6 +223,9 @@ func (t table) remove(slot int, tap string) string {
 	w("delete chain inet %s %s", T, vmChain(n))
 	w("flush chain inet %s %s", T, inChain(n))
 	w("delete chain inet %s %s", T, inChain(n))
+	w("add chain inet %s %s", T, denyChain(n))
+	w("flush chain inet %s %s", T, denyChain(n))
+	w("delete chain inet %s %s", T, denyChain(n))
 	w("add set inet %s %s { type ipv4_addr; flags timeout; }", T, dnsSet(n))
 	w("delete set inet %s %s", T, dnsSet(n))
 	w("add set inet %s %s { type ipv4_addr; flags interval; }", T, cidrSet(n))

@@ -74,12 +74,14 @@ Examples:
 func netLogCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "log",
-		Usage:     "show a VM's address and policy, and what its policy refused",
+		Usage:     "show a VM's address and policy, and what was dropped of its traffic",
 		ArgsUsage: "NAME",
 		UsageText: "den net log NAME [--json]",
-		Description: `Lists the destinations the egress policy dropped (address, protocol, port,
-packets; each kept an hour after its last packet) and the names the VM's
-resolver refused: why a pip install hangs.
+		Description: `Lists the destinations of the VM's packets that were dropped (address,
+protocol, port, packets; each kept an hour after its last packet): refused
+by the egress policy, addressed to another VM, or to the host beyond the
+VM's resolver and ping; and the names the VM's resolver refused: why a pip
+install hangs.
 
 Examples:
    den net log box
