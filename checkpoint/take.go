@@ -23,10 +23,17 @@ type Guest interface {
 	Resume(ctx context.Context) error
 	Snapshot(ctx context.Context, dir storage.Path) error
 	// Freeze and Thaw the guest's filesystems (FIFREEZE), so that a disk
-	// clone is consistent without a pause.
+	// clone is consistent without a pause. The guest thaws them on its
+	// own after a while, should nobody ask: Thaw then returns an error
+	// wrapping ErrThawedEarly.
 	Freeze(ctx context.Context) error
 	Thaw(ctx context.Context) error
 }
+
+// ErrThawedEarly is wrapped by Guest.Thaw when the guest had thawed its
+// filesystems on its own already: what was copied meanwhile is not
+// known to be consistent.
+var ErrThawedEarly = errors.New("the guest's filesystems thawed on their own before the thaw")
 
 // ErrLeftPaused is wrapped when a guest paused for a checkpoint could not
 // be resumed: the caller must not leave it recorded as running.
@@ -218,15 +225,26 @@ func Resume(ctx context.Context, g Guest, log *slog.Logger) error {
 }
 
 // frozenClone clones the disk with the guest's filesystems frozen, so
-// the clone is consistent without pausing the VM.
+// the clone is consistent without pausing the VM. A clone that outlasted
+// the freeze (the guest thawed on its own) is refused: it is only
+// crash-consistent, and the checkpoint would say otherwise.
 func (s Store) frozenClone(ctx context.Context, from From, p *Pending, h TakeHooks) error {
 	if err := from.Guest.Freeze(ctx); err != nil {
 		return fmt.Errorf("freeze guest filesystems: %w", err)
 	}
-	defer func() {
-		if err := from.Guest.Thaw(context.WithoutCancel(ctx)); err != nil {
-			h.Log.Warn("checkpoint: thaw guest filesystems (the agent thaws by itself after 30s)", "err", err)
-		}
-	}()
-	return s.Vol.Clone(ctx, from.Disk, p.Path(DiskFile))
+	start := time.Now()
+	err := s.Vol.Clone(ctx, from.Disk, p.Path(DiskFile))
+	terr := from.Guest.Thaw(context.WithoutCancel(ctx))
+	switch {
+	case err != nil:
+		return err
+	case errors.Is(terr, ErrThawedEarly):
+		return fmt.Errorf("clone the disk with the guest's filesystems frozen: the clone took %s, longer than the freeze: %w",
+			time.Since(start).Round(time.Millisecond), terr)
+	case terr != nil:
+		// The clone is whole and was made frozen; the agent thaws by
+		// itself after its timeout.
+		h.Log.Warn("checkpoint: thaw guest filesystems (the agent thaws by itself)", "err", terr)
+	}
+	return nil
 }

@@ -87,7 +87,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 	from := checkpoint.From{Disk: storage.VMDisk(vm.Name), DiskOnly: o.DiskOnly}
 	switch {
 	case running:
-		from.Guest = guestOf{m: m, in: in, mem: &memCopy}
+		from.Guest = guestOf{m: m, in: in, mem: &memCopy, frozen: &frozen{}}
 	case vm.State == registry.StateSleeping:
 		from.Suspend = storage.SuspendDir(vm.Name)
 		if !o.DiskOnly {
@@ -186,7 +186,20 @@ type guestOf struct {
 	// mem, when set, receives the local copy of the RAM file that
 	// Snapshot makes beside the volume's (memcopy.go).
 	mem **memCopyJob
+	// frozen, when set, is what Freeze froze, and when.
+	frozen *frozen
 }
+
+// frozen is what a guest's Freeze froze, and when it was asked.
+type frozen struct {
+	mounts int
+	at     time.Time
+}
+
+// freezeWindow is how long the guest's agent keeps its filesystems
+// frozen for a disk-only checkpoint unless thawed first: a bound on
+// what a den that died mid-checkpoint leaves frozen.
+var freezeWindow = 30 * time.Second
 
 func (g guestOf) Pause(ctx context.Context) error  { return g.in.hv.Pause(ctx) }
 func (g guestOf) Resume(ctx context.Context) error { return g.in.hv.Resume(ctx) }
@@ -212,7 +225,11 @@ func (g guestOf) Freeze(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.Freeze(ctx, 30*time.Second)
+	at := time.Now()
+	r, err := c.Freeze(ctx, freezeWindow)
+	if err == nil && g.frozen != nil {
+		*g.frozen = frozen{mounts: len(r.Frozen), at: at}
+	}
 	return err
 }
 
@@ -221,8 +238,16 @@ func (g guestOf) Thaw(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.Thaw(ctx)
-	return err
+	r, err := c.Thaw(ctx)
+	if err != nil || g.frozen == nil || g.frozen.mounts == 0 {
+		return err
+	}
+	// The agent's own thaw came first (it thawed nothing now), or may
+	// have: its timer started after this host's clock did.
+	if since := time.Since(g.frozen.at); len(r.Thawed) == 0 || since >= freezeWindow {
+		return fmt.Errorf("%s after the freeze, which lasts %s: %w", since.Round(time.Millisecond), freezeWindow, checkpoint.ErrThawedEarly)
+	}
+	return nil
 }
 
 // setHead records the checkpoint a VM's state now descends from.
