@@ -92,7 +92,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec := &statusRecorder{ResponseWriter: w}
-	r = r.WithContext(withCaller(r.Context(), caller))
+	// The machine checks the owner again under each VM's lock.
+	r = r.WithContext(machine.AsOwner(withCaller(r.Context(), caller), caller.owner()))
 	s.mux.ServeHTTP(rec, r)
 	s.auditCall(caller, r, rec.status, start)
 }

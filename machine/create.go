@@ -207,7 +207,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		return registry.VM{}, err
 	}
 	end()
-	unlock, err := m.lockVM(ctx, o.Name, "create")
+	unlock, err := m.lockName(ctx, o.Name, "create")
 	if err != nil {
 		return registry.VM{}, err
 	}

@@ -43,7 +43,7 @@ func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progr
 	if err := m.needSpace(spaceMargin, "fork "+src+" to "+name); err != nil {
 		return registry.VM{}, err
 	}
-	unlock, err := m.lockVM(ctx, name, "fork")
+	unlock, err := m.lockName(ctx, name, "fork")
 	if err != nil {
 		return registry.VM{}, err
 	}

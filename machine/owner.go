@@ -28,12 +28,40 @@ type holder struct {
 // errClosing refuses operations once the Manager is closing.
 var errClosing = fmt.Errorf("den is shutting down: %w", ErrBusy)
 
-// lockVM makes the caller the owner of the VM's state until the returned
+type ownerKey struct{}
+
+// AsOwner says that the operations run with ctx act for the user owner:
+// a VM that is not owner's is "not found" to them, checked under the
+// VM's lock, where its owner cannot change (a check before the lock
+// could pass for a VM that is removed and made again by another user
+// before the lock is taken). "" (an admin) acts on every VM.
+func AsOwner(ctx context.Context, owner string) context.Context {
+	return context.WithValue(ctx, ownerKey{}, owner)
+}
+
+// lockVM takes the lock of an existing VM (lockName) for the operation
+// op, refusing as not found a VM that is not the owner's AsOwner named.
+func (m *Manager) lockVM(ctx context.Context, name, op string) (func(), error) {
+	unlock, err := m.lockName(ctx, name, op)
+	if err != nil {
+		return nil, err
+	}
+	if owner, _ := ctx.Value(ownerKey{}).(string); owner != "" {
+		if vm, err := m.db.GetVM(ctx, name); err == nil && vm.Owner != owner {
+			unlock()
+			return nil, fmt.Errorf("no vm named %q: %w", name, ErrNotFound)
+		}
+	}
+	return unlock, nil
+}
+
+// lockName makes the caller the owner of the VM's state until the returned
 // func is called: one operation at a time per VM, across goroutines (an
 // in-process table that also says who holds it) and processes (a file
 // lock). It waits at most until ctx ends or Config.LockWait passes, and a
 // refusal names the holder: vm "box" is busy: checkpoint since 12s.
-func (m *Manager) lockVM(ctx context.Context, name, op string) (func(), error) {
+// Create and fork take a new name's lock with it, whoever has the name.
+func (m *Manager) lockName(ctx context.Context, name, op string) (func(), error) {
 	wait := m.cfg.LockWait
 	if wait <= 0 {
 		wait = DefaultLockWait
