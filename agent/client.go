@@ -45,12 +45,6 @@ func WithUser(user string) DialOption {
 	return func(o *dialOptions) { o.user = user }
 }
 
-// WithHandshakeTimeout bounds the SSH handshake (default
-// DefaultHandshakeTimeout).
-func WithHandshakeTimeout(d time.Duration) DialOption {
-	return func(o *dialOptions) { o.timeout = d }
-}
-
 // WithKeepalive sends a keepalive every interval and closes the
 // connection when one goes unanswered for 3 intervals (an agent that
 // restarted, a guest that hung), so that Done fires. Off by default.

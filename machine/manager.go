@@ -117,7 +117,6 @@ const (
 	DefaultDisk        = 4 << 30
 	DefaultIdleTimeout = 10 * time.Minute
 	MinMemory          = 128 << 20
-	MaxCPUs            = 64
 )
 
 // Manager runs den's VMs.

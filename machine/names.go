@@ -1,7 +1,6 @@
 package machine
 
 import (
-	"fmt"
 
 	"github.com/denhq/den/internal/size"
 	"github.com/denhq/den/internal/validate"
@@ -16,16 +15,6 @@ func ValidateName(name string) error { return validate.VMName(name) }
 // ValidateImage checks the form of an image name (validate.Image);
 // whether the image exists is checkImage's to say.
 func ValidateImage(name string) error { return validate.Image(name) }
-
-// ParseSize reads a size such as "512M", "2G", "1.5GiB" or "1073741824"
-// (bytes); units are powers of 1024. See size.Parse.
-func ParseSize(s string) (int64, error) {
-	b, err := size.Parse(s)
-	if err != nil {
-		return 0, fmt.Errorf("%w: %w", err, ErrInvalid)
-	}
-	return b, nil
-}
 
 // FormatSize prints bytes with a binary unit: 512M, 4G, 1.5G. See
 // size.Format.

@@ -99,7 +99,11 @@ func RelayChannel(nc ssh.NewChannel, upstream Opener, h Hooks) {
 	relay(down, downReqs, up, upReqs, typ == "session")
 }
 
-// Relay copies data and requests between two open session channels in
+// testHookEOFHeld, when set, is called when the relay holds back the
+// upstream's EOF until the exit status has been passed on.
+var testHookEOFHeld func()
+
+// relay copies data and requests between two open channels in
 // both directions and closes both when done (RelayChannel relays any
 // channel type).
 //
@@ -118,17 +122,9 @@ func RelayChannel(nc ssh.NewChannel, upstream Opener, h Hooks) {
 //     guest agent, like sshd, sends its EOF before the exit status);
 //   - the channel is closed only after every upstream request has been
 //     passed on and every client request sent upstream has its reply.
-func Relay(down ssh.Channel, downReqs <-chan *ssh.Request, up ssh.Channel, upReqs <-chan *ssh.Request) {
-	relay(down, downReqs, up, upReqs, true)
-}
-
-// testHookEOFHeld, when set, is called when the relay holds back the
-// upstream's EOF until the exit status has been passed on.
-var testHookEOFHeld func()
-
-// relay is Relay; session says whether the upstream's EOF waits for its
-// exit status (only a session has one: a forward's half-close is passed
-// on at once).
+//
+// session says whether the upstream's EOF waits for its exit status
+// (only a session has one: a forward's half-close is passed on at once).
 func relay(down ssh.Channel, downReqs <-chan *ssh.Request, up ssh.Channel, upReqs <-chan *ssh.Request, session bool) {
 	var upDone sync.WaitGroup // what must finish before down is closed
 	var inFlight sync.Mutex   // held while a downstream request is forwarded
