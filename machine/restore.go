@@ -229,8 +229,9 @@ type RestoreOptions struct {
 
 // Restore brings a VM back to a checkpoint: its disk, and for a
 // memory+disk checkpoint its memory and processes. Unless NoSave, the
-// current state is checkpointed first, and its id returned. The current
-// disk is replaced atomically only once the checkpoint's clone is whole.
+// current state is checkpointed first (a stopped VM's disk only), and its
+// id returned. The current disk is replaced atomically only once the
+// checkpoint's clone is whole.
 func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions, progress Progress) (saved string, err error) {
 	if progress == nil {
 		progress = func(string) {}
@@ -297,10 +298,21 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 			}
 		}()
 	}
-	if !o.NoSave && vm.State != registry.StateStopped {
-		progress("saving the current state first (--no-save skips this)")
+	// The state the restore replaces is saved first: a running VM's
+	// memory and disk, a sleeping one's suspend slot and disk, a stopped
+	// one's disk (no memory is left: its VMM died or was stopped). A VM
+	// whose restore is still to be finished has no state of its own: its
+	// head is that restore's checkpoint, and its disk half-way to it.
+	if !o.NoSave && sp.Restoring == "" {
+		save := CheckpointOptions{Comment: "auto: before restore to " + id}
+		if vm.State == registry.StateStopped {
+			save.DiskOnly = true
+			progress("saving the current disk first: the vm is stopped, no memory is left (--no-save skips this)")
+		} else {
+			progress("saving the current state first (--no-save skips this)")
+		}
 		defer phase.Begin(ctx, "save the current state")()
-		row, err := m.checkpointLocked(ctx, vm, CheckpointOptions{Comment: "auto: before restore to " + id}, func(string) {})
+		row, err := m.checkpointLocked(ctx, vm, save, func(string) {})
 		if err != nil {
 			return "", fmt.Errorf("restore vm %q: save current state: %w", name, err)
 		}

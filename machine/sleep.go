@@ -290,12 +290,7 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 	in, err := m.restoreInto(ctx, vm, sp, restoreSource{snapDir: ref.dir, local: ref.local, check: check})
 	if err != nil {
 		if errors.Is(err, errGuestRan) {
-			// The guest ran (and may have written its disk) before the
-			// wake failed: its saved memory no longer matches its disk.
-			// It boots from the disk when next used.
-			m.memc.drop(vm.Name, "suspend-")
-			_ = m.vol.Remove(context.WithoutCancel(ctx), storage.SuspendDir(vm.Name))
-			m.recordStopped(ctx, vm.Name, "wake failed after the guest ran ("+err.Error()+"); it boots from its disk when next used")
+			m.dropRunSlot(ctx, vm.Name, err)
 		}
 		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
 	}
@@ -308,10 +303,30 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 	})
 	end()
 	if err != nil {
+		// A VMM whose record does not say running must not run on; its
+		// guest ran, so its slot goes too.
 		if in := m.instance(vm.Name); in != nil {
 			m.stopInstance(ctx, in, stopQuit)
 		}
+		err = fmt.Errorf("record it running: %w", err)
+		m.dropRunSlot(ctx, vm.Name, err)
 		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
 	}
 	return nil
+}
+
+// dropRunSlot ends a wake that failed after the guest ran from the
+// suspend slot (its VMM stopped): the guest may have written its disk,
+// so the slot's memory no longer matches it and must never be restored
+// again. The slot goes first, then the record says stopped: the VM boots
+// from its disk when next used. A record that cannot be written either
+// leaves a sleeping VM without a slot, whose wake is refused, never one
+// that a wake restores from stale memory.
+func (m *Manager) dropRunSlot(ctx context.Context, name string, cause error) {
+	ctx = context.WithoutCancel(ctx)
+	m.memc.drop(name, "suspend-")
+	if err := m.vol.Remove(ctx, storage.SuspendDir(name)); err != nil {
+		m.log.Warn("den: remove the suspend slot of a wake that failed after the guest ran", "vm", name, "err", err)
+	}
+	m.recordStopped(ctx, name, "wake failed after the guest ran ("+cause.Error()+"); it boots from its disk when next used")
 }
