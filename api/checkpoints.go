@@ -86,8 +86,22 @@ func (c *Client) DeleteCheckpoint(ctx context.Context, name, id string) error {
 }
 
 // Restore brings a VM back to a checkpoint.
-func (c *Client) Restore(ctx context.Context, name string, req RestoreRequest, progress func(Event)) (VM, error) {
-	return c.stream(ctx, http.MethodPost, vmPath(name, "restore"), req, progress)
+func (c *Client) Restore(ctx context.Context, name string, req RestoreRequest, progress func(Event)) (Restored, error) {
+	ev, err := c.streamEvent(ctx, http.MethodPost, vmPath(name, "restore"), req, progress)
+	if err != nil {
+		return Restored{}, err
+	}
+	if ev.VM == nil {
+		return Restored{}, &Error{Status: http.StatusInternalServerError, Code: "internal", Message: "POST " + vmPath(name, "restore") + ": the daemon's final answer has no vm"}
+	}
+	return Restored{VM: *ev.VM, Saved: ev.Saved}, nil
+}
+
+// Restored is a restore's result: the VM, and the checkpoint that holds
+// its state from before the restore ("" with NoSave).
+type Restored struct {
+	VM
+	Saved string `json:"saved,omitempty"`
 }
 
 // Fork makes a new VM from a checkpoint of name.

@@ -85,6 +85,9 @@ type Event struct {
 	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
 	// Verified is the final result of a checkpoint verification.
 	Verified []Verification `json:"verified,omitempty"`
+	// Saved is, in a restore's final line, the checkpoint that holds the
+	// state before it ("" with no_save).
+	Saved string `json:"saved,omitempty"`
 	Error    string         `json:"error,omitempty"`
 	Code     string         `json:"code,omitempty"`
 	// Done marks the final line.

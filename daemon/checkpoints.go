@@ -85,7 +85,9 @@ func (s *Server) restore(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return api.Event{}, err
 		}
-		return s.vmEvent(ctx, name)
+		ev, err := s.vmEvent(ctx, name)
+		ev.Saved = saved
+		return ev, err
 	})
 }
 

@@ -17,7 +17,8 @@ func restoreCommand() *cli.Command {
 		ArgsUsage: "NAME CHECKPOINT",
 		UsageText: "den restore NAME CHECKPOINT [--no-save] [--force]",
 		Description: `What the VM did after the checkpoint is gone, unless saved: by default the
-current state is checkpointed first (its id is printed). The guest clock is
+current state is checkpointed first (its id is printed, and is "saved" in
+--json; a stopped VM's disk alone, its memory being gone). The guest clock is
 corrected. A restore refuses while exec or ssh sessions are open; --force ends them.
 
 Examples:
@@ -46,14 +47,18 @@ Examples:
 			if err != nil {
 				return err
 			}
-			vm, err := cl.Restore(ctx, name, api.RestoreRequest{Checkpoint: id, NoSave: c.Bool("no-save"), Force: c.Bool("force")}, progressPrinter(c))
+			res, err := cl.Restore(ctx, name, api.RestoreRequest{Checkpoint: id, NoSave: c.Bool("no-save"), Force: c.Bool("force")}, progressPrinter(c))
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
-				return printJSON(c.App.Writer, vm)
+				return printJSON(c.App.Writer, res)
 			}
-			fmt.Fprintf(c.App.Writer, "restored %s to %s in %s\n", name, id, time.Since(start).Round(time.Millisecond))
+			fmt.Fprintf(c.App.Writer, "restored %s to %s in %s", name, id, time.Since(start).Round(time.Millisecond))
+			if res.Saved != "" {
+				fmt.Fprintf(c.App.Writer, "; the state before it is %s", res.Saved)
+			}
+			fmt.Fprintln(c.App.Writer)
 			return nil
 		},
 	}
