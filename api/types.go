@@ -88,8 +88,8 @@ type Event struct {
 	// Saved is, in a restore's final line, the checkpoint that holds the
 	// state before it ("" with no_save).
 	Saved string `json:"saved,omitempty"`
-	Error    string         `json:"error,omitempty"`
-	Code     string         `json:"code,omitempty"`
+	Error string `json:"error,omitempty"`
+	Code  string `json:"code,omitempty"`
 	// Done marks the final line.
 	Done bool `json:"done,omitempty"`
 }
