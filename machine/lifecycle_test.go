@@ -736,8 +736,8 @@ func TestRetiredSlotsAndStagedDisks(t *testing.T) {
 
 	// A restore whose save of the current state fails (the VMM dies as
 	// it snapshots) is refused after the checkpoint's disk was staged.
-	spare, _ := e.vol.Path(storage.Path("spares").Join("r@" + cp.ID))
-	waitFor(t, "the restore's spare is made", func() bool { return dirExists(spare) })
+	var spare string
+	waitFor(t, "the restore's spare is made", func() bool { spare = e.spare("r", cp.ID); return spare != "" })
 	if err := os.Remove(spare); err != nil {
 		t.Fatal(err)
 	}

@@ -266,7 +266,7 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	// and the incoming migration.
 	ram := m.stageRAM(ctx, vm, cp)
 	defer ram.drop()
-	staged := m.stageDisk(ctx, name, id)
+	staged := m.stageDisk(ctx, cp)
 	defer staged.drop()
 	in := m.instance(name)
 	if ram != nil {
@@ -355,6 +355,7 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 type stagedDisk struct {
 	m      *Manager
 	vm, id string
+	spare  storage.Path // the checkpoint's spare (checkpointSpare)
 	path   storage.Path
 	wait   func() error
 	used   bool
@@ -365,15 +366,16 @@ type stagedDisk struct {
 // restore, or with its VM.
 func restoreStage(vm string) storage.Path { return storage.VMDir(vm).Join("disk-restoring") }
 
-// stageDisk starts putting checkpoint id's disk at restoreStage(vm): its
-// spare, or a clone.
-func (m *Manager) stageDisk(ctx context.Context, vm, id string) *stagedDisk {
-	st := &stagedDisk{m: m, vm: vm, id: id, path: restoreStage(vm)}
+// stageDisk starts putting checkpoint cp's disk at restoreStage(cp.VM):
+// its spare, or a clone.
+func (m *Manager) stageDisk(ctx context.Context, cp registry.Checkpoint) *stagedDisk {
+	vm, id := cp.VM, cp.ID
+	st := &stagedDisk{m: m, vm: vm, id: id, spare: checkpointSpare(cp), path: restoreStage(vm)}
 	st.wait = m.meanwhile(ctx, "", "", func() error {
 		if err := m.vol.Remove(ctx, st.path); err != nil {
 			return err
 		}
-		if m.takeSpare(ctx, checkpointSpare(vm, id), st.path) {
+		if m.takeSpare(ctx, st.spare, st.path) {
 			return nil
 		}
 		defer phase.Begin(ctx, "clone disk beside the vm's")()
@@ -408,7 +410,7 @@ func (st *stagedDisk) drop() {
 		return
 	}
 	ctx := context.Background()
-	if !st.m.putSpare(ctx, st.path, checkpointSpare(st.vm, st.id)) {
+	if !st.m.putSpare(ctx, st.path, st.spare) {
 		_ = st.m.vol.Remove(ctx, st.path)
 	}
 }
@@ -436,7 +438,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 		} else if staged != nil {
 			m.log.Debug("den: staged disk for a restore", "vm", name, "err", err)
 		}
-		if m.takeSpare(ctx, checkpointSpare(name, id), storage.VMDisk(name)) {
+		if m.takeSpare(ctx, checkpointSpare(cp), storage.VMDisk(name)) {
 			return nil
 		}
 		defer phase.Begin(ctx, "clone disk over the vm's")()
@@ -445,7 +447,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 	// Never returns before the disk is in place; its error comes from
 	// the wait in the restore or the boot. Then the checkpoint gets a new
 	// spare, for the next restore to it.
-	defer m.spareCheckpoint(name, id)
+	defer m.spareCheckpoint(cp)
 	defer cloned()
 	// A sleeping VM's old memory is obsolete: moved out of the way while
 	// the VM comes up, before the record says running, and removed once

@@ -11,6 +11,7 @@ import (
 
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/phase"
+	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
 
@@ -25,11 +26,14 @@ import (
 // damaged base is dropped.
 //
 // A checkpoint's disk never changes either: a restore to a checkpoint
-// leaves a spare of its disk, spares/VM@ID, which the next restore to it
-// (an agent trying again from the same point) renames over the VM's disk
-// rather than cloning it while the VM waits. A spare shares all its data with its
-// checkpoint: it costs metadata and the clone's time in the background.
-// It goes with its checkpoint and with its VM.
+// leaves a spare of its disk, spares/VM@ID-SEAL, which the next restore
+// to it (an agent trying again from the same point) renames over the VM's
+// disk rather than cloning it while the VM waits. The seal in its name
+// ties it to that checkpoint's content: a spare that outlived its
+// checkpoint can never pass for another checkpoint's. A spare shares all
+// its data with its checkpoint: it costs metadata and the clone's time in
+// the background. It goes with its checkpoint (after its clone, if one
+// is being made) and with its VM.
 
 // sparesDir holds the spare disks, one per base disk.
 const sparesDir storage.Path = "spares"
@@ -40,9 +44,11 @@ func spareFor(src storage.Path) storage.Path {
 	return sparesDir.Join("disk-" + hex.EncodeToString(sum[:8]))
 }
 
-// checkpointSpare is the spare clone of checkpoint id's disk of vm (vm
-// names have no '@').
-func checkpointSpare(vm, id string) storage.Path { return sparesDir.Join(vm + "@" + id) }
+// checkpointSpare is the spare clone of checkpoint cp's disk (vm names
+// have no '@').
+func checkpointSpare(cp registry.Checkpoint) storage.Path {
+	return sparesDir.Join(cp.VM + "@" + checkpointKey(cp.ID, cp.Seal))
+}
 
 // takeSpare moves spare, when it is there, to dst (replacing dst). A
 // spare still being made is waited for: it is over sooner than a clone
@@ -145,7 +151,38 @@ func (m *Manager) dropVMSpares(ctx context.Context, vm string) {
 	}
 }
 
-// spareCheckpoint makes the spare of vm's checkpoint id.
-func (m *Manager) spareCheckpoint(vm, id string) {
-	m.refillSpare(storage.CheckpointFile(vm, id, checkpoint.DiskFile), checkpointSpare(vm, id))
+// spareCheckpoint makes the spare of checkpoint cp.
+func (m *Manager) spareCheckpoint(cp registry.Checkpoint) {
+	m.refillSpare(storage.CheckpointFile(cp.VM, cp.ID, checkpoint.DiskFile), checkpointSpare(cp))
+}
+
+// dropCheckpointSpares removes the spares of vm's checkpoint id, whatever
+// their seal, once the clones being made of them are over (bounded by
+// ctx): a clone that ended after the removal would leave one behind.
+func (m *Manager) dropCheckpointSpares(ctx context.Context, vm, id string) {
+	prefix := string(sparesDir.Join(vm + "@" + id + "-"))
+	m.spareMu.Lock()
+	var making []chan struct{}
+	for spare, done := range m.spareBusy {
+		if strings.HasPrefix(string(spare), prefix) {
+			making = append(making, done)
+		}
+	}
+	m.spareMu.Unlock()
+	for _, done := range making {
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+	}
+	dir, err := m.vol.Path(sparesDir)
+	if err != nil {
+		return
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), vm+"@"+id+"-") {
+			_ = m.vol.Remove(ctx, sparesDir.Join(e.Name()))
+		}
+	}
 }
