@@ -14,9 +14,7 @@ import (
 // verifyThroughput times `den checkpoint verify` of a fresh checkpoint of
 // the VM, every extent of every file checked, once its digests are
 // written: MB/s of checkpoint files (memory, disk, device state) checked.
-// The data is read; the holes the volume maps are checked without a read
-// (before 2026-11-26 evening they were read too, and this figure was
-// named "every file read whole").
+// The data is read; the holes the volume maps are checked without a read.
 func (d *daemon) verifyThroughput(ctx context.Context, o Options, accel, label, name string) (Figure, error) {
 	f := Figure{Name: "checkpoint verify (every extent checked)", VMM: d.vmm, Accel: accel, Memory: label, Unit: "MB/s",
 		Note: "memory and disk of the checkpoint, through the volume: the data read, the holes by the volume's map"}

@@ -33,20 +33,11 @@ import (
 // running VM could be put to sleep to make room.
 var ErrNoMemory = errors.New("not enough memory")
 
-// DefaultVMMOverhead is what a VMM process takes beside its guest's RAM.
-//
-// Measured here (2026-11) on QEMU 7.2 under TCG: den create of a 128 MiB
-// and a 512 MiB guest (minimal image), then a busybox workload in each
-// (ls -R, md5sum of 1000 files three times, sha256sum, an awk loop). The
-// VMM's RSS minus the resident pages of its guest RAM file (summing Rss
-// per mapping in /proc/PID/smaps, the RAM file being run/NAME/memory)
-// was 89 MiB (128 MiB guest) and 85 MiB (512 MiB guest): ~66-70 MiB
-// anonymous (TCG's translated code and QEMU's heap, growing with the
-// code the guest has run) and ~23 MiB of QEMU's binary and libraries
-// (shared between VMMs, but counted for each); VmPTE ~1 MiB. It does not
-// grow with the guest's RAM. 128 MiB leaves room for guests that run
-// more varied code. Under KVM or Cloud Hypervisor the overhead is smaller
-// (no translation cache): den daemon --vmm-overhead sets it.
+// DefaultVMMOverhead is what a VMM process takes beside its guest's RAM,
+// for the memory budget: QEMU under TCG, whose translated code and heap
+// grow with the code a guest runs, not with its RAM (docs/benchmarks.md,
+// "Constants set from measurements"). KVM and Cloud Hypervisor need less:
+// den daemon --vmm-overhead sets it.
 const DefaultVMMOverhead = 128 << 20
 
 // Defaults of the memory budget and the pressure watcher.

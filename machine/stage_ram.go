@@ -39,7 +39,7 @@ func (m *Manager) stageRAM(ctx context.Context, vm registry.VM, cp registry.Chec
 	}
 	// Only from a local copy: read through the volume, the staging slows
 	// the verification, which reads the same memory there, more than it
-	// saves (2026-11, TCG: a restore took 840-1460 ms instead of 600).
+	// saves (docs/benchmarks.md, "Constants set from measurements").
 	local := m.memc.local(vm.Name, checkpointKey(cp.ID, cp.Seal))
 	if local == "" || !m.roomToStage(vm.MemoryBytes) {
 		return nil

@@ -62,14 +62,13 @@ func copyRange(in, out *os.File, off, n int64) error {
 }
 
 // sendRange copies n bytes at off by sendfile, which copies in the kernel
-// between filesystems, where copy_file_range refuses (EXDEV): a snapshot's
-// memory from a disk into a tmpfs RAM file took 70 ms by sendfile where
-// reading, comparing and writing it took 100 (112 MiB, 2026-11). It
-// writes the all-zero blocks that the block copy leaves as holes (7 of
-// 176 MiB in a guest's memory, measured then). Into a FUSE mount it is
-// slower than the block copy (1.3-2.1 s against 0.4-0.7 s for 512 MiB
-// into JuiceFS: the kernel writes it 64 KiB at a time): copyRange uses it
-// for a tmpfs only. What sendfile cannot copy is copied block by block.
+// between filesystems, where copy_file_range refuses (EXDEV): into a
+// tmpfs it is faster than reading, comparing and writing, though it
+// writes the all-zero blocks that the block copy leaves as holes; into a
+// FUSE mount it is slower (the kernel writes 64 KiB at a time), so
+// copyRange uses it for a tmpfs only (docs/benchmarks.md, "Constants set
+// from measurements"). What sendfile cannot copy is copied block by
+// block.
 func sendRange(in, out *os.File, off, n int64) error {
 	if _, err := out.Seek(off, io.SeekStart); err == nil {
 		for n > 0 {
@@ -126,12 +125,9 @@ const pageSize = 4096
 
 // DeltaGap is the largest run of unchanged bytes CopyDelta writes again
 // to join two runs of changed pages into one write: through JuiceFS each
-// write far from the last is a slice and an object of its own, which cost
-// 2-3 ms each here (130 scattered pages took 360 ms to sync), where
-// rewriting a MiB costs 3-4 ms. Measured over a 512 MiB guest's memory
-// with 1.6 MiB changed (2026-11-26, 3 rounds): 410-525 ms page by page,
-// 260-285 joined within 64 KiB, 160-200 within 256 KiB, 125-175 within
-// 1 MiB (23.5 MiB written), 190-270 within 4 MiB.
+// write far from the last is a slice and an object of its own, which
+// costs more than rewriting a MiB beside it. 1 MiB was the fastest of the
+// gaps measured (docs/benchmarks.md, "Constants set from measurements").
 var DeltaGap int64 = 1 << 20
 
 // CopyDelta makes dst hold what src holds, where dst, a file of src's
