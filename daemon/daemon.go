@@ -20,6 +20,7 @@ import (
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/users"
+	"golang.org/x/sys/unix"
 )
 
 // Options configures a daemon.
@@ -97,15 +98,29 @@ func Run(ctx context.Context, o Options) error {
 		o.Socket = api.DefaultSocket
 	}
 	state := machine.StateDir(o.StateDir)
+	// What the start takes is undone, last first, when Run returns; a
+	// refused start also takes down what it mounted (refused is true
+	// until the daemon serves).
+	var undo cleanup
+	defer undo.run()
+	refused := true
+	var m *machine.Manager
+	noneRunning := func() bool { return m == nil || m.Running() == 0 }
+
 	unlockState, err := machine.LockStateDir(state)
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
-	defer unlockState()
+	undo.push(unlockState)
+	// The checks that can refuse the start come before anything is
+	// mounted.
 	if err := o.Images.Check(); err != nil {
 		return fmt.Errorf("daemon: %w (build them with `make image`)", err)
 	}
 	if err := machine.CheckNetwork(state, o.Network); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	if err := machine.CheckVMUserReach(state, o.VMUser, o.Logger); err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	vcfg := storage.Config{StateDir: state.VolumeState()}
@@ -121,14 +136,36 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
-	defer vol.Close()
+	undo.push(func() { _ = vol.Close() })
+	if !vol.Adopted() {
+		undo.push(func() {
+			if !refused || !noneRunning() {
+				return
+			}
+			uctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := vol.Unmount(uctx); err != nil {
+				o.Logger.Warn("den: refused start: unmount the volume", "err", err)
+			}
+		})
+	}
 
 	db, err := registry.Open(state.DB())
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
-	defer db.Close() // after the manager's Close (deferred below)
-	m, err := machine.New(ctx, machine.Config{
+	undo.push(func() { _ = db.Close() }) // after the manager's Close
+	if mounted, err := storage.IsMountPoint(state.RAM()); err == nil && !mounted {
+		// The Manager may mount a tmpfs for guest RAM.
+		undo.push(func() {
+			if now, _ := storage.IsMountPoint(state.RAM()); now && refused && noneRunning() {
+				if err := unix.Unmount(state.RAM(), 0); err != nil {
+					o.Logger.Warn("den: refused start: unmount the guest RAM tmpfs", "err", err)
+				}
+			}
+		})
+	}
+	m, err = machine.New(ctx, machine.Config{
 		State: state, Volume: vol, Registry: db, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
 		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, RAMDir: o.RAMDir, MemoryCopies: o.MemoryCopies,
 		Memory: o.Memory, Network: o.Network, VMUser: o.VMUser,
@@ -136,7 +173,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
-	defer m.Close()
+	undo.push(func() { _ = m.Close() })
 
 	hostKey, err := agent.LoadOrCreateHostKey(state.GatewayKey())
 	if err != nil {
@@ -147,14 +184,14 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
-	defer auditLog.Close()
+	undo.push(func() { _ = auditLog.Close() })
 	inproc := newInProcess()
-	defer inproc.Close()
+	undo.push(func() { _ = inproc.Close() })
 	gw, err := startGateway(o, m, keys, hostKey, inproc, auditLog)
 	if err != nil {
 		return fmt.Errorf("daemon: ssh gateway: %w", err)
 	}
-	defer gw.close()
+	undo.push(gw.close)
 	accel, note := m.Accel()
 	info := api.DaemonInfo{Version: o.Version, VMM: m.VMMName(), Accel: accel, AccelNote: note,
 		StateDir: state.Path(), Volume: vol.Root(), Network: m.Network(), GuestRAM: m.GuestRAM(), Gateway: gw.addr, GatewayFingerprint: gw.fingerprint}
@@ -162,7 +199,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("daemon: http: %w", err)
 	}
-	defer web.close()
+	undo.push(web.close)
 	info.HTTP, info.HTTPDomain = web.url, o.HTTPDomain
 	apiSrv := NewServer(m, keys, info, hostKey, o.Logger)
 	apiSrv.web = web
@@ -173,13 +210,13 @@ func Run(ctx context.Context, o Options) error {
 		o.AdminGroup = DefaultAdminGroup
 	}
 	limited := NewHTTPServer(apiSrv, &Identities{AdminGroup: o.AdminGroup}, o.Logger)
-	defer limited.Close()
+	undo.push(limited.Close)
 	srv := limited.Server
 	apiLn, err := listenAPI(o, state, limited)
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
-	defer apiLn.close()
+	undo.push(apiLn.close)
 	info.API, info.APIFingerprint = apiLn.addr, apiLn.fingerprint
 	apiSrv.info = info
 
@@ -187,13 +224,14 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
+	refused = false
 	o.Logger.Info("den: serving", "socket", o.Socket, "vmm", info.VMM, "accel", accel)
 	if o.Ready != nil {
 		o.Ready()
 	}
 	mon := idle.New(m.IdleTarget(), idle.Policy{Interval: o.IdleCheck}, o.Logger)
 	monCtx, stopMon := context.WithCancel(ctx)
-	defer stopMon()
+	undo.push(stopMon)
 	go mon.Run(monCtx)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -253,4 +291,16 @@ func listenUnix(path string) (net.Listener, error) {
 		return nil, err
 	}
 	return ln, nil
+}
+
+// cleanup is a stack of undo functions: run calls them last first.
+type cleanup []func()
+
+func (c *cleanup) push(f func()) { *c = append(*c, f) }
+
+func (c *cleanup) run() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
+	}
+	*c = nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -109,18 +110,50 @@ func (m *Manager) openPaths() error {
 			m.log.Warn("den: vmm user: directory", "dir", d, "err", err)
 		}
 	}
-	for d := filepath.Dir(m.state.Path()); ; d = filepath.Dir(d) {
-		if st, err := os.Stat(d); err == nil && st.Mode().Perm()&0o001 == 0 {
-			return fmt.Errorf("state dir %s: VMMs run as %s, which cannot pass through %s (mode %04o): chmod o+x %s, choose another --state-dir, or --vmm-user - (VMMs as root)",
-				m.state.Path(), m.conf.user.Name, d, st.Mode().Perm(), d)
-		}
-		if d == "/" || d == "." {
-			break
-		}
+	if err := passThrough(m.state, m.conf.user.Name); err != nil {
+		return err
 	}
 	for _, f := range []string{m.state.DB(), m.state.DB() + "-wal", m.state.DB() + "-shm"} {
 		if err := os.Chmod(f, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
 			m.log.Warn("den: state database mode", "err", err)
+		}
+	}
+	return nil
+}
+
+// CheckVMUserReach makes the check of New that can refuse a start for
+// confinement, for a daemon to make before it mounts anything: the VMM
+// user (vmUser, as Config.VMUser) must pass through every directory
+// above the state dir. It makes the user when missing, as New would;
+// "-", or a user that cannot be made (VMMs then run as root, as New
+// warns), passes.
+func CheckVMUserReach(state StateDir, vmUser string, log *slog.Logger) error {
+	if vmUser == "-" {
+		return nil
+	}
+	if vmUser == "" {
+		vmUser = vmm.DefaultUser
+	}
+	u, made, err := vmm.EnsureUser(vmUser)
+	if err != nil {
+		return nil
+	}
+	if made {
+		log.Info("den: made the user VMMs run as", "user", u.Name, "uid", u.UID)
+	}
+	return passThrough(state, u.Name)
+}
+
+// passThrough refuses a state dir that user cannot reach: a directory
+// above it without search permission for others.
+func passThrough(state StateDir, user string) error {
+	for d := filepath.Dir(state.Path()); ; d = filepath.Dir(d) {
+		if st, err := os.Stat(d); err == nil && st.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("state dir %s: VMMs run as %s, which cannot pass through %s (mode %04o): chmod o+x %s, choose another --state-dir, or --vmm-user - (VMMs as root)",
+				state.Path(), user, d, st.Mode().Perm(), d)
+		}
+		if d == "/" || d == "." {
+			break
 		}
 	}
 	return nil

@@ -53,6 +53,9 @@ func (m *Manager) reconcile(ctx context.Context) error {
 }
 
 // adopt re-attaches to a running VM's VMM, or records that it is gone.
+// A VMM that holds its disk on a volume mount that died while den was
+// not running (heldOnLostMount) is killed and the VM recorded stopped:
+// a VM never runs on a dead disk, across a restart either.
 func (m *Manager) adopt(ctx context.Context, vm registry.VM) {
 	rd := m.state.Run(vm.Name)
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -64,6 +67,13 @@ func (m *Manager) adopt(ctx context.Context, vm registry.VM) {
 	}
 	if err != nil {
 		m.recordStopped(ctx, vm.Name, fmt.Sprintf("vmm gone while den was not running: %v", err))
+		m.stopRecorded(vm.Name)
+		return
+	}
+	if held := m.heldOnLostMount(hv); len(held) > 0 {
+		m.log.Warn("den: stopping a vm: its vmm holds its disk on a volume mount that died while den was not running", "vm", vm.Name, "held", held)
+		_ = hv.Discard(actx)
+		m.recordStopped(ctx, vm.Name, m.lostWhileDown(ctx, vm.Name, held))
 		m.stopRecorded(vm.Name)
 		return
 	}
@@ -85,7 +95,7 @@ func (m *Manager) adopt(ctx context.Context, vm registry.VM) {
 // strayVMM deals with a VMM a crash left running for a VM whose record
 // does not say running. A sleeping VM's running guest is a wake cut short
 // after the guest ran: it is the newest state, so it is adopted and the
-// record says running. A sleeping VM's paused guest is a sleep cut short
+// record says running (unless its disk is on a lost mount: stopped). A sleeping VM's paused guest is a sleep cut short
 // after its slot was written: it is stopped. A stopped VM's VMM (a boot,
 // or a restore to be finished) is stopped: it must not run beside the
 // next one on the same disk.
@@ -100,7 +110,14 @@ func (m *Manager) strayVMM(ctx context.Context, vm registry.VM) {
 			hv, err := d.Adopt(actx, rd)
 			if err == nil {
 				info, ierr := hv.Info(actx)
-				if ierr == nil && info.State == vmm.StateRunning {
+				running := ierr == nil && info.State == vmm.StateRunning
+				if held := m.heldOnLostMount(hv); running && len(held) > 0 {
+					// Its guest ran on a dead disk, which its slot's
+					// memory no longer matches: it boots from the disk.
+					m.log.Warn("den: stopping a vm: its vmm holds its disk on a volume mount that died while den was not running", "vm", vm.Name, "held", held)
+					_ = hv.Discard(actx)
+					m.recordStopped(ctx, vm.Name, m.lostWhileDown(ctx, vm.Name, held))
+				} else if running {
 					cancel()
 					if _, err := m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
 						v.State, v.Reason = registry.StateRunning, ""

@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/storage"
+	"github.com/denhq/den/vmm"
 )
 
 // watchVolume acts on the volume's mount dying: a VMM's open disk is a
@@ -142,4 +145,44 @@ func (m *Manager) waitDisk(ctx context.Context, name string) error {
 		return fmt.Errorf("vm %q: its disk is missing from the storage volume: %w", name, err)
 	}
 	return nil
+}
+
+// heldOnLostMount lists the files an adopted VMM holds open on a volume
+// mount that is not the live one: the mount died, or was detached (umount
+// -l), while den was not running, and the volume was mounted anew since.
+// Such a VMM's disk is a file on a dead FUSE connection, or on one that
+// nothing reads any more: the guest's writes fail (its filesystem goes
+// read-only) or are lost. None: nil.
+func (m *Manager) heldOnLostMount(hv vmm.Hypervisor) []string {
+	pid := hv.PID()
+	if pid <= 0 {
+		return nil
+	}
+	held, err := storage.HeldOnLostMount(pid, m.vol.Root())
+	if err != nil {
+		m.log.Warn("den: files the vmm holds", "pid", pid, "err", err)
+		return nil
+	}
+	return held
+}
+
+// lostWhileDown is the record's reason for a VM stopped at start because
+// its VMM held its disk on a lost mount (held): what was lost, and what a
+// restore brings back.
+func (m *Manager) lostWhileDown(ctx context.Context, name string, held []string) string {
+	s := fmt.Sprintf("storage volume lost while den was not running: the vmm held its disk on a volume mount that died or was unmounted (%s), so the vm was stopped rather than run on a dead disk; its memory and the disk writes the dead mount had not stored are lost, and it boots from its disk when next used",
+		strings.Join(held, ", "))
+	cps, err := m.db.ListCheckpoints(ctx, name)
+	switch {
+	case err != nil:
+	case len(cps) == 0:
+		s += "; it has no checkpoint"
+	default:
+		c := cps[len(cps)-1]
+		s += fmt.Sprintf("; a restore brings back its last checkpoint, %s, taken %s ago", c.ID, roughly(time.Since(c.CreatedAt)))
+		if c.Kind == checkpoint.KindDiskOnly {
+			s += " (disk only)"
+		}
+	}
+	return s
 }

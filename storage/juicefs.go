@@ -99,6 +99,12 @@ type mountInfo struct {
 	Source string
 }
 
+// IsMountPoint says whether a file system is mounted at dir.
+func IsMountPoint(dir string) (bool, error) {
+	_, ok, err := findMount(dir)
+	return ok, err
+}
+
 // findMount returns the mount at point, if any (the last one mounted there).
 func findMount(point string) (mountInfo, bool, error) {
 	f, err := os.Open("/proc/self/mountinfo")

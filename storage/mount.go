@@ -34,6 +34,8 @@ type JuiceFS struct {
 	subs   map[chan Event]struct{}
 	closed bool
 
+	adopted bool // Open found the mount up and took it over
+
 	dev   atomic.Uint64 // st_dev of the live mount; 0 while it is down
 	stop  chan struct{}
 	done  chan struct{}
@@ -87,9 +89,6 @@ func Open(ctx context.Context, cfg Config) (*JuiceFS, error) {
 			return nil, wrap(err)
 		}
 	}
-	if err := os.MkdirAll(c.MountPoint, 0o755); err != nil {
-		return nil, wrap(err)
-	}
 	v := &JuiceFS{
 		cfg:     c,
 		bin:     bin,
@@ -99,10 +98,17 @@ func Open(ctx context.Context, cfg Config) (*JuiceFS, error) {
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
+	if err := v.clearDeadMount(); err != nil {
+		return nil, wrap(err)
+	}
+	if err := os.MkdirAll(c.MountPoint, 0o755); err != nil {
+		return nil, wrap(err)
+	}
 	adopted, err := v.adopt(ctx)
 	if err != nil {
 		return nil, wrap(err)
 	}
+	v.adopted = adopted
 	if !adopted {
 		if err := v.format(ctx); err != nil {
 			return nil, wrap(err)
@@ -114,6 +120,10 @@ func Open(ctx context.Context, cfg Config) (*JuiceFS, error) {
 	go v.supervise()
 	return v, nil
 }
+
+// Adopted says whether Open took over a mount a previous daemon left
+// (false: Open mounted the volume itself).
+func (v *JuiceFS) Adopted() bool { return v.adopted }
 
 // format creates the volume if its metadata is not formatted yet; an
 // existing volume is left as it is (--no-update).
@@ -183,7 +193,8 @@ func (v *JuiceFS) adopt(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("mount point %s holds JuiceFS volume %q, not %q", v.cfg.MountPoint, name, v.cfg.Name)
 	}
 	v.dev.Store(mi.Dev)
-	slog.Info("storage: adopted mount", "volume", v.cfg.Name, "mount", v.cfg.MountPoint)
+	svc, sup, _ := v.MountPIDs()
+	slog.Info("storage: adopted mount", "volume", v.cfg.Name, "mount", v.cfg.MountPoint, "pid", svc, "supervisor", sup)
 	return true, nil
 }
 
@@ -240,8 +251,14 @@ func (v *JuiceFS) mount(ctx context.Context) error {
 		v.proc = p
 		v.mu.Unlock()
 		v.dev.Store(mi.Dev)
+		// The process den started is juicefs's supervisor; the one
+		// serving FUSE is its child, which the mount names.
+		svc, _, err := v.MountPIDs()
+		if err != nil {
+			svc = 0
+		}
 		slog.Info("storage: mounted", "volume", v.cfg.Name, "mount", v.cfg.MountPoint,
-			"pid", p.pid, "took", time.Since(start).Round(time.Millisecond), "log", v.logPath)
+			"pid", svc, "supervisor", p.pid, "took", time.Since(start).Round(time.Millisecond), "log", v.logPath)
 		return nil
 	}
 }
@@ -296,8 +313,8 @@ func (v *JuiceFS) teardown(mi mountInfo) {
 	}
 }
 
-// mountPIDs finds the juicefs processes serving our mount point by their
-// command lines (for a mount adopted from a previous daemon).
+// mountPIDs finds the juicefs processes of our mount by their command
+// lines (for a mount adopted from a previous daemon).
 func (v *JuiceFS) mountPIDs() []int {
 	ents, _ := os.ReadDir("/proc")
 	var pids []int
@@ -307,14 +324,7 @@ func (v *JuiceFS) mountPIDs() []int {
 			continue
 		}
 		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if len(args) < 3 || filepath.Base(args[0]) != "juicefs" || !contains(args, "mount") {
-			continue
-		}
-		if args[len(args)-1] == v.cfg.MountPoint {
+		if err == nil && isJuiceFSMount(b, v.cfg.CacheDir, v.cfg.MountPoint) {
 			pids = append(pids, pid)
 		}
 	}
