@@ -28,7 +28,7 @@ Examples:
    den bench --runs 7 --json > result.json`,
 		Flags: []cli.Flag{
 			jsonFlag(),
-			&cli.BoolFlag{Name: "quick", Usage: "3 runs, no 2 GiB ratios, no gateway (about 3 minutes)"},
+			&cli.BoolFlag{Name: "quick", Usage: "3 runs, no 2 GiB ratios, no gateway (5-10 minutes on 2 cores under TCG)"},
 			&cli.BoolFlag{Name: "network", Usage: "only the network figures (in network namespaces of their own; root)"},
 			&cli.BoolFlag{Name: "breakdown", Usage: "each timed operation's steps, as the daemon traced them: where every millisecond goes"},
 			&cli.IntFlag{Name: "runs", Usage: "runs per figure after a warm-up (default 5, quick 3)"},
