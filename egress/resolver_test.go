@@ -14,10 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/denhq/den/internal/testutil"
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
-
-	"github.com/denhq/den/internal/poll"
 )
 
 // The upstream's zone: names and their A records. big.test is
@@ -247,14 +246,6 @@ func mustParse(t *testing.T, s string) Policy {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// waitFor polls cond until it holds, failing after 10 seconds.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	if !poll.Until(10*time.Second, cond) {
-		t.Fatalf("timed out waiting for %s", what)
-	}
 }
 
 func rcode(r *dns.Msg) string { return dns.RcodeToString[r.Rcode] }
@@ -663,7 +654,7 @@ func TestServeStopServe(t *testing.T) {
 	}
 
 	h.r.Close()
-	waitFor(t, "the resolver's goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
+	testutil.WaitFor(t, "the resolver's goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
 	if _, err := exchange(addr, "plain.test.", dns.TypeA, "tcp", true); err == nil {
 		t.Error("the vm answers after Close")
 	}
@@ -694,7 +685,7 @@ func TestStopCutsQueries(t *testing.T) {
 	if err := <-errc; err == nil {
 		t.Error("the query got an answer")
 	}
-	waitFor(t, "the resolver's goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
+	testutil.WaitFor(t, "the resolver's goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
 	if calls := h.allowed(); len(calls) != 0 {
 		t.Errorf("Allow calls %v", calls)
 	}

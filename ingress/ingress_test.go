@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/internal/testutil"
 )
 
@@ -94,18 +93,10 @@ func (b *fakeBackend) counts() (dials, open, released int) {
 	return b.dials, b.open, b.released
 }
 
-// waitFor waits, up to a deadline, for cond.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	if !poll.Until(10*time.Second, cond) {
-		t.Fatalf("timed out waiting for %s", what)
-	}
-}
-
 // waitReleased waits until every claim is released.
 func (b *fakeBackend) waitReleased(t *testing.T) {
 	t.Helper()
-	waitFor(t, "every claim released", func() bool { _, open, _ := b.counts(); return open == 0 })
+	testutil.WaitFor(t, "every claim released", func() bool { _, open, _ := b.counts(); return open == 0 })
 }
 
 // seen is what the guest's echo handler saw of a request.
@@ -598,7 +589,7 @@ func TestWakeTimeout(t *testing.T) {
 		t.Errorf("got %d %q, want 504", resp.StatusCode, body)
 	}
 	close(unblock)
-	waitFor(t, "the late claim released", func() bool { _, open, released := f.b.counts(); return open == 0 && released == 1 })
+	testutil.WaitFor(t, "the late claim released", func() bool { _, open, released := f.b.counts(); return open == 0 && released == 1 })
 }
 
 func TestSeconds(t *testing.T) {
@@ -707,7 +698,7 @@ func TestUpgrade(t *testing.T) {
 	}
 	conn.Close()
 	f.b.waitReleased(t)
-	waitFor(t, "the request logged", func() bool { return strings.Contains(f.log.String(), "path=/vm/box/ws status=101") })
+	testutil.WaitFor(t, "the request logged", func() bool { return strings.Contains(f.log.String(), "path=/vm/box/ws status=101") })
 	if d, _, r := f.b.counts(); d != 1 || r != 1 {
 		t.Errorf("%d dials, %d releases; want 1, 1", d, r)
 	}

@@ -14,9 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/denhq/den/internal/testutil"
 	gossh "golang.org/x/crypto/ssh"
-
-	"github.com/denhq/den/internal/poll"
 )
 
 func newSigner(t *testing.T) gossh.Signer {
@@ -202,7 +201,7 @@ func TestRouting(t *testing.T) {
 		t.Fatalf("%d claims for one connection", n)
 	}
 	c.Close()
-	waitFor(t, func() bool { return f.b.releases.Load() == 1 })
+	testutil.WaitFor(t, "the expected state", func() bool { return f.b.releases.Load() == 1 })
 
 	// Not yours and not there: the same answer, exit 255.
 	msg := func(user string, key gossh.Signer, vm string) string {
@@ -376,13 +375,6 @@ func closedByServer(c net.Conn) bool {
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, err := io.Copy(io.Discard, c)
 	return err == nil
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	if !poll.Until(5*time.Second, cond) {
-		t.Fatal("condition not met within 5s")
-	}
 }
 
 func TestIdleTimeout(t *testing.T) {

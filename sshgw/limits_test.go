@@ -33,7 +33,7 @@ func TestLongUserNameRefused(t *testing.T) {
 	if !strings.Contains(banner, "user name is too long (65539 bytes; the limit is 256)") || len(banner) > 200 {
 		t.Fatalf("banner %q", banner)
 	}
-	waitFor(t, func() bool { return strings.Contains(logs.String(), "user name too long") })
+	testutil.WaitFor(t, "the expected state", func() bool { return strings.Contains(logs.String(), "user name too long") })
 	if l := logs.String(); strings.Contains(l, strings.Repeat("x", 100)) || !strings.Contains(l, `(65539 bytes)`) {
 		t.Fatalf("log: %.300q", l)
 	}
@@ -75,7 +75,7 @@ func TestChannelCap(t *testing.T) {
 	}
 	// Closing one makes room.
 	open[0].Close()
-	waitFor(t, func() bool {
+	testutil.WaitFor(t, "the expected state", func() bool {
 		s, err := c.NewSession()
 		if err != nil {
 			return false
@@ -119,7 +119,7 @@ func TestUnauthenticatedPerSource(t *testing.T) {
 	}
 	// A slot is freed when its connection ends.
 	a1.Close()
-	waitFor(t, func() bool { return admitted(dial("127.0.0.1")) })
+	testutil.WaitFor(t, "the expected state", func() bool { return admitted(dial("127.0.0.1")) })
 	// An authenticated connection holds no slot.
 	for i := 0; i < 3; i++ {
 		c, err := f.dialFrom(t, "127.0.0.3", "box", f.alice)
@@ -284,7 +284,7 @@ func TestAuthFailuresPerSource(t *testing.T) {
 		fail("127.0.0.2")
 	}
 	fail("127.0.0.3") // one failure of another address
-	waitFor(t, func() bool { return refused("127.0.0.2") })
+	testutil.WaitFor(t, "the expected state", func() bool { return refused("127.0.0.2") })
 	// 127.0.0.2 is refused before the version line, whatever key it has.
 	c := f.raw(t, "127.0.0.2")
 	line, _ := io.ReadAll(io.LimitReader(c, 200))
@@ -400,7 +400,7 @@ func TestUnauthLogRateLimited(t *testing.T) {
 		return
 	}
 	// Every refusal is either logged or summed up.
-	waitFor(t, func() bool { _, logged, summed := counted(); return logged+summed == n })
+	testutil.WaitFor(t, "the expected state", func() bool { _, logged, summed := counted(); return logged+summed == n })
 	lines, logged, _ := counted()
 	maxLogged := DefaultUnauthLogBurst + int(elapsed/DefaultUnauthLogEvery) + 1
 	maxLines := maxLogged + int(elapsed/summary) + 2
@@ -419,7 +419,7 @@ func TestUnauthLogRateLimited(t *testing.T) {
 	}
 	run(t, c, "exit 0")
 	c.Close()
-	waitFor(t, func() bool { return strings.Contains(logs.String(), "den: gateway session") })
+	testutil.WaitFor(t, "the expected state", func() bool { return strings.Contains(logs.String(), "den: gateway session") })
 }
 
 func TestForwardCap(t *testing.T) {
@@ -451,7 +451,7 @@ func TestForwardCap(t *testing.T) {
 	}
 	// ... and a closed forward makes room for another.
 	fwds[0].Close()
-	waitFor(t, func() bool {
+	testutil.WaitFor(t, "the expected state", func() bool {
 		fw, err := c.Dial("tcp", "127.0.0.1:80")
 		if err != nil {
 			return false

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/agent"
+	"github.com/denhq/den/internal/testutil"
 	gossh "golang.org/x/crypto/ssh"
 )
 
@@ -165,7 +166,7 @@ func TestFreezeThaw(t *testing.T) {
 	if _, err := c.Freeze(ctx, 200*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "thaw after timeout", 5*time.Second, func() bool { f, _ := h.fake.snapshot(); return len(f) == 0 })
+	testutil.WaitForWithin(t, 5*time.Second, "thaw after timeout", func() bool { f, _ := h.fake.snapshot(); return len(f) == 0 })
 
 	// ...and when the connection that froze goes away.
 	c2 := h.dial()
@@ -173,7 +174,7 @@ func TestFreezeThaw(t *testing.T) {
 		t.Fatal(err)
 	}
 	c2.Close()
-	waitFor(t, "thaw after disconnect", 5*time.Second, func() bool { f, _ := h.fake.snapshot(); return len(f) == 0 })
+	testutil.WaitForWithin(t, 5*time.Second, "thaw after disconnect", func() bool { f, _ := h.fake.snapshot(); return len(f) == 0 })
 
 	// A failure part way thaws what was frozen.
 	h.fake.mu.Lock()
@@ -226,7 +227,7 @@ func TestPoweroffRequest(t *testing.T) {
 	if err := c.Poweroff(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "poweroff", 5*time.Second, func() bool {
+	testutil.WaitForWithin(t, 5*time.Second, "poweroff", func() bool {
 		h.fake.mu.Lock()
 		defer h.fake.mu.Unlock()
 		return len(h.fake.poweroff) == 1 && !h.fake.poweroff[0]
@@ -328,7 +329,7 @@ func TestDirectTCPIP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "forward counted", 5*time.Second, func() bool {
+	testutil.WaitForWithin(t, 5*time.Second, "forward counted", func() bool {
 		a, err := c.Activity(testCtx(t))
 		return err == nil && a.Forwards == 1 && a.TCPEstablished >= 2
 	})
@@ -340,7 +341,7 @@ func TestDirectTCPIP(t *testing.T) {
 	if err != nil || string(got) != "PING THROUGH THE GUEST" {
 		t.Fatalf("echo: %q %v", got, err)
 	}
-	waitFor(t, "forward closed", 5*time.Second, func() bool {
+	testutil.WaitForWithin(t, 5*time.Second, "forward closed", func() bool {
 		a, err := c.Activity(testCtx(t))
 		return err == nil && a.Forwards == 0
 	})

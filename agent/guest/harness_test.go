@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/denhq/den/agent"
-	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/internal/testutil"
 	gossh "golang.org/x/crypto/ssh"
 )
@@ -201,14 +200,6 @@ func testLogger(t *testing.T) *slog.Logger {
 		}
 	})
 	return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	if !poll.Until(timeout, cond) {
-		t.Fatalf("timed out waiting for %s", what)
-	}
 }
 
 // run executes a command line and returns status, stdout and stderr.

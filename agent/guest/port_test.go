@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/agent"
+	"github.com/denhq/den/internal/testutil"
 )
 
 // fakePort behaves like /dev/vportNpM with QEMU's server socket chardev
@@ -199,7 +200,7 @@ func TestSerialPortSequenceOfConnections(t *testing.T) {
 		_, err := b.Exec(ctx, agent.ExecRequest{CmdLine: "sleep 20"})
 		bDone <- err
 	}()
-	waitFor(t, "b's session", 10*time.Second, func() bool { return h.srv.Sessions() == 1 })
+	testutil.WaitForWithin(t, 10*time.Second, "b's session", func() bool { return h.srv.Sessions() == 1 })
 	// The host writes a little more that the guest never reads...
 	b.SSH().SendRequest("keepalive@openssh.com", false, nil)
 
@@ -213,7 +214,7 @@ func TestSerialPortSequenceOfConnections(t *testing.T) {
 		t.Fatalf("after reconnect: %d %q", code, out)
 	}
 	// The old connection's session was hung up.
-	waitFor(t, "old session to end", 15*time.Second, func() bool { return h.srv.Sessions() == 0 })
+	testutil.WaitForWithin(t, 15*time.Second, "old session to end", func() bool { return h.srv.Sessions() == 0 })
 	b.Close()
 	select {
 	case <-bDone:

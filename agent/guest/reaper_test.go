@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/denhq/den/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -54,7 +55,7 @@ func reaperChild(t *testing.T) {
 			t.Fatalf("run %d: exit status %d, want 3 (stolen by the reaper?)", i, code)
 		}
 	}
-	waitFor(t, "orphans reaped", 10*time.Second, func() bool {
+	testutil.WaitForWithin(t, 10*time.Second, "orphans reaped", func() bool {
 		var info unix.Siginfo
 		err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
 		return err == unix.ECHILD

@@ -126,7 +126,7 @@ func TestExecCancelKills(t *testing.T) {
 	if time.Since(start) > 5*time.Second {
 		t.Fatal("cancel did not return promptly")
 	}
-	waitFor(t, "session to end", 10*time.Second, func() bool { return h.srv.Sessions() == 0 })
+	testutil.WaitForWithin(t, 10*time.Second, "session to end", func() bool { return h.srv.Sessions() == 0 })
 }
 
 func TestPTYSessionResize(t *testing.T) {
@@ -147,9 +147,9 @@ func TestPTYSessionResize(t *testing.T) {
 			Stdin: stdinR, Stdout: &out, Resize: resize,
 		})
 	}()
-	waitFor(t, "first size", 10*time.Second, func() bool { return strings.Contains(out.String(), "30 100") })
+	testutil.WaitForWithin(t, 10*time.Second, "first size", func() bool { return strings.Contains(out.String(), "30 100") })
 	resize <- agent.WindowSize{Rows: 40, Cols: 120}
-	waitFor(t, "size after resize", 10*time.Second, func() bool {
+	testutil.WaitForWithin(t, 10*time.Second, "size after resize", func() bool {
 		stdinW.Write([]byte("\n"))
 		time.Sleep(50 * time.Millisecond)
 		return strings.Contains(out.String(), "40 120")
@@ -187,12 +187,12 @@ func TestActivityCountsSessions(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go c.Exec(ctx, agent.ExecRequest{CmdLine: "sleep 20"})
-	waitFor(t, "a session", 10*time.Second, func() bool {
+	testutil.WaitForWithin(t, 10*time.Second, "a session", func() bool {
 		a, err := c.Activity(testCtx(t))
 		return err == nil && a.Sessions == 1
 	})
 	cancel()
-	waitFor(t, "no session", 10*time.Second, func() bool {
+	testutil.WaitForWithin(t, 10*time.Second, "no session", func() bool {
 		a, err := c.Activity(testCtx(t))
 		return err == nil && a.Sessions == 0
 	})
@@ -237,7 +237,7 @@ func TestHangupSparesWhatOutlivesTheCommand(t *testing.T) {
 			}
 			ss := &session{s: &Server{}, done: make(chan struct{})}
 			ss.setProc(&running{pid: cmd.Process.Pid})
-			waitFor(t, "the job's pid", 10*time.Second, func() bool {
+			testutil.WaitForWithin(t, 10*time.Second, "the job's pid", func() bool {
 				_, err := os.Stat(pidFile)
 				return err == nil
 			})
@@ -254,7 +254,7 @@ func TestHangupSparesWhatOutlivesTheCommand(t *testing.T) {
 			// A SIGHUP sent by the hangup is pending before this TERM
 			// and is handled first.
 			syscall.Kill(jobPID, syscall.SIGTERM)
-			waitFor(t, "the job's mark", 10*time.Second, func() bool {
+			testutil.WaitForWithin(t, 10*time.Second, "the job's mark", func() bool {
 				b, err := os.ReadFile(marks)
 				return err == nil && len(b) > 0
 			})

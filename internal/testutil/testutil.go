@@ -9,8 +9,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/denhq/den/internal/poll"
 )
 
 // Buffer is a bytes.Buffer safe for concurrent use: a log sink.
@@ -44,4 +47,23 @@ func PublicKey(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey())))
+}
+
+// WaitTimeout bounds WaitFor: long enough for a loaded machine, and
+// only spent when a test fails.
+const WaitTimeout = 30 * time.Second
+
+// WaitFor polls cond until it holds, failing t after WaitTimeout; what
+// says what was waited for.
+func WaitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	WaitForWithin(t, WaitTimeout, what, cond)
+}
+
+// WaitForWithin is WaitFor with a bound of its own.
+func WaitForWithin(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !poll.Until(within, cond) {
+		t.Fatalf("timed out after %s waiting for %s", within, what)
+	}
 }
