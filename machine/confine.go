@@ -174,16 +174,11 @@ func (m *Manager) vmmConfine(name string) vmm.Confine {
 // DefaultCgroupOverhead is the memory a VMM's cgroup allows beside its
 // guest's RAM. A cgroup counts more than the VMM's RSS (what
 // DefaultVMMOverhead, the budget's figure, measures): the page cache of
-// the VMM's I/O and its kernel memory too. Measured here (2026-11) on
-// QEMU 7.2 under TCG, a cold-booted 512 MiB guest (minimal image) that
-// filled its RAM until its own OOM killer struck (TestConfinedVMM):
-// peak memory.max_usage_in_bytes 646 MiB, guest RAM + 134 MiB, of which
-// 125 MiB QEMU's anonymous memory (TCG's translated code, heap), 7 MiB
-// page cache, 4 MiB kernel memory; the 510 MiB of guest RAM were shmem
-// (its tmpfs file). At guest RAM + 128 MiB the kernel killed QEMU
-// instead of the guest's allocator. Twice the measured figure leaves
-// room for guests that run more varied code (TCG's translation cache
-// grows with it).
+// the VMM's I/O and its kernel memory too. It is about twice what a guest
+// filling its RAM took under TCG (docs/benchmarks.md, "Constants set from
+// measurements"), which leaves room for guests that run more varied code
+// (TCG's translation cache grows with it); at less, the kernel killed
+// QEMU rather than the guest's own allocator.
 const DefaultCgroupOverhead = 256 << 20
 
 // vmmLimits are the cgroup limits of a VM's VMM: its guest RAM plus
