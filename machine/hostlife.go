@@ -10,6 +10,7 @@ import (
 
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/registry"
+	"github.com/denhq/den/storage"
 	"github.com/denhq/den/vmm"
 )
 
@@ -94,6 +95,63 @@ type HostResult struct {
 	Took   time.Duration
 	// Err is nil when the VM was put to sleep (woken), or was already.
 	Err error
+
+	// skip: a VM a shutdown waited for (an operation held it) that did
+	// not end up running: nothing to report.
+	skip bool
+}
+
+// errHostDown refuses new work from the moment a host shutdown begins
+// until den restarts: a VM woken, started or created now would lose its
+// processes when the host kills the VMMs, and would not be marked to
+// wake at the next start.
+var errHostDown = fmt.Errorf("the host is shutting down (den sleep --all --shutdown): den takes no new work until it restarts: %w", ErrConflict)
+
+// opHostSleep is what holds a VM that a shutdown puts to sleep.
+const opHostSleep = "sleep (host shutdown)"
+
+// duringShutdown are the operations admitted once a host shutdown
+// began: its own, and those that only record or stop a VM.
+var duringShutdown = map[string]bool{
+	opHostSleep:              true,
+	"reconcile":              true,
+	"stop after volume loss": true,
+	"stop a vm restored from a damaged snapshot": true,
+}
+
+// hostRefusesLocked refuses an operation taking a VM's lock once a host
+// shutdown began (unless it is one of duringShutdown); the caller holds
+// m.mu, under which beginHostDown takes its list of the VMs held.
+func (m *Manager) hostRefusesLocked(name, op string) error {
+	if m.hostDown.Load() && !duringShutdown[op] {
+		return fmt.Errorf("vm %q: %w", name, errHostDown)
+	}
+	return nil
+}
+
+// hostRefuses refuses a session (exec, ssh, a URL's request, a wake)
+// once a host shutdown began, whether the VM runs or not.
+func (m *Manager) hostRefuses(name string) error {
+	if m.hostDown.Load() {
+		return fmt.Errorf("vm %q: %w", name, errHostDown)
+	}
+	return nil
+}
+
+// beginHostDown makes the Manager refuse new work (hostRefusesLocked,
+// hostRefuses) and returns the VMs an operation holds at that moment:
+// work in flight, which the shutdown waits for and then accounts for.
+func (m *Manager) beginHostDown() map[string]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.hostDown.Store(true)
+	held := map[string]bool{}
+	for name, h := range m.holders {
+		if h.op != opHostSleep {
+			held[name] = true
+		}
+	}
+	return held
 }
 
 // reasonAsleep is the reason of a VM a shutdown put to sleep.
@@ -112,17 +170,21 @@ func (m *Manager) SleepAll(ctx context.Context, o HostOptions, report func(HostR
 	soft, cancelSoft := context.WithTimeout(hard, o.Timeout-stopReserve(o.Timeout))
 	defer cancelSoft()
 	held := &heldLocks{}
+	var inFlight map[string]bool
 	if o.Shutdown {
-		// Whatever happens, den then refuses new work: the host is
+		// Whatever happens, den then refuses everything: the host is
 		// going down, and a VM woken now would lose its processes.
 		defer func() {
 			m.refuseNew()
 			held.release()
 		}()
+		// From here on no new work is admitted (no exec, wake, create,
+		// restore...), and the operations under way are waited for
+		// below: a VM one of them wakes or makes is put to sleep too.
+		inFlight = m.beginHostDown()
 		// A boot wake still under way (a reboot soon after a boot)
 		// starts no more wakes, and the VMs it is waking are running
 		// before the list below is read.
-		m.hostDown.Store(true)
 		waitGroup(soft, &m.hostWG)
 	}
 	vms, err := m.db.ListVMs(ctx, "")
@@ -130,9 +192,26 @@ func (m *Manager) SleepAll(ctx context.Context, o HostOptions, report func(HostR
 		return nil, fmt.Errorf("sleep all vms: %w", err)
 	}
 	var todo []registry.VM
+	wasRunning := map[string]bool{}
 	for _, vm := range vms {
 		if vm.State == registry.StateRunning {
 			todo = append(todo, vm)
+			wasRunning[vm.Name] = true
+		}
+	}
+	// The VMs an operation held when the shutdown began (a wake, a
+	// create...), whatever their record said: each is looked at once
+	// that operation lets go.
+	listed := map[string]bool{}
+	for _, vm := range vms {
+		listed[vm.Name] = true
+		if inFlight[vm.Name] && !wasRunning[vm.Name] {
+			todo = append(todo, vm)
+		}
+	}
+	for name := range inFlight {
+		if !listed[name] {
+			todo = append(todo, registry.VM{Name: name})
 		}
 	}
 	byActivity(todo)
@@ -154,7 +233,7 @@ func (m *Manager) SleepAll(ctx context.Context, o HostOptions, report func(HostR
 				if slot {
 					defer func() { <-sem }()
 				}
-				results <- m.sleepForHost(soft, hard, vm, o, late, held)
+				results <- m.sleepForHost(soft, hard, vm, o, late, !wasRunning[vm.Name], held)
 			}()
 		}
 	}()
@@ -163,18 +242,56 @@ func (m *Manager) SleepAll(ctx context.Context, o HostOptions, report func(HostR
 			Err: fmt.Errorf("vm %q: still being put to sleep when the %s bound ran out: %w", vm.Name, o.Timeout, ErrBusy)}
 	})
 	if o.Shutdown {
-		var asleep int
+		var asleep []string
 		var failed []string
 		for _, r := range out {
 			if r.Err == nil {
-				asleep++
+				asleep = append(asleep, r.Name)
 			} else {
 				failed = append(failed, r.Name)
 			}
 		}
-		m.log.Info("den: host shutdown: vms put to sleep", "asleep", asleep, "failed", failed, "took", time.Since(start).Round(time.Millisecond))
+		m.log.Info("den: host shutdown: vms put to sleep", "asleep", len(asleep), "failed", failed, "took", time.Since(start).Round(time.Millisecond))
+		// The boot wake restores only memory it can check: the digests
+		// of the slots just written are waited for (bounded), before
+		// den closes and stops writing them.
+		m.waitSealed(hard, asleep)
 	}
 	return out, nil
+}
+
+// waitSealed waits until the suspend slots of vms have the digests of
+// their memory, or until ctx ends; a slot left without them is logged
+// (the boot wake then leaves its VM asleep: see sealPending).
+func (m *Manager) waitSealed(ctx context.Context, vms []string) {
+	if m.cfg.NoDigests || len(vms) == 0 {
+		return
+	}
+	start := time.Now()
+	busy := func() []string {
+		var left []string
+		for _, name := range vms {
+			if m.seal.busy(storage.SuspendDir(name)) {
+				left = append(left, name)
+			}
+		}
+		return left
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		left := busy()
+		if len(left) == 0 {
+			m.log.Info("den: host shutdown: memory digests written", "vms", len(vms), "took", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			m.log.Warn("den: host shutdown: out of time before the digests of these vms' memory were written: they are not woken at the next start", "vms", left)
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // collect gathers one result per VM of todo until all came or ctx ends;
@@ -186,12 +303,15 @@ func collect(ctx context.Context, todo []registry.VM, results <-chan HostResult,
 	var out []HostResult
 	got := map[string]bool{}
 	add := func(r HostResult) {
-		out = append(out, r)
 		got[r.Name] = true
+		if r.skip {
+			return
+		}
+		out = append(out, r)
 		report(r)
 	}
 wait:
-	for len(out) < len(todo) {
+	for len(got) < len(todo) {
 		select {
 		case r := <-results:
 			add(r)
@@ -199,7 +319,7 @@ wait:
 			break wait
 		}
 	}
-	for len(out) < len(todo) {
+	for len(got) < len(todo) {
 		select {
 		case r := <-results:
 			add(r)
@@ -218,8 +338,10 @@ wait:
 
 // sleepForHost puts one VM to sleep for SleepAll: its sleep must finish
 // by soft; with Shutdown, a VM that did not (or that had no turn before
-// soft: late) is stopped and recorded as lost by hard.
-func (m *Manager) sleepForHost(soft, hard context.Context, vm registry.VM, o HostOptions, late bool, held *heldLocks) HostResult {
+// soft: late) is stopped and recorded as lost by hard. inFlight: the VM
+// was not running when the shutdown began, but an operation held it; it
+// is put to sleep only if it runs once that operation let go.
+func (m *Manager) sleepForHost(soft, hard context.Context, vm registry.VM, o HostOptions, late, inFlight bool, held *heldLocks) HostResult {
 	start := time.Now()
 	bg := context.WithoutCancel(hard)
 	done := func(err error) HostResult {
@@ -234,7 +356,10 @@ func (m *Manager) sleepForHost(soft, hard context.Context, vm registry.VM, o Hos
 	}
 	lockCtx, op := soft, "sleep --all"
 	if o.Shutdown {
-		op = "sleep (host shutdown)"
+		// Operations under way are waited for until the end: a VM one
+		// of them holds past soft is then stopped and recorded, not
+		// left running unaccounted for.
+		lockCtx, op = hard, opHostSleep
 	}
 	if late {
 		lockCtx = hard
@@ -243,6 +368,9 @@ func (m *Manager) sleepForHost(soft, hard context.Context, vm registry.VM, o Hos
 	if err != nil {
 		return done(err)
 	}
+	if o.Shutdown && soft.Err() != nil {
+		late = true
+	}
 	if o.Shutdown {
 		// Held until den refuses new work: nothing wakes it meanwhile.
 		defer held.keep(unlock)
@@ -250,6 +378,11 @@ func (m *Manager) sleepForHost(soft, hard context.Context, vm registry.VM, o Hos
 		defer unlock()
 	}
 	cur, err := m.reconcileLocked(hard, vm.Name)
+	if inFlight && (errors.Is(err, ErrNotFound) || (err == nil && cur.State != registry.StateRunning)) {
+		// The operation did not leave it running (a wake that failed,
+		// a create rolled back, an rm): nothing to put to sleep.
+		return HostResult{Name: vm.Name, skip: true}
+	}
 	if err != nil {
 		return done(err)
 	}
@@ -484,7 +617,9 @@ func (m *Manager) wakeForHost(ctx context.Context, vm registry.VM, o HostOptions
 					return nil
 				}
 				v.WakeOnBoot = false
-				if err != nil && v.State == registry.StateSleeping {
+				if errors.Is(err, ErrDamaged) && v.State == registry.StateSleeping {
+					v.Reason = fmt.Sprintf("den did not wake it when it started: %v", err)
+				} else if err != nil && v.State == registry.StateSleeping {
 					v.Reason = fmt.Sprintf("den could not wake it when it started (%v); it wakes when next used", err)
 				} else if v.Reason == reasonAsleep {
 					v.Reason = ""
@@ -533,7 +668,7 @@ func (m *Manager) startBootWake() {
 			par = DefaultBootWakeParallel
 		}
 		res, err := m.WakeAll(ctx, HostOptions{Timeout: bootWakeTimeout, Parallel: par, marked: true}, func(r HostResult) {
-			if errors.Is(r.Err, errClosing) {
+			if errors.Is(r.Err, errClosing) || errors.Is(r.Err, errHostDown) {
 				m.log.Info("den: boot wake: vm left for the next start (den is stopping)", "vm", r.Name)
 				return
 			}

@@ -108,7 +108,7 @@ func TestShutdownSleepsAllAndBootWakes(t *testing.T) {
 		t.Fatal("a vm asleep before the shutdown was marked")
 	}
 	// Nothing wakes a VM now: the VMMs are about to be killed.
-	if err := e.m.Wake(ctx, "a"); !errors.Is(err, machine.ErrBusy) || !strings.Contains(err.Error(), "shutting down") {
+	if err := e.m.Wake(ctx, "a"); !errors.Is(err, machine.ErrConflict) || !strings.Contains(err.Error(), "host is shutting down") {
 		t.Fatalf("wake after the shutdown path: %v", err)
 	}
 

@@ -76,14 +76,42 @@ const (
 // they wait while any operation holds a VM (a wake, a checkpoint...): a
 // digest is never on an operation's critical path, nor competes with
 // one. The wait is bounded (sealYieldMax), so a host never idle still
-// gets its digests.
+// gets its digests. Once a host shutdown began they neither rest nor
+// wait: the VMs are asleep, and the shutdown waits for the digests of
+// their memory (which its own hold on the VMs would otherwise stall).
 func (m *Manager) sealPace() checkpoint.Pace {
-	return checkpoint.Pace{Idle: 1, Yield: func(ctx context.Context) {
-		m.waitQuiet(ctx, 0, sealYieldMax)
-	}}
+	idle := 1.0
+	if m.hostDown.Load() {
+		idle = 0
+	}
+	return checkpoint.Pace{Idle: idle, Yield: m.sealYield}
 }
 
-const sealYieldMax = time.Minute
+const (
+	sealYieldMax = time.Minute
+	// sealYieldStep is how often a yielding seal looks whether a host
+	// shutdown began.
+	sealYieldStep = 250 * time.Millisecond
+)
+
+// sealYield waits (at most sealYieldMax) until no operation holds a
+// VM, and not at all once a host shutdown began.
+func (m *Manager) sealYield(ctx context.Context) {
+	deadline := time.Now().Add(sealYieldMax)
+	for !m.hostDown.Load() {
+		left := time.Until(deadline)
+		if left <= 0 || ctx.Err() != nil {
+			return
+		}
+		m.waitQuiet(ctx, 0, min(left, sealYieldStep))
+		m.mu.Lock()
+		busy := len(m.holders) > 0
+		m.mu.Unlock()
+		if !busy {
+			return
+		}
+	}
+}
 
 // policy is what verification reads of ref before a VMM restores it.
 func (m *Manager) policy(ref snapshotRef, lazy bool) checkpoint.Policy {
@@ -338,8 +366,15 @@ func (m *Manager) sealSmall(ctx context.Context, dir storage.Path) (string, erro
 }
 
 // sealPending queues, after a restart, the snapshots whose large files a
-// stop interrupted the digests of.
+// stop interrupted the digests of. A VM a host shutdown put to sleep
+// whose memory got no digests before den stopped is not woken by the
+// boot wake (digests written now would vouch for whatever the memory
+// file holds after the reboot); it stays asleep, its record says why,
+// and it wakes when next used.
 func (m *Manager) sealPending(ctx context.Context, vm registry.VM) {
+	if vm.WakeOnBoot && vm.State == registry.StateSleeping && !m.cfg.NoDigests {
+		m.unmarkUnsealed(ctx, vm.Name)
+	}
 	dirs := []storage.Path{storage.SuspendDir(vm.Name)}
 	if cps, err := m.db.ListCheckpoints(ctx, vm.Name); err == nil {
 		for _, cp := range cps {
@@ -355,6 +390,34 @@ func (m *Manager) sealPending(ctx context.Context, vm registry.VM) {
 			m.sealLater(d, snapshotRef{}) // no local copies after a start
 		}
 	}
+}
+
+// reasonUnsealed is the record's reason for a VM the boot wake leaves
+// asleep because its memory has no digests.
+const reasonUnsealed = "den did not wake it when it started: the memory it slept with got no digests before the host shut down, so den cannot check it; it wakes, unchecked, when next used (or restore a checkpoint: den checkpoints)"
+
+// unmarkUnsealed clears the boot wake's mark of a sleeping VM whose
+// suspend slot has memory without digests, and records why.
+func (m *Manager) unmarkUnsealed(ctx context.Context, name string) {
+	host, err := m.vol.Path(storage.SuspendDir(name))
+	if err != nil {
+		return
+	}
+	man, err := checkpoint.ReadManifest(host)
+	if err != nil || len(man.Large) == 0 {
+		return // sealed, or a slot from before digests (restored with a log line)
+	}
+	_, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
+		if v.WakeOnBoot && v.State == registry.StateSleeping {
+			v.WakeOnBoot, v.Reason = false, reasonUnsealed
+		}
+		return nil
+	})
+	if err != nil {
+		m.log.Warn("den: boot wake: unmark a vm whose memory has no digests", "vm", name, "err", err)
+		return
+	}
+	m.log.Warn("den: boot wake: a vm's memory got no digests before the shutdown: left asleep", "vm", name)
 }
 
 func notExist(err error) bool { return errors.Is(err, os.ErrNotExist) }

@@ -169,7 +169,7 @@ type Manager struct {
 	closeOnce sync.Once      // Close's work, once closed is closed
 	hostWG    sync.WaitGroup // the boot wake (hostlife.go)
 	actWG     sync.WaitGroup // the activity saver (activity.go)
-	hostDown  atomic.Bool    // a host shutdown began: the boot wake starts no more wakes
+	hostDown  atomic.Bool    // a host shutdown began: no new work is admitted (hostlife.go)
 
 	// lastRelease is when an operation last let go of a VM (waitQuiet);
 	// under mu.

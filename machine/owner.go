@@ -110,6 +110,10 @@ func clientGone(ctx context.Context) <-chan struct{} {
 // somebody does.
 func (m *Manager) tryLockVM(name, op string) (func(), error) {
 	m.mu.Lock()
+	if err := m.hostRefusesLocked(name, op); err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
 	select {
 	case <-m.closed:
 		m.mu.Unlock()

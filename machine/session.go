@@ -56,6 +56,9 @@ func (m *Manager) Open(ctx context.Context, name, owner string) (*Session, error
 // VM or waking a sleeping one first; with admit, a session is counted on
 // it before any sleep can close it.
 func (m *Manager) ensureRunning(ctx context.Context, name, owner string, admit bool) (*instance, error) {
+	if err := m.hostRefuses(name); err != nil {
+		return nil, err
+	}
 	vm, err := m.get(ctx, name)
 	if err != nil {
 		return nil, err
@@ -79,6 +82,11 @@ func (m *Manager) ensureRunning(ctx context.Context, name, owner string, admit b
 	}
 	in, err := m.runLocked(ctx, vm)
 	if err != nil {
+		return nil, err
+	}
+	// A wake under way when a host shutdown began finishes, and the
+	// shutdown puts the VM back to sleep: no session starts on it.
+	if err := m.hostRefuses(name); err != nil {
 		return nil, err
 	}
 	if admit && !in.admit() {
