@@ -1,7 +1,6 @@
 package machine
 
 import (
-
 	"github.com/denhq/den/internal/size"
 	"github.com/denhq/den/internal/validate"
 )
