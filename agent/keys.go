@@ -14,7 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
 	"golang.org/x/crypto/ssh"
 )
 
@@ -44,7 +44,7 @@ func LoadOrCreateHostKey(path string) (ssh.Signer, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("create key %s: %w", path, err)
 	}
-	if err := fsutil.WriteFileAtomic(path, pemData, 0o600); err != nil {
+	if err := atomicfile.Write(path, pemData, 0o600); err != nil {
 		return nil, fmt.Errorf("create key %s: %w", path, err)
 	}
 	return s, nil

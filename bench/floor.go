@@ -14,8 +14,8 @@ import (
 
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/image"
-	"github.com/denhq/den/internal/fsutil"
 	"github.com/denhq/den/internal/phase"
+	"github.com/denhq/den/internal/sparse"
 	"github.com/denhq/den/vmm"
 	"github.com/denhq/den/vmm/qemu"
 )
@@ -99,7 +99,7 @@ func newFloor(ctx context.Context, o Options, g floorGuest, say func(string)) (f
 	}
 	images := image.Dir(o.Images)
 	f.disk, f.pristine, f.snap = filepath.Join(f.dir, "disk.raw"), filepath.Join(f.dir, "pristine.raw"), filepath.Join(f.dir, "snap")
-	if err := fsutil.CopySparse(images.RootDisk(o.Image), f.disk); err != nil {
+	if err := sparse.Copy(images.RootDisk(o.Image), f.disk); err != nil {
 		return f, err
 	}
 	if _, f.signer, err = agent.NewEd25519Key("den-bench-floor"); err != nil {
@@ -153,7 +153,7 @@ func newFloor(ctx context.Context, o Options, g floorGuest, say func(string)) (f
 	if err := v.Shutdown(ctx); err != nil {
 		return f, err
 	}
-	if err := fsutil.CopySparse(f.disk, f.pristine); err != nil {
+	if err := sparse.Copy(f.disk, f.pristine); err != nil {
 		return f, err
 	}
 	say("floor: a warm-up restore (" + g.label + ")")
@@ -229,7 +229,7 @@ func (f *floor) restore(ctx context.Context, record bool) (cpu float64, err erro
 	if err := os.Remove(f.disk); err != nil {
 		return -1, err
 	}
-	if err := fsutil.CopySparse(f.pristine, f.disk); err != nil {
+	if err := sparse.Copy(f.pristine, f.disk); err != nil {
 		return -1, err
 	}
 	v, err := f.newVMM(ctx)

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
 )
 
 // Anchor is a published figure of a comparable system.
@@ -122,10 +122,10 @@ func Save(dir string, r Result) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := fsutil.WriteFileAtomic(base+".json", append(data, '\n'), 0o644); err != nil {
+	if err := atomicfile.Write(base+".json", append(data, '\n'), 0o644); err != nil {
 		return "", err
 	}
-	if err := fsutil.WriteFileAtomic(base+".md", []byte(Markdown(r)), 0o644); err != nil {
+	if err := atomicfile.Write(base+".md", []byte(Markdown(r)), 0o644); err != nil {
 		return "", err
 	}
 	return filepath.Clean(base + ".json"), nil

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
 	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/storage"
 )
@@ -122,7 +122,7 @@ func (p *Pending) Sync() error {
 	if ents, err := os.ReadDir(filepath.Join(dir, VMMDir)); err == nil && len(ents) == 0 {
 		return fmt.Errorf("checkpoint %s of %q: the vmm wrote no snapshot", p.id, p.vm)
 	}
-	if err := fsutil.SyncTree(dir); err != nil {
+	if err := atomicfile.SyncTree(dir); err != nil {
 		return fmt.Errorf("checkpoint %s of %q: %w", p.id, p.vm, err)
 	}
 	return nil
@@ -150,7 +150,7 @@ func (p *Pending) Commit(ctx context.Context, row Record) error {
 	if err != nil {
 		return err
 	}
-	if err := fsutil.WriteJSONAtomic(meta, row, 0o600); err != nil {
+	if err := atomicfile.WriteJSON(meta, row, 0o600); err != nil {
 		return fmt.Errorf("commit checkpoint %s of %q: %w", p.id, p.vm, err)
 	}
 	if err := p.s.Vol.Rename(ctx, p.dir, Dir(p.vm, p.id)); err != nil {

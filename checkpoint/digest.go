@@ -19,7 +19,8 @@ import (
 
 	"lukechampine.com/blake3"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
+	"github.com/denhq/den/internal/sparse"
 )
 
 // Digests make damage to a snapshot visible: every file of a checkpoint
@@ -100,11 +101,11 @@ func (e *DamageError) Unwrap() error { return ErrDamaged }
 // extent outside them reads as zeros, so its digest is that of zeros,
 // known without a read: a checkpoint's disk of 4 GiB holds some 60-200
 // MiB of data here, its memory file of 512 MiB 110-190 MiB.
-type DataRanges func(path string) (ext []fsutil.Extent, ok bool)
+type DataRanges func(path string) (ext []sparse.Extent, ok bool)
 
 // dataMap answers whether an extent of one file holds data.
 type dataMap struct {
-	ext   []fsutil.Extent
+	ext   []sparse.Extent
 	known bool
 }
 
@@ -317,7 +318,7 @@ func SealSmall(ctx context.Context, dir string) (Manifest, error) {
 	if err != nil {
 		return man, fmt.Errorf("digest snapshot: %w", err)
 	}
-	if err := fsutil.WriteJSONAtomic(filepath.Join(dir, ManifestFile), man, 0o600); err != nil {
+	if err := atomicfile.WriteJSON(filepath.Join(dir, ManifestFile), man, 0o600); err != nil {
 		return man, fmt.Errorf("digest snapshot: %w", err)
 	}
 	return man, nil
@@ -370,7 +371,7 @@ func Seal(ctx context.Context, dir string, p Pace, localSeal string, local map[s
 	if now, err := readManifest(dir); err != nil || now.Seal != man.Seal {
 		return nil
 	}
-	if err := fsutil.WriteJSONAtomic(filepath.Join(dir, largeManifest(man.Seal)), large, 0o600); err != nil {
+	if err := atomicfile.WriteJSON(filepath.Join(dir, largeManifest(man.Seal)), large, 0o600); err != nil {
 		return fmt.Errorf("seal snapshot: %w", err)
 	}
 	return nil

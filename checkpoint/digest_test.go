@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/sparse"
 )
 
 // snapshotDir is a snapshot as the VMMs write it: small state and config
@@ -343,8 +343,8 @@ func TestHolesNotRead(t *testing.T) {
 	ctx := context.Background()
 	dir := snapshotDir(t) // data in extents 0, 3, 6, 9 of 10
 	mem := filepath.Join(dir, "vmm", "memory")
-	seekData := func(path string) ([]fsutil.Extent, bool) {
-		ext, ok, err := fsutil.DataRanges(path)
+	seekData := func(path string) ([]sparse.Extent, bool) {
+		ext, ok, err := sparse.DataRanges(path)
 		return ext, ok && err == nil
 	}
 	if ext, ok := seekData(mem); !ok || len(ext) != 4 {
@@ -383,7 +383,7 @@ func TestHolesNotRead(t *testing.T) {
 	// A map that calls everything a hole. Verify reads what the
 	// digests say is data all the same (no false damage, no damage
 	// missed).
-	allHoles := func(string) ([]fsutil.Extent, bool) { return nil, true }
+	allHoles := func(string) ([]sparse.Extent, bool) { return nil, true }
 	res, err = Verify(ctx, dir, Policy{Full: true, Seal: man.Seal, Data: allHoles})
 	if err != nil {
 		t.Fatalf("data mapped as holes: %v", err)
@@ -406,7 +406,7 @@ func TestHolesNotRead(t *testing.T) {
 	// ... unless the map says data there when asked again (a map that
 	// missed data): those extents are read.
 	var asked int
-	flaky := func(path string) ([]fsutil.Extent, bool) {
+	flaky := func(path string) ([]sparse.Extent, bool) {
 		if asked++; asked == 1 {
 			return nil, true
 		}
@@ -421,11 +421,11 @@ func TestHolesNotRead(t *testing.T) {
 	// Holes that became data (JuiceFS's compaction fills the gaps
 	// between slices with zeros): read again, they are zeros still.
 	asked = 0
-	filled := func(path string) ([]fsutil.Extent, bool) {
+	filled := func(path string) ([]sparse.Extent, bool) {
 		if asked++; asked == 1 {
 			return seekData(path)
 		}
-		return []fsutil.Extent{{Off: 0, Len: 10 * ExtentSize}}, true
+		return []sparse.Extent{{Off: 0, Len: 10 * ExtentSize}}, true
 	}
 	if fd, err = digestFile(ctx, mem, Pace{Data: filled}); err != nil {
 		t.Fatal(err)

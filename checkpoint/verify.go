@@ -7,7 +7,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
 )
 
 // Verify checks a checkpoint's files against their digests as p says;
@@ -40,7 +40,7 @@ func (s Store) MarkDamaged(vm, id, why string) error {
 	if err != nil {
 		return err
 	}
-	return fsutil.WriteFileAtomic(host, []byte(why+"\n"), 0o600)
+	return atomicfile.Write(host, []byte(why+"\n"), 0o600)
 }
 
 // ClearDamaged removes the mark (a verification that passed).

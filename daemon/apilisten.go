@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/api"
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
 	"github.com/denhq/den/internal/netlimit"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/users"
@@ -125,10 +125,10 @@ func selfSigned(certFile, keyFile, listen string) error {
 	if err := os.MkdirAll(filepath.Dir(certFile), 0o700); err != nil {
 		return err
 	}
-	if err := fsutil.WriteFileAtomic(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+	if err := atomicfile.Write(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
 		return err
 	}
-	return fsutil.WriteFileAtomic(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+	return atomicfile.Write(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
 }
 
 // tokenCaller establishes a TLS request's caller from its bearer token.

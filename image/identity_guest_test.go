@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/agent"
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/sparse"
 	"github.com/denhq/den/vmm"
 	"github.com/denhq/den/vmm/qemu"
 	gossh "golang.org/x/crypto/ssh"
@@ -72,7 +72,7 @@ func testGuestIdentity(t *testing.T, d Dir, root string) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	disk := filepath.Join(dir, "disk.raw")
-	if err := fsutil.CopySparse(d.RootDisk(root), disk); err != nil {
+	if err := sparse.Copy(d.RootDisk(root), disk); err != nil {
 		t.Fatal(err)
 	}
 	_, signer, err := agent.NewEd25519Key("test")

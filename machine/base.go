@@ -14,7 +14,8 @@ import (
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/image"
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
+	"github.com/denhq/den/internal/sparse"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
@@ -108,7 +109,7 @@ func (m *Manager) warmBase(ctx context.Context, vm registry.VM, sp spec, progres
 	if err != nil {
 		return "", err
 	}
-	if err := fsutil.WriteJSONAtomic(tmpMeta, bm, 0o600); err != nil {
+	if err := atomicfile.WriteJSON(tmpMeta, bm, 0o600); err != nil {
 		return "", err
 	}
 	if _, err := m.sealSmall(ctx, tmp); err != nil {
@@ -198,7 +199,7 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 	if err := hv.Snapshot(ctx, snap); err != nil {
 		return err
 	}
-	return fsutil.SyncTree(snap)
+	return atomicfile.SyncTree(snap)
 }
 
 // baseImage makes sure the image's root disk is on the volume (imported
@@ -234,7 +235,7 @@ func (m *Manager) baseImage(ctx context.Context, name string, progress Progress)
 	if err != nil {
 		return "", 0, err
 	}
-	if err := fsutil.CopySparse(m.cfg.Images.RootDisk(name), tmpHost); err != nil {
+	if err := sparse.Copy(m.cfg.Images.RootDisk(name), tmpHost); err != nil {
 		_ = m.vol.Remove(ctx, tmp)
 		return "", 0, fmt.Errorf("import image %q: %w", name, err)
 	}

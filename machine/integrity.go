@@ -14,8 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/denhq/den/checkpoint"
-	"github.com/denhq/den/internal/fsutil"
 	"github.com/denhq/den/internal/phase"
+	"github.com/denhq/den/internal/sparse"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
@@ -274,7 +274,7 @@ func (m *Manager) verifyTraced(ctx context.Context, ref snapshotRef, vmmName str
 // of holes read through FUSE; a restore's verification reads a sample.
 func (m *Manager) dataRanges(ctx context.Context) checkpoint.DataRanges {
 	root := m.vol.Root()
-	return func(path string) ([]fsutil.Extent, bool) {
+	return func(path string) ([]sparse.Extent, bool) {
 		rel, err := filepath.Rel(root, path)
 		if err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
 			ext, err := m.vol.DataRanges(ctx, storage.Path(filepath.ToSlash(rel)))
@@ -283,7 +283,7 @@ func (m *Manager) dataRanges(ctx context.Context) checkpoint.DataRanges {
 			}
 			return ext, err == nil
 		}
-		ext, ok, err := fsutil.DataRanges(path)
+		ext, ok, err := sparse.DataRanges(path)
 		return ext, ok && err == nil
 	}
 }

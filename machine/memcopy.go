@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/denhq/den/checkpoint"
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/sparse"
 	"github.com/denhq/den/vmm/qemu"
 )
 
@@ -113,7 +113,7 @@ func (m *Manager) startMemCopy(name string) *memCopyJob {
 	j := &memCopyJob{c: c, vm: name, tmp: tmp, done: make(chan struct{})}
 	go func() {
 		defer close(j.done)
-		if j.err = fsutil.CopySparseCache(ram, j.tmp); j.err != nil {
+		if j.err = sparse.CopyCache(ram, j.tmp); j.err != nil {
 			_ = os.Remove(j.tmp)
 			m.log.Debug("den: local memory copy", "vm", name, "err", j.err)
 		}
@@ -321,7 +321,7 @@ func (m *Manager) copyBaseMemory(ref snapshotRef, key string) error {
 	if err != nil {
 		return err
 	}
-	var ext []fsutil.Extent
+	var ext []sparse.Extent
 	data, err := os.ReadFile(filepath.Join(filepath.Dir(src), qemu.MemoryMapFile))
 	if err != nil {
 		return err
@@ -335,7 +335,7 @@ func (m *Manager) copyBaseMemory(ref snapshotRef, key string) error {
 	}
 	err = os.Truncate(tmp, st.Size())
 	if err == nil {
-		err = fsutil.CopyInto(src, tmp, ext)
+		err = sparse.CopyInto(src, tmp, ext)
 	}
 	if err == nil {
 		err = os.Rename(tmp, filepath.Join(c.dir, baseCopies, key))

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/checkpoint"
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
 	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
@@ -103,7 +103,7 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	end()
 	if err == nil {
 		end = phase.Begin(ctx, "sync the snapshot")
-		err = fsutil.SyncTree(dir)
+		err = atomicfile.SyncTree(dir)
 		end()
 	}
 	var seal string

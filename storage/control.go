@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/sparse"
 )
 
 // The JuiceFS client takes requests through a control file at the root of
@@ -121,8 +121,8 @@ func controlSlices(ctx context.Context, root, file string) (sliceInfo, error) {
 
 // dataRanges is where info's slices hold data, in order, adjacent ones
 // merged.
-func (info sliceInfo) dataRanges() []fsutil.Extent {
-	var out []fsutil.Extent
+func (info sliceInfo) dataRanges() []sparse.Extent {
+	var out []sparse.Extent
 	var pos int64
 	chunk := ^uint64(0)
 	for _, c := range info.Chunks {
@@ -132,7 +132,7 @@ func (info sliceInfo) dataRanges() []fsutil.Extent {
 		off := int64(chunk)*chunkSize + pos
 		pos += int64(c.Len)
 		if c.ID != 0 && c.Len != 0 {
-			out = fsutil.AddExtent(out, off, int64(c.Len))
+			out = sparse.AddExtent(out, off, int64(c.Len))
 		}
 	}
 	return out

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/sparse"
 )
 
 type unixStat = unix.Stat_t
@@ -82,7 +82,7 @@ func (v *JuiceFS) Usage(ctx context.Context, p Path) (Usage, error) {
 // slices JuiceFS maps for each of its chunks (through the mount's control
 // file). A hole is no slice; zeros written as data are data. Reading a
 // range outside them returns zeros without touching object storage.
-func (v *JuiceFS) DataRanges(ctx context.Context, p Path) ([]fsutil.Extent, error) {
+func (v *JuiceFS) DataRanges(ctx context.Context, p Path) ([]sparse.Extent, error) {
 	hp, err := v.live(p)
 	if err != nil {
 		return nil, fmt.Errorf("data ranges of %s: %w", p, err)

@@ -10,7 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
+	"github.com/denhq/den/internal/sparse"
 )
 
 // Volume is the storage the rest of den uses, without knowing what is
@@ -44,7 +45,7 @@ type Volume interface {
 	// DataRanges lists the ranges of file p that hold data, in order;
 	// the rest of it reads as zeros. Only for a file nobody is writing:
 	// writes still buffered are not in it.
-	DataRanges(ctx context.Context, p Path) ([]fsutil.Extent, error)
+	DataRanges(ctx context.Context, p Path) ([]sparse.Extent, error)
 	// Health is nil when the volume answers.
 	Health(ctx context.Context) error
 	// Subscribe delivers the volume's events until the returned func is
@@ -186,7 +187,7 @@ func (v *JuiceFS) clone(ctx context.Context, src, dst Path, replace bool) error 
 	if _, err := os.Lstat(hd); err == nil && !replace {
 		return fmt.Errorf("destination: %w", fs.ErrExist)
 	}
-	if err := fsutil.SyncTree(hs); err != nil {
+	if err := atomicfile.SyncTree(hs); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(hd), 0o755); err != nil {

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/sparse"
 )
 
 const (
@@ -399,7 +399,7 @@ func checkDataRanges(t *testing.T, v Volume) {
 		t.Fatal(err)
 	}
 	defer func() { _ = v.Remove(ctx, VMDir("ranges")) }()
-	want := func(p Path, ext []fsutil.Extent) {
+	want := func(p Path, ext []sparse.Extent) {
 		t.Helper()
 		got, err := v.DataRanges(ctx, p)
 		if err != nil {
@@ -414,15 +414,15 @@ func checkDataRanges(t *testing.T, v Volume) {
 	writeAt(t, hf, 0, 4096, 1)
 	writeAt(t, hf, 63*mib, 2*mib, 2)
 	writeAt(t, hf, 130*mib, mib, 3)
-	want(f, []fsutil.Extent{{Off: 0, Len: 4096}, {Off: 63 * mib, Len: 2 * mib}, {Off: 130 * mib, Len: mib}})
+	want(f, []sparse.Extent{{Off: 0, Len: 4096}, {Off: 63 * mib, Len: 2 * mib}, {Off: 130 * mib, Len: mib}})
 	if err := v.Clone(ctx, f, c); err != nil {
 		t.Fatal(err)
 	}
 	hc, _ := v.Path(c)
 	writeAt(t, hc, 130*mib+mib/2, mib, 4)
 	writeAt(t, hc, 200*mib, mib, 5)
-	want(c, []fsutil.Extent{{Off: 0, Len: 4096}, {Off: 63 * mib, Len: 2 * mib}, {Off: 130 * mib, Len: mib + mib/2}, {Off: 200 * mib, Len: mib}})
-	want(f, []fsutil.Extent{{Off: 0, Len: 4096}, {Off: 63 * mib, Len: 2 * mib}, {Off: 130 * mib, Len: mib}})
+	want(c, []sparse.Extent{{Off: 0, Len: 4096}, {Off: 63 * mib, Len: 2 * mib}, {Off: 130 * mib, Len: mib + mib/2}, {Off: 200 * mib, Len: mib}})
+	want(f, []sparse.Extent{{Off: 0, Len: 4096}, {Off: 63 * mib, Len: 2 * mib}, {Off: 130 * mib, Len: mib}})
 	fd, err := os.OpenFile(hc, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -432,5 +432,5 @@ func checkDataRanges(t *testing.T, v Volume) {
 	if err != nil {
 		t.Fatalf("punch a hole: %v", err)
 	}
-	want(c, []fsutil.Extent{{Off: 0, Len: 4096}, {Off: 130 * mib, Len: mib + mib/2}, {Off: 200 * mib, Len: mib}})
+	want(c, []sparse.Extent{{Off: 0, Len: 4096}, {Off: 130 * mib, Len: mib + mib/2}, {Off: 200 * mib, Len: mib}})
 }

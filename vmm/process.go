@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
 )
 
 // ProcessSpec says how to start a VMM process.
@@ -107,7 +107,7 @@ func StartProcess(spec ProcessSpec) (*Process, error) {
 	if spec.PIDFile != "" {
 		rec := pidRecord{PID: p.pid, Binary: spec.Binary}
 		rec.StartTime, _ = processStartTime(p.pid)
-		if err := fsutil.WriteJSONAtomic(spec.PIDFile, rec, 0o644); err != nil {
+		if err := atomicfile.WriteJSON(spec.PIDFile, rec, 0o644); err != nil {
 			_ = p.Stop(time.Second)
 			return nil, fmt.Errorf("start vmm: %w", err)
 		}

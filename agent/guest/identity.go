@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/agent"
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
 	gossh "golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
 )
@@ -281,7 +281,7 @@ func (s *Server) setHostname(name string) error {
 // writeHostnameFiles writes name to etc/hostname and renames old (and
 // old.domain) to name in etc/hosts.
 func writeHostnameFiles(etc, old, name string) error {
-	if err := fsutil.ReplaceFile(filepath.Join(etc, "hostname"), []byte(name+"\n"), 0o644); err != nil {
+	if err := atomicfile.Replace(filepath.Join(etc, "hostname"), []byte(name+"\n"), 0o644); err != nil {
 		return fmt.Errorf("set hostname: %w", err)
 	}
 	hostsPath := filepath.Join(etc, "hosts")
@@ -313,7 +313,7 @@ func writeHostnameFiles(etc, old, name string) error {
 		}
 	}
 	if changed {
-		if err := fsutil.ReplaceFile(hostsPath, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
+		if err := atomicfile.Replace(hostsPath, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
 			return fmt.Errorf("set hostname: %w", err)
 		}
 	}
@@ -331,12 +331,12 @@ func writeMachineID(etc, id string) (string, error) {
 		}
 		id = hex.EncodeToString(b[:])
 	}
-	if err := fsutil.ReplaceFile(filepath.Join(etc, "machine-id"), []byte(id+"\n"), 0o444); err != nil {
+	if err := atomicfile.Replace(filepath.Join(etc, "machine-id"), []byte(id+"\n"), 0o444); err != nil {
 		return "", fmt.Errorf("machine id: %w", err)
 	}
 	dbus := filepath.Join(filepath.Dir(etc), "var/lib/dbus/machine-id")
 	if st, err := os.Lstat(dbus); err == nil && st.Mode().IsRegular() {
-		if err := fsutil.ReplaceFile(dbus, []byte(id+"\n"), 0o444); err != nil {
+		if err := atomicfile.Replace(dbus, []byte(id+"\n"), 0o444); err != nil {
 			return "", fmt.Errorf("machine id: %w", err)
 		}
 	}
@@ -389,7 +389,7 @@ func writeIdentityToken(root, token string) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("record identity: %w", err)
 	}
-	if err := fsutil.ReplaceFile(p, []byte(token+"\n"), 0o644); err != nil {
+	if err := atomicfile.Replace(p, []byte(token+"\n"), 0o644); err != nil {
 		return fmt.Errorf("record identity: %w", err)
 	}
 	return nil

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/agent"
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
 	"github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 )
@@ -112,7 +112,7 @@ func (s *Server) rotateHostKey() (gossh.Signer, error) {
 			return nil, fmt.Errorf("new host key: %w", err)
 		}
 		// Synced with the rest of the new identity (syncRoot).
-		if err := fsutil.ReplaceFile(p, pemData, 0o600); err != nil {
+		if err := atomicfile.Replace(p, pemData, 0o600); err != nil {
 			return nil, fmt.Errorf("new host key: %w", err)
 		}
 		if err := os.Remove(p + ".pub"); err != nil && !errors.Is(err, fs.ErrNotExist) {

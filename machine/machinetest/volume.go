@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/sparse"
 	"github.com/denhq/den/storage"
 )
 
@@ -130,7 +130,7 @@ func copyTree(src, dst string) error {
 		return err
 	}
 	if !st.IsDir() {
-		return fsutil.CopySparse(src, dst)
+		return sparse.Copy(src, dst)
 	}
 	return filepath.WalkDir(src, func(p string, e fs.DirEntry, err error) error {
 		if err != nil {
@@ -141,7 +141,7 @@ func copyTree(src, dst string) error {
 		if e.IsDir() {
 			return os.MkdirAll(out, 0o700)
 		}
-		return fsutil.CopySparse(p, out)
+		return sparse.Copy(p, out)
 	})
 }
 
@@ -157,7 +157,7 @@ func (v *Volume) CloneOver(ctx context.Context, src, dst storage.Path) error {
 	}
 	tmp := d + ".clone-tmp"
 	_ = os.RemoveAll(tmp)
-	if err := fsutil.CopySparse(s, tmp); err != nil {
+	if err := sparse.Copy(s, tmp); err != nil {
 		return err
 	}
 	return os.Rename(tmp, d)
@@ -190,12 +190,12 @@ func (v *Volume) Remove(ctx context.Context, p storage.Path) error {
 
 // DataRanges is what the directory's filesystem tells of file p's data
 // (SEEK_DATA); one whole range where it cannot tell.
-func (v *Volume) DataRanges(ctx context.Context, p storage.Path) ([]fsutil.Extent, error) {
+func (v *Volume) DataRanges(ctx context.Context, p storage.Path) ([]sparse.Extent, error) {
 	h, err := v.Path(p)
 	if err != nil {
 		return nil, err
 	}
-	ext, _, err := fsutil.DataRanges(h)
+	ext, _, err := sparse.DataRanges(h)
 	return ext, err
 }
 

@@ -3,7 +3,7 @@ package cloudhypervisor
 import (
 	"fmt"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
 	"github.com/denhq/den/vmm"
 )
 
@@ -69,7 +69,7 @@ func (v *VMM) landlock() (bool, []LandlockConfig) {
 // saveConfig records the config the VM was created or restored with in
 // the run directory (vmm.RunDir.ConfigFile); failing to is only logged.
 func (v *VMM) saveConfig(cfg vmm.Config) {
-	if err := fsutil.WriteJSONAtomic(v.opts.RunDir.ConfigFile(), cfg, 0o640); err != nil {
+	if err := atomicfile.WriteJSON(v.opts.RunDir.ConfigFile(), cfg, 0o640); err != nil {
 		v.log.Warn("could not record the vm config", "err", err)
 	}
 }

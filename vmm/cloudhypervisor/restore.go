@@ -9,7 +9,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
 	"github.com/denhq/den/vmm"
 )
 
@@ -156,7 +156,7 @@ func (v *VMM) makeRestoreDir(dir string, conf map[string]any) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := fsutil.WriteFileAtomic(filepath.Join(priv, snapshotConfigFile), data, 0o640); err != nil {
+	if err := atomicfile.Write(filepath.Join(priv, snapshotConfigFile), data, 0o640); err != nil {
 		return "", err
 	}
 	return priv, nil

@@ -7,8 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/denhq/den/internal/fsutil"
 	"github.com/denhq/den/internal/phase"
+	"github.com/denhq/den/internal/sparse"
 	"github.com/denhq/den/vmm"
 )
 
@@ -26,7 +26,7 @@ func TestGuestSnapshotOver(t *testing.T) {
 	run(t, c, "echo first > /tmp/note")
 	first := e.snapshot(t, v) // written whole
 	base := filepath.Join(e.dir, "base")
-	if err := fsutil.CopySparseCache(filepath.Join(first, "memory"), base); err != nil {
+	if err := sparse.CopyCache(filepath.Join(first, "memory"), base); err != nil {
 		t.Fatal(err)
 	}
 	if err := v.Resume(ctx); err != nil {
@@ -49,7 +49,7 @@ func TestGuestSnapshotOver(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The volume's metadata clone of the first snapshot's memory.
-		if err := fsutil.CopySparse(filepath.Join(first, "memory"), filepath.Join(dir, "memory")); err != nil {
+		if err := sparse.Copy(filepath.Join(first, "memory"), filepath.Join(dir, "memory")); err != nil {
 			t.Fatal(err)
 		}
 		rec := phase.New()

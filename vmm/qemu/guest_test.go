@@ -23,7 +23,7 @@ import (
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/cgroup"
 	"github.com/denhq/den/image"
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/sparse"
 	"github.com/denhq/den/vmm"
 	"github.com/denhq/den/vmm/qemu"
 )
@@ -70,7 +70,7 @@ func newGuestEnv(t testing.TB) *guestEnv {
 		t.Fatal(err)
 	}
 	disk := filepath.Join(dir, "disk.raw")
-	if err := fsutil.CopySparse(images.RootDisk(image.Minimal), disk); err != nil {
+	if err := sparse.Copy(images.RootDisk(image.Minimal), disk); err != nil {
 		t.Fatal(err)
 	}
 	_, signer, err := agent.NewEd25519Key("test")
@@ -444,7 +444,7 @@ func TestGuestPrelaunchedRestore(t *testing.T) {
 	run(t, c, "echo in-memory > /tmp/note; echo on-disk > /root/mark; sync")
 	snap := e.snapshot(t, v)
 	stagedDisk := filepath.Join(e.dir, "disk-restoring")
-	if err := fsutil.CopySparse(e.disk, stagedDisk); err != nil {
+	if err := sparse.Copy(e.disk, stagedDisk); err != nil {
 		t.Fatal(err)
 	}
 	if err := v.Resume(ctx); err != nil {

@@ -21,7 +21,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
 	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/vmm"
 )
@@ -280,7 +280,7 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool, ram str
 	for _, p := range []string{rd.APISocket(), rd.AgentSocket()} {
 		_ = os.Remove(p)
 	}
-	if err := fsutil.WriteJSONAtomic(rd.ConfigFile(), cfg, 0o600); err != nil {
+	if err := atomicfile.WriteJSON(rd.ConfigFile(), cfg, 0o600); err != nil {
 		end()
 		return err
 	}

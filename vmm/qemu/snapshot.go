@@ -11,14 +11,15 @@ import (
 	"sync"
 	"time"
 
-	"github.com/denhq/den/internal/fsutil"
+	"github.com/denhq/den/internal/atomicfile"
 	"github.com/denhq/den/internal/phase"
+	"github.com/denhq/den/internal/sparse"
 	"github.com/denhq/den/vmm"
 )
 
 // MemoryFile is the guest RAM's copy in a QEMU snapshot directory (none
 // when the RAM went into the state stream), and MemoryMapFile the list of
-// its data ranges (JSON fsutil.Extent: a FUSE volume cannot tell holes).
+// its data ranges (JSON sparse.Extent: a FUSE volume cannot tell holes).
 const (
 	MemoryFile    = snapMemory
 	MemoryMapFile = snapExtent
@@ -64,7 +65,7 @@ func (v *VMM) DeltaMemoryFile() string {
 // SnapshotOver is Snapshot into dir whose memory file is a clone of an
 // earlier snapshot's memory, of which base is a local copy: only the
 // pages of the RAM file that differ from base are written
-// (fsutil.CopyDelta). If that fails (base gone, or of another size), the
+// (sparse.CopyDelta). If that fails (base gone, or of another size), the
 // memory is written whole.
 func (v *VMM) SnapshotOver(ctx context.Context, dir, base string) error {
 	return v.snapshot(ctx, dir, base)
@@ -106,19 +107,19 @@ func (v *VMM) snapshot(ctx context.Context, dir, base string) error {
 		// The snapshot usually lands on a FUSE volume, where SEEK_DATA
 		// does not work: the map lets a restore read the data, not the
 		// holes.
-		if err := fsutil.ReplaceJSON(filepath.Join(dir, snapExtent), ext, 0o600); err != nil {
+		if err := atomicfile.ReplaceJSON(filepath.Join(dir, snapExtent), ext, 0o600); err != nil {
 			return fmt.Errorf("snapshot vm: %w", err)
 		}
 	}
 	v.mu.Lock()
 	cfg := *v.cfg
 	v.mu.Unlock()
-	if err := fsutil.ReplaceJSON(filepath.Join(dir, snapConfig), cfg, 0o600); err != nil {
+	if err := atomicfile.ReplaceJSON(filepath.Join(dir, snapConfig), cfg, 0o600); err != nil {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
 	caps := v.Capabilities()
 	meta := snapshotMeta{Driver: "qemu", Version: caps.Version, Accel: caps.Accelerator, RAMInStream: v.opts.StreamRAM}
-	if err := fsutil.ReplaceJSON(filepath.Join(dir, snapMeta), meta, 0o600); err != nil {
+	if err := atomicfile.ReplaceJSON(filepath.Join(dir, snapMeta), meta, 0o600); err != nil {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
 	return nil
@@ -127,10 +128,10 @@ func (v *VMM) snapshot(ctx context.Context, dir, base string) error {
 // copyMemoryOut copies the RAM file to dst, a snapshot's memory file:
 // only the pages that differ from base when base is set (dst then holds
 // what base holds), else whole; it returns the RAM file's data ranges.
-func (v *VMM) copyMemoryOut(ctx context.Context, dst, base string) ([]fsutil.Extent, error) {
+func (v *VMM) copyMemoryOut(ctx context.Context, dst, base string) ([]sparse.Extent, error) {
 	if base != "" {
 		end := phase.Begin(ctx, "qemu: write the changed memory")
-		ext, n, err := fsutil.CopyDelta(v.ramFile(), dst, base)
+		ext, n, err := sparse.CopyDelta(v.ramFile(), dst, base)
 		end()
 		if err == nil {
 			v.opts.Logger.Debug("qemu: snapshot memory written over the earlier one", "changed_bytes", n)
@@ -139,7 +140,7 @@ func (v *VMM) copyMemoryOut(ctx context.Context, dst, base string) ([]fsutil.Ext
 		v.opts.Logger.Warn("qemu: snapshot memory: writing it whole", "err", err)
 	}
 	defer phase.Begin(ctx, "qemu: copy the memory")()
-	return fsutil.CopySparseExtents(v.ramFile(), dst)
+	return sparse.CopyExtents(v.ramFile(), dst)
 }
 
 // Restore starts a fresh QEMU on a copy of the snapshot's RAM file and
@@ -361,7 +362,7 @@ func takeStaged(staged, ram string) error {
 // data ranges dir's map records when it has one, else the data a sparse
 // read finds.
 func copyMemory(dir, src, dst string) error {
-	var ext []fsutil.Extent
+	var ext []sparse.Extent
 	if data, err := os.ReadFile(filepath.Join(dir, snapExtent)); err == nil {
 		if err := json.Unmarshal(data, &ext); err != nil {
 			return fmt.Errorf("corrupt %s: %w", snapExtent, err)
@@ -369,7 +370,7 @@ func copyMemory(dir, src, dst string) error {
 	} else {
 		ext = nil // no map: every data range of src
 	}
-	return fsutil.CopyInto(src, dst, ext)
+	return sparse.CopyInto(src, dst, ext)
 }
 
 // readSnapshot checks a snapshot directory and returns its config and

@@ -1,4 +1,4 @@
-package fsutil
+package sparse
 
 import (
 	"bytes"
@@ -9,33 +9,7 @@ import (
 	"testing"
 )
 
-func TestWriteFileAtomic(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "state.json")
-	if err := WriteFileAtomic(p, []byte("one"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := WriteJSONAtomic(p, map[string]int{"two": 2}, 0o640); err != nil {
-		t.Fatal(err)
-	}
-	data, _ := os.ReadFile(p)
-	if string(data) != "{\n  \"two\": 2\n}\n" {
-		t.Fatalf("content %q", data)
-	}
-	st, _ := os.Stat(p)
-	if st.Mode().Perm() != 0o640 {
-		t.Fatalf("mode %v", st.Mode())
-	}
-	ents, _ := os.ReadDir(dir)
-	if len(ents) != 1 {
-		t.Fatalf("temporary files left: %v", ents)
-	}
-	if err := WriteFileAtomic(filepath.Join(dir, "missing", "x"), nil, 0o600); err == nil {
-		t.Fatal("write into a missing directory succeeded")
-	}
-}
-
-func TestCopySparseKeepsHoles(t *testing.T) {
+func TestCopyKeepsHoles(t *testing.T) {
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src")
 	f, _ := os.Create(src)
@@ -45,7 +19,7 @@ func TestCopySparseKeepsHoles(t *testing.T) {
 	f.WriteAt(chunk, 50<<20)
 	f.Close()
 	dst := filepath.Join(dir, "dst")
-	if err := CopySparse(src, dst); err != nil {
+	if err := Copy(src, dst); err != nil {
 		t.Fatal(err)
 	}
 	a, _ := os.ReadFile(src)
@@ -71,7 +45,7 @@ func TestCopyIntoRoundTrip(t *testing.T) {
 	f.WriteAt([]byte("tail"), 32<<20-4)
 	f.Close()
 	mid := filepath.Join(dir, "mid")
-	ext, err := CopySparseExtents(src, mid)
+	ext, err := CopyExtents(src, mid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +84,7 @@ func TestCopyIntoRoundTrip(t *testing.T) {
 // does, from a disk into a tmpfs: copy_file_range refuses (EXDEV) and
 // sendfile copies, at the extents' offsets, leaving the rest a hole.
 func TestCopyIntoAcrossFilesystems(t *testing.T) {
-	shm, err := os.MkdirTemp("/dev/shm", "den-fsutil-")
+	shm, err := os.MkdirTemp("/dev/shm", "den-sparse-")
 	if err != nil {
 		t.Skipf("no /dev/shm to copy into: %v", err)
 	}
@@ -185,7 +159,7 @@ func TestCopyDeltaWritesOnlyChangedPages(t *testing.T) {
 	DeltaGap = 64 << 10
 	src := sparse("src", map[int64][]byte{1 << 20: changed, 12 << 20: pattern(2*pageSize, 3)})
 	dst := filepath.Join(dir, "dst")
-	if err := CopySparse(base, dst); err != nil { // the clone of the earlier copy
+	if err := Copy(base, dst); err != nil { // the clone of the earlier copy
 		t.Fatal(err)
 	}
 	ext, written, err := CopyDelta(src, dst, base)
@@ -200,7 +174,7 @@ func TestCopyDeltaWritesOnlyChangedPages(t *testing.T) {
 	if want := int64(16*pageSize + 1<<20 + 2*pageSize); written != want {
 		t.Fatalf("wrote %d bytes, want %d (the changed pages, two of them joined)", written, want)
 	}
-	want, err := CopySparseExtents(src, filepath.Join(dir, "full"))
+	want, err := CopyExtents(src, filepath.Join(dir, "full"))
 	if err != nil {
 		t.Fatal(err)
 	}

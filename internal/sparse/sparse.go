@@ -1,4 +1,4 @@
-package fsutil
+package sparse
 
 import (
 	"bytes"
@@ -138,7 +138,7 @@ var DeltaGap int64 = 1 << 20
 // where src has a hole and base had data), joined when DeltaGap or less
 // apart. A guest's memory changes little between two snapshots, and the
 // write is what costs through a FUSE volume (some 200 MB/s here). dst is
-// fsynced. It returns the data ranges of src, as CopySparseExtents does,
+// fsynced. It returns the data ranges of src, as CopyExtents does,
 // and how many bytes it wrote.
 func CopyDelta(src, dst, base string) ([]Extent, int64, error) {
 	fail := func(err error) ([]Extent, int64, error) {
