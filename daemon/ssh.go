@@ -10,7 +10,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/denhq/den/api"
-	"github.com/denhq/den/sshproxy"
+	"github.com/denhq/den/sshrelay"
 )
 
 // sshUpgrade turns the request's connection into an SSH connection whose
@@ -75,7 +75,7 @@ func (s *Server) sshUpgrade(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 		}
 	}()
-	sshproxy.Serve(ctx, chans, sess.Conn, sshproxy.Hooks{Logger: s.log})
+	sshrelay.Serve(ctx, chans, sess.Conn, sshrelay.Hooks{Logger: s.log})
 }
 
 // readerConn reads first what the HTTP server buffered.

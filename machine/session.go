@@ -15,7 +15,7 @@ import (
 // active, and cannot be put to sleep or restored from under it, until
 // Release.
 type Session struct {
-	// Conn opens channels on the agent (sshproxy.Opener).
+	// Conn opens channels on the agent (sshrelay.Opener).
 	Conn ssh.Conn
 	// Done is closed when the agent connection breaks (the VM stopped).
 	Done <-chan struct{}

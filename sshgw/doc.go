@@ -14,7 +14,7 @@
 // first channel (Backend.Open starts or wakes it and keeps it counted as
 // active until the connection ends), and relays each "session" and
 // "direct-tcpip" channel, with its requests and exit status, to the VM's
-// guest agent (sshproxy.RelayChannel).
+// guest agent (sshrelay.RelayChannel).
 //
 // A VM that does not exist and a VM of another user give the same one
 // line, so the gateway tells nobody what other users have. Unknown keys

@@ -13,7 +13,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/denhq/den/internal/validate"
-	"github.com/denhq/den/sshproxy"
+	"github.com/denhq/den/sshrelay"
 )
 
 // connState is one client connection's: its handshake, the keys looked up
@@ -150,7 +150,7 @@ func (s *Server) channel(_ *gliderssh.Server, conn *gossh.ServerConn, nc gossh.N
 	if nc.ChannelType() == "session" {
 		nc = sessionChannel{nc, st, true}
 	}
-	sshproxy.RelayChannel(nc, up.Conn, sshproxy.Hooks{Logger: s.log})
+	sshrelay.RelayChannel(nc, up.Conn, sshrelay.Hooks{Logger: s.log})
 }
 
 // refuse answers a channel with msg: a session gets it on stderr and exit

@@ -14,7 +14,7 @@ import (
 
 	"github.com/denhq/den/internal/netlimit"
 	"github.com/denhq/den/internal/validate"
-	"github.com/denhq/den/sshproxy"
+	"github.com/denhq/den/sshrelay"
 )
 
 // DenUser is the SSH user name that runs den verbs instead of reaching a
@@ -33,7 +33,7 @@ var (
 // Upstream is a claim on a running VM's guest agent connection.
 type Upstream struct {
 	// Conn opens channels on the agent.
-	Conn sshproxy.Opener
+	Conn sshrelay.Opener
 	// Done is closed when the agent connection breaks (the VM stopped).
 	Done <-chan struct{}
 	// Release ends the claim; called once, when the client's connection

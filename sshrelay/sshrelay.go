@@ -1,11 +1,11 @@
-// Package sshproxy relays SSH channels, with their requests and exit
+// Package sshrelay relays SSH channels, with their requests and exit
 // status, from a client-facing SSH connection to a guest agent's SSH
 // connection.
 //
 // den uses it twice: the CLI's exec and ssh verbs speak SSH to the daemon
 // over its unix socket, and the SSH gateway speaks SSH to the world; both
 // end in the one agent connection the daemon keeps per VM.
-package sshproxy
+package sshrelay
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package sshproxy
+package sshrelay
 
 import (
 	"bytes"
