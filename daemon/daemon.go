@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/audit"
@@ -20,7 +22,6 @@ import (
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/users"
-	"golang.org/x/sys/unix"
 )
 
 // Options configures a daemon.
