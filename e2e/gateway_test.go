@@ -224,7 +224,11 @@ func TestGateway(t *testing.T) {
 		// bob adds a key of his own (on stdin: den@ reads no host files).
 		bob2 := g.key("bob2")
 		pub, _ := os.ReadFile(bob2 + ".pub")
-		if out, errs, code := g.ssh(bob, pub, "den@127.0.0.1", "keys add --user mallory -"); code != 0 || !strings.Contains(out, "for user bob") {
+		// Another user's name is refused, not replaced by his own.
+		if _, errs, code := g.ssh(bob, pub, "den@127.0.0.1", "keys add --user mallory -"); code == 0 || !strings.Contains(errs, "forbidden") {
+			t.Fatalf("den@ keys add --user mallory: %q %d; want forbidden", errs, code)
+		}
+		if out, errs, code := g.ssh(bob, pub, "den@127.0.0.1", "keys add -"); code != 0 || !strings.Contains(out, "for user bob") {
 			t.Fatalf("den@ keys add: %q %q %d", out, errs, code)
 		}
 		if _, errs, code := g.ssh(bob, nil, "den@127.0.0.1", "keys add /etc/ssh/ssh_host_ed25519_key.pub"); code == 0 || !strings.Contains(errs, "stdin") {
