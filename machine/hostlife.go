@@ -503,17 +503,27 @@ func (m *Manager) loseForHost(ctx context.Context, name, cause string) error {
 // checkpoint).
 func (m *Manager) lostReason(ctx context.Context, name, cause string) string {
 	s := "host shut down before it could sleep (" + cause + "): its processes are lost and it boots from its disk when next used"
+	return s + m.lastCheckpoint(ctx, name, func(id, age string) string {
+		return fmt.Sprintf("; last checkpoint %s, taken %s before the shutdown", id, age)
+	})
+}
+
+// lastCheckpoint says what a restore of vm name can bring back, for a
+// record's reason: "; it has no checkpoint", or its last checkpoint as
+// say words it (its id and age), marked when disk only; "" when the
+// catalog cannot be read.
+func (m *Manager) lastCheckpoint(ctx context.Context, name string, say func(id, age string) string) string {
 	cps, err := m.db.ListCheckpoints(ctx, name)
 	switch {
 	case err != nil:
+		return ""
 	case len(cps) == 0:
-		s += "; it has no checkpoint"
-	default:
-		c := cps[len(cps)-1]
-		s += fmt.Sprintf("; last checkpoint %s, taken %s before the shutdown", c.ID, roughly(time.Since(c.CreatedAt)))
-		if c.Kind == checkpoint.KindDiskOnly {
-			s += " (disk only)"
-		}
+		return "; it has no checkpoint"
+	}
+	c := cps[len(cps)-1]
+	s := say(c.ID, roughly(time.Since(c.CreatedAt)))
+	if c.Kind == checkpoint.KindDiskOnly {
+		s += " (disk only)"
 	}
 	return s
 }

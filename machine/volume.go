@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/vmm"
 )
@@ -172,17 +171,7 @@ func (m *Manager) heldOnLostMount(hv vmm.Hypervisor) []string {
 func (m *Manager) lostWhileDown(ctx context.Context, name string, held []string) string {
 	s := fmt.Sprintf("storage volume lost while den was not running: the vmm held its disk on a volume mount that died or was unmounted (%s), so the vm was stopped rather than run on a dead disk; its memory and the disk writes the dead mount had not stored are lost, and it boots from its disk when next used",
 		strings.Join(held, ", "))
-	cps, err := m.db.ListCheckpoints(ctx, name)
-	switch {
-	case err != nil:
-	case len(cps) == 0:
-		s += "; it has no checkpoint"
-	default:
-		c := cps[len(cps)-1]
-		s += fmt.Sprintf("; a restore brings back its last checkpoint, %s, taken %s ago", c.ID, roughly(time.Since(c.CreatedAt)))
-		if c.Kind == checkpoint.KindDiskOnly {
-			s += " (disk only)"
-		}
-	}
-	return s
+	return s + m.lastCheckpoint(ctx, name, func(id, age string) string {
+		return fmt.Sprintf("; a restore brings back its last checkpoint, %s, taken %s ago", id, age)
+	})
 }
