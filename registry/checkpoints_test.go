@@ -2,7 +2,6 @@ package registry
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"path/filepath"
 	"testing"
@@ -102,30 +101,11 @@ func TestCheckpointIDsNeverReused(t *testing.T) {
 // after that one is deleted.
 func TestCheckpointSeqMigration(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "den.db")
-	raw, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const before = 7 // schema steps before checkpoint_seqs
-	for _, step := range schema[:before] {
-		if _, err := raw.Exec(step); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := raw.Exec(`PRAGMA user_version = 7`); err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{
+	path := oldDatabase(t, 7,
 		`INSERT INTO checkpoints (vm, id, seq, parent, kind, created_at) VALUES ('box', 'cp-1', 1, '', 'memory+disk', 0)`,
 		`INSERT INTO checkpoints (vm, id, seq, parent, kind, created_at) VALUES ('box', 'cp-3', 3, 'cp-1', 'memory+disk', 0)`,
 		`INSERT INTO checkpoints (vm, id, seq, parent, kind, created_at) VALUES ('old', 'cp-7', 7, '', 'disk', 0)`,
-	} {
-		if _, err := raw.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	raw.Close()
+	)
 	db, err := Open(path)
 	if err != nil {
 		t.Fatal(err)

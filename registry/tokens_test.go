@@ -2,7 +2,6 @@ package registry
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"path/filepath"
 	"strings"
@@ -114,31 +113,15 @@ func TestTokens(t *testing.T) {
 // keeps its records, and takes tokens.
 func TestTokensMigration(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "den.db")
-	raw, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const before = 6 // schema steps before tokens
 	if !strings.Contains(schema[before], "CREATE TABLE tokens") {
 		t.Fatalf("schema step %d is not the tokens table", before+1)
 	}
-	for _, step := range schema[:before] {
-		if _, err := raw.Exec(step); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, q := range []string{
-		`PRAGMA user_version = 6`,
+	path := oldDatabase(t, before,
 		`INSERT INTO vms (name, owner, image, cpus, memory_bytes, disk_bytes, state, created_at, last_active, generation)
 			VALUES ('old', 'a', 'minimal', 1, 1, 1, 'sleeping', 0, 0, 7)`,
 		`INSERT INTO keys (fingerprint, user, name, public_key, created_at) VALUES ('SHA256:aaa', 'a', 'k', 'ssh-ed25519 AAAA', 0)`,
-	} {
-		if _, err := raw.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	raw.Close()
+	)
 	db, err := Open(path)
 	if err != nil {
 		t.Fatal(err)

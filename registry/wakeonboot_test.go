@@ -2,7 +2,6 @@ package registry
 
 import (
 	"context"
-	"database/sql"
 	"path/filepath"
 	"testing"
 	"time"
@@ -55,25 +54,10 @@ func TestWakeOnBootRule(t *testing.T) {
 // opens, keeps its records, and reads them unmarked.
 func TestWakeOnBootMigration(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "den.db")
-	raw, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const before = 4 // schema steps before wake_on_boot
-	for _, step := range schema[:before] {
-		if _, err := raw.Exec(step); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := raw.Exec(`PRAGMA user_version = 4`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := raw.Exec(`INSERT INTO vms (name, owner, image, cpus, memory_bytes, disk_bytes, state, created_at, last_active, generation)
-		VALUES ('old', 'a', 'minimal', 1, 1, 1, 'sleeping', 0, 0, 7)`); err != nil {
-		t.Fatal(err)
-	}
-	raw.Close()
+	path := oldDatabase(t, 4,
+		`INSERT INTO vms (name, owner, image, cpus, memory_bytes, disk_bytes, state, created_at, last_active, generation)
+		VALUES ('old', 'a', 'minimal', 1, 1, 1, 'sleeping', 0, 0, 7)`,
+	)
 	db, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
