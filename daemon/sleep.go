@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/denhq/den/api"
@@ -14,16 +15,7 @@ func (s *Server) sleep(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ctx, cancel := opContext(r)
-	defer cancel()
-	ctx, done := s.trace(ctx, name, "sleep")
-	err := s.m.Sleep(ctx, name, req.Force)
-	done() // before the answer: a client reads the trace right after
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	s.briefVM(w, r)
+	s.tracedOp(w, r, name, "sleep", func(ctx context.Context) error { return s.m.Sleep(ctx, name, req.Force) })
 }
 
 func (s *Server) wake(w http.ResponseWriter, r *http.Request) {
@@ -32,11 +24,18 @@ func (s *Server) wake(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	s.tracedOp(w, r, name, "wake", func(ctx context.Context) error { return s.m.Wake(ctx, name) })
+}
+
+// tracedOp runs op on vm name, its steps traced as what, and answers the
+// VM or the error. The trace ends before the answer: a client reads it
+// right after.
+func (s *Server) tracedOp(w http.ResponseWriter, r *http.Request, name, what string, op func(context.Context) error) {
 	ctx, cancel := opContext(r)
 	defer cancel()
-	ctx, done := s.trace(ctx, name, "wake")
-	err := s.m.Wake(ctx, name)
-	done() // before the answer: a client reads the trace right after
+	ctx, done := s.trace(ctx, name, what)
+	err := op(ctx)
+	done()
 	if err != nil {
 		writeError(w, err)
 		return
