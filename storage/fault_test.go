@@ -74,10 +74,9 @@ func TestSupervisorRemountsAfterKill(t *testing.T) {
 	if err := syscall.Kill(-pgid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	e := waitEvent(t, events, EventLost, 10*time.Second)
-	if !strings.Contains(e.Err.Error(), "exited") {
-		t.Fatalf("lost event: %v", e.Err)
-	}
+	// Whichever den sees first, the exit or probes that find the FUSE
+	// connection cut or hung as the processes die, it is a loss.
+	waitEvent(t, events, EventLost, 10*time.Second)
 	waitEvent(t, events, EventRemounted, 60*time.Second)
 	waitHealthy(t, v, 10*time.Second)
 	if got := sha(t, path); got != sum {

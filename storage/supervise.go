@@ -105,7 +105,7 @@ func (v *JuiceFS) supervise() {
 		case <-v.stop:
 			return
 		case <-exited:
-			lost = fmt.Errorf("mount process %d exited (%v): %s", p.pid, p.err, v.logTail(2))
+			lost = v.exitReason(p)
 		case <-tick.C:
 			_, err := v.probe.run(context.Background(), v.cfg.MountPoint, v.opts.timeout)
 			if err == nil {
@@ -114,7 +114,14 @@ func (v *JuiceFS) supervise() {
 			}
 			if errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) {
 				// The FUSE connection is gone for good: no point waiting.
+				// When the mount process died, its exit, which the
+				// probe may see first, says more.
 				lost = fmt.Errorf("mount gone: %w", err)
+				select {
+				case <-exited:
+					lost = v.exitReason(p)
+				case <-time.After(time.Second):
+				}
 				break
 			}
 			failed++
@@ -134,6 +141,11 @@ func (v *JuiceFS) supervise() {
 			return
 		}
 	}
+}
+
+// exitReason says why a mount was lost whose process p exited.
+func (v *JuiceFS) exitReason(p *mountProc) error {
+	return fmt.Errorf("mount process %d exited (%v): %s", p.pid, p.err, v.logTail(2))
 }
 
 // remount tears the lost mount down and mounts again until it works or the

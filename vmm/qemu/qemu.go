@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/denhq/den/internal/atomicfile"
@@ -312,9 +313,35 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool, ram str
 	defer phase.Begin(ctx, "qemu: wait for qmp")()
 	if err := v.waitQMP(ctx, proc); err != nil {
 		_ = proc.Stop(2 * time.Second)
+		if strings.Contains(err.Error(), "backing store") {
+			err = fmt.Errorf("%w (RAM file: %s)", err, describeOwners(ram))
+		}
 		return err
 	}
 	return nil
+}
+
+// describeOwners says who owns path and the directories above it, up to
+// the first that others may pass through: what a VMM that could not open
+// the path ran into.
+func describeOwners(path string) string {
+	var parts []string
+	for p := path; ; p = filepath.Dir(p) {
+		st, err := os.Lstat(p)
+		if err != nil {
+			parts = append(parts, fmt.Sprintf("%s: %v", p, err))
+		} else {
+			uid, gid := ownerIDs(st)
+			parts = append(parts, fmt.Sprintf("%s %04o %d:%d", p, st.Mode().Perm(), uid, gid))
+			if st.IsDir() && st.Mode().Perm()&0o001 != 0 {
+				break
+			}
+		}
+		if p == "/" || p == "." {
+			break
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // waitQMP waits, bounded by ctx, for the QMP socket to answer.
@@ -577,4 +604,12 @@ func Adopt(ctx context.Context, opts Options) (*VMM, error) {
 		return nil, fmt.Errorf("adopt qemu: %w", err)
 	}
 	return v, nil
+}
+
+// ownerIDs is the owner and group of a file st describes.
+func ownerIDs(st os.FileInfo) (uid, gid uint32) {
+	if s, ok := st.Sys().(*syscall.Stat_t); ok {
+		return s.Uid, s.Gid
+	}
+	return 0, 0
 }
