@@ -29,6 +29,7 @@ import (
 	"github.com/denhq/den/machine/machinetest"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/users"
+	"github.com/denhq/den/vmm"
 )
 
 // testTimeout bounds every test's operations.
@@ -93,7 +94,7 @@ func newAPIEnv(t *testing.T) *apiEnv {
 	defer cancel()
 	m, err := machine.New(ctx, machine.Config{
 		State: state, Volume: vol, Registry: db, Images: images, DefaultImage: image.Minimal, VMM: machinetest.Name,
-		Drivers:     map[string]machine.Driver{machinetest.Name: drv.Machine()},
+		Drivers:     map[string]vmm.Driver{machinetest.Name: drv},
 		BootTimeout: 20 * time.Second, LockWait: 20 * time.Second, DrainTimeout: 20 * time.Second, Logger: log,
 	})
 	if err != nil {

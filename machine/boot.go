@@ -14,8 +14,13 @@ import (
 	"github.com/denhq/den/vmm"
 )
 
-// kernel is the kernel form the chosen VMM boots.
-func (m *Manager) kernel() string { return m.drivers[m.vmmName].Kernel(m.cfg.Images) }
+// kernel is the image's kernel in the form the chosen VMM boots.
+func (m *Manager) kernel() string {
+	if m.caps(m.vmmName).Kernel == vmm.KernelVmlinux {
+		return m.cfg.Images.Vmlinux()
+	}
+	return m.cfg.Images.BzImage()
+}
 
 // cmdline is a VM's kernel command line: console, root disk, the daemon's
 // key for the agent, hostname and identity token (the network's arguments

@@ -1,13 +1,10 @@
 package machine
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 
-	"github.com/denhq/den/image"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/vmm"
 	"github.com/denhq/den/vmm/cloudhypervisor"
@@ -20,90 +17,26 @@ const (
 	VMMCloudHypervisor = "cloud-hypervisor"
 )
 
-// Driver is what den needs to know of one VMM: how to make and adopt the
-// Hypervisor of a VM, and the few things that differ between VMMs (the
-// kernel form it boots, how its guests reach the network). Everything
-// else goes through vmm.Hypervisor and its Capabilities; nothing in den
-// branches on a VMM's name.
-type Driver struct {
-	// Name is recorded with each VM ("qemu", "cloud-hypervisor").
-	Name string
-	// New returns the Hypervisor of a VM in its runtime dir.
-	New func(rd vmm.RunDir) vmm.Hypervisor
-	// Adopt re-attaches to a VM's running VMM.
-	Adopt func(ctx context.Context, rd vmm.RunDir) (vmm.Hypervisor, error)
-	// Kernel picks the kernel form the VMM boots from the image dir.
-	Kernel func(image.Dir) string
-	// Accel is the accelerator its guests run under ("kvm", "tcg").
-	Accel string
-	// UserNet: without TAP networking, guests get the VMM's user-mode
-	// network (one net device without a TAP; network.UserNet is what the
-	// guest is told of it).
-	UserNet bool
-	// Network says, for den info and doctor, how guests reach the
-	// network without TAP networking.
-	Network string
-	// RAMFile: the VMM keeps guest RAM in a file in the VM's runtime
-	// dir, which must have room for it.
-	RAMFile bool
-	// LazyRestore: a restore maps the snapshot's memory and faults it in
-	// as the guest runs, rather than reading it all first (verification
-	// then samples it before and reads the rest after).
-	LazyRestore bool
-	// StageMemory, when set, makes a RAM file and starts filling it with
-	// a snapshot's memory ahead of the restore that takes it
-	// (vmm.RestoreOptions.StagedMemory; qemu.StageMemory says how): the
-	// snapshot's host dir, a local copy of its memory or "", the RAM file
-	// to make; it returns the wait for the copy.
-	StageMemory func(dir, local, dst string) (wait func() error, err error)
-	// Prelaunch, when set, returns a VMM of VM vm to be prelaunched for a
-	// restore in runtime dir rd, beside the VM's running one (its cgroup
-	// is rd's name; its RAM file, once restored, the VM's).
-	Prelaunch func(rd vmm.RunDir, vm string) vmm.Prelauncher
-}
-
-// builtinDrivers are the drivers of the VMMs found on this host.
-func (m *Manager) builtinDrivers() map[string]Driver {
-	ds := map[string]Driver{}
+// builtinDrivers are the drivers of the VMMs found on this host, by
+// name; what each VMM does is in its Capabilities and the optional
+// interfaces of vmm.Driver, and nothing here branches on its name.
+func (m *Manager) builtinDrivers() map[string]vmm.Driver {
+	ds := map[string]vmm.Driver{}
 	if _, err := qemu.FindBinary(); err == nil {
-		opts := func(rd vmm.RunDir) qemu.Options {
-			return qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log, StreamRAM: m.cfg.QEMUStreamRAM,
-				RAMFile: m.ramFile(filepath.Base(rd.Path())), Confine: m.vmmConfine(filepath.Base(rd.Path()))}
-		}
-		ds[VMMQEMU] = Driver{
-			Name:   VMMQEMU,
-			New:    func(rd vmm.RunDir) vmm.Hypervisor { return qemu.New(opts(rd)) },
-			Adopt:  func(ctx context.Context, rd vmm.RunDir) (vmm.Hypervisor, error) { return qemu.Adopt(ctx, opts(rd)) },
-			Kernel: func(d image.Dir) string { return d.BzImage() },
-			Accel:  m.kvm.Accelerator(),
-			// QEMU's user-mode network: the guest is 10.0.2.15 behind NAT.
-			UserNet:     true,
-			Network:     "qemu user-mode networking (outbound NAT only, no inbound)",
-			RAMFile:     true,
-			StageMemory: qemu.StageMemory,
-			Prelaunch: func(rd vmm.RunDir, vm string) vmm.Prelauncher {
-				o := opts(rd)
-				o.RAMFile = m.ramFile(vm)
-				return qemu.New(o)
+		ds[VMMQEMU] = &qemu.Driver{
+			Accel: m.kvm.Accelerator(),
+			Options: func(rd vmm.RunDir, vm string) qemu.Options {
+				return qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log, StreamRAM: m.cfg.QEMUStreamRAM,
+					RAMFile: m.ramFile(vm), Confine: m.vmmConfine(rd.Name())}
 			},
 		}
 	}
 	if bin, err := cloudhypervisor.FindBinary(); err == nil {
-		opts := func(rd vmm.RunDir) cloudhypervisor.Options {
-			name := filepath.Base(rd.Path())
-			return cloudhypervisor.Options{Binary: bin, RunDir: rd, Logger: m.log, Confine: m.vmmConfine(name),
-				Landlock: true, LandlockRules: m.landlockRules(name)}
-		}
-		ds[VMMCloudHypervisor] = Driver{
-			Name: VMMCloudHypervisor,
-			New:  func(rd vmm.RunDir) vmm.Hypervisor { return cloudhypervisor.New(opts(rd)) },
-			Adopt: func(ctx context.Context, rd vmm.RunDir) (vmm.Hypervisor, error) {
-				return cloudhypervisor.Adopt(ctx, opts(rd))
+		ds[VMMCloudHypervisor] = &cloudhypervisor.Driver{
+			Options: func(rd vmm.RunDir) cloudhypervisor.Options {
+				return cloudhypervisor.Options{Binary: bin, RunDir: rd, Logger: m.log, Confine: m.vmmConfine(rd.Name()),
+					Landlock: true, LandlockRules: m.landlockRules(rd.Name())}
 			},
-			Kernel:      func(d image.Dir) string { return d.Vmlinux() },
-			Accel:       "kvm",
-			Network:     "none (Cloud Hypervisor has no user-mode network)",
-			LazyRestore: true,
 		}
 	}
 	return ds
@@ -151,20 +84,29 @@ func (m *Manager) chooseVMM() error {
 		}
 		return fmt.Errorf("unknown vmm %q: use qemu or cloud-hypervisor", want)
 	}
-	m.vmmName = d.Name
-	if d.Name == VMMQEMU && !m.kvm.Usable {
+	m.vmmName = d.Capabilities().Name
+	if m.vmmName == VMMQEMU && !m.kvm.Usable {
 		m.log.Warn("den: VMs run under QEMU with TCG emulation (slow): " + m.kvm.Reason)
 	}
 	return nil
 }
 
 // driver is the driver of a VM's VMM.
-func (m *Manager) driver(name string) (Driver, error) {
+func (m *Manager) driver(name string) (vmm.Driver, error) {
 	d, ok := m.drivers[name]
 	if !ok {
-		return Driver{}, fmt.Errorf("vmm %q is not available on this host", name)
+		return nil, fmt.Errorf("vmm %q is not available on this host", name)
 	}
 	return d, nil
+}
+
+// caps are the capabilities of a VM's VMM; none when it is not
+// available here.
+func (m *Manager) caps(name string) vmm.Capabilities {
+	if d, ok := m.drivers[name]; ok {
+		return d.Capabilities()
+	}
+	return vmm.Capabilities{}
 }
 
 // newHypervisor returns the Hypervisor of a VM's VMM in its runtime dir.
@@ -181,5 +123,5 @@ func (m *Manager) VMMName() string { return m.vmmName }
 
 // Accel is "kvm" or "tcg" for new VMs; the note says why.
 func (m *Manager) Accel() (string, string) {
-	return m.drivers[m.vmmName].Accel, m.kvm.Reason
+	return m.caps(m.vmmName).Accelerator, m.kvm.Reason
 }

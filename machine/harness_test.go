@@ -15,6 +15,7 @@ import (
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/machine/machinetest"
 	"github.com/denhq/den/registry"
+	"github.com/denhq/den/vmm"
 )
 
 // testTimeout bounds every test's operations.
@@ -68,7 +69,7 @@ func newEnvWith(t *testing.T, tweak func(*machine.Config)) *env {
 	e := &env{t: t, drv: drv, vol: vol, state: machine.StateDir(filepath.Join(dir, "state")), images: images}
 	e.cfg = machine.Config{
 		State: e.state, Volume: vol, Images: images, DefaultImage: image.Minimal, VMM: machinetest.Name,
-		Drivers:     map[string]machine.Driver{machinetest.Name: drv.Machine()},
+		Drivers:     map[string]vmm.Driver{machinetest.Name: drv},
 		BootTimeout: 20 * time.Second, LockWait: 20 * time.Second, DrainTimeout: 20 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}

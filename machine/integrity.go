@@ -129,8 +129,7 @@ func (m *Manager) policy(ref snapshotRef, lazy bool) checkpoint.Policy {
 
 // lazyRestore says whether restores map memory lazily.
 func (m *Manager) lazyRestore(vmmName string) bool {
-	d, err := m.driver(vmmName)
-	return err == nil && d.LazyRestore && !m.cfg.RestoreCopy
+	return m.caps(vmmName).OnDemandRestore && !m.cfg.RestoreCopy
 }
 
 // verify checks ref against its digests, as the policy for vmmName says,

@@ -164,9 +164,7 @@ func TestDamagedSuspendSlotKeepsTheVMAsleep(t *testing.T) {
 func TestLazyRestoreVerifiesAfter(t *testing.T) {
 	e := newEnv(t)
 	e.m.Close()
-	d := e.drv.Machine()
-	d.LazyRestore = true
-	e.cfg.Drivers = map[string]machine.Driver{machinetest.Name: d}
+	e.drv.LazyRestore = true
 	e.open()
 	ctx := ctxT(t)
 	e.create("a")

@@ -81,7 +81,7 @@ type Config struct {
 	// Close closes it).
 	Registry registry.Store
 	// Drivers replaces the VMM drivers found on the host (tests).
-	Drivers map[string]Driver
+	Drivers map[string]vmm.Driver
 	// Memory is the memory budget and the pressure watcher (see
 	// admission.go, pressure.go).
 	Memory MemoryConfig
@@ -130,7 +130,7 @@ type Manager struct {
 	log    *slog.Logger
 
 	kvm     vmm.KVMStatus
-	drivers map[string]Driver
+	drivers map[string]vmm.Driver
 	vmmName string // the driver new VMs run under
 
 	imageMu sync.Mutex // serialises base image imports

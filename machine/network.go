@@ -187,7 +187,7 @@ func (m *Manager) guestNet(vm registry.VM, sp spec) (network.GuestConfig, []vmm.
 	if sp.Net != nil && m.net != nil {
 		return sp.Net.Guest(), []vmm.Net{{ID: "net0", Tap: sp.Net.Tap, MAC: sp.MAC}}, true
 	}
-	if d, err := m.driver(vm.VMM); err == nil && d.UserNet {
+	if m.caps(vm.VMM).UserNet {
 		return network.UserNet, []vmm.Net{{ID: "net0", MAC: sp.MAC}}, true
 	}
 	return network.GuestConfig{}, nil, false
@@ -208,7 +208,7 @@ func (m *Manager) Network() string {
 	if m.net != nil {
 		return m.net.String()
 	}
-	d := m.drivers[m.vmmName].Network
+	d := m.caps(m.vmmName).Network
 	if m.netWhy != "" {
 		d += " (no tap: " + m.netWhy + ")"
 	}

@@ -46,8 +46,8 @@ type prelaunched struct {
 // prelaunches and the restore stages both the memory (ram) and the disk
 // (disk); nil otherwise. pred is the VM's running instance, nil if none.
 func (m *Manager) prelaunch(ctx context.Context, vm registry.VM, sp spec, pred *instance, ram *stagedRAM, disk *stagedDisk) *prelaunched {
-	d, err := m.driver(vm.VMM)
-	if err != nil || d.Prelaunch == nil || ram == nil || disk == nil {
+	d, _ := m.drivers[vm.VMM].(vmm.PrelaunchDriver)
+	if d == nil || ram == nil || disk == nil {
 		return nil
 	}
 	name := fmt.Sprintf("%s%s-%x", prelaunchPrefix, vm.Name, uint32(time.Now().UnixNano()))
@@ -69,7 +69,7 @@ func (m *Manager) prelaunch(ctx context.Context, vm registry.VM, sp spec, pred *
 }
 
 // launch starts the VMM once the staged disk is made.
-func (p *prelaunched) launch(ctx context.Context, vm registry.VM, sp spec, d Driver, pred vmm.Hypervisor) error {
+func (p *prelaunched) launch(ctx context.Context, vm registry.VM, sp spec, d vmm.PrelaunchDriver, pred vmm.Hypervisor) error {
 	m := p.m
 	if err := p.disk.wait(); err != nil {
 		return err
@@ -100,7 +100,7 @@ func (p *prelaunched) launch(ctx context.Context, vm registry.VM, sp spec, d Dri
 	if err := m.startConfine(p.name, vm.CPUs, vm.MemoryBytes); err != nil {
 		return err
 	}
-	hv := d.Prelaunch(p.rd, vm.Name)
+	hv := d.NewPrelauncher(p.rd, vm.Name)
 	if err := hv.Start(ctx); err != nil {
 		return err
 	}

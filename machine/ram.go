@@ -30,7 +30,7 @@ const tmpfsMagic = 0x01021994
 func (m *Manager) setupRAM() {
 	needed := false
 	for _, d := range m.drivers {
-		needed = needed || d.RAMFile
+		needed = needed || d.Capabilities().RAMFile
 	}
 	switch {
 	case m.cfg.RAMDir != "":

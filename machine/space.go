@@ -68,7 +68,7 @@ func (m *Manager) memorySnapshotNeed(vm registry.VM) int64 {
 // guest's memory size: a full filesystem there kills the VMM with a bus
 // error the moment the guest touches a page it cannot have.
 func (m *Manager) needRAMSpace(vm registry.VM, staged int64) error {
-	if d, err := m.driver(vm.VMM); err != nil || !d.RAMFile {
+	if !m.caps(vm.VMM).RAMFile {
 		return nil
 	}
 	var st unix.Statfs_t

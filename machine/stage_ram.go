@@ -10,6 +10,7 @@ import (
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
+	"github.com/denhq/den/vmm"
 )
 
 // ramStaged marks a RAM directory a restore fills ahead of its VMM:
@@ -33,8 +34,8 @@ type stagedRAM struct {
 // stageRAM starts staging the memory of checkpoint cp of vm, when its
 // driver stages memory and the host has room; nil otherwise.
 func (m *Manager) stageRAM(ctx context.Context, vm registry.VM, cp registry.Checkpoint) *stagedRAM {
-	d, err := m.driver(vm.VMM)
-	if err != nil || d.StageMemory == nil || m.ramDir == "" || cp.Kind != checkpoint.KindMemoryDisk {
+	d, _ := m.drivers[vm.VMM].(vmm.MemoryStager)
+	if d == nil || m.ramDir == "" || cp.Kind != checkpoint.KindMemoryDisk {
 		return nil
 	}
 	// Only from a local copy: read through the volume, the staging slows

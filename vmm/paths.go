@@ -10,6 +10,9 @@ type RunDir string
 // Path is the directory itself.
 func (d RunDir) Path() string { return string(d) }
 
+// Name is the runtime directory's base name: its VM's (runtime) name.
+func (d RunDir) Name() string { return filepath.Base(string(d)) }
+
 // APISocket is the VMM's control socket (CH REST API or QEMU QMP).
 func (d RunDir) APISocket() string { return filepath.Join(string(d), "api.sock") }
 

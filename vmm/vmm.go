@@ -126,7 +126,27 @@ type Capabilities struct {
 	MultiConn bool
 	// ResizeDisk: disks of a running or paused VM can grow.
 	ResizeDisk bool
+	// Kernel is the form of guest kernel the VMM boots.
+	Kernel KernelForm
+	// RAMFile: guest RAM lives in a file on the host (the driver's
+	// Options say where), which must have room for it.
+	RAMFile bool
+	// UserNet: without a TAP, guests get the VMM's user-mode network
+	// (one net device without a TAP).
+	UserNet bool
+	// Network says, for den info and doctor, how guests reach the
+	// network without TAP networking.
+	Network string
 }
+
+// KernelForm is a form of guest kernel.
+type KernelForm string
+
+// The kernel forms an image holds.
+const (
+	KernelBzImage KernelForm = "bzImage" // a compressed kernel with its setup code
+	KernelVmlinux KernelForm = "vmlinux" // an uncompressed ELF kernel with a PVH entry
+)
 
 // Config describes a VM to create.
 type Config struct {

@@ -22,8 +22,6 @@ import (
 
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/agent/guest"
-	"github.com/denhq/den/image"
-	"github.com/denhq/den/machine"
 	"github.com/denhq/den/vmm"
 )
 
@@ -42,7 +40,11 @@ type Driver struct {
 	// Hook, when set, is called at the start of every VMM call with its
 	// name ("pause", "snapshot", ...): tests widen race windows with it.
 	Hook func(op, rundir string)
-	log  *slog.Logger
+	// LazyRestore makes the fake say that its restores map memory
+	// lazily (vmm.Capabilities.OnDemandRestore); set it before a
+	// Manager uses the driver.
+	LazyRestore bool
+	log         *slog.Logger
 }
 
 // NewDriver returns a fake VMM driver.
@@ -52,24 +54,27 @@ func NewDriver() *Driver {
 	return d
 }
 
-// Machine is the machine.Driver of d.
-func (d *Driver) Machine() machine.Driver {
-	return machine.Driver{
-		Name: Name,
-		New:  func(rd vmm.RunDir) vmm.Hypervisor { return d.newVMM(rd) },
-		Adopt: func(ctx context.Context, rd vmm.RunDir) (vmm.Hypervisor, error) {
-			d.mu.Lock()
-			defer d.mu.Unlock()
-			v, ok := d.vms[rd.Path()]
-			if !ok || !v.alive() {
-				return nil, fmt.Errorf("adopt %s: no vmm answers: %w", rd.Path(), vmm.ErrNotRunning)
-			}
-			return v, nil
-		},
-		Kernel:  func(image.Dir) string { return "/fake/vmlinux" },
-		Accel:   "fake",
-		Network: "none (fake vmm)",
+var _ vmm.Driver = (*Driver)(nil)
+
+// Capabilities implements vmm.Driver.
+func (d *Driver) Capabilities() vmm.Capabilities {
+	return vmm.Capabilities{Name: Name, Version: "0", Accelerator: "fake", Pause: true, Snapshot: true,
+		OnDemandRestore: d.LazyRestore, GuestChannel: vmm.ChannelVsock, MultiConn: true, ResizeDisk: true,
+		Kernel: vmm.KernelVmlinux, Network: "none (fake vmm)"}
+}
+
+// New implements vmm.Driver.
+func (d *Driver) New(rd vmm.RunDir) vmm.Hypervisor { return d.newVMM(rd) }
+
+// Adopt implements vmm.Driver.
+func (d *Driver) Adopt(ctx context.Context, rd vmm.RunDir) (vmm.Hypervisor, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, ok := d.vms[rd.Path()]
+	if !ok || !v.alive() {
+		return nil, fmt.Errorf("adopt %s: no vmm answers: %w", rd.Path(), vmm.ErrNotRunning)
 	}
+	return v, nil
 }
 
 // Boots counts cold boots (Boot calls) since the driver was made.
@@ -156,11 +161,8 @@ func (v *VMM) hook(op string) error {
 	return nil
 }
 
-// Capabilities of the fake.
-func (v *VMM) Capabilities() vmm.Capabilities {
-	return vmm.Capabilities{Name: Name, Version: "0", Accelerator: "fake", Pause: true, Snapshot: true,
-		OnDemandRestore: true, GuestChannel: vmm.ChannelVsock, MultiConn: true, ResizeDisk: true}
-}
+// Capabilities of the fake: its driver's.
+func (v *VMM) Capabilities() vmm.Capabilities { return v.d.Capabilities() }
 
 // Start starts the fake process.
 func (v *VMM) Start(ctx context.Context) error {

@@ -257,9 +257,14 @@ func (v *VMM) Counters(ctx context.Context) (VmCounters, error) {
 // Capabilities says what Cloud Hypervisor does; Version is known once
 // Start or Adopt pinged the VMM.
 func (v *VMM) Capabilities() vmm.Capabilities {
+	return capabilities(v.cachedVersion())
+}
+
+// capabilities are Cloud Hypervisor's, its binary at version ver.
+func capabilities(ver string) vmm.Capabilities {
 	return vmm.Capabilities{
 		Name:            "cloud-hypervisor",
-		Version:         v.cachedVersion(),
+		Version:         ver,
 		Accelerator:     "kvm",
 		Pause:           true,
 		Snapshot:        true,
@@ -267,6 +272,8 @@ func (v *VMM) Capabilities() vmm.Capabilities {
 		GuestChannel:    vmm.ChannelVsock,
 		MultiConn:       true,
 		ResizeDisk:      true,
+		Kernel:          vmm.KernelVmlinux,
+		Network:         "none (Cloud Hypervisor has no user-mode network)",
 	}
 }
 

@@ -134,15 +134,26 @@ func (v *VMM) Capabilities() vmm.Capabilities {
 	if v.opts.Binary != "" {
 		ver, _ = Version(context.Background(), v.opts.Binary)
 	}
+	return capabilities(v.accelerator(), ver)
+}
+
+// capabilities are QEMU's under accelerator accel, its binary at version
+// ver.
+func capabilities(accel, ver string) vmm.Capabilities {
 	return vmm.Capabilities{
 		Name:         "qemu",
 		Version:      ver,
-		Accelerator:  v.accelerator(),
+		Accelerator:  accel,
 		Pause:        true,
 		Snapshot:     true,
 		GuestChannel: vmm.ChannelSerial,
 		MultiConn:    false,
 		ResizeDisk:   true,
+		Kernel:       vmm.KernelBzImage,
+		RAMFile:      true,
+		UserNet:      true,
+		// QEMU's user-mode network: the guest is 10.0.2.15 behind NAT.
+		Network: "qemu user-mode networking (outbound NAT only, no inbound)",
 	}
 }
 
