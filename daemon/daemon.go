@@ -281,9 +281,10 @@ func listenUnix(path string) (net.Listener, error) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	old := umask(0o177)
+	// Never under a umask of its own: the umask is the process's, and
+	// the boot wake already makes VMs' directories (a RAM dir made then
+	// without search permission kept its VMM from its RAM file).
 	ln, err := net.Listen("unix", path)
-	umask(old)
 	if err != nil {
 		return nil, err
 	}

@@ -519,3 +519,29 @@ func TestGuestPrelaunchedRestore(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestConfinedStartWhateverTheUmask: a run dir and RAM dir made without
+// search permission (under a umask such as 0177, which a daemon thread
+// may have set meanwhile) still let the confined QEMU start.
+func TestConfinedStartWhateverTheUmask(t *testing.T) {
+	e := newGuestEnv(t)
+	rd := filepath.Join(e.dir, "u")
+	ramDir := filepath.Join(e.dir, "ram-u")
+	for _, d := range []string{rd, ramDir} {
+		if err := os.Mkdir(d, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := qemu.New(qemu.Options{RunDir: vmm.RunDir(rd), RAMFile: filepath.Join(ramDir, "memory"), Confine: confine(t, "u")})
+	ctx := context.Background()
+	if err := v.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = v.Shutdown(context.Background()) })
+	if err := v.Create(ctx, e.config()); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := v.Info(ctx); err != nil || info.State != vmm.StateCreated {
+		t.Fatalf("created vm: %+v %v", info, err)
+	}
+}

@@ -297,6 +297,14 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool, ram str
 		return err
 	}
 	if u := v.opts.Confine.User; u != nil {
+		// The directories QEMU passes through are its own, 0700 whatever
+		// umask they were made under.
+		for _, d := range []string{rd.Path(), filepath.Dir(ram)} {
+			if err := os.Chmod(d, 0o700); err != nil && !errors.Is(err, os.ErrNotExist) {
+				end()
+				return fmt.Errorf("qemu: %w", err)
+			}
+		}
 		if err := u.Own(rd.Path(), rd.ConsoleLog(), filepath.Dir(ram), ram); err != nil {
 			end()
 			return err
