@@ -13,7 +13,7 @@ type instance struct {
 	name     string
 	hv       vmm.Hypervisor
 	stopping chan struct{} // closed when den itself stops the VMM
-	started  time.Time     // when den started or adopted the VMM
+	started  time.Time     // when den started or adopted the VMM (a prelaunched one: opened its disk)
 
 	dialMu  sync.Mutex // serialises redials of the agent
 	agentMu sync.Mutex
@@ -179,6 +179,14 @@ func (m *Manager) setInstance(in *instance) {
 	if in.started.Before(m.volumeLostAt) {
 		go m.stopLost(in, m.volumeLostWhy)
 	}
+}
+
+// volumeLostSince says whether the volume's mount was lost after t: a
+// VMM that opened its disk at t holds it on the dead mount.
+func (m *Manager) volumeLostSince(t time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return t.Before(m.volumeLostAt)
 }
 
 func (m *Manager) dropInstance(name string) {

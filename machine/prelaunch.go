@@ -35,10 +35,13 @@ type prelaunched struct {
 	held     chan struct{}
 	holdOnce sync.Once
 
-	hv    vmm.Prelauncher // set once its process answers
-	err   error
-	taken bool
-	gone  bool
+	hv  vmm.Prelauncher // set once its process answers
+	err error
+	// opened is when the staged disk was opened for the VMM: the VMM
+	// runs on the volume mount of that moment (volumeLost).
+	opened time.Time
+	taken  bool
+	gone   bool
 }
 
 // prelaunch starts, in the background, the VMM that a restore of vm
@@ -80,6 +83,7 @@ func (p *prelaunched) launch(ctx context.Context, vm registry.VM, sp spec, d vmm
 	}
 	// Held open here, and by the VMM through its own fd (the magic
 	// link reopens this very file), the disk may be renamed meanwhile.
+	p.opened = time.Now()
 	disk, err := os.Open(path)
 	p.hold()
 	if err != nil {
@@ -124,23 +128,25 @@ func (p *prelaunched) waitHeld() {
 // take hands the prelaunched VMM over as vm's, once vm's old VMM is gone
 // and its runtime files discarded: in vm's runtime dir and cgroup. It
 // waits for the VMM and for disks (the staged disk put in place, and
-// the volume), and returns nil, having dropped it, when there is none to
-// take: it failed, the staged memory or disk was not used after all (the
-// restore then starts a VMM as usual).
-func (p *prelaunched) take(ctx context.Context, vm registry.VM, disks func() error) vmm.Hypervisor {
+// the volume), and returns it with the time it opened its disk (the
+// instance's start, for the volume-loss check); nil, having dropped it,
+// when there is none to take: it failed, the staged memory or disk was
+// not used after all, or the volume's mount was lost since it opened
+// its disk (the restore then starts a VMM as usual, on the live mount).
+func (p *prelaunched) take(ctx context.Context, vm registry.VM, disks func() error) (vmm.Hypervisor, time.Time) {
 	if p == nil {
-		return nil
+		return nil, time.Time{}
 	}
 	defer phase.Begin(ctx, "take the prelaunched vmm")()
 	<-p.done
 	if p.err != nil || p.hv == nil {
 		p.drop()
-		return nil
+		return nil, time.Time{}
 	}
 	staged, _ := p.ram.take()
-	if staged != p.ram.file() || (disks != nil && disks() != nil) || !p.disk.used {
+	if staged != p.ram.file() || (disks != nil && disks() != nil) || !p.disk.used || p.m.volumeLostSince(p.opened) {
 		p.drop()
-		return nil
+		return nil, time.Time{}
 	}
 	m := p.m
 	rd := m.state.Run(vm.Name)
@@ -148,17 +154,17 @@ func (p *prelaunched) take(ctx context.Context, vm registry.VM, disks func() err
 	if err := p.hv.MoveRunDir(rd); err != nil {
 		m.log.Warn("den: take a prelaunched vmm", "vm", vm.Name, "err", err)
 		p.drop()
-		return nil
+		return nil, time.Time{}
 	}
 	p.rd = rd
 	if err := m.startConfine(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
 		m.log.Warn("den: take a prelaunched vmm", "vm", vm.Name, "err", err)
 		p.drop()
-		return nil
+		return nil, time.Time{}
 	}
 	m.moveCgroup(p.name, vm.Name)
 	p.taken = true
-	return p.hv
+	return p.hv, p.opened
 }
 
 // drop stops a prelaunched VMM nobody took and removes its runtime dir

@@ -104,7 +104,7 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, src 
 	m.discardRuntime(vm.Name)
 	// A VMM prelaunched on the staged memory is taken as it is, in the
 	// VM's runtime dir; else one is started.
-	hv := ram.prelaunched().take(ctx, vm, disks)
+	hv, opened := ram.prelaunched().take(ctx, vm, disks)
 	if hv == nil {
 		if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
 			return nil, err
@@ -122,6 +122,9 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, src 
 		return nil, err
 	}
 	in := newInstance(vm.Name, hv)
+	if !opened.IsZero() {
+		in.started = opened // the prelaunched VMM's disk is as old as that
+	}
 	fail := func(err error) (*instance, error) {
 		close(in.stopping)
 		in.closeAgent()
