@@ -148,11 +148,11 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 		return err
 	}
 	defer os.RemoveAll(rd.Path())
-	if err := m.startConfine(bvm.Name, bvm.CPUs, bvm.MemoryBytes); err != nil {
+	if err := m.conf.start(bvm.Name, bvm.CPUs, bvm.MemoryBytes); err != nil {
 		return err
 	}
 	// After the shutdown below: its cgroup and its RAM file.
-	defer m.dropCgroup(bvm.Name)
+	defer m.conf.drop(bvm.Name)
 	defer m.discardRAM(bvm.Name)
 	hv, err := m.newHypervisor(vm.VMM, rd)
 	if err != nil {

@@ -90,7 +90,7 @@ func (m *Manager) boot(ctx context.Context, vm registry.VM, sp spec) error {
 	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
-	if err := m.startConfine(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
+	if err := m.conf.start(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
 	hv, err := m.newHypervisor(vm.VMM, rd)
@@ -145,5 +145,5 @@ func (m *Manager) discardRuntime(name string) {
 		_ = os.Remove(p)
 	}
 	m.discardRAM(name)
-	m.dropCgroup(name)
+	m.conf.drop(name)
 }

@@ -32,11 +32,18 @@ const DefaultPidsMax = 256
 // DefaultIOWeight is each VMM's share of block I/O (cgroup v2's default).
 const DefaultIOWeight = 100
 
-// confinement is the Manager's VMM confinement.
+// confinement is the Manager's VMM confinement: the user VMMs run as
+// and the cgroup each VMM runs in, by VM (runtime) name.
 type confinement struct {
 	user *vmm.User        // nil: VMMs run as root (no such user could be made)
 	cgs  cgroup.Hierarchy // nil: no cgroups
 	why  string           // what is missing, for den doctor
+	// prefix names this daemon's groups (two daemons' VMs of one name
+	// have groups of their own); overhead is what a VMM's group allows
+	// beside its guest's RAM (limits).
+	prefix   string
+	overhead int64
+	log      *slog.Logger
 
 	mu     sync.Mutex
 	groups map[string]cgroup.Group // by VM (runtime) name
@@ -46,7 +53,11 @@ type confinement struct {
 // either missing is a warning. A state dir the VMM user cannot reach is
 // an error: every VM would fail to start.
 func (m *Manager) setupConfine() error {
-	m.conf = &confinement{groups: map[string]cgroup.Group{}}
+	overhead := max(m.adm.overhead, DefaultCgroupOverhead)
+	if m.kvm.Accelerator() == "tcg" {
+		overhead += qemu.TCGCacheMiB << 20
+	}
+	m.conf = &confinement{groups: map[string]cgroup.Group{}, prefix: m.netID(), overhead: overhead, log: m.log}
 	if m.cfg.Drivers != nil || m.cfg.VMUser == "-" {
 		m.conf.why = "confinement off (test drivers or VMUser \"-\")"
 		return nil
@@ -159,16 +170,16 @@ func passThrough(state StateDir, user string) error {
 	return nil
 }
 
-// vmmConfine is how the VMM of a VM (by runtime name) is confined: the
-// user, and the group made for it by startConfine, if any.
-func (m *Manager) vmmConfine(name string) vmm.Confine {
-	c := vmm.Confine{User: m.conf.user}
-	m.conf.mu.Lock()
-	if g, ok := m.conf.groups[name]; ok {
-		c.Cgroup = g
+// vmm is how the VMM of a VM (by runtime name) is confined: the user,
+// and the group made for it by start, if any.
+func (c *confinement) vmm(name string) vmm.Confine {
+	vc := vmm.Confine{User: c.user}
+	c.mu.Lock()
+	if g, ok := c.groups[name]; ok {
+		vc.Cgroup = g
 	}
-	m.conf.mu.Unlock()
-	return c
+	c.mu.Unlock()
+	return vc
 }
 
 // DefaultCgroupOverhead is the memory a VMM's cgroup allows beside its
@@ -181,82 +192,77 @@ func (m *Manager) vmmConfine(name string) vmm.Confine {
 // QEMU rather than the guest's own allocator.
 const DefaultCgroupOverhead = 256 << 20
 
-// vmmLimits are the cgroup limits of a VM's VMM: its guest RAM plus
-// DefaultCgroupOverhead (or the budget's VMM overhead, if set larger)
-// and, under TCG, its translation cache; its vCPUs' worth of CPU,
+// limits are the cgroup limits of a VM's VMM: its guest RAM plus the
+// overhead (DefaultCgroupOverhead, or the budget's VMM overhead if set
+// larger, and under TCG its translation cache); its vCPUs' worth of CPU,
 // DefaultPidsMax, DefaultIOWeight.
-func (m *Manager) vmmLimits(cpus int, memory int64) cgroup.Limits {
-	overhead := max(m.adm.overhead, DefaultCgroupOverhead)
-	if m.kvm.Accelerator() == "tcg" {
-		overhead += qemu.TCGCacheMiB << 20
-	}
-	return cgroup.Limits{MemoryMax: memory + overhead, CPUQuota: float64(cpus),
+func (c *confinement) limits(cpus int, memory int64) cgroup.Limits {
+	return cgroup.Limits{MemoryMax: memory + c.overhead, CPUQuota: float64(cpus),
 		PidsMax: DefaultPidsMax, IOWeight: DefaultIOWeight}
 }
 
-// startConfine makes the cgroup a VM's VMM starts in (runtime name, its
-// sizes); without cgroups it does nothing.
-func (m *Manager) startConfine(name string, cpus int, memory int64) error {
-	if m.conf.cgs == nil {
+// start makes the cgroup a VM's VMM starts in (runtime name, its sizes);
+// without cgroups it does nothing.
+func (c *confinement) start(name string, cpus int, memory int64) error {
+	if c.cgs == nil {
 		return nil
 	}
-	m.dropCgroup(name) // a group a crashed VMM left
-	g, err := m.conf.cgs.Create(m.cgroupName(name), m.vmmLimits(cpus, memory))
+	c.drop(name) // a group a crashed VMM left
+	g, err := c.cgs.Create(c.groupName(name), c.limits(cpus, memory))
 	if err != nil {
 		return err
 	}
-	m.conf.mu.Lock()
-	m.conf.groups[name] = g
-	m.conf.mu.Unlock()
+	c.mu.Lock()
+	c.groups[name] = g
+	c.mu.Unlock()
 	return nil
 }
 
-// moveCgroup moves the processes of runtime name from's cgroup into
-// to's (a prelaunched VMM taking its VM's) and removes from's.
-func (m *Manager) moveCgroup(from, to string) {
-	if m.conf == nil || m.conf.cgs == nil {
+// move moves the processes of runtime name from's cgroup into to's (a
+// prelaunched VMM taking its VM's) and removes from's.
+func (c *confinement) move(from, to string) {
+	if c == nil || c.cgs == nil {
 		return
 	}
-	m.conf.mu.Lock()
-	src, okS := m.conf.groups[from]
-	dst, okD := m.conf.groups[to]
-	m.conf.mu.Unlock()
+	c.mu.Lock()
+	src, okS := c.groups[from]
+	dst, okD := c.groups[to]
+	c.mu.Unlock()
 	if okS && okD {
 		pids, err := src.Pids()
 		for i := 0; err == nil && i < len(pids); i++ {
 			err = dst.Add(pids[i])
 		}
 		if err != nil {
-			m.log.Warn("den: move a vmm into its vm's cgroup", "from", from, "to", to, "err", err)
+			c.log.Warn("den: move a vmm into its vm's cgroup", "from", from, "to", to, "err", err)
 		}
 	}
-	m.dropCgroup(from)
+	c.drop(from)
 }
 
-// dropCgroup removes a VM's cgroup once its VMM is gone (bounded: the
-// last threads of a killed VMM take a moment to leave).
-func (m *Manager) dropCgroup(name string) {
-	if m.conf == nil || m.conf.cgs == nil {
+// drop removes a VM's cgroup once its VMM is gone (bounded: the last
+// threads of a killed VMM take a moment to leave).
+func (c *confinement) drop(name string) {
+	if c == nil || c.cgs == nil {
 		return
 	}
-	m.conf.mu.Lock()
-	g, ok := m.conf.groups[name]
-	delete(m.conf.groups, name)
-	m.conf.mu.Unlock()
+	c.mu.Lock()
+	g, ok := c.groups[name]
+	delete(c.groups, name)
+	c.mu.Unlock()
 	if !ok {
-		g = m.conf.cgs.Open(m.cgroupName(name))
+		g = c.cgs.Open(c.groupName(name))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := g.Remove(ctx); err != nil {
-		m.log.Warn("den: remove vmm cgroup", "vm", name, "err", err)
+		c.log.Warn("den: remove vmm cgroup", "vm", name, "err", err)
 	}
 }
 
-// cgroupName is the cgroup of a VM's VMM: the VM's name after this
-// daemon's id (the network's), so that two daemons' VMs of one name
-// have groups of their own.
-func (m *Manager) cgroupName(name string) string { return m.netID() + "-" + name }
+// groupName is the cgroup of a VM's VMM: the VM's name after this
+// daemon's prefix.
+func (c *confinement) groupName(name string) string { return c.prefix + "-" + name }
 
 // CgroupStatus is a running VM's cgroup: its limits and what it uses.
 type CgroupStatus struct {
@@ -266,21 +272,21 @@ type CgroupStatus struct {
 	Use     cgroup.Stats  `json:"use"`
 }
 
-// cgroupStatus reads a VM's cgroup; nil without one.
-func (m *Manager) cgroupStatus(name string) *CgroupStatus {
-	if m.conf == nil || m.conf.cgs == nil {
+// status reads a VM's cgroup; nil without one.
+func (c *confinement) status(name string) *CgroupStatus {
+	if c == nil || c.cgs == nil {
 		return nil
 	}
-	g := m.conf.cgs.Open(m.cgroupName(name))
+	g := c.cgs.Open(c.groupName(name))
 	l, err := g.Limits()
 	if err != nil {
 		return nil
 	}
-	s, err := g.Stats()
+	st, err := g.Stats()
 	if err != nil {
 		return nil
 	}
-	return &CgroupStatus{Name: g.Name(), Version: g.Version(), Limits: l, Use: s}
+	return &CgroupStatus{Name: g.Name(), Version: g.Version(), Limits: l, Use: st}
 }
 
 // Confinement says how VMMs are confined here, for den doctor: the

@@ -27,14 +27,14 @@ func (m *Manager) builtinDrivers() map[string]vmm.Driver {
 			Accel: m.kvm.Accelerator(),
 			Options: func(rd vmm.RunDir, vm string) qemu.Options {
 				return qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log, StreamRAM: m.cfg.QEMUStreamRAM,
-					RAMFile: m.ramFile(vm), Confine: m.vmmConfine(rd.Name())}
+					RAMFile: m.ramFile(vm), Confine: m.conf.vmm(rd.Name())}
 			},
 		}
 	}
 	if bin, err := cloudhypervisor.FindBinary(); err == nil {
 		ds[VMMCloudHypervisor] = &cloudhypervisor.Driver{
 			Options: func(rd vmm.RunDir) cloudhypervisor.Options {
-				return cloudhypervisor.Options{Binary: bin, RunDir: rd, Logger: m.log, Confine: m.vmmConfine(rd.Name()),
+				return cloudhypervisor.Options{Binary: bin, RunDir: rd, Logger: m.log, Confine: m.conf.vmm(rd.Name()),
 					Landlock: true, LandlockRules: m.landlockRules(rd.Name())}
 			},
 		}

@@ -101,7 +101,7 @@ func (p *prelaunched) launch(ctx context.Context, vm registry.VM, sp spec, d vmm
 	if err := os.MkdirAll(p.rd.Path(), 0o700); err != nil {
 		return err
 	}
-	if err := m.startConfine(p.name, vm.CPUs, vm.MemoryBytes); err != nil {
+	if err := m.conf.start(p.name, vm.CPUs, vm.MemoryBytes); err != nil {
 		return err
 	}
 	hv := d.NewPrelauncher(p.rd, vm.Name)
@@ -157,12 +157,12 @@ func (p *prelaunched) take(ctx context.Context, vm registry.VM, disks func() err
 		return nil, time.Time{}
 	}
 	p.rd = rd
-	if err := m.startConfine(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
+	if err := m.conf.start(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
 		m.log.Warn("den: take a prelaunched vmm", "vm", vm.Name, "err", err)
 		p.drop()
 		return nil, time.Time{}
 	}
-	m.moveCgroup(p.name, vm.Name)
+	m.conf.move(p.name, vm.Name)
 	p.taken = true
 	return p.hv, p.opened
 }
@@ -184,7 +184,7 @@ func (p *prelaunched) drop() {
 		stopPIDFile(p.rd)
 	}
 	_ = os.RemoveAll(p.rd.Path())
-	p.m.dropCgroup(p.name)
+	p.m.conf.drop(p.name)
 }
 
 // stopPIDFile stops the VMM process rd's PID file names, if it runs.
@@ -206,6 +206,6 @@ func (m *Manager) sweepPrelaunched() {
 		m.log.Warn("den: stopping a vmm left prelaunched by an interrupted restore", "dir", rd.Path())
 		stopPIDFile(rd)
 		_ = os.RemoveAll(rd.Path())
-		m.dropCgroup(e.Name())
+		m.conf.drop(e.Name())
 	}
 }

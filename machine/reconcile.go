@@ -229,7 +229,7 @@ func (m *Manager) watch(in *instance) {
 	}
 	in.closeAgent()
 	m.dropInstanceIf(in)
-	m.dropCgroup(in.name)
+	m.conf.drop(in.name)
 	m.recordStopped(ctx, in.name, reason)
 }
 

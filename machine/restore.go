@@ -109,7 +109,7 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, src 
 		if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
 			return nil, err
 		}
-		if err := m.startConfine(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
+		if err := m.conf.start(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
 			return nil, err
 		}
 		if hv, err = m.newHypervisor(vm.VMM, rd); err != nil {

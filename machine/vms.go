@@ -98,7 +98,7 @@ func (m *Manager) status(ctx context.Context, vm registry.VM, measure bool) Stat
 	st.DiskUsed = m.diskUsed(ctx, vm.Name, measure)
 	if vm.State == registry.StateRunning && in != nil && alive(in) {
 		st.PID = in.hv.PID()
-		st.Cgroup = m.cgroupStatus(vm.Name)
+		st.Cgroup = m.conf.status(vm.Name)
 		sessions, last := in.activity()
 		if sessions > 0 {
 			st.LastActive = time.Now().UTC()
