@@ -153,7 +153,7 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 	}
 	// After the shutdown below: its cgroup and its RAM file.
 	defer m.conf.drop(bvm.Name)
-	defer m.discardRAM(bvm.Name)
+	defer m.ram.discard(bvm.Name)
 	hv, err := m.newHypervisor(vm.VMM, rd)
 	if err != nil {
 		return err

@@ -144,6 +144,6 @@ func (m *Manager) discardRuntime(name string) {
 	for _, p := range []string{rd.MemoryFile(), rd.APISocket(), rd.AgentSocket(), rd.VsockSocket(), rd.PIDFile()} {
 		_ = os.Remove(p)
 	}
-	m.discardRAM(name)
+	m.ram.discard(name)
 	m.conf.drop(name)
 }

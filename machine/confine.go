@@ -112,7 +112,7 @@ func (m *Manager) VMMGuard(ctx context.Context) (bool, error) {
 // database from it.
 func (m *Manager) openPaths() error {
 	run := filepath.Dir(m.state.Run("x").Path())
-	for _, d := range []string{m.state.Path(), run, m.ramDir} {
+	for _, d := range []string{m.state.Path(), run, m.ram.dir} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			m.log.Warn("den: vmm user: directory", "dir", d, "err", err)
 			continue

@@ -27,7 +27,7 @@ func (m *Manager) builtinDrivers() map[string]vmm.Driver {
 			Accel: m.kvm.Accelerator(),
 			Options: func(rd vmm.RunDir, vm string) qemu.Options {
 				return qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log, StreamRAM: m.cfg.QEMUStreamRAM,
-					RAMFile: m.ramFile(vm), Confine: m.conf.vmm(rd.Name())}
+					RAMFile: m.ram.file(vm), Confine: m.conf.vmm(rd.Name())}
 			},
 		}
 	}

@@ -140,9 +140,7 @@ type Manager struct {
 	net    *network.Host // TAP networking; nil: the VMM's own (network.go)
 	netWhy string        // why not TAP networking, for den doctor
 
-	ramDir   string   // guest RAM files (setupRAM)
-	ramWhere string   // where that is, for den doctor
-	ramFrees inFlight // RAM files being freed (discardRAM)
+	ram guestRAM // where guest RAM files go (ram.go)
 
 	conf *confinement // the VMMs' user and cgroups (confine.go)
 
@@ -282,7 +280,7 @@ func (m *Manager) Close() error {
 	// Background digests end at their next extent: wait for them, so
 	// that none reads a volume being unmounted.
 	bg := make(chan struct{})
-	go func() { m.background.Wait(); m.ramFrees.wait(); close(bg) }()
+	go func() { m.background.Wait(); m.ram.frees.wait(); close(bg) }()
 	select {
 	case <-bg:
 	case <-time.After(30 * time.Second):

@@ -95,7 +95,7 @@ func (m *Manager) startMemCopy(name string) *memCopyJob {
 	if c == nil || c.budget <= 0 {
 		return nil
 	}
-	ram := m.ramFile(name)
+	ram := m.ram.file(name)
 	st, err := os.Stat(ram)
 	if err != nil || !st.Mode().IsRegular() {
 		return nil

@@ -3,6 +3,7 @@ package machine
 import (
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -23,6 +24,14 @@ import (
 // tmpfsMagic is statfs's f_type of a tmpfs.
 const tmpfsMagic = 0x01021994
 
+// guestRAM is the directory of the VMs' guest RAM files: one directory
+// per VM (runtime) name, holding its file.
+type guestRAM struct {
+	dir   string   // "": no VMM here keeps RAM in a file
+	where string   // where that is, for den doctor
+	frees inFlight // RAM files being freed (discard)
+}
+
 // setupRAM decides where guest RAM files go, once the drivers are known:
 // Config.RAMDir as given, else a tmpfs at StateDir.RAM() (mounted unless
 // it is one already), else /dev/shm, else, with a warning, the state
@@ -34,59 +43,62 @@ func (m *Manager) setupRAM() {
 	}
 	switch {
 	case m.cfg.RAMDir != "":
-		m.ramDir = m.cfg.RAMDir
-		m.ramWhere = describeRAM(m.ramDir)
+		m.ram.dir = m.cfg.RAMDir
+		m.ram.where = describeRAM(m.ram.dir)
 		return
 	case !needed:
-		m.ramDir = m.state.RAM()
-		m.ramWhere = "in the VMM's own memory"
+		m.ram.dir = m.state.RAM()
+		m.ram.where = "in the VMM's own memory"
 		return
 	}
 	dir := m.state.RAM()
 	err := mountTmpfs(dir)
 	if err == nil {
-		m.ramDir, m.ramWhere = dir, describeRAM(dir)
+		m.ram.dir, m.ram.where = dir, describeRAM(dir)
 		return
 	}
 	if isTmpfs("/dev/shm") {
 		h := fnv.New32a()
 		h.Write([]byte(m.state.Path()))
-		m.ramDir = filepath.Join("/dev/shm", fmt.Sprintf("den-%08x", h.Sum32()))
-		m.ramWhere = describeRAM(m.ramDir)
+		m.ram.dir = filepath.Join("/dev/shm", fmt.Sprintf("den-%08x", h.Sum32()))
+		m.ram.where = describeRAM(m.ram.dir)
 		m.log.Warn("den: guest RAM in /dev/shm: no tmpfs of den's own", "err", err)
 		return
 	}
-	m.ramDir = filepath.Join(m.state.Path(), "run-ram")
-	m.ramWhere = "a file on the state dir's disk (" + m.ramDir + "): every dirty guest page becomes host writeback"
+	m.ram.dir = filepath.Join(m.state.Path(), "run-ram")
+	m.ram.where = "a file on the state dir's disk (" + m.ram.dir + "): every dirty guest page becomes host writeback"
 	m.log.Warn("den: guest RAM on the state dir's disk: no tmpfs could be mounted and /dev/shm is not one", "err", err)
 }
 
-// ramFile is the file backing a VM's guest RAM.
-func (m *Manager) ramFile(name string) string { return filepath.Join(m.ramDir, name, "memory") }
+// file is the file backing a VM's guest RAM.
+func (r *guestRAM) file(name string) string { return filepath.Join(r.dir, name, "memory") }
 
-// ramGone marks a RAM directory moved aside to be freed (discardRAM):
+// allocated is what a VM's RAM file holds on its filesystem now.
+func (r *guestRAM) allocated(name string) int64 { return allocatedBytes(r.file(name)) }
+
+// ramGone marks a RAM directory moved aside to be freed (discard):
 // .gone-NAME-N. No VM name starts with a dot.
 const ramGone = ".gone-"
 
-// discardRAM frees a VM's RAM file, whose VMM has exited: the directory
+// discard frees a VM's RAM file, whose VMM has exited: the directory
 // is renamed aside at once and removed in the background. Freeing a
 // guest's pages from the tmpfs takes 20-50 ms here (512 MiB guest), time
 // a restore or a sleep need not wait for; needRAMSpace waits for the
 // frees in flight before it refuses, Close waits for them, and the next
-// start removes any a crash left (sweepRAM).
-func (m *Manager) discardRAM(name string) {
-	if m.ramDir == "" {
+// start removes any a crash left (guestRAM.sweep).
+func (r *guestRAM) discard(name string) {
+	if r.dir == "" {
 		return
 	}
-	dir := filepath.Dir(m.ramFile(name))
-	gone := filepath.Join(m.ramDir, fmt.Sprintf("%s%s-%d", ramGone, name, time.Now().UnixNano()))
+	dir := filepath.Dir(r.file(name))
+	gone := filepath.Join(r.dir, fmt.Sprintf("%s%s-%d", ramGone, name, time.Now().UnixNano()))
 	if err := os.Rename(dir, gone); err != nil {
 		_ = os.RemoveAll(dir) // none (the usual error), or removed here
 		return
 	}
-	m.ramFrees.add()
+	r.frees.add()
 	go func() {
-		defer m.ramFrees.done()
+		defer r.frees.done()
 		_ = os.RemoveAll(gone)
 	}()
 }
@@ -128,7 +140,7 @@ func (f *inFlight) wait() {
 	}
 }
 
-// sweepRAM removes, at the end of reconcile (vms is the registry it
+// sweep removes, at the end of reconcile (vms is the registry it
 // reconciled), the RAM
 // directories no VMM uses: den's own leftovers of a crash (a RAM
 // directory moved aside to be freed, a restore's staged memory
@@ -136,11 +148,11 @@ func (f *inFlight) wait() {
 // daemon's VMs whose VMM is gone (a crash; a host reboot with a RAM dir
 // that is not a tmpfs). Nothing else in the directory is touched: it may
 // be one others use (--ram-dir /dev/shm).
-func (m *Manager) sweepRAM(vms []registry.VM) {
-	if m.ramDir == "" {
+func (r *guestRAM) sweep(vms []registry.VM, inUse func(name string) bool, log *slog.Logger) {
+	if r.dir == "" {
 		return
 	}
-	ents, err := os.ReadDir(m.ramDir)
+	ents, err := os.ReadDir(r.dir)
 	if err != nil {
 		return
 	}
@@ -154,17 +166,17 @@ func (m *Manager) sweepRAM(vms []registry.VM) {
 		case !e.IsDir():
 			continue
 		case strings.HasPrefix(name, ramGone), strings.HasPrefix(name, ramStaged), strings.HasPrefix(name, baseVMPrefix):
-		case !ours[name] || m.instance(name) != nil:
+		case !ours[name] || inUse(name):
 			continue // not a VM of this daemon's, or in use
 		}
-		if err := os.RemoveAll(filepath.Join(m.ramDir, name)); err != nil {
-			m.log.Warn("den: remove an unused guest RAM file", "dir", name, "err", err)
+		if err := os.RemoveAll(filepath.Join(r.dir, name)); err != nil {
+			log.Warn("den: remove an unused guest RAM file", "dir", name, "err", err)
 		}
 	}
 }
 
 // GuestRAM says where guest RAM lives, for den doctor.
-func (m *Manager) GuestRAM() string { return m.ramWhere }
+func (m *Manager) GuestRAM() string { return m.ram.where }
 
 // mountTmpfs mounts a tmpfs at dir, as large as the host's RAM, unless a
 // tmpfs is there already (a daemon restart).

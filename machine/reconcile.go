@@ -48,7 +48,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		}
 	}
 	m.sweepPrelaunched()
-	m.sweepRAM(vms)
+	m.ram.sweep(vms, func(n string) bool { return m.instance(n) != nil }, m.log)
 	return nil
 }
 

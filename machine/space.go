@@ -57,7 +57,7 @@ func (m *Manager) needSpace(need int64, op string) error {
 // most: the guest RAM the VMM has allocated (QEMU's RAM file is sparse:
 // untouched pages cost nothing), else the VM's memory size.
 func (m *Manager) memorySnapshotNeed(vm registry.VM) int64 {
-	if n := m.ramFileAllocated(vm.Name); n > 0 {
+	if n := m.ram.allocated(vm.Name); n > 0 {
 		return n
 	}
 	return vm.MemoryBytes
@@ -72,31 +72,28 @@ func (m *Manager) needRAMSpace(vm registry.VM, staged int64) error {
 		return nil
 	}
 	var st unix.Statfs_t
-	if err := unix.Statfs(m.ramDir, &st); err != nil {
+	if err := unix.Statfs(m.ram.dir, &st); err != nil {
 		return nil
 	}
 	free := int64(st.Bavail) * st.Bsize
 	need := vm.MemoryBytes - staged // a staged RAM file takes no more room
-	if cur := m.ramFileAllocated(vm.Name); cur > 0 {
+	if cur := m.ram.allocated(vm.Name); cur > 0 {
 		need -= cur
 	}
 	if free < need {
-		// RAM files being freed in the background (discardRAM) count
+		// RAM files being freed in the background (guestRAM.discard) count
 		// as free: wait for them and look again.
-		m.ramFrees.wait()
-		if err := unix.Statfs(m.ramDir, &st); err == nil {
+		m.ram.frees.wait()
+		if err := unix.Statfs(m.ram.dir, &st); err == nil {
 			free = int64(st.Bavail) * st.Bsize
 		}
 	}
 	if free < need {
 		return fmt.Errorf("start vm %q: no room for the guest's RAM (%d MB free in %s, need %d MB): %w",
-			vm.Name, free>>20, m.ramDir, need>>20, ErrNoSpace)
+			vm.Name, free>>20, m.ram.dir, need>>20, ErrNoSpace)
 	}
 	return nil
 }
-
-// ramFileAllocated is what a VM's RAM file holds on disk now.
-func (m *Manager) ramFileAllocated(name string) int64 { return allocatedBytes(m.ramFile(name)) }
 
 // allocatedBytes is what the file at path holds on its filesystem now
 // (0 if there is none).

@@ -14,7 +14,7 @@ import (
 )
 
 // ramStaged marks a RAM directory a restore fills ahead of its VMM:
-// .staged-NAME-N. No VM name starts with a dot; sweepRAM removes any a
+// .staged-NAME-N. No VM name starts with a dot; guestRAM.sweep removes any a
 // crash left.
 const ramStaged = ".staged-"
 
@@ -35,7 +35,7 @@ type stagedRAM struct {
 // driver stages memory and the host has room; nil otherwise.
 func (m *Manager) stageRAM(ctx context.Context, vm registry.VM, cp registry.Checkpoint) *stagedRAM {
 	d, _ := m.drivers[vm.VMM].(vmm.MemoryStager)
-	if d == nil || m.ramDir == "" || cp.Kind != checkpoint.KindMemoryDisk {
+	if d == nil || m.ram.dir == "" || cp.Kind != checkpoint.KindMemoryDisk {
 		return nil
 	}
 	// Only from a local copy: read through the volume, the staging slows
@@ -50,7 +50,7 @@ func (m *Manager) stageRAM(ctx context.Context, vm registry.VM, cp registry.Chec
 		return nil
 	}
 	defer phase.Begin(ctx, "stage the memory: make its RAM file")()
-	st := &stagedRAM{dir: filepath.Join(m.ramDir, fmt.Sprintf("%s%s-%d", ramStaged, vm.Name, time.Now().UnixNano())),
+	st := &stagedRAM{dir: filepath.Join(m.ram.dir, fmt.Sprintf("%s%s-%d", ramStaged, vm.Name, time.Now().UnixNano())),
 		local: local}
 	wait, err := d.StageMemory(snap, st.local, st.file())
 	if err != nil {
