@@ -345,7 +345,7 @@ func (m *Manager) deleteCheckpoint(ctx context.Context, name, id string) error {
 		return err
 	}
 	m.memc.drop(name, id+"-")
-	m.dropCheckpointSpares(ctx, name, id)
+	m.spares.dropCheckpoint(ctx, name, id)
 	if err := m.db.DeleteCheckpoint(ctx, name, id); err != nil && !errors.Is(err, registry.ErrNotFound) {
 		return err
 	}

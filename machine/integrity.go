@@ -260,6 +260,16 @@ func (m *Manager) goBackground(f func()) bool {
 	return true
 }
 
+// inBackground is goBackground for f that runs for as long as den does:
+// its ctx ends when den closes.
+func (m *Manager) inBackground(f func(ctx context.Context)) bool {
+	return m.goBackground(func() {
+		ctx, cancel := m.lifetime()
+		defer cancel()
+		f(ctx)
+	})
+}
+
 // verifyTraced is verify as a step of the operation ctx traces.
 func (m *Manager) verifyTraced(ctx context.Context, ref snapshotRef, vmmName string) error {
 	defer phase.Begin(ctx, "verify")()
@@ -482,6 +492,6 @@ func (m *Manager) dropBase(ctx context.Context, dir storage.Path, why error) {
 	if err := m.vol.Rename(ctx, dir, bad); err != nil {
 		m.log.Warn("den: move a damaged warm base aside", "base", string(dir), "err", err)
 	}
-	m.dropSpares(ctx) // clones of its disk
+	m.spares.dropAll(ctx) // clones of its disk
 	m.memc.drop(baseCopies, "")
 }

@@ -147,8 +147,7 @@ type Manager struct {
 	usage usageCache // the disks' last measured use (usage.go)
 	memc  *memCopies // local copies of snapshots' memory (memcopy.go)
 
-	spareMu   sync.Mutex
-	spareBusy map[storage.Path]chan struct{} // spare disks being made, closed when done (spares.go)
+	spares *spares // spare disks (spares.go)
 
 	retireMu sync.Mutex
 	retiring map[string]bool // VMs whose retired suspend slots are being removed: true to look again (sleep.go)
@@ -221,6 +220,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		removals: make(chan struct{}, 2),
 	}
 	m.adm = m.newAdmission()
+	m.spares = &spares{vol: cfg.Volume, log: m.log, background: m.inBackground}
 	if err := m.chooseVMM(); err != nil {
 		closeDB()
 		return nil, err
@@ -234,7 +234,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		closeDB()
 		return nil, fmt.Errorf("local memory copies: %w", err)
 	}
-	m.dropSpares(ctx) // one may be half made
+	m.spares.dropAll(ctx) // one may be half made
 	if err := m.setupConfine(); err != nil {
 		closeDB()
 		return nil, err

@@ -378,7 +378,7 @@ func (m *Manager) stageDisk(ctx context.Context, cp registry.Checkpoint) *staged
 		if err := m.vol.Remove(ctx, st.path); err != nil {
 			return err
 		}
-		if m.takeSpare(ctx, st.spare, st.path) {
+		if m.spares.take(ctx, st.spare, st.path) {
 			return nil
 		}
 		defer phase.Begin(ctx, "clone disk beside the vm's")()
@@ -413,7 +413,7 @@ func (st *stagedDisk) drop() {
 		return
 	}
 	ctx := context.Background()
-	if !st.m.putSpare(ctx, st.path, st.spare) {
+	if !st.m.spares.put(ctx, st.path, st.spare) {
 		_ = st.m.vol.Remove(ctx, st.path)
 	}
 }
@@ -441,7 +441,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 		} else if staged != nil {
 			m.log.Debug("den: staged disk for a restore", "vm", name, "err", err)
 		}
-		if m.takeSpare(ctx, checkpointSpare(cp), storage.VMDisk(name)) {
+		if m.spares.take(ctx, checkpointSpare(cp), storage.VMDisk(name)) {
 			return nil
 		}
 		defer phase.Begin(ctx, "clone disk over the vm's")()
@@ -450,7 +450,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 	// Never returns before the disk is in place; its error comes from
 	// the wait in the restore or the boot. Then the checkpoint gets a new
 	// spare, for the next restore to it.
-	defer m.spareCheckpoint(cp)
+	defer m.spares.refillCheckpoint(cp)
 	defer cloned()
 	// A sleeping VM's old memory is obsolete: moved out of the way while
 	// the VM comes up, before the record says running, and removed once

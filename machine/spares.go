@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"io/fs"
+	"log/slog"
 	"os"
 	"strings"
+	"sync"
 
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/phase"
@@ -35,6 +37,19 @@ import (
 // the background. It goes with its checkpoint (after its clone, if one
 // is being made) and with its VM.
 
+// spares are the spare disks on the volume, and the clones of them being
+// made.
+type spares struct {
+	vol storage.Volume
+	log *slog.Logger
+	// background runs f in the background while den runs (its ctx ends
+	// when den closes); false when den is closing and it did not.
+	background func(f func(ctx context.Context)) bool
+
+	mu   sync.Mutex
+	busy map[storage.Path]chan struct{} // spares being made, closed when done
+}
+
 // sparesDir holds the spare disks, one per base disk.
 const sparesDir storage.Path = "spares"
 
@@ -50,13 +65,13 @@ func checkpointSpare(cp registry.Checkpoint) storage.Path {
 	return sparesDir.Join(cp.VM + "@" + checkpointKey(cp.ID, cp.Seal))
 }
 
-// takeSpare moves spare, when it is there, to dst (replacing dst). A
+// take moves spare, when it is there, to dst (replacing dst). A
 // spare still being made is waited for: it is over sooner than a clone
 // started now would be.
-func (m *Manager) takeSpare(ctx context.Context, spare, dst storage.Path) bool {
-	m.spareMu.Lock()
-	making := m.spareBusy[spare]
-	m.spareMu.Unlock()
+func (s *spares) take(ctx context.Context, spare, dst storage.Path) bool {
+	s.mu.Lock()
+	making := s.busy[spare]
+	s.mu.Unlock()
 	if making != nil {
 		end := phase.Begin(ctx, "wait for the spare disk")
 		select {
@@ -65,7 +80,7 @@ func (m *Manager) takeSpare(ctx context.Context, spare, dst storage.Path) bool {
 		}
 		end()
 	}
-	p, err := m.vol.Path(spare)
+	p, err := s.vol.Path(spare)
 	if err != nil {
 		return false
 	}
@@ -73,116 +88,115 @@ func (m *Manager) takeSpare(ctx context.Context, spare, dst storage.Path) bool {
 		return false
 	}
 	defer phase.Begin(ctx, "take a spare disk")()
-	return m.vol.Rename(ctx, spare, dst) == nil
+	return s.vol.Rename(ctx, spare, dst) == nil
 }
 
-// putSpare moves src, a clone of spare's source no VM ran on, to spare
+// put moves src, a clone of spare's source no VM ran on, to spare
 // unless a spare is there or being made; false leaves src where it is.
-func (m *Manager) putSpare(ctx context.Context, src, spare storage.Path) bool {
-	m.spareMu.Lock()
-	making := m.spareBusy[spare] != nil
-	m.spareMu.Unlock()
-	p, err := m.vol.Path(spare)
+func (s *spares) put(ctx context.Context, src, spare storage.Path) bool {
+	s.mu.Lock()
+	making := s.busy[spare] != nil
+	s.mu.Unlock()
+	p, err := s.vol.Path(spare)
 	if err != nil || making {
 		return false
 	}
 	if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
 		return false
 	}
-	return m.vol.Rename(ctx, src, spare) == nil
+	return s.vol.Rename(ctx, src, spare) == nil
 }
 
-// refillSpare makes spare, a clone of src, in the background, unless it
+// refill makes spare, a clone of src, in the background, unless it
 // is there or being made.
-func (m *Manager) refillSpare(src, spare storage.Path) {
-	m.spareMu.Lock()
-	if m.spareBusy[spare] != nil {
-		m.spareMu.Unlock()
+func (s *spares) refill(src, spare storage.Path) {
+	s.mu.Lock()
+	if s.busy[spare] != nil {
+		s.mu.Unlock()
 		return
 	}
-	if m.spareBusy == nil {
-		m.spareBusy = map[storage.Path]chan struct{}{}
+	if s.busy == nil {
+		s.busy = map[storage.Path]chan struct{}{}
 	}
-	m.spareBusy[spare] = make(chan struct{})
-	m.spareMu.Unlock()
-	started := m.goBackground(func() {
-		defer m.spareDone(spare)
-		ctx, cancel := m.lifetime()
-		defer cancel()
-		if p, err := m.vol.Path(spare); err != nil {
+	s.busy[spare] = make(chan struct{})
+	s.mu.Unlock()
+	started := s.background(func(ctx context.Context) {
+		defer s.made(spare)
+		if p, err := s.vol.Path(spare); err != nil {
 			return
 		} else if _, err := os.Stat(p); err == nil {
 			return
 		}
-		if err := m.vol.Clone(ctx, src, spare); err != nil && !errors.Is(err, fs.ErrExist) {
-			m.log.Debug("den: spare disk", "base", string(src), "err", err)
+		if err := s.vol.Clone(ctx, src, spare); err != nil && !errors.Is(err, fs.ErrExist) {
+			s.log.Debug("den: spare disk", "base", string(src), "err", err)
 		}
 	})
 	if !started {
-		m.spareDone(spare)
+		s.made(spare)
 	}
 }
 
-func (m *Manager) spareDone(spare storage.Path) {
-	m.spareMu.Lock()
-	close(m.spareBusy[spare])
-	delete(m.spareBusy, spare)
-	m.spareMu.Unlock()
+// made says the clone of spare is over.
+func (s *spares) made(spare storage.Path) {
+	s.mu.Lock()
+	close(s.busy[spare])
+	delete(s.busy, spare)
+	s.mu.Unlock()
 }
 
-// dropSpares removes every spare disk.
-func (m *Manager) dropSpares(ctx context.Context) {
-	if err := m.vol.Remove(ctx, sparesDir); err != nil {
-		m.log.Debug("den: remove spare disks", "err", err)
+// dropAll removes every spare disk.
+func (s *spares) dropAll(ctx context.Context) {
+	if err := s.vol.Remove(ctx, sparesDir); err != nil {
+		s.log.Debug("den: remove spare disks", "err", err)
 	}
 }
 
-// dropVMSpares removes the spare disks of vm's checkpoints.
-func (m *Manager) dropVMSpares(ctx context.Context, vm string) {
-	dir, err := m.vol.Path(sparesDir)
+// dropVM removes the spare disks of vm's checkpoints.
+func (s *spares) dropVM(ctx context.Context, vm string) {
+	dir, err := s.vol.Path(sparesDir)
 	if err != nil {
 		return
 	}
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), vm+"@") {
-			_ = m.vol.Remove(ctx, sparesDir.Join(e.Name()))
+			_ = s.vol.Remove(ctx, sparesDir.Join(e.Name()))
 		}
 	}
 }
 
-// spareCheckpoint makes the spare of checkpoint cp.
-func (m *Manager) spareCheckpoint(cp registry.Checkpoint) {
-	m.refillSpare(storage.CheckpointFile(cp.VM, cp.ID, checkpoint.DiskFile), checkpointSpare(cp))
+// refillCheckpoint makes the spare of checkpoint cp.
+func (s *spares) refillCheckpoint(cp registry.Checkpoint) {
+	s.refill(storage.CheckpointFile(cp.VM, cp.ID, checkpoint.DiskFile), checkpointSpare(cp))
 }
 
-// dropCheckpointSpares removes the spares of vm's checkpoint id, whatever
+// dropCheckpoint removes the spares of vm's checkpoint id, whatever
 // their seal, once the clones being made of them are over (bounded by
 // ctx): a clone that ended after the removal would leave one behind.
-func (m *Manager) dropCheckpointSpares(ctx context.Context, vm, id string) {
+func (s *spares) dropCheckpoint(ctx context.Context, vm, id string) {
 	prefix := string(sparesDir.Join(vm + "@" + id + "-"))
-	m.spareMu.Lock()
+	s.mu.Lock()
 	var making []chan struct{}
-	for spare, done := range m.spareBusy {
+	for spare, done := range s.busy {
 		if strings.HasPrefix(string(spare), prefix) {
 			making = append(making, done)
 		}
 	}
-	m.spareMu.Unlock()
+	s.mu.Unlock()
 	for _, done := range making {
 		select {
 		case <-done:
 		case <-ctx.Done():
 		}
 	}
-	dir, err := m.vol.Path(sparesDir)
+	dir, err := s.vol.Path(sparesDir)
 	if err != nil {
 		return
 	}
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), vm+"@"+id+"-") {
-			_ = m.vol.Remove(ctx, sparesDir.Join(e.Name()))
+			_ = s.vol.Remove(ctx, sparesDir.Join(e.Name()))
 		}
 	}
 }

@@ -142,7 +142,7 @@ func (m *Manager) Remove(ctx context.Context, name string, force bool) error {
 	m.destroy(ctx, name)
 	m.forgetUsage(name)
 	m.memc.drop(name, "")
-	m.dropVMSpares(ctx, name)
+	m.spares.dropVM(ctx, name)
 	_ = os.RemoveAll(m.state.Run(name).Path())
 	if err := m.db.DeleteCheckpoints(ctx, name); err != nil {
 		return fmt.Errorf("remove vm %q: %w", name, err)
