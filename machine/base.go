@@ -139,7 +139,7 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 		return err
 	}
 	// The throwaway VM runs on the network of the VM being made.
-	if err := m.netUp(ctx, vm.Name, sp); err != nil {
+	if err := m.net.up(ctx, vm.Name, sp); err != nil {
 		return err
 	}
 	rd := m.state.Run(bvm.Name)

@@ -82,7 +82,7 @@ func (m *Manager) boot(ctx context.Context, vm registry.VM, sp spec) error {
 	if err := m.waitDisk(ctx, vm.Name); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
-	if err := m.netUp(ctx, vm.Name, sp); err != nil {
+	if err := m.net.up(ctx, vm.Name, sp); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
 	rd := m.state.Run(vm.Name)

@@ -230,7 +230,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	now := time.Now().UTC()
 	sp := spec{Kernel: m.kernel(), Initramfs: m.cfg.Images.Initramfs(), BaseImage: string(base), Identity: newToken(), MAC: newMAC()}
 	if o.Egress != nil {
-		if m.net == nil && o.Egress.Mode != egress.AllowAll {
+		if m.net.host == nil && o.Egress.Mode != egress.AllowAll {
 			return registry.VM{}, fmt.Errorf("create vm %q: egress policy %s needs tap networking, and VMs here get %s: %w", o.Name, o.Egress, m.Network(), ErrInvalid)
 		}
 		sp.Egress = o.Egress.String()
@@ -240,7 +240,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	defer undo.run()
 	// The lease first: the warm base boots on the network the VM will
 	// have.
-	if err := m.takeLease(o.Name, &sp, &undo); err != nil {
+	if err := m.net.takeLease(o.Name, &sp, &undo); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
 	vm := registry.VM{

@@ -60,7 +60,7 @@ func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progr
 	undo := cleanups{log: m.log}
 	defer undo.run()
 	var own spec
-	if err := m.takeLease(name, &own, &undo); err != nil {
+	if err := m.net.takeLease(name, &own, &undo); err != nil {
 		return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
 	}
 	vm.SpecJSON = mustJSON(own)
@@ -131,7 +131,7 @@ func (m *Manager) forkFrom(ctx context.Context, vm registry.VM, src, id string, 
 	if srcSpec.Net == nil && own.Net != nil && cp.Kind == checkpoint.KindMemoryDisk {
 		// The source's memory holds the VMM's user-mode network (a VM
 		// made before TAP networking): the fork restores into the same.
-		m.dropLease(ctx, vm.Name, own.Net)
+		m.net.dropLease(ctx, vm.Name, own.Net)
 		sp.Net = nil
 	}
 	sp.ForkedFrom = src + "@" + id

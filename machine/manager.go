@@ -28,7 +28,6 @@ import (
 
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/image"
-	"github.com/denhq/den/network"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/vmm"
@@ -137,8 +136,7 @@ type Manager struct {
 
 	adm *admission // the memory budget (admission.go)
 
-	net    *network.Host // TAP networking; nil: the VMM's own (network.go)
-	netWhy string        // why not TAP networking, for den doctor
+	net vmNet // the VMs' TAP networking, if any (network.go)
 
 	ram guestRAM // where guest RAM files go (ram.go)
 
@@ -298,8 +296,8 @@ func (m *Manager) Close() error {
 		in.closeAgent()
 	}
 	m.stopActivitySaver() // and the last activity written, for the next daemon
-	if m.net != nil {
-		m.net.Close() // the resolvers; TAPs and rules stay with the VMs
+	if m.net.host != nil {
+		m.net.host.Close() // the resolvers; TAPs and rules stay with the VMs
 	}
 	if m.ownDB {
 		return m.db.Close()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/egress"
@@ -59,14 +60,25 @@ func tapWanted(c NetworkConfig) (use bool, why string, err error) {
 	return true, "", nil
 }
 
+// vmNet puts VMs on the host's TAP network: each VM's lease (its
+// subnet and TAP) and egress policy.
+type vmNet struct {
+	host *network.Host // nil: VMs get the VMM's own network
+	why  string        // why not TAP networking, for den doctor
+	// egress is the policy of VMs that have none recorded.
+	egress egress.Policy
+	log    *slog.Logger
+}
+
 // setupNetwork opens the host network for the VMs on record (tap mode),
 // or says why VMs use the VMM's own network.
 func (m *Manager) setupNetwork(ctx context.Context) error {
 	c := m.cfg.Network
+	m.net = vmNet{egress: c.DefaultEgress, log: m.log}
 	use, why, err := tapWanted(c)
 	if err != nil || !use {
 		if why != "" {
-			m.netWhy = why
+			m.net.why = why
 			m.log.Warn("den: VMs get the VMM's user-mode network (no TAP): " + why)
 		}
 		return err
@@ -81,7 +93,7 @@ func (m *Manager) setupNetwork(ctx context.Context) error {
 		if err != nil || sp.Net == nil {
 			continue
 		}
-		on = append(on, network.VM{Name: vm.Name, Lease: *sp.Net, Policy: m.policyOf(sp)})
+		on = append(on, network.VM{Name: vm.Name, Lease: *sp.Net, Policy: m.net.policyOf(sp)})
 	}
 	nc := network.Config{Pool: c.Pool, ID: m.netID(), DNSUpstreams: c.DNSUpstreams, Logger: m.log}
 	if u := m.conf.user; u != nil {
@@ -91,7 +103,7 @@ func (m *Manager) setupNetwork(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	m.net = h
+	m.net.host = h
 	return nil
 }
 
@@ -117,14 +129,14 @@ func CheckNetwork(state StateDir, c NetworkConfig) error {
 
 // policyOf is a VM's egress policy (the daemon's default if it has none
 // recorded, or a record that does not parse).
-func (m *Manager) policyOf(sp spec) egress.Policy {
+func (n *vmNet) policyOf(sp spec) egress.Policy {
 	if sp.Egress == "" {
-		return m.cfg.Network.DefaultEgress
+		return n.egress
 	}
 	p, err := egress.Parse(sp.Egress)
 	if err != nil {
-		m.log.Warn("den: bad recorded egress policy, using the default", "policy", sp.Egress, "err", err)
-		return m.cfg.Network.DefaultEgress
+		n.log.Warn("den: bad recorded egress policy, using the default", "policy", sp.Egress, "err", err)
+		return n.egress
 	}
 	return p
 }
@@ -132,59 +144,59 @@ func (m *Manager) policyOf(sp spec) egress.Policy {
 // takeLease gives a new VM its own subnet and TAP (a fork gets new ones).
 // Its undo gives back that lease and nothing else: never by name, which
 // may be another VM's.
-func (m *Manager) takeLease(name string, sp *spec, undo *cleanups) error {
+func (n *vmNet) takeLease(name string, sp *spec, undo *cleanups) error {
 	sp.Net = nil
-	if m.net == nil {
+	if n.host == nil {
 		return nil
 	}
-	l, err := m.net.Reserve(name)
+	l, err := n.host.Reserve(name)
 	if err != nil {
 		return err
 	}
 	sp.Net = &l
 	undo.push("release the network lease "+l.Tap+" of vm "+name, func() error {
-		return m.net.Release(context.Background(), name, l)
+		return n.host.Release(context.Background(), name, l)
 	})
 	return nil
 }
 
 // dropLease gives back a lease takeLease took that the VM will not use
 // after all (its undo then finds nothing to do).
-func (m *Manager) dropLease(ctx context.Context, name string, l *network.Lease) {
-	if m.net == nil || l == nil {
+func (n *vmNet) dropLease(ctx context.Context, name string, l *network.Lease) {
+	if n.host == nil || l == nil {
 		return
 	}
-	if err := m.net.Release(ctx, name, *l); err != nil {
-		m.log.Warn("den: release a network lease", "vm", name, "tap", l.Tap, "err", err)
+	if err := n.host.Release(ctx, name, *l); err != nil {
+		n.log.Warn("den: release a network lease", "vm", name, "tap", l.Tap, "err", err)
 	}
 }
 
-// netUp puts a VM on its TAP before its VMM starts (it opens the TAP by
+// up puts a VM on its TAP before its VMM starts (it opens the TAP by
 // name); VMs without a lease are left alone.
-func (m *Manager) netUp(ctx context.Context, name string, sp spec) error {
-	if m.net == nil || sp.Net == nil {
+func (n *vmNet) up(ctx context.Context, name string, sp spec) error {
+	if n.host == nil || sp.Net == nil {
 		return nil
 	}
-	if err := m.net.Attach(ctx, name, *sp.Net, m.policyOf(sp)); err != nil {
+	if err := n.host.Attach(ctx, name, *sp.Net, n.policyOf(sp)); err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
 	return nil
 }
 
-// netDown takes a removed VM off the network.
-func (m *Manager) netDown(ctx context.Context, name string) {
-	if m.net == nil {
+// down takes a removed VM off the network.
+func (n *vmNet) down(ctx context.Context, name string) {
+	if n.host == nil {
 		return
 	}
-	if err := m.net.Detach(ctx, name); err != nil {
-		m.log.Warn("den: remove the network of a vm", "vm", name, "err", err)
+	if err := n.host.Detach(ctx, name); err != nil {
+		n.log.Warn("den: remove the network of a vm", "vm", name, "err", err)
 	}
 }
 
 // guestNet is what a VM's guest is told of its network, and the VMM's
 // network devices for it.
 func (m *Manager) guestNet(vm registry.VM, sp spec) (network.GuestConfig, []vmm.Net, bool) {
-	if sp.Net != nil && m.net != nil {
+	if sp.Net != nil && m.net.host != nil {
 		return sp.Net.Guest(), []vmm.Net{{ID: "net0", Tap: sp.Net.Tap, MAC: sp.MAC}}, true
 	}
 	if m.caps(vm.VMM).UserNet {
@@ -205,12 +217,12 @@ func (m *Manager) identityNet(vm registry.VM, sp spec) (mac string, nc *agent.Ne
 
 // Network says how VMs reach the network, for den info and doctor.
 func (m *Manager) Network() string {
-	if m.net != nil {
-		return m.net.String()
+	if m.net.host != nil {
+		return m.net.host.String()
 	}
 	d := m.caps(m.vmmName).Network
-	if m.netWhy != "" {
-		d += " (no tap: " + m.netWhy + ")"
+	if m.net.why != "" {
+		d += " (no tap: " + m.net.why + ")"
 	}
 	return d
 }
@@ -232,7 +244,7 @@ func (m *Manager) NetStatus(ctx context.Context, name string) (NetStatus, error)
 	st := NetStatus{}
 	st.Mode, st.IP, st.Policy = m.netSummary(vm, sp)
 	if st.Mode == "tap" {
-		hs, err := m.net.Status(ctx, name)
+		hs, err := m.net.host.Status(ctx, name)
 		if err != nil {
 			m.log.Debug("den: network status", "vm", name, "err", err)
 		}
@@ -246,8 +258,8 @@ func (m *Manager) NetStatus(ctx context.Context, name string) (NetStatus, error)
 func (m *Manager) netSummary(vm registry.VM, sp spec) (mode, ip, policy string) {
 	g, _, ok := m.guestNet(vm, sp)
 	switch {
-	case sp.Net != nil && m.net != nil:
-		return "tap", g.IP, m.policyOf(sp).String()
+	case sp.Net != nil && m.net.host != nil:
+		return "tap", g.IP, m.net.policyOf(sp).String()
 	case ok:
 		return "user", g.IP, "allow-all (user-mode network: not enforced)"
 	}
@@ -257,12 +269,12 @@ func (m *Manager) netSummary(vm registry.VM, sp spec) (mode, ip, policy string) 
 // SetEgress changes a VM's egress policy, at once on a running VM.
 func (m *Manager) SetEgress(ctx context.Context, name string, p egress.Policy) error {
 	_, err := m.updateSpec(ctx, name, "egress policy", func(sp *spec) error {
-		if sp.Net == nil || m.net == nil {
+		if sp.Net == nil || m.net.host == nil {
 			return fmt.Errorf("it has no tap network, so no egress policy can be enforced (%s): %w", m.Network(), ErrInvalid)
 		}
 		sp.Egress = p.String()
 		// The rules change under the VM's lock, with the record.
-		return m.net.SetPolicy(ctx, name, p)
+		return m.net.host.SetPolicy(ctx, name, p)
 	})
 	if err != nil {
 		return fmt.Errorf("set egress policy of vm %q: %w", name, err)

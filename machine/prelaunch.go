@@ -95,7 +95,7 @@ func (p *prelaunched) launch(ctx context.Context, vm registry.VM, sp spec, d vmm
 	if err != nil {
 		return err
 	}
-	if err := m.netUp(ctx, vm.Name, sp); err != nil {
+	if err := m.net.up(ctx, vm.Name, sp); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(p.rd.Path(), 0o700); err != nil {

@@ -261,7 +261,7 @@ func (m *Manager) destroy(ctx context.Context, name string) {
 	if err := m.vol.Remove(ctx, storage.VMDir(name)); err != nil {
 		m.log.Warn("den: remove vm files", "vm", name, "err", err)
 	}
-	m.netDown(ctx, name)
+	m.net.down(ctx, name)
 }
 
 // stopHow says how stopInstance stops a VMM.

@@ -94,7 +94,7 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, src 
 		}
 	}
 	end = phase.Begin(ctx, "network up")
-	err = m.netUp(ctx, vm.Name, sp)
+	err = m.net.up(ctx, vm.Name, sp)
 	end()
 	if err != nil {
 		return nil, err
