@@ -34,7 +34,7 @@ type gateway struct {
 // with the daemon's gateway host key, backed by m; `ssh den@host` runs
 // o.Den in this process against the API, through inproc, as the key's
 // user.
-func startGateway(o Options, m *machine.Manager, keys users.Keys, hostKey ssh.Signer, inproc *inProcess, log *audit.Log) (*gateway, error) {
+func startGateway(o Options, m Sessions, keys users.Keys, hostKey ssh.Signer, inproc *inProcess, log *audit.Log) (*gateway, error) {
 	if o.SSHListen == "" || o.SSHListen == "off" {
 		o.Logger.Info("den: ssh gateway off")
 		return &gateway{}, nil
@@ -74,7 +74,7 @@ func (g *gateway) close() {
 // gatewayBackend gives the gateway the registry's keys and the
 // manager's VMs.
 type gatewayBackend struct {
-	m     *machine.Manager
+	m     Sessions
 	keys  users.Keys
 	audit *audit.Log
 	log   *slog.Logger

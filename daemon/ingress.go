@@ -31,7 +31,7 @@ type ingressServer struct {
 
 // startIngress listens on o.HTTPListen ("" or "off": no URLs) and serves
 // each VM's port there, waking VMs for their requests.
-func startIngress(o Options, m *machine.Manager) (*ingressServer, error) {
+func startIngress(o Options, m URLSessions) (*ingressServer, error) {
 	if o.HTTPListen == "" || o.HTTPListen == "off" {
 		return &ingressServer{}, nil
 	}
@@ -110,7 +110,7 @@ func (in *ingressServer) vmURL(vm string, u machine.URLSettings) string {
 // ingressBackend gives the ingress the VMs' URL settings and streams to
 // their ports over the agent channel (direct-tcpip), which works the same
 // under every VMM and network mode.
-type ingressBackend struct{ m *machine.Manager }
+type ingressBackend struct{ m URLSessions }
 
 func (b ingressBackend) Lookup(ctx context.Context, vm string) (ingress.Target, error) {
 	if validate.VMName(vm) != nil {

@@ -26,7 +26,7 @@ import (
 
 // Server answers API requests.
 type Server struct {
-	m       *machine.Manager
+	m       Lifecycle
 	keys    users.Keys
 	info    api.DaemonInfo
 	web     *ingressServer // the VMs' HTTP URLs (nil: off)
@@ -44,7 +44,7 @@ type Server struct {
 }
 
 // NewServer returns the API handler for m.
-func NewServer(m *machine.Manager, keys users.Keys, info api.DaemonInfo, hostKey ssh.Signer, log *slog.Logger) *Server {
+func NewServer(m Lifecycle, keys users.Keys, info api.DaemonInfo, hostKey ssh.Signer, log *slog.Logger) *Server {
 	s := &Server{m: m, keys: keys, info: info, hostKey: hostKey, log: log, mux: http.NewServeMux()}
 	handle := func(pattern string, h http.HandlerFunc) { s.mux.HandleFunc(pattern, guard(h)) }
 	handle("GET /v1/info", s.getInfo)
