@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
@@ -124,17 +123,5 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 		}
 	}
 	crashpoint("bringup-before-commit")
-	end := phase.Begin(ctx, "registry")
-	vm, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
-		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
-		return nil
-	})
-	end()
-	if err != nil {
-		return vm, err
-	}
-	if in := m.instance(vm.Name); in != nil {
-		in.reopen() // committed: sessions may come
-	}
-	return vm, nil
+	return m.commitRunning(ctx, vm, nil)
 }

@@ -478,32 +478,20 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}
 	}
-	end := phase.Begin(ctx, "registry")
+	// Not committed, the restore is still recorded, and finished when
+	// the VM is next reached.
 	err = retired()
 	if err == nil {
-		_, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
-			sp, err := decodeSpec(*v)
-			if err != nil {
-				return err
-			}
-			sp.Restoring = ""
+		sp.Restoring = ""
+		_, err = m.commitRunning(ctx, vm, func(v *registry.VM) error {
 			v.SpecJSON = mustJSON(sp)
-			v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
 			return nil
 		})
+	} else if in := m.instance(name); in != nil {
+		m.stopInstance(ctx, in, stopQuit)
 	}
-	end()
-	in := m.instance(name)
 	if err != nil {
-		// A VMM whose record does not say running must not run on; the
-		// restore is still recorded, and finished when next reached.
-		if in != nil {
-			m.stopInstance(ctx, in, stopQuit)
-		}
 		return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
-	}
-	if in != nil {
-		in.reopen()
 	}
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"golang.org/x/crypto/ssh"
 
@@ -144,17 +143,7 @@ func (m *Manager) start(ctx context.Context, vm registry.VM) error {
 	if err := m.boot(ctx, vm, sp); err != nil {
 		return fmt.Errorf("start vm %q: %w", vm.Name, err)
 	}
-	_, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
-		v.State = registry.StateRunning
-		v.Reason = ""
-		v.LastActive = time.Now().UTC()
-		return nil
-	})
-	if err != nil {
-		// A VMM whose record does not say running must not run on.
-		if in := m.instance(vm.Name); in != nil {
-			m.stopInstance(ctx, in, stopQuit)
-		}
+	if _, err := m.commitRunning(ctx, vm, nil); err != nil {
 		return fmt.Errorf("start vm %q: %w", vm.Name, err)
 	}
 	return nil

@@ -296,18 +296,8 @@ func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
 	}
 	m.verifyRunning(in, suspendRef(vm.Name, sp.SuspendSeal), vm.VMM)
 	crashpoint("wake-after-restore")
-	end := phase.Begin(ctx, "registry")
-	_, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
-		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
-		return nil
-	})
-	end()
-	if err != nil {
-		// A VMM whose record does not say running must not run on; its
-		// guest ran, so its slot goes too.
-		if in := m.instance(vm.Name); in != nil {
-			m.stopInstance(ctx, in, stopQuit)
-		}
+	if _, err := m.commitRunning(ctx, vm, nil); err != nil {
+		// Its guest ran: its slot goes too.
 		err = fmt.Errorf("record it running: %w", err)
 		m.dropRunSlot(ctx, vm.Name, err)
 		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
