@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -271,8 +272,16 @@ func Run(ctx context.Context, o Options) error {
 // stale socket file but refusing to take over one that a live daemon
 // answers on.
 func listenUnix(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
+	}
+	// The socket is made, then opened to all: in a directory another
+	// user may write to, it could be swapped for a link in between.
+	if st, err := os.Stat(dir); err != nil {
+		return nil, err
+	} else if uid, _ := fileOwner(st); uid != os.Geteuid() || st.Mode().Perm()&0o022 != 0 {
+		return nil, fmt.Errorf("socket %s: its directory %s must be the daemon's own and writable by it alone (owner %d, mode %04o): choose another --socket", path, dir, uid, st.Mode().Perm())
 	}
 	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		c.Close()
@@ -305,4 +314,12 @@ func (c *cleanup) run() {
 		(*c)[i]()
 	}
 	*c = nil
+}
+
+// fileOwner is the owner and group of a file st describes.
+func fileOwner(st os.FileInfo) (uid, gid int) {
+	if s, ok := st.Sys().(*syscall.Stat_t); ok {
+		return int(s.Uid), int(s.Gid)
+	}
+	return -1, -1
 }

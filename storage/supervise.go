@@ -120,6 +120,8 @@ func (v *JuiceFS) supervise() {
 				select {
 				case <-exited:
 					lost = v.exitReason(p)
+				case <-v.stop:
+					return
 				case <-time.After(time.Second):
 				}
 				break

@@ -34,7 +34,7 @@ func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
 // TCGCacheMiB bounds TCG's translation cache (QEMU's default is 1 GiB,
 // filled as the guest runs more code): a debian guest running Ansible
 // took its VMM past guest RAM + 256 MiB and its cgroup killed it. The
-// VMM's cgroup allows for it (machine's vmmLimits).
+// VMM's cgroup allows for it (machine's cgroup limits).
 const TCGCacheMiB = 128
 
 // tapFD is the fd (in the QEMU process) of net device i's TAP, which
