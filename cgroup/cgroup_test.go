@@ -11,13 +11,13 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/denhq/den/internal/testutil"
 )
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("cgroups are made by root: run the tests as root")
-	}
+	testutil.NeedRoot(t, "cgroups are made by root")
 }
 
 // startSleeper starts a process that lives until the test ends.

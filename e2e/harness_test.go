@@ -20,6 +20,7 @@ import (
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/internal/poll"
+	"github.com/denhq/den/internal/testutil"
 	"github.com/denhq/den/storage"
 )
 
@@ -41,9 +42,7 @@ func requireHost(t testing.TB) (den string, images image.Dir) {
 	if testing.Short() {
 		t.Skip("end-to-end test: needs root, images and QEMU (run without -short)")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("end-to-end test: needs root (FUSE, VMs)")
-	}
+	testutil.NeedRoot(t, "end-to-end test (FUSE, VMs)")
 	root := repoRoot(t)
 	images, err := image.DefaultDir()
 	if err != nil {

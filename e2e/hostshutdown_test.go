@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/internal/testutil"
 )
 
 // refusedLine is what den says to work asked of it once a host shutdown
@@ -134,7 +135,7 @@ func TestBootWakeRefusesDamagedMemory(t *testing.T) {
 	}
 	off, ext := dataExtent(t, slot)
 	mem := filepath.Join(slot, "memory")
-	flipBytes(t, mem, off)
+	testutil.FlipBytes(t, mem, off)
 	d.flipLocalMemory(t, "box", "suspend-", off)
 
 	d.reboot(t)
@@ -154,7 +155,7 @@ func TestBootWakeRefusesDamagedMemory(t *testing.T) {
 		t.Fatalf("exec into the damaged vm: %v", err)
 	}
 	// Whole again, it wakes with its process.
-	flipBytes(t, mem, off)
+	testutil.FlipBytes(t, mem, off)
 	if out := d.must("exec", "box", "--", "sh", "-c", checkWork); out != "v1\nalive\n" {
 		t.Fatalf("box with its memory whole again: %q", out)
 	}

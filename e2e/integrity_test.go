@@ -10,32 +10,12 @@ import (
 	"time"
 
 	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/internal/testutil"
 )
 
 // volumePath is a file on the daemon's mounted volume.
 func (d *daemon) volumePath(parts ...string) string {
 	return filepath.Join(append([]string{d.state, "juicefs", "mnt"}, parts...)...)
-}
-
-// flipBytes inverts two bytes of a file at off (twice restores them).
-func flipBytes(t *testing.T, path string, off int64) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := make([]byte, 2)
-	if _, err := f.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	b[0], b[1] = ^b[0], ^b[1]
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // waitSealed waits until a snapshot directory's large files have their
@@ -120,8 +100,8 @@ func TestCorruptedSnapshotsAreRefused(t *testing.T) {
 	} {
 		t.Run("checkpoint "+tc.name, func(t *testing.T) {
 			path := filepath.Join(cpDir, filepath.FromSlash(tc.file))
-			flipBytes(t, path, tc.off)
-			defer flipBytes(t, path, tc.off)
+			testutil.FlipBytes(t, path, tc.off)
+			defer testutil.FlipBytes(t, path, tc.off)
 			if tc.file == "vmm/memory" {
 				// The restore reads the local copy: damaged too, it is
 				// dropped and the volume's is checked.
@@ -177,8 +157,8 @@ func TestCorruptedSnapshotsAreRefused(t *testing.T) {
 	} {
 		t.Run("suspend slot "+tc.name, func(t *testing.T) {
 			path := filepath.Join(slot, tc.file)
-			flipBytes(t, path, tc.off)
-			defer flipBytes(t, path, tc.off)
+			testutil.FlipBytes(t, path, tc.off)
+			defer testutil.FlipBytes(t, path, tc.off)
 			if tc.file == "memory" {
 				d.flipLocalMemory(t, "box", "suspend-", tc.off)
 			}
@@ -224,6 +204,6 @@ func (d *daemon) flipLocalMemory(t *testing.T, vm, prefix string, off int64) str
 	if len(m) != 1 {
 		return ""
 	}
-	flipBytes(t, m[0], off)
+	testutil.FlipBytes(t, m[0], off)
 	return m[0]
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/internal/sparse"
+	"github.com/denhq/den/internal/testutil"
 	"github.com/denhq/den/vmm"
 	"github.com/denhq/den/vmm/qemu"
 	gossh "golang.org/x/crypto/ssh"
@@ -36,9 +37,7 @@ func TestGuestIdentityColdBoot(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real guest test: boots QEMU (run without -short)")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("real guest test: needs root")
-	}
+	testutil.NeedRoot(t, "real guest test")
 	if _, err := qemu.FindBinary(); err != nil {
 		t.Fatal(err)
 	}

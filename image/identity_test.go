@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/internal/identitytest"
+	"github.com/denhq/den/internal/testutil"
 )
 
 // identityShell runs init-initramfs.sh's den_identity on root under the
@@ -176,9 +177,7 @@ func TestInitramfsIdentityFreshAndBad(t *testing.T) {
 
 func TestInitramfsIdentityRegeneratesOpenSSHKeys(t *testing.T) {
 	sh := newIdentityShell(t)
-	if os.Geteuid() != 0 {
-		t.Skip("chroot needs root")
-	}
+	testutil.NeedRoot(t, "chroot")
 	// A root with an OpenSSH server: its ssh-keygen (here a script run by
 	// the root's own /bin/sh, a static busybox) runs chrooted in it.
 	root := t.TempDir()

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/denhq/den/internal/testutil"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
@@ -270,13 +271,13 @@ func TestPressureSleepsLeastRecentlyActive(t *testing.T) {
 			env.touch("a") // least recently active first: b, c, a
 
 			on.Store(true)
-			waitFor(t, "b and c asleep", func() bool {
+			testutil.WaitForWithin(t, testTimeout, "b and c asleep", func() bool {
 				return env.record("b").State == registry.StateSleeping && env.record("c").State == registry.StateSleeping
 			})
 			// Pressure has fallen (one VM runs): the watcher reads it
 			// many more times and puts nothing more to sleep.
 			after := calls.Load()
-			waitFor(t, "more pressure readings", func() bool { return calls.Load() >= after+20 })
+			testutil.WaitForWithin(t, testTimeout, "more pressure readings", func() bool { return calls.Load() >= after+20 })
 			env.wantState("a", registry.StateRunning)
 			sleptMu.Lock()
 			defer sleptMu.Unlock()

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/denhq/den/internal/testutil"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
 )
@@ -138,7 +139,7 @@ func TestShutdownSleepsAllAndBootWakes(t *testing.T) {
 	}
 	e.cfg.BootWakeParallel = 1
 	e.open()
-	waitFor(t, "the marked vms running", func() bool {
+	testutil.WaitForWithin(t, testTimeout, "the marked vms running", func() bool {
 		for _, n := range names {
 			if vm := e.record(n); vm.State != registry.StateRunning || vm.WakeOnBoot {
 				return false
@@ -224,7 +225,7 @@ func TestShutdownRecordsWhatWasLost(t *testing.T) {
 		t.Fatal("hung's vmm still runs")
 	}
 	e.restart()
-	waitFor(t, "ok woken", func() bool { return e.record("ok").State == registry.StateRunning })
+	testutil.WaitForWithin(t, testTimeout, "ok woken", func() bool { return e.record("ok").State == registry.StateRunning })
 	check("after the restart")
 }
 
@@ -306,7 +307,7 @@ func TestSleepAllAndWakeAll(t *testing.T) {
 	defer cancel()
 	for i := range 3 {
 		n := fmt.Sprintf("v%d", i)
-		waitFor(t, n+" running", func() bool {
+		testutil.WaitForWithin(t, testTimeout, n+" running", func() bool {
 			st, err := e.m.Get(ctx2, n)
 			return err == nil && st.State == registry.StateRunning && st.Op == ""
 		})

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/internal/testutil"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/machine/machinetest"
 	"github.com/denhq/den/registry"
@@ -185,7 +186,7 @@ func TestShutdownAccountsForAWakeInFlight(t *testing.T) {
 		t.Fatalf("%d vmms left running after the shutdown", live)
 	}
 	e.restart()
-	waitFor(t, "both vms woken at the start", func() bool {
+	testutil.WaitForWithin(t, testTimeout, "both vms woken at the start", func() bool {
 		return e.record("r").State == registry.StateRunning && e.record("nap").State == registry.StateRunning
 	})
 }
@@ -208,9 +209,9 @@ func TestShutdownWaitsForDigests(t *testing.T) {
 	if err := e.m.Close(); err != nil {
 		t.Fatal(err)
 	}
-	flip(t, filepath.Join(slot, machinetest.RAMFile), 33<<20)
+	testutil.FlipBytes(t, filepath.Join(slot, machinetest.RAMFile), 33<<20)
 	e.open()
-	waitFor(t, "the boot wake done with a", func() bool { return !e.record("a").WakeOnBoot })
+	testutil.WaitForWithin(t, testTimeout, "the boot wake done with a", func() bool { return !e.record("a").WakeOnBoot })
 	vm := e.wantState("a", registry.StateSleeping)
 	if !strings.Contains(vm.Reason, "den did not wake it when it started") || !strings.Contains(vm.Reason, "is damaged") {
 		t.Fatalf("reason %q", vm.Reason)
@@ -247,9 +248,9 @@ func TestBootWakeLeavesUnsealedMemoryAsleep(t *testing.T) {
 			}
 		}
 	}
-	flip(t, filepath.Join(slot, machinetest.RAMFile), 33<<20)
+	testutil.FlipBytes(t, filepath.Join(slot, machinetest.RAMFile), 33<<20)
 	e.open()
-	waitFor(t, "the boot wake done with a", func() bool { return !e.record("a").WakeOnBoot })
+	testutil.WaitForWithin(t, testTimeout, "the boot wake done with a", func() bool { return !e.record("a").WakeOnBoot })
 	vm := e.wantState("a", registry.StateSleeping)
 	if !strings.Contains(vm.Reason, "got no digests before the host shut down") {
 		t.Fatalf("reason %q", vm.Reason)

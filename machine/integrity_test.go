@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/internal/testutil"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/machine/machinetest"
 	"github.com/denhq/den/registry"
@@ -29,25 +30,7 @@ func (e *env) hostDir(p storage.Path) string {
 // waitSealed waits for the background digests of a snapshot directory.
 func (e *env) waitSealed(p storage.Path) {
 	e.t.Helper()
-	waitFor(e.t, "digests of "+string(p), func() bool { return checkpoint.Sealed(e.hostDir(p)) })
-}
-
-// flip changes two bytes of a file at off.
-func flip(t *testing.T, path string, off int64) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := make([]byte, 2)
-	if _, err := f.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	b[0], b[1] = ^b[0], ^b[1]
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
+	testutil.WaitForWithin(e.t, testTimeout, "digests of "+string(p), func() bool { return checkpoint.Sealed(e.hostDir(p)) })
 }
 
 // TestDamagedCheckpointIsRefused: a checkpoint whose device state, or
@@ -82,7 +65,7 @@ func TestDamagedCheckpointIsRefused(t *testing.T) {
 			if tc.file == checkpoint.DiskFile {
 				path = filepath.Join(e.hostDir(dir), tc.file)
 			}
-			flip(t, path, tc.off)
+			testutil.FlipBytes(t, path, tc.off)
 			mem, boots := e.memory("a"), e.drv.Boots()
 			_, err = e.m.Restore(ctx, "a", cp.ID, machine.RestoreOptions{}, nil)
 			if !errors.Is(err, machine.ErrDamaged) || !strings.Contains(err.Error(), tc.want) {
@@ -116,7 +99,7 @@ func TestDamagedCheckpointIsRefused(t *testing.T) {
 			if damaged != 1 {
 				t.Fatalf("verify results %+v", res)
 			}
-			flip(t, path, tc.off) // whole again
+			testutil.FlipBytes(t, path, tc.off) // whole again
 			if _, err := e.m.VerifyCheckpoint(ctx, "a", cp.ID, nil); err != nil {
 				t.Fatal(err)
 			}
@@ -145,7 +128,7 @@ func TestDamagedSuspendSlotKeepsTheVMAsleep(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitSealed(storage.SuspendDir("a"))
-	flip(t, filepath.Join(e.hostDir(storage.SuspendDir("a")), machinetest.RAMFile), 33<<20)
+	testutil.FlipBytes(t, filepath.Join(e.hostDir(storage.SuspendDir("a")), machinetest.RAMFile), 33<<20)
 	err = e.m.Wake(ctx, "a")
 	want := `the memory "a" slept with is damaged: fake-ram extent 8 (offset 32 MiB) does not match its digest`
 	if !errors.Is(err, machine.ErrDamaged) || !strings.Contains(err.Error(), want) {
@@ -175,7 +158,7 @@ func TestLazyRestoreVerifiesAfter(t *testing.T) {
 	dir := checkpoint.Dir("a", cp.ID)
 	e.waitSealed(dir)
 	// Extent 7 of 16: the sample reads the first, the last and 8 others.
-	flip(t, filepath.Join(e.hostDir(dir), checkpoint.VMMDir, machinetest.RAMFile), 28<<20+5)
+	testutil.FlipBytes(t, filepath.Join(e.hostDir(dir), checkpoint.VMMDir, machinetest.RAMFile), 28<<20+5)
 	_, err = e.m.Restore(ctx, "a", cp.ID, machine.RestoreOptions{NoSave: true}, nil)
 	switch {
 	case errors.Is(err, machine.ErrDamaged):
@@ -184,7 +167,7 @@ func TestLazyRestoreVerifiesAfter(t *testing.T) {
 	case err != nil:
 		t.Fatal(err)
 	default:
-		waitFor(t, "the vm stopped by the check after the restore", func() bool {
+		testutil.WaitForWithin(t, testTimeout, "the vm stopped by the check after the restore", func() bool {
 			vm := e.record("a")
 			return vm.State == registry.StateStopped && strings.Contains(vm.Reason, "is damaged: vmm/fake-ram extent 7")
 		})
@@ -205,7 +188,7 @@ func TestSleepingSourceIsVerifiedBeforeACopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitSealed(storage.SuspendDir("a"))
-	flip(t, filepath.Join(e.hostDir(storage.SuspendDir("a")), machinetest.RAMFile), 5<<20)
+	testutil.FlipBytes(t, filepath.Join(e.hostDir(storage.SuspendDir("a")), machinetest.RAMFile), 5<<20)
 	if _, err := e.m.Fork(ctx, "a", "", "f", nil); !errors.Is(err, machine.ErrDamaged) {
 		t.Fatalf("fork of a sleeping vm with a damaged slot: %v", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/internal/poll"
+	"github.com/denhq/den/internal/testutil"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
@@ -57,7 +58,7 @@ func TestTransitions(t *testing.T) {
 	note("a")
 	// running -> stopped (the VMM dies) -> running (next use boots it)
 	e.drv.VM(e.state.Run("a")).Kill()
-	waitFor(t, "a recorded stopped", func() bool { return e.record("a").State == registry.StateStopped })
+	testutil.WaitForWithin(t, testTimeout, "a recorded stopped", func() bool { return e.record("a").State == registry.StateStopped })
 	note("a")
 	if err := e.m.Wake(ctx, "a"); err != nil {
 		t.Fatal(err)
@@ -101,7 +102,7 @@ func TestTransitions(t *testing.T) {
 	// stopped -> deleting, running -> deleting, sleeping -> deleting
 	e.create("b")
 	e.drv.VM(e.state.Run("b")).Kill()
-	waitFor(t, "b recorded stopped", func() bool { return e.record("b").State == registry.StateStopped })
+	testutil.WaitForWithin(t, testTimeout, "b recorded stopped", func() bool { return e.record("b").State == registry.StateStopped })
 	e.create("c")
 	if err := e.m.Sleep(ctx, "c", false); err != nil {
 		t.Fatal(err)
@@ -179,7 +180,7 @@ func TestReadsNeverChangeState(t *testing.T) {
 		// Let reads that began while the vm was running finish against
 		// the sleeping vm (as den ls polling a sleep does).
 		n := reads.Load()
-		waitFor(t, "reads after the sleep", func() bool { return reads.Load() >= n+6 })
+		testutil.WaitForWithin(t, testTimeout, "reads after the sleep", func() bool { return reads.Load() >= n+6 })
 		if st := e.record("nap"); st.State != registry.StateSleeping {
 			t.Fatalf("reads after sleep %d changed it to %s (%s)", i, st.State, st.Reason)
 		}
@@ -324,7 +325,7 @@ func TestRestoreAndRemoveVersusSessions(t *testing.T) {
 			}
 		}
 	}()
-	waitFor(t, "sessions opening before the rm", func() bool { return opened.Load() >= 3 })
+	testutil.WaitForWithin(t, testTimeout, "sessions opening before the rm", func() bool { return opened.Load() >= 3 })
 	if err := e.m.Remove(ctx, "r", true); err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +337,7 @@ func TestRestoreAndRemoveVersusSessions(t *testing.T) {
 	if _, err := e.m.Record(ctx, "r"); !errors.Is(err, machine.ErrNotFound) {
 		t.Fatalf("record after rm: %v", err)
 	}
-	waitFor(t, "no vmm left", func() bool { return e.drv.Live() == 0 })
+	testutil.WaitForWithin(t, testTimeout, "no vmm left", func() bool { return e.drv.Live() == 0 })
 }
 
 // TestConcurrentCheckpoints: checkpoints of one VM taken at once all
@@ -476,7 +477,7 @@ func TestVMMDeathRecordedByOwner(t *testing.T) {
 	ctx := ctxT(t)
 	e.create("k")
 	e.drv.VM(e.state.Run("k")).Kill()
-	waitFor(t, "k recorded stopped", func() bool { return e.record("k").State == registry.StateStopped })
+	testutil.WaitForWithin(t, testTimeout, "k recorded stopped", func() bool { return e.record("k").State == registry.StateStopped })
 	if r := e.record("k").Reason; !strings.Contains(r, "killed") {
 		t.Fatalf("reason %q", r)
 	}
@@ -538,7 +539,7 @@ func TestVolumeLossStopsVMs(t *testing.T) {
 	ctx := ctxT(t)
 	e.create("v")
 	e.vol.Emit(storage.Event{Kind: storage.EventLost, Err: errors.New("mount process 42 exited")})
-	waitFor(t, "v stopped after the volume loss", func() bool { return e.record("v").State == registry.StateStopped })
+	testutil.WaitForWithin(t, testTimeout, "v stopped after the volume loss", func() bool { return e.record("v").State == registry.StateStopped })
 	if r := e.record("v").Reason; !strings.Contains(r, "storage volume lost") {
 		t.Fatalf("reason %q", r)
 	}
@@ -555,7 +556,7 @@ func TestVolumeLossStopsVMs(t *testing.T) {
 	woke := make(chan error, 1)
 	probes := e.vol.HealthCalls()
 	go func() { woke <- e.m.Wake(ctx, "v") }()
-	waitFor(t, "the wake waiting for the volume", func() bool { return e.vol.HealthCalls() > probes })
+	testutil.WaitForWithin(t, testTimeout, "the wake waiting for the volume", func() bool { return e.vol.HealthCalls() > probes })
 	if err := os.Rename(disk+".away", disk); err != nil {
 		t.Fatal(err)
 	}
@@ -581,13 +582,6 @@ func TestRestartAdopts(t *testing.T) {
 	e.wantState("y", registry.StateSleeping)
 	if e.memory("x") != mem {
 		t.Fatal("x was restarted, not adopted")
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	if !poll.Until(testTimeout, cond) {
-		t.Fatalf("timed out waiting: %s", what)
 	}
 }
 
@@ -681,10 +675,10 @@ func TestVolumeLossWaitsForOperation(t *testing.T) {
 	go func() { _, err := e.m.Checkpoint(ctx, "a", machine.CheckpointOptions{}, nil); done <- err }()
 	<-in
 	e.vol.Emit(storage.Event{Kind: storage.EventLost})
-	waitFor(t, "b stopped", func() bool { return e.record("b").State == registry.StateStopped })
+	testutil.WaitForWithin(t, testTimeout, "b stopped", func() bool { return e.record("b").State == registry.StateStopped })
 	close(out)
 	<-done
-	waitFor(t, "a stopped once its checkpoint let go", func() bool { return e.record("a").State == registry.StateStopped })
+	testutil.WaitForWithin(t, testTimeout, "a stopped once its checkpoint let go", func() bool { return e.record("a").State == registry.StateStopped })
 	if e.drv.VM(e.state.Run("a")) != nil {
 		t.Fatal("a's vmm still runs on the lost volume")
 	}
@@ -729,7 +723,7 @@ func TestRetiredSlotsAndStagedDisks(t *testing.T) {
 		}
 		return left
 	}
-	waitFor(t, "the retired suspend slots are removed", func() bool { return len(leftovers()) == 0 })
+	testutil.WaitForWithin(t, testTimeout, "the retired suspend slots are removed", func() bool { return len(leftovers()) == 0 })
 	if _, err := os.Stat(filepath.Join(vmDir, "suspend")); err == nil {
 		t.Fatal("a restored vm kept its suspend slot")
 	}
@@ -737,7 +731,7 @@ func TestRetiredSlotsAndStagedDisks(t *testing.T) {
 	// A restore whose save of the current state fails (the VMM dies as
 	// it snapshots) is refused after the checkpoint's disk was staged.
 	var spare string
-	waitFor(t, "the restore's spare is made", func() bool { spare = e.spare("r", cp.ID); return spare != "" })
+	testutil.WaitForWithin(t, testTimeout, "the restore's spare is made", func() bool { spare = e.spare("r", cp.ID); return spare != "" })
 	if err := os.Remove(spare); err != nil {
 		t.Fatal(err)
 	}

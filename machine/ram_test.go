@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/denhq/den/internal/testutil"
 )
 
 // TestRAMFilesFreed: a stopped VMM's RAM file is freed (in the
@@ -41,7 +43,7 @@ func TestRAMFilesFreed(t *testing.T) {
 	if err := e.m.Sleep(ctx, "r", false); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the sleeping vm's RAM file is freed", func() bool { return !slices.Contains(entries(), "r") && len(entries()) == 1 })
+	testutil.WaitForWithin(t, testTimeout, "the sleeping vm's RAM file is freed", func() bool { return !slices.Contains(entries(), "r") && len(entries()) == 1 })
 
 	// Left by a crash: a directory moved aside, a restore's staged
 	// memory, a base's throwaway VM's, a VM whose VMM is gone. Not den's

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/internal/testutil"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
@@ -95,7 +96,7 @@ func TestRestoreSavesStoppedAndSleeping(t *testing.T) {
 	}
 	kill := func(t *testing.T, name string) {
 		e.drv.VM(e.state.Run(name)).Kill()
-		waitFor(t, name+" recorded stopped", func() bool { return e.record(name).State == registry.StateStopped })
+		testutil.WaitForWithin(t, testTimeout, name+" recorded stopped", func() bool { return e.record(name).State == registry.StateStopped })
 	}
 
 	t.Run("stopped", func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/denhq/den/internal/testutil"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/storage"
 )
@@ -40,7 +41,7 @@ func TestCheckpointSpareGoesWithIt(t *testing.T) {
 			t.Fatal(err)
 		}
 		if round > 0 { // round 0 deletes while the spare may still be cloned
-			waitFor(t, "the restore's spare is made", func() bool { return e.spare("s", cp.ID) != "" })
+			testutil.WaitForWithin(t, testTimeout, "the restore's spare is made", func() bool { return e.spare("s", cp.ID) != "" })
 		}
 		if err := e.m.DeleteCheckpoint(ctx, "s", cp.ID); err != nil {
 			t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/image"
+	"github.com/denhq/den/internal/testutil"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
 )
@@ -119,7 +120,7 @@ func TestLastActiveSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	created := e.record("box")
-	waitFor(t, "the clock past the creation", func() bool { return time.Since(created.LastActive) > 20*time.Millisecond })
+	testutil.WaitForWithin(t, testTimeout, "the clock past the creation", func() bool { return time.Since(created.LastActive) > 20*time.Millisecond })
 	e.m.IdleTarget().Touch("box")
 	st, err := e.m.Get(ctx, "box")
 	if err != nil {
@@ -134,7 +135,7 @@ func TestLastActiveSurvivesRestart(t *testing.T) {
 		t.Errorf("a touch wrote the record at once: %s", rec.LastActive)
 	}
 
-	waitFor(t, "the clock past the use", func() bool { return time.Since(used) > 50*time.Millisecond })
+	testutil.WaitForWithin(t, testTimeout, "the clock past the use", func() bool { return time.Since(used) > 50*time.Millisecond })
 	e.restart()
 	rec := e.record("box")
 	if !rec.LastActive.Equal(used) || rec.Generation != created.Generation {
@@ -166,9 +167,9 @@ func TestLastActiveSavedPeriodically(t *testing.T) {
 	e.open()
 	e.create("box")
 	created := e.record("box")
-	waitFor(t, "the clock past the creation", func() bool { return time.Since(created.LastActive) > 20*time.Millisecond })
+	testutil.WaitForWithin(t, testTimeout, "the clock past the creation", func() bool { return time.Since(created.LastActive) > 20*time.Millisecond })
 	e.m.IdleTarget().Touch("box")
-	waitFor(t, "the touch recorded", func() bool { return e.record("box").LastActive.After(created.LastActive) })
+	testutil.WaitForWithin(t, testTimeout, "the touch recorded", func() bool { return e.record("box").LastActive.After(created.LastActive) })
 	if rec := e.record("box"); rec.Generation != created.Generation {
 		t.Errorf("saving activity took generation %d, was %d", rec.Generation, created.Generation)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/denhq/den/egress"
 	"github.com/denhq/den/internal/netns"
+	"github.com/denhq/den/internal/testutil"
 )
 
 func TestPool(t *testing.T) {
@@ -65,9 +66,7 @@ func TestCmdline(t *testing.T) {
 // TestTableScripts has nft check (-c: nothing is applied) every script
 // den writes, in the order a daemon's life runs them.
 func TestTableScripts(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("nft -c needs root")
-	}
+	testutil.NeedRoot(t, "nft -c")
 	if _, err := exec.LookPath("nft"); err != nil {
 		t.Skip("no nft (make deps installs nftables)")
 	}

@@ -4,18 +4,17 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"syscall"
 	"testing"
+
+	"github.com/denhq/den/internal/testutil"
 )
 
 // TestVMMGuard: with the guard table in place a process of the VMM user
 // cannot connect to a service on the host's loopback; root still can.
 func TestVMMGuard(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("nftables needs root")
-	}
+	testutil.NeedRoot(t, "nftables")
 	if _, err := exec.LookPath("nft"); err != nil {
 		t.Skip("nft is not installed")
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/denhq/den/cgroup"
 	"github.com/denhq/den/internal/poll"
+	"github.com/denhq/den/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -96,9 +97,7 @@ func nobody(t *testing.T) *User {
 }
 
 func TestStartConfinedV1(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("confinement needs root")
-	}
+	testutil.NeedRoot(t, "confinement")
 	if _, err := os.Stat(filepath.Join(cgroup.Root, "memory", "memory.limit_in_bytes")); err != nil {
 		t.Skip("no cgroup v1 memory controller here")
 	}
@@ -111,9 +110,7 @@ func TestStartConfinedV1(t *testing.T) {
 }
 
 func TestStartConfinedV2(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("confinement needs root")
-	}
+	testutil.NeedRoot(t, "confinement")
 	root := filepath.Join(cgroup.Root, "unified")
 	if _, err := os.Stat(filepath.Join(cgroup.Root, "cgroup.controllers")); err == nil {
 		root = cgroup.Root

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/denhq/den/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -17,9 +18,7 @@ import (
 // mkfs.ext4 made) and finds each in mountinfo, with the mount's other
 // options as they were.
 func TestItableInitRealMount(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a loop device")
-	}
+	testutil.NeedRoot(t, "mount a loop device")
 	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
 		t.Skip("no mkfs.ext4 (apt-get install e2fsprogs)")
 	}

@@ -1,11 +1,13 @@
 // Package testutil holds what den's tests share: a log sink that
-// goroutines may write together, and fresh SSH keys.
+// goroutines may write together, fresh SSH keys, bounded waits, damage
+// to a file, and the skip of a test that needs root.
 package testutil
 
 import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -65,5 +67,35 @@ func WaitForWithin(t testing.TB, within time.Duration, what string, cond func() 
 	t.Helper()
 	if !poll.Until(within, cond) {
 		t.Fatalf("timed out after %s waiting for %s", within, what)
+	}
+}
+
+// FlipBytes inverts two bytes of the file at path at off (twice restores
+// them), synced: the damage integrity tests look for.
+func FlipBytes(t testing.TB, path string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 2)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0], b[1] = ^b[0], ^b[1]
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// NeedRoot skips t unless it runs as root; why says what needs it.
+func NeedRoot(t testing.TB, why string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skipf("needs root: %s", why)
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/denhq/den/cgroup"
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/internal/sparse"
+	"github.com/denhq/den/internal/testutil"
 	"github.com/denhq/den/vmm"
 	"github.com/denhq/den/vmm/qemu"
 )
@@ -47,9 +48,7 @@ func newGuestEnv(t testing.TB) *guestEnv {
 	if testing.Short() {
 		t.Skip("real guest test: boots QEMU (run without -short)")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("real guest test: needs root")
-	}
+	testutil.NeedRoot(t, "real guest test")
 	if _, err := qemu.FindBinary(); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/denhq/den/internal/testutil"
 	"github.com/denhq/den/vmm"
 )
 
@@ -21,9 +22,7 @@ import (
 // says ESRCH): the prelaunch must then wait for it and attach to the TAP
 // itself, not fail.
 func TestPrelaunchTakesTheTapOfAnExitingPredecessor(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: makes a TAP device")
-	}
+	testutil.NeedRoot(t, "makes a TAP device")
 	if _, err := os.Stat("/dev/net/tun"); err != nil {
 		t.Skipf("no /dev/net/tun: %v", err)
 	}
