@@ -277,11 +277,13 @@ func listenUnix(path string) (net.Listener, error) {
 		return nil, err
 	}
 	// The socket is made, then opened to all: in a directory another
-	// user may write to, it could be swapped for a link in between.
+	// user may write to, it could be swapped for a link in between
+	// (unless the directory is sticky, as /tmp: then only its maker may
+	// rename or remove it).
 	if st, err := os.Stat(dir); err != nil {
 		return nil, err
-	} else if uid, _ := fileOwner(st); uid != os.Geteuid() || st.Mode().Perm()&0o022 != 0 {
-		return nil, fmt.Errorf("socket %s: its directory %s must be the daemon's own and writable by it alone (owner %d, mode %04o): choose another --socket", path, dir, uid, st.Mode().Perm())
+	} else if uid, _ := fileOwner(st); uid != os.Geteuid() || (st.Mode().Perm()&0o022 != 0 && st.Mode()&os.ModeSticky == 0) {
+		return nil, fmt.Errorf("socket %s: its directory %s must be the daemon's own, and sticky or writable by it alone (owner %d, mode %s): choose another --socket", path, dir, uid, st.Mode())
 	}
 	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		c.Close()
