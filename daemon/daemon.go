@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -280,10 +279,12 @@ func listenUnix(path string) (net.Listener, error) {
 	// user may write to, it could be swapped for a link in between
 	// (unless the directory is sticky, as /tmp: then only its maker may
 	// rename or remove it).
-	if st, err := os.Stat(dir); err != nil {
-		return nil, err
-	} else if uid, _ := fileOwner(st); uid != os.Geteuid() || (st.Mode().Perm()&0o022 != 0 && st.Mode()&os.ModeSticky == 0) {
-		return nil, fmt.Errorf("socket %s: its directory %s must be the daemon's own, and sticky or writable by it alone (owner %d, mode %s): choose another --socket", path, dir, uid, st.Mode())
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return nil, fmt.Errorf("socket %s: %w", path, err)
+	}
+	if int(st.Uid) != os.Geteuid() || (st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0) {
+		return nil, fmt.Errorf("socket %s: its directory %s must be the daemon's own, and sticky or writable by it alone (owner %d, mode %04o): choose another --socket", path, dir, st.Uid, st.Mode&0o7777)
 	}
 	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		c.Close()
@@ -316,12 +317,4 @@ func (c *cleanup) run() {
 		(*c)[i]()
 	}
 	*c = nil
-}
-
-// fileOwner is the owner and group of a file st describes.
-func fileOwner(st os.FileInfo) (uid, gid int) {
-	if s, ok := st.Sys().(*syscall.Stat_t); ok {
-		return int(s.Uid), int(s.Gid)
-	}
-	return -1, -1
 }

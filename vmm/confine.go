@@ -85,10 +85,21 @@ func EnsureUser(name string) (u *User, made bool, err error) {
 }
 
 // Own gives u the paths that exist (a VMM's run dir, its RAM file):
-// owner u, group u's, the same mode. Missing paths are skipped.
+// owner u, group u's; a directory is made 0700 (u's own, whatever umask
+// made it), a file keeps its mode. Missing paths are skipped.
 func (u *User) Own(paths ...string) error {
 	for _, p := range paths {
-		if err := os.Lchown(p, u.UID, u.GID); err != nil && !errors.Is(err, os.ErrNotExist) {
+		st, err := os.Lstat(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err == nil && st.IsDir() {
+			err = os.Chmod(p, 0o700)
+		}
+		if err == nil {
+			err = os.Lchown(p, u.UID, u.GID)
+		}
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("give %s to %s: %w", p, u.Name, err)
 		}
 	}

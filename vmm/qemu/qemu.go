@@ -19,12 +19,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/denhq/den/internal/atomicfile"
 	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/vmm"
+	"golang.org/x/sys/unix"
 )
 
 var (
@@ -297,14 +297,6 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool, ram str
 		return err
 	}
 	if u := v.opts.Confine.User; u != nil {
-		// The directories QEMU passes through are its own, 0700 whatever
-		// umask they were made under.
-		for _, d := range []string{rd.Path(), filepath.Dir(ram)} {
-			if err := os.Chmod(d, 0o700); err != nil && !errors.Is(err, os.ErrNotExist) {
-				end()
-				return fmt.Errorf("qemu: %w", err)
-			}
-		}
 		if err := u.Own(rd.Path(), rd.ConsoleLog(), filepath.Dir(ram), ram); err != nil {
 			end()
 			return err
@@ -346,13 +338,12 @@ func (v *VMM) launch(ctx context.Context, cfg vmm.Config, incoming bool, ram str
 func describeOwners(path string) string {
 	var parts []string
 	for p := path; ; p = filepath.Dir(p) {
-		st, err := os.Lstat(p)
-		if err != nil {
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
 			parts = append(parts, fmt.Sprintf("%s: %v", p, err))
 		} else {
-			uid, gid := ownerIDs(st)
-			parts = append(parts, fmt.Sprintf("%s %04o %d:%d", p, st.Mode().Perm(), uid, gid))
-			if st.IsDir() && st.Mode().Perm()&0o001 != 0 {
+			parts = append(parts, fmt.Sprintf("%s %04o %d:%d", p, st.Mode&0o7777, st.Uid, st.Gid))
+			if st.Mode&unix.S_IFMT == unix.S_IFDIR && st.Mode&0o001 != 0 {
 				break
 			}
 		}
@@ -623,12 +614,4 @@ func Adopt(ctx context.Context, opts Options) (*VMM, error) {
 		return nil, fmt.Errorf("adopt qemu: %w", err)
 	}
 	return v, nil
-}
-
-// ownerIDs is the owner and group of a file st describes.
-func ownerIDs(st os.FileInfo) (uid, gid uint32) {
-	if s, ok := st.Sys().(*syscall.Stat_t); ok {
-		return s.Uid, s.Gid
-	}
-	return 0, 0
 }
