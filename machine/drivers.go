@@ -26,7 +26,7 @@ func (m *Manager) builtinDrivers() map[string]vmm.Driver {
 		ds[VMMQEMU] = &qemu.Driver{
 			Accel: m.kvm.Accelerator(),
 			Options: func(rd vmm.RunDir, vm string) qemu.Options {
-				return qemu.Options{RunDir: rd, Accel: m.kvm.Accelerator(), Logger: m.log, StreamRAM: m.cfg.QEMUStreamRAM,
+				return qemu.Options{RunDir: rd, Logger: m.log, StreamRAM: m.cfg.QEMUStreamRAM,
 					RAMFile: m.ram.file(vm), Confine: m.conf.vmm(rd.Name())}
 			},
 		}

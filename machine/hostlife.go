@@ -509,9 +509,9 @@ func (m *Manager) lostReason(ctx context.Context, name, cause string) string {
 }
 
 // lastCheckpoint says what a restore of vm name can bring back, for a
-// record's reason: "; it has no checkpoint", or its last checkpoint as
-// say words it (its id and age), marked when disk only; "" when the
-// catalog cannot be read.
+// record's reason: "; it has no checkpoint", or its last checkpoint in
+// the words of say (given its id and age), marked when disk only; ""
+// when the catalog cannot be read.
 func (m *Manager) lastCheckpoint(ctx context.Context, name string, say func(id, age string) string) string {
 	cps, err := m.db.ListCheckpoints(ctx, name)
 	switch {
