@@ -382,18 +382,25 @@ func (m *Manager) trySleepForMemory(ctx context.Context, r runningVM, reason str
 		}
 		return "busy: " + op
 	}
-	defer unlock()
-	in := m.instance(r.name)
+	o, err := m.holding(ctx, r.name, "sleep for memory", unlock)
+	if err != nil {
+		return err.Error()
+	}
+	in := o.instance()
 	if in == nil || !alive(in) || !in.isOpen() {
+		o.end(nil)
 		return "not running"
 	}
 	if why := m.whyAwake(ctx, in); why != "" {
+		o.end(nil)
 		return why
 	}
 	idle := time.Since(r.lastActive).Round(time.Second)
 	m.log.Info("den: putting vm to sleep to free memory", "vm", r.name, "reason", reason,
 		"frees", fmtMem(r.bytes), "idle", idle)
-	if err := m.sleepLocked(ctx, r.name, false); err != nil {
+	err = o.sleep(ctx, false)
+	o.end(err)
+	if err != nil {
 		m.log.Warn("den: sleep to free memory", "vm", r.name, "err", err)
 		if errors.Is(err, ErrConflict) {
 			return "busy: " + err.Error()

@@ -10,23 +10,28 @@ import (
 	"github.com/denhq/den/storage"
 )
 
-// reserve records a new VM as creating (its name is then taken), with
+// reserve records the new VM as creating (its name is then taken), with
 // the undo of everything a rollback must remove for it.
-func (m *Manager) reserve(ctx context.Context, vm registry.VM, undo *cleanups) (registry.VM, error) {
+func (o *op) reserve(ctx context.Context, vm registry.VM) error {
+	m := o.m
 	if err := m.db.CreateVM(ctx, vm); err != nil {
 		if errors.Is(err, registry.ErrExists) {
-			return vm, errNameTaken
+			return errNameTaken
 		}
-		return vm, err
+		return err
 	}
-	undo.push("delete the record of vm "+vm.Name, func() error {
+	o.undo.push("delete the record of vm "+vm.Name, func() error {
 		return m.db.DeleteVM(context.WithoutCancel(ctx), vm.Name)
 	})
-	undo.push("remove the files of vm "+vm.Name, func() error {
+	o.undo.push("remove the files of vm "+vm.Name, func() error {
 		m.destroy(context.WithoutCancel(ctx), vm.Name)
 		return nil
 	})
-	return m.get(ctx, vm.Name)
+	rec, err := m.get(ctx, vm.Name)
+	if err != nil {
+		return err
+	}
+	return o.read(rec)
 }
 
 // nameFree refuses a name a VM has. Create and fork check it under the
@@ -63,11 +68,12 @@ type bringUpFrom struct {
 // the guest's initramfs applies the identity on the command line before
 // anything reads it), grow the disk and the guest's filesystem to the
 // VM's size, and record the VM running.
-func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bringUpFrom, progress Progress) (registry.VM, error) {
+func (o *op) bringUp(ctx context.Context, from bringUpFrom, progress Progress) error {
+	m, vm, sp := o.m, o.vm, o.spec
 	accel, _ := m.Accel()
 	srcSize, err := m.fileSize(from.disk)
 	if err != nil {
-		return vm, err
+		return err
 	}
 	grow := vm.DiskBytes > srcSize
 	progress("cloning the disk of " + from.what)
@@ -90,9 +96,9 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 	if from.memory != "" {
 		progress("restoring the memory of " + from.what + " (" + vm.VMM + ", " + accel + ")")
 		id := m.identityRequest(vm, sp)
-		in, err := m.restoreInto(ctx, vm, sp, restoreSource{snapDir: from.memory, local: from.ref.local, disks: cloned, identity: &id})
+		in, err := o.restoreInto(ctx, restoreSource{snapDir: from.memory, local: from.ref.local, disks: cloned, identity: &id})
 		if err != nil {
-			return vm, err
+			return err
 		}
 		m.verifyRunning(in, from.ref, vm.VMM)
 		if grow {
@@ -101,27 +107,27 @@ func (m *Manager) bringUp(ctx context.Context, vm registry.VM, sp spec, from bri
 			err := m.growDisk(ctx, vm, in)
 			end()
 			if err != nil {
-				return vm, err
+				return err
 			}
 		}
 	} else {
 		if err := cloned(); err != nil {
-			return vm, err
+			return err
 		}
 		if err := m.growDiskFile(vm.Name, vm.DiskBytes); err != nil {
-			return vm, err
+			return err
 		}
 		progress("booting (" + vm.VMM + ", " + accel + ")")
 		if err := m.boot(ctx, vm, sp); err != nil {
-			return vm, err
+			return err
 		}
 		if grow {
 			progress("growing the root filesystem to " + FormatSize(vm.DiskBytes))
 			if err := m.growDisk(ctx, vm, m.instance(vm.Name)); err != nil {
-				return vm, err
+				return err
 			}
 		}
 	}
 	crashpoint("bringup-before-commit")
-	return m.commitRunning(ctx, vm, nil)
+	return o.commitRunning(ctx, nil)
 }

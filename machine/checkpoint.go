@@ -31,66 +31,56 @@ func (m *Manager) store() checkpoint.Store {
 // Checkpoint saves a VM's memory and disk at one paused instant (or its
 // disk only) as a new checkpoint and returns it. A sleeping VM is
 // checkpointed from its suspend slot, a stopped one disk-only.
-func (m *Manager) Checkpoint(ctx context.Context, name string, o CheckpointOptions, progress Progress) (registry.Checkpoint, error) {
+func (m *Manager) Checkpoint(ctx context.Context, name string, opts CheckpointOptions, progress Progress) (_ registry.Checkpoint, err error) {
 	if progress == nil {
 		progress = func(string) {}
 	}
-	if err := validate.Comment(o.Comment); err != nil {
+	if err := validate.Comment(opts.Comment); err != nil {
 		return registry.Checkpoint{}, fmt.Errorf("checkpoint vm %q: %w", name, err)
 	}
-	if _, err := m.get(ctx, name); err != nil {
-		return registry.Checkpoint{}, err
-	}
-	unlock, err := m.lockVM(ctx, name, "checkpoint")
+	o, err := m.begin(ctx, name, "checkpoint")
 	if err != nil {
 		return registry.Checkpoint{}, err
 	}
-	defer unlock()
-	vm, err := m.reconcileLocked(ctx, name)
-	if err != nil {
-		return registry.Checkpoint{}, err
-	}
-	cp, err := m.checkpointLocked(ctx, vm, o, progress)
+	defer func() { o.end(err) }()
+	cp, err := o.checkpoint(ctx, opts, progress)
 	if err != nil {
 		return cp, err
 	}
-	if o.Keep > 0 {
-		if err := m.prune(ctx, vm.Name, o.Keep); err != nil {
+	if opts.Keep > 0 {
+		if err := m.prune(ctx, name, opts.Keep); err != nil {
 			m.log.Warn("den: retention", "vm", name, "err", err)
 		}
 	}
 	return cp, nil
 }
 
-// checkpointLocked takes a checkpoint; the caller holds the VM's lock.
-func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o CheckpointOptions, progress Progress) (registry.Checkpoint, error) {
-	sp, err := decodeSpec(vm)
-	if err != nil {
-		return registry.Checkpoint{}, err
-	}
+// checkpoint takes a checkpoint of the VM and makes it the head.
+func (o *op) checkpoint(ctx context.Context, opts CheckpointOptions, progress Progress) (registry.Checkpoint, error) {
+	m, vm, sp := o.m, o.vm, o.spec
 	seq, err := m.db.NextCheckpointSeq(ctx, vm.Name)
 	if err != nil {
 		return registry.Checkpoint{}, err
 	}
 	id := checkpoint.ID(seq)
-	in := m.instance(vm.Name)
+	in := o.instance()
 	running := vm.State == registry.StateRunning && in != nil && alive(in)
 	need := int64(0)
-	if running && !o.DiskOnly {
+	if running && !opts.DiskOnly {
 		need = m.memorySnapshotNeed(vm)
 	}
 	if err := m.needSpace(need, fmt.Sprintf("checkpoint vm %q", vm.Name)); err != nil {
 		return registry.Checkpoint{}, err
 	}
-	rec := checkpoint.Record{VM: vm.Name, ID: id, Seq: seq, Parent: sp.Head, Comment: o.Comment, VMM: vm.VMM}
+	rec := checkpoint.Record{VM: vm.Name, ID: id, Seq: seq, Parent: sp.Head, Comment: opts.Comment, VMM: vm.VMM}
 	var memCopy *memCopyJob // the RAM file's local copy, made while paused
-	from := checkpoint.From{Disk: storage.VMDisk(vm.Name), DiskOnly: o.DiskOnly}
+	from := checkpoint.From{Disk: storage.VMDisk(vm.Name), DiskOnly: opts.DiskOnly}
 	switch {
 	case running:
 		from.Guest = guestOf{m: m, in: in, mem: &memCopy, frozen: &frozen{}}
 	case vm.State == registry.StateSleeping:
 		from.Suspend = storage.SuspendDir(vm.Name)
-		if !o.DiskOnly {
+		if !opts.DiskOnly {
 			// The slot is copied as it is: damage must not pass into
 			// a checkpoint (and a fork) with new digests.
 			if err := m.verify(ctx, suspendRef(vm.Name, sp.SuspendSeal), vm.VMM); err != nil {
@@ -135,7 +125,10 @@ func (m *Manager) checkpointLocked(ctx context.Context, vm registry.VM, o Checkp
 	// 8 runs each on two cores, where the clone only made room for the
 	// VMM's start to compete with the memory's staging). A restore makes
 	// one for the next restore to the same checkpoint.
-	if err := m.setHead(ctx, vm.Name, id); err != nil {
+	if err := o.update(ctx, func(_ *registry.VM, sp *spec) error {
+		sp.Head = id
+		return nil
+	}); err != nil {
 		return rec, err
 	}
 	return rec, nil
@@ -306,18 +299,15 @@ func (m *Manager) getCheckpoint(ctx context.Context, vm, id string) (registry.Ch
 // DeleteCheckpoint removes a checkpoint and reclaims its space; its id
 // is not given out again (registry.CheckpointStore). Deleting the VM's
 // head makes the checkpoint's parent the head.
-func (m *Manager) DeleteCheckpoint(ctx context.Context, name, id string) error {
-	if _, err := m.get(ctx, name); err != nil {
-		return err
-	}
-	unlock, err := m.lockVM(ctx, name, "delete checkpoint "+id)
-	if err != nil {
-		return err
-	}
-	defer unlock()
+func (m *Manager) DeleteCheckpoint(ctx context.Context, name, id string) (err error) {
 	if err := checkpoint.ValidateID(id); err != nil {
 		return err
 	}
+	o, err := m.begin(ctx, name, "delete checkpoint "+id)
+	if err != nil {
+		return err
+	}
+	defer func() { o.end(err) }()
 	cp, err := m.db.GetCheckpoint(ctx, name, id)
 	if errors.Is(err, registry.ErrNotFound) {
 		return fmt.Errorf("vm %q has no checkpoint %s: %w", name, id, ErrNotFound)
@@ -325,16 +315,25 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, name, id string) error {
 	if err != nil {
 		return err
 	}
-	vm, err := m.get(ctx, name)
-	if err != nil {
-		return err
-	}
-	if sp, err := decodeSpec(vm); err == nil && sp.Restoring == id {
+	if o.spec.Restoring == id {
 		return fmt.Errorf("delete checkpoint %s of %q: an interrupted restore to it is still to be finished (reach the vm first): %w", id, name, ErrConflict)
 	}
-	// The head moves to the parent, as the children do: the next
-	// checkpoint descends from a checkpoint that exists.
-	return m.dropCheckpoint(ctx, name, cp)
+	return o.dropCheckpoint(ctx, cp)
+}
+
+// dropCheckpoint removes one of the VM's checkpoints; the head moves to
+// its parent, as the children do: the next checkpoint descends from a
+// checkpoint that exists.
+func (o *op) dropCheckpoint(ctx context.Context, cp registry.Checkpoint) error {
+	if o.spec.Head == cp.ID {
+		if err := o.update(ctx, func(_ *registry.VM, sp *spec) error {
+			sp.Head = cp.Parent
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	return o.m.deleteCheckpoint(ctx, o.name(), cp.ID)
 }
 
 func (m *Manager) deleteCheckpoint(ctx context.Context, name, id string) error {

@@ -177,7 +177,7 @@ func (m *Manager) imageDiskSize(name string) int64 {
 // Create makes a new VM: a clone of the image's base disk, a VMM booting
 // it (or restoring the image's warm base), and the agent answering.
 // Anything half-done is rolled back on failure.
-func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress) (registry.VM, error) {
+func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress) (_ registry.VM, err error) {
 	if progress == nil {
 		progress = func(string) {}
 	}
@@ -207,14 +207,14 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		return registry.VM{}, err
 	}
 	end()
-	unlock, err := m.lockName(ctx, o.Name, "create")
+	op, err := m.beginNew(ctx, o.Name, "create")
+	if errors.Is(err, errNameTaken) {
+		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
+	}
 	if err != nil {
 		return registry.VM{}, err
 	}
-	defer unlock()
-	if err := m.nameFree(ctx, o.Name); err != nil {
-		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
-	}
+	defer func() { op.end(err) }()
 
 	base, baseSize, err := m.baseImage(ctx, o.Image, progress)
 	if err != nil {
@@ -236,11 +236,9 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		sp.Egress = o.Egress.String()
 	}
 	sp.Cmdline = m.cmdline(o.Name, sp.Identity)
-	undo := cleanups{log: m.log}
-	defer undo.run()
 	// The lease first: the warm base boots on the network the VM will
 	// have.
-	if err := m.net.takeLease(o.Name, &sp, &undo); err != nil {
+	if err := m.net.takeLease(o.Name, &sp, &op.undo); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
 	vm := registry.VM{
@@ -267,21 +265,20 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		}
 	}
 	vm.SpecJSON = mustJSON(sp)
-	if vm, err = m.reserve(ctx, vm, &undo); err != nil {
+	if err := op.reserve(ctx, vm); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
 	src := bringUpFrom{disk: base, what: "image " + o.Image, spare: true}
 	if warm != "" {
 		src = bringUpFrom{disk: warm.Join(checkpoint.DiskFile), memory: warm.Join(checkpoint.VMMDir), what: "the warm base of image " + o.Image, ref: warmRef, spare: true}
 	}
-	if vm, err = m.bringUp(ctx, vm, sp, src, progress); err != nil {
+	if err := op.bringUp(ctx, src, progress); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
 	if warm != "" {
 		m.fillBaseCopy(warmRef, warmKey) // for the next create
 	}
-	undo.release()
-	return vm, nil
+	return op.vm, nil
 }
 
 func mustJSON(v any) string {

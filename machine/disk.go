@@ -96,25 +96,19 @@ func (m *Manager) growDisk(ctx context.Context, vm registry.VM, in *instance) er
 // root filesystem with it, with no reboot: a sleeping or stopped VM is
 // started first, under the same hold of its lock. The record says the new
 // size once the guest has it.
-func (m *Manager) Resize(ctx context.Context, name string, diskBytes int64) (registry.VM, error) {
+func (m *Manager) Resize(ctx context.Context, name string, diskBytes int64) (_ registry.VM, err error) {
 	if err := checkMiB("disk", diskBytes); err != nil {
 		return registry.VM{}, fmt.Errorf("resize vm %q: %w", name, err)
 	}
 	if diskBytes > MaxDisk {
 		return registry.VM{}, fmt.Errorf("resize vm %q: disk %s is too large: at most %s: %w", name, FormatSize(diskBytes), FormatSize(MaxDisk), ErrInvalid)
 	}
-	if _, err := m.get(ctx, name); err != nil {
-		return registry.VM{}, err
-	}
-	unlock, err := m.lockVM(ctx, name, "resize")
+	o, err := m.begin(ctx, name, "resize")
 	if err != nil {
 		return registry.VM{}, err
 	}
-	defer unlock()
-	vm, err := m.reconcileLocked(ctx, name)
-	if err != nil {
-		return vm, err
-	}
+	defer func() { o.end(err) }()
+	vm := o.vm
 	if diskBytes < vm.DiskBytes {
 		return vm, fmt.Errorf("resize vm %q: disk %s is smaller than its %s (disks only grow): %w", name, FormatSize(diskBytes), FormatSize(vm.DiskBytes), ErrInvalid)
 	}
@@ -122,22 +116,20 @@ func (m *Manager) Resize(ctx context.Context, name string, diskBytes int64) (reg
 		return vm, fmt.Errorf("resize vm %q: %s more does not fit: the volume has %s free: %w", name,
 			FormatSize(diskBytes-vm.DiskBytes), FormatSize(free), ErrNoSpace)
 	}
-	in, err := m.runLocked(ctx, vm)
+	in, err := o.run(ctx)
 	if err != nil {
-		return vm, err
+		return o.vm, err
 	}
-	if vm, err = m.get(ctx, name); err != nil {
-		return vm, err
-	}
-	grown := vm
+	grown := o.vm
 	grown.DiskBytes = diskBytes
 	if err := m.growDisk(ctx, grown, in); err != nil {
-		return vm, err
+		return o.vm, err
 	}
-	return m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
+	err = o.update(ctx, func(v *registry.VM, _ *spec) error {
 		v.DiskBytes = diskBytes
 		return nil
 	})
+	return o.vm, err
 }
 
 // checkMiB refuses a size that is not a positive whole number of MiB.

@@ -19,7 +19,7 @@ import (
 // onto an existing name changes nothing (not that VM's network either),
 // and a failed fork (or one a crash cut short) removes the checkpoint it
 // took and puts the source's head back.
-func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progress) (registry.VM, error) {
+func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progress) (_ registry.VM, err error) {
 	if progress == nil {
 		progress = func(string) {}
 	}
@@ -43,117 +43,97 @@ func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progr
 	if err := m.needSpace(spaceMargin, "fork "+src+" to "+name); err != nil {
 		return registry.VM{}, err
 	}
-	unlock, err := m.lockName(ctx, name, "fork")
+	fo, err := m.beginNew(ctx, name, "fork")
+	if errors.Is(err, errNameTaken) {
+		return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
+	}
 	if err != nil {
 		return registry.VM{}, err
 	}
-	defer unlock()
-	// A name a VM has is refused before anything is taken for it.
-	if err := m.nameFree(ctx, name); err != nil {
-		return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
-	}
+	defer func() { fo.end(err) }()
 	// The name is taken first, with the source's record as it is now;
 	// the sizes are read again under the source's lock.
 	now := time.Now().UTC()
 	vm := srcVM
 	vm.Name, vm.State, vm.Reason, vm.CreatedAt, vm.LastActive = name, registry.StateCreating, "", now, now
-	undo := cleanups{log: m.log}
-	defer undo.run()
 	var own spec
-	if err := m.net.takeLease(name, &own, &undo); err != nil {
+	if err := m.net.takeLease(name, &own, &fo.undo); err != nil {
 		return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
 	}
 	vm.SpecJSON = mustJSON(own)
-	if vm, err = m.reserve(ctx, vm, &undo); err != nil {
+	if err := fo.reserve(ctx, vm); err != nil {
 		return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
 	}
-	if vm, err = m.forkFrom(ctx, vm, src, id, progress); err != nil {
+	if err := fo.forkFrom(ctx, src, id, progress); err != nil {
 		return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
 	}
-	undo.release()
-	return vm, nil
+	return fo.vm, nil
 }
 
-// forkFrom brings a reserved fork up from src@id (from a checkpoint it
+// forkFrom brings the reserved fork up from src@id (from a checkpoint it
 // takes when id is empty). It holds the source's lock throughout, so that
 // the checkpoint is not deleted under it (den rm of the source, den
-// checkpoint rm) and so that removing the checkpoint it took, when the
-// fork fails, needs no second wait for that lock.
-func (m *Manager) forkFrom(ctx context.Context, vm registry.VM, src, id string, progress Progress) (_ registry.VM, err error) {
-	unlock, err := m.lockVM(ctx, src, "fork to "+vm.Name)
+// checkpoint rm), and the checkpoint it took is the source operation's
+// to remove when the fork fails, before that lock goes.
+func (o *op) forkFrom(ctx context.Context, src, id string, progress Progress) (err error) {
+	m, name, own := o.m, o.name(), o.spec
+	so, err := m.begin(ctx, src, "fork to "+name)
 	if err != nil {
-		return vm, err
+		return err
 	}
-	defer unlock()
-	srcVM, err := m.reconcileLocked(ctx, src)
-	if err != nil {
-		return vm, err
-	}
-	srcSpec, err := decodeSpec(srcVM)
-	if err != nil {
-		return vm, err
-	}
-	own, err := decodeSpec(vm)
-	if err != nil {
-		return vm, err
-	}
+	defer func() { so.end(err) }()
+	srcVM, srcSpec := so.vm, so.spec
 	sp := srcSpec
 	sp.Head, sp.Restoring, sp.Identity, sp.MAC, sp.Net = "", "", newToken(), newMAC(), own.Net
 	sp.URLToken = "" // its own, when first asked for
-	sp.Cmdline = m.cmdline(vm.Name, sp.Identity)
+	sp.Cmdline = m.cmdline(name, sp.Identity)
 	if id == "" {
 		progress("checkpointing " + src)
-		var auto registry.Checkpoint
-		auto, err = m.checkpointLocked(ctx, srcVM, CheckpointOptions{Comment: "auto: fork to " + vm.Name}, func(string) {})
+		auto, err := so.checkpoint(ctx, CheckpointOptions{Comment: "auto: fork to " + name}, func(string) {})
 		if err != nil {
-			return vm, err
+			return err
 		}
 		id = auto.ID
 		sp.AutoCheckpoint = src + "@" + id
-		defer func() {
-			if err != nil {
-				if derr := m.dropCheckpoint(context.WithoutCancel(ctx), src, auto); derr != nil {
-					m.log.Warn("den: rollback: remove the checkpoint taken for the fork", "vm", src, "checkpoint", id, "err", derr)
-				}
-			}
-		}()
+		so.undo.push("remove the checkpoint "+src+"@"+id+" taken for the fork", func() error {
+			return so.dropCheckpoint(context.WithoutCancel(ctx), auto)
+		})
 	}
 	cp, err := m.getCheckpoint(ctx, src, id)
 	if err != nil {
-		return vm, err
+		return err
 	}
 	if sp.AutoCheckpoint == "" { // one just taken needs no check
 		progress("verifying " + src + "@" + id)
 		if err := m.verify(ctx, checkpointRef(cp), srcVM.VMM); err != nil {
-			return vm, err
+			return err
 		}
 	}
 	if srcSpec.Net == nil && own.Net != nil && cp.Kind == checkpoint.KindMemoryDisk {
 		// The source's memory holds the VMM's user-mode network (a VM
 		// made before TAP networking): the fork restores into the same.
-		m.net.dropLease(ctx, vm.Name, own.Net)
+		m.net.dropLease(ctx, name, own.Net)
 		sp.Net = nil
 	}
 	sp.ForkedFrom = src + "@" + id
-	vm, err = m.db.UpdateVMIf(ctx, vm.Name, vm.Generation, func(v *registry.VM) error {
+	if err := o.update(ctx, func(v *registry.VM, fsp *spec) error {
 		v.Image, v.CPUs, v.MemoryBytes, v.DiskBytes, v.VMM, v.Accel = srcVM.Image, srcVM.CPUs, srcVM.MemoryBytes, srcVM.DiskBytes, srcVM.VMM, srcVM.Accel
-		v.SpecJSON = mustJSON(sp)
+		*fsp = sp
 		return nil
-	})
-	if err != nil {
-		return vm, err
+	}); err != nil {
+		return err
 	}
 	from := bringUpFrom{disk: checkpoint.Dir(src, id).Join(checkpoint.DiskFile), what: src + "@" + id, ref: checkpointRef(cp)}
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		from.memory = checkpoint.Dir(src, id).Join(checkpoint.VMMDir)
 	}
-	return m.bringUp(ctx, vm, sp, from, progress) // the caller's stack removes the VM on failure
+	return o.bringUp(ctx, from, progress) // the fork's stack removes it on failure
 }
 
-// dropCheckpoint removes a checkpoint (one a failed fork took, or one
-// whose deletion a crash cut short), and moves the VM's head back to the
-// checkpoint's parent if it is the head; the caller owns the VM (holds
-// its lock, or is the start-up reconcile).
+// dropCheckpoint removes a checkpoint whose deletion a crash cut short, or
+// that a fork took and a crash left half-made, and moves the VM's head
+// back to the checkpoint's parent if it is the head: op.dropCheckpoint
+// for the start-up reconcile, which owns every VM and holds no lock.
 func (m *Manager) dropCheckpoint(ctx context.Context, name string, cp registry.Checkpoint) error {
 	vm, err := m.get(ctx, name)
 	if err != nil {

@@ -364,7 +364,11 @@ func (m *Manager) sleepForHost(soft, hard context.Context, vm registry.VM, o Hos
 	if late {
 		lockCtx = hard
 	}
-	unlock, err := m.lockVM(lockCtx, vm.Name, op)
+	vop, err := m.begin(lockCtx, vm.Name, op)
+	if inFlight && errors.Is(err, ErrNotFound) {
+		// The operation did not leave it (a create rolled back, an rm).
+		return HostResult{Name: vm.Name, skip: true}
+	}
 	if err != nil {
 		return done(err)
 	}
@@ -373,18 +377,15 @@ func (m *Manager) sleepForHost(soft, hard context.Context, vm registry.VM, o Hos
 	}
 	if o.Shutdown {
 		// Held until den refuses new work: nothing wakes it meanwhile.
-		defer held.keep(unlock)
+		defer held.keep(vop.unlock)
 	} else {
-		defer unlock()
+		defer vop.unlock()
 	}
-	cur, err := m.reconcileLocked(hard, vm.Name)
-	if inFlight && (errors.Is(err, ErrNotFound) || (err == nil && cur.State != registry.StateRunning)) {
-		// The operation did not leave it running (a wake that failed,
-		// a create rolled back, an rm): nothing to put to sleep.
+	cur := vop.vm
+	if inFlight && cur.State != registry.StateRunning {
+		// The operation did not leave it running (a wake that failed):
+		// nothing to put to sleep.
 		return HostResult{Name: vm.Name, skip: true}
-	}
-	if err != nil {
-		return done(err)
 	}
 	switch {
 	case cur.State == registry.StateSleeping:
@@ -400,7 +401,7 @@ func (m *Manager) sleepForHost(soft, hard context.Context, vm registry.VM, o Hos
 	if o.Shutdown {
 		// Marked before the sleep, so that a crash right after it still
 		// wakes the VM at the next start; a failed sleep clears it.
-		if _, err := m.db.UpdateVMIf(hard, vm.Name, cur.Generation, func(v *registry.VM) error {
+		if err := vop.update(hard, func(v *registry.VM, _ *spec) error {
 			v.WakeOnBoot = true
 			return nil
 		}); err != nil {
@@ -408,7 +409,11 @@ func (m *Manager) sleepForHost(soft, hard context.Context, vm registry.VM, o Hos
 		}
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- m.sleepLocked(soft, vm.Name, o.Force || o.Shutdown) }()
+	go func() {
+		err := vop.sleep(soft, o.Force || o.Shutdown)
+		vop.finish(err)
+		errc <- err
+	}()
 	var serr error
 	select {
 	case serr = <-errc:
@@ -598,23 +603,20 @@ func (m *Manager) wakeForHost(ctx context.Context, vm registry.VM, o HostOptions
 	if o.marked {
 		op = "wake (host boot)"
 	}
-	r.Err = func() error {
-		unlock, err := m.lockVM(ctx, vm.Name, op)
+	r.Err = func() (err error) {
+		wop, err := m.begin(ctx, vm.Name, op)
 		if err != nil {
 			return err
 		}
-		defer unlock()
-		cur, err := m.reconcileLocked(ctx, vm.Name)
-		if err != nil {
-			return err
-		}
+		defer func() { wop.end(err) }()
+		cur := wop.vm
 		switch {
 		case o.marked && !cur.WakeOnBoot:
 			return nil // woken meanwhile (a session reached it first)
 		case cur.State == registry.StateRunning:
 			err = nil
 		case cur.State == registry.StateSleeping:
-			_, err = m.runLocked(ctx, cur)
+			_, err = wop.run(ctx)
 		default:
 			err = fmt.Errorf("vm %q is %s, not sleeping: %w", vm.Name, cur.State, ErrConflict)
 		}

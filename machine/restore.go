@@ -43,7 +43,8 @@ type restoreSource struct {
 // the VM's own disk and sockets, and waits for its agent; the guest clock
 // is set in the agent's ready answer, since it stopped when the snapshot
 // was taken, and the new identity, if any, given after it.
-func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, src restoreSource) (*instance, error) {
+func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, err error) {
+	m, vm, sp := o.m, o.vm, o.spec
 	local, ram, check, disks := src.local, src.ram, src.check, src.disks
 	checked := make(chan error, 1)
 	if check == nil {
@@ -125,18 +126,26 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, src 
 	if !opened.IsZero() {
 		in.started = opened // the prelaunched VMM's disk is as old as that
 	}
-	fail := func(err error) (*instance, error) {
+	// A failure from here stops the new VMM before the caller goes on:
+	// this step's own rollback, done when it returns.
+	started := cleanups{log: m.log}
+	started.push("stop the new vmm", func() error {
 		close(in.stopping)
 		in.closeAgent()
 		_ = hv.Shutdown(context.Background())
 		m.discardRuntime(vm.Name)
-		return nil, err
-	}
+		return nil
+	})
+	defer func() {
+		if err != nil {
+			started.run()
+		}
+	}()
 	end = phase.Begin(ctx, "wait for the verification")
 	err = <-checked
 	end()
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
 	if local != "" {
 		if _, err := os.Stat(local); err != nil {
@@ -153,10 +162,10 @@ func (m *Manager) restoreInto(ctx context.Context, vm registry.VM, sp spec, src 
 		LocalMemory: local, StagedMemory: staged, WaitStaged: waitStaged})
 	end()
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
 	// From here the guest runs: a failure is one after it ran.
-	ran := func(err error) (*instance, error) { return fail(fmt.Errorf("%w: %w", errGuestRan, err)) }
+	ran := func(err error) (*instance, error) { return nil, fmt.Errorf("%w: %w", errGuestRan, err) }
 	// The guest clock is stale: the ready request sets it, and gives
 	// the guest its new identity.
 	opts := []agent.DialOption{agent.WithClockSet()}
@@ -235,30 +244,24 @@ type RestoreOptions struct {
 // current state is checkpointed first (a stopped VM's disk only), and its
 // id returned. The current disk is replaced atomically only once the
 // checkpoint's clone is whole.
-func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions, progress Progress) (saved string, err error) {
+func (m *Manager) Restore(ctx context.Context, name, id string, opts RestoreOptions, progress Progress) (saved string, err error) {
 	if progress == nil {
 		progress = func(string) {}
 	}
-	if _, err := m.get(ctx, name); err != nil {
-		return "", err
-	}
-	unlock, err := m.lockVM(ctx, name, "restore "+id)
+	o, err := m.begin(ctx, name, "restore "+id)
 	if err != nil {
 		return "", err
 	}
-	defer unlock()
-	end := phase.Begin(ctx, "look up the vm and the checkpoint")
-	vm, err := m.reconcileLocked(ctx, name)
-	if err != nil {
-		end()
-		return "", err
-	}
+	defer func() { o.end(err) }()
+	return o.restore(ctx, id, opts, progress)
+}
+
+// restore brings the VM back to checkpoint id.
+func (o *op) restore(ctx context.Context, id string, opts RestoreOptions, progress Progress) (saved string, err error) {
+	m, name, vm := o.m, o.name(), o.vm
+	end := phase.Begin(ctx, "look up the checkpoint")
 	cp, err := m.getCheckpoint(ctx, name, id)
 	end()
-	if err != nil {
-		return "", err
-	}
-	sp, err := decodeSpec(vm)
 	if err != nil {
 		return "", err
 	}
@@ -271,9 +274,9 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	defer ram.drop()
 	staged := m.stageDisk(ctx, cp)
 	defer staged.drop()
-	in := m.instance(name)
+	in := o.instance()
 	if ram != nil {
-		ram.pre = m.prelaunch(ctx, vm, sp, in, ram, staged)
+		ram.pre = m.prelaunch(ctx, vm, o.spec, in, ram, staged)
 		defer ram.pre.drop() // before the staged disk's drop
 	}
 	// A damaged checkpoint is refused before anything changes. Its
@@ -290,23 +293,24 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 		// No session is admitted from here; open ones block the restore
 		// unless forced.
 		end := phase.Begin(ctx, "close the sessions")
-		n, ok := in.closeWithin(o.Force, sessionGrace)
+		n, ok := in.closeWithin(opts.Force, sessionGrace)
 		end()
 		if !ok {
 			return "", fmt.Errorf("restore vm %q: %d session(s) open (exec, ssh): retry when they end, or use --force to end them: %w", name, n, ErrConflict)
 		}
-		defer func() {
-			if err != nil && m.instance(name) == in {
+		o.undo.push("admit sessions again", func() error {
+			if m.instance(name) == in {
 				in.reopen()
 			}
-		}()
+			return nil
+		})
 	}
 	// The state the restore replaces is saved first: a running VM's
 	// memory and disk, a sleeping one's suspend slot and disk, a stopped
 	// one's disk (no memory is left: its VMM died or was stopped). A VM
 	// whose restore is still to be finished has no state of its own: its
 	// head is that restore's checkpoint, and its disk half-way to it.
-	if !o.NoSave && sp.Restoring == "" {
+	if !opts.NoSave && o.spec.Restoring == "" {
 		save := CheckpointOptions{Comment: "auto: before restore to " + id}
 		if vm.State == registry.StateStopped {
 			save.DiskOnly = true
@@ -314,8 +318,9 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 		} else {
 			progress("saving the current state first (--no-save skips this)")
 		}
-		defer phase.Begin(ctx, "save the current state")()
-		row, err := m.checkpointLocked(ctx, vm, save, func(string) {})
+		end := phase.Begin(ctx, "save the current state")
+		row, err := o.checkpoint(ctx, save, func(string) {})
+		end()
 		if err != nil {
 			return "", fmt.Errorf("restore vm %q: save current state: %w", name, err)
 		}
@@ -332,17 +337,9 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 	// From here the VM is stopped with the restore recorded: a crash
 	// anywhere after leaves it to be finished when the VM is next reached.
 	end = phase.Begin(ctx, "registry: restoring")
-	vm, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
-		sp, err := decodeSpec(*v)
-		if err != nil {
-			return err
-		}
+	err = o.update(ctx, func(v *registry.VM, sp *spec) error {
 		sp.Head, sp.Restoring = id, id
-		v.SpecJSON = mustJSON(sp)
-		if v.State != registry.StateStopped {
-			v.State = registry.StateStopped
-		}
-		v.Reason = "restoring " + id
+		v.State, v.Reason = registry.StateStopped, "restoring "+id
 		return nil
 	})
 	end()
@@ -350,7 +347,7 @@ func (m *Manager) Restore(ctx context.Context, name, id string, o RestoreOptions
 		return saved, err
 	}
 	crashpoint("restore-after-stop")
-	return saved, m.finishRestore(ctx, vm, cp, staged, ram, progress)
+	return saved, o.finishRestore(ctx, cp, staged, ram, progress)
 }
 
 // stagedDisk is a checkpoint's disk being cloned beside a VM's, for a
@@ -422,12 +419,8 @@ func (st *stagedDisk) drop() {
 // the VM up from it: its memory, or a boot for a disk-only checkpoint. It
 // is idempotent, so a restore a crash interrupted is finished by running
 // it again.
-func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry.Checkpoint, staged *stagedDisk, ram *stagedRAM, progress Progress) error {
-	name, id := vm.Name, cp.ID
-	sp, err := decodeSpec(vm)
-	if err != nil {
-		return err
-	}
+func (o *op) finishRestore(ctx context.Context, cp registry.Checkpoint, staged *stagedDisk, ram *stagedRAM, progress Progress) error {
+	m, name, id, vm := o.m, o.name(), cp.ID, o.vm
 	defer m.removeRetired(name) // the old suspend slot, once the VM is up
 	progress("cloning the checkpoint's disk over the vm's disk")
 	// The disk staged beside the VM's (stageDisk), else the checkpoint's
@@ -464,7 +457,7 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		progress("restoring memory")
 		local := m.memc.local(name, checkpointKey(id, cp.Seal))
-		in, err := m.restoreInto(ctx, vm, sp, restoreSource{snapDir: checkpoint.Dir(name, id).Join(checkpoint.VMMDir), local: local, ram: ram, disks: cloned})
+		in, err := o.restoreInto(ctx, restoreSource{snapDir: checkpoint.Dir(name, id).Join(checkpoint.VMMDir), local: local, ram: ram, disks: cloned})
 		if err != nil {
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}
@@ -474,21 +467,20 @@ func (m *Manager) finishRestore(ctx context.Context, vm registry.VM, cp registry
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}
 		progress("booting from the checkpoint's disk")
-		if err := m.boot(ctx, vm, sp); err != nil {
+		if err := m.boot(ctx, vm, o.spec); err != nil {
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}
 	}
 	// Not committed, the restore is still recorded, and finished when
 	// the VM is next reached.
-	err = retired()
+	err := retired()
 	if err == nil {
-		sp.Restoring = ""
-		_, err = m.commitRunning(ctx, vm, func(v *registry.VM) error {
-			v.SpecJSON = mustJSON(sp)
+		err = o.commitRunning(ctx, func(_ *registry.VM, sp *spec) error {
+			sp.Restoring = ""
 			return nil
 		})
-	} else if in := m.instance(name); in != nil {
-		m.stopInstance(ctx, in, stopQuit)
+	} else if in := o.instance(); in != nil {
+		m.stopInstance(ctx, in, stopQuit) // running, but not committed
 	}
 	if err != nil {
 		return fmt.Errorf("restore vm %q to %s: %w", name, id, err)

@@ -70,16 +70,13 @@ func (m *Manager) ensureRunning(ctx context.Context, name, owner string, admit b
 	if in := m.instance(name); in != nil && alive(in) && ((admit && in.admit()) || (!admit && in.isOpen())) {
 		return in, nil
 	}
-	unlock, err := m.lockVM(ctx, name, "wake")
+	o, err := m.begin(ctx, name, "wake")
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	vm, err = m.reconcileLocked(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	in, err := m.runLocked(ctx, vm)
+	defer o.unlock()
+	in, err := o.run(ctx)
+	o.finish(err)
 	if err != nil {
 		return nil, err
 	}
@@ -94,29 +91,28 @@ func (m *Manager) ensureRunning(ctx context.Context, name, owner string, admit b
 	return in, nil
 }
 
-// runLocked returns the running instance of a VM, booting it when it is
-// stopped or waking it when it sleeps; the caller holds the VM's lock and
-// has reconciled its record.
-func (m *Manager) runLocked(ctx context.Context, vm registry.VM) (*instance, error) {
-	in := m.instance(vm.Name)
+// run returns the running instance of the VM, booting it when it is
+// stopped or waking it when it sleeps.
+func (o *op) run(ctx context.Context) (*instance, error) {
+	in := o.instance()
 	if in == nil || !alive(in) {
-		switch vm.State {
+		switch o.vm.State {
 		case registry.StateStopped:
-			if err := m.start(ctx, vm); err != nil {
+			if err := o.start(ctx); err != nil {
 				return nil, err
 			}
 		case registry.StateSleeping:
-			if err := m.wakeLocked(ctx, vm); err != nil {
+			if err := o.wake(ctx); err != nil {
 				return nil, err
 			}
 		default:
-			return nil, fmt.Errorf("vm %q is %s: %w", vm.Name, vm.State, ErrConflict)
+			return nil, fmt.Errorf("vm %q is %s: %w", o.name(), o.vm.State, ErrConflict)
 		}
-		if in = m.instance(vm.Name); in == nil {
-			return nil, fmt.Errorf("vm %q did not start", vm.Name)
+		if in = o.instance(); in == nil {
+			return nil, fmt.Errorf("vm %q did not start", o.name())
 		}
 	}
-	// No operation holds the VM now but the caller's: a closing flag left
+	// No operation holds the VM now but this one: a closing flag left
 	// by an operation that failed half-way is stale, and a VM just
 	// started is committed.
 	in.reopen()
@@ -124,26 +120,23 @@ func (m *Manager) runLocked(ctx context.Context, vm registry.VM) (*instance, err
 }
 
 // start cold-boots a stopped VM from its disk (or finishes the restore a
-// crash interrupted); the caller holds its lock.
-func (m *Manager) start(ctx context.Context, vm registry.VM) error {
-	sp, err := decodeSpec(vm)
-	if err != nil {
-		return err
-	}
-	if sp.Restoring != "" {
-		cp, err := m.getCheckpoint(ctx, vm.Name, sp.Restoring)
+// crash interrupted).
+func (o *op) start(ctx context.Context) error {
+	m, vm := o.m, o.vm
+	if id := o.spec.Restoring; id != "" {
+		cp, err := m.getCheckpoint(ctx, vm.Name, id)
 		if errors.Is(err, ErrNotFound) {
-			return fmt.Errorf("finish the interrupted restore of vm %q: its checkpoint %s is gone: %w", vm.Name, sp.Restoring, ErrConflict)
+			return fmt.Errorf("finish the interrupted restore of vm %q: its checkpoint %s is gone: %w", vm.Name, id, ErrConflict)
 		}
 		if err != nil {
 			return fmt.Errorf("finish the interrupted restore of vm %q: %w", vm.Name, err)
 		}
-		return m.finishRestore(ctx, vm, cp, nil, nil, func(string) {})
+		return o.finishRestore(ctx, cp, nil, nil, func(string) {})
 	}
-	if err := m.boot(ctx, vm, sp); err != nil {
+	if err := m.boot(ctx, vm, o.spec); err != nil {
 		return fmt.Errorf("start vm %q: %w", vm.Name, err)
 	}
-	if _, err := m.commitRunning(ctx, vm, nil); err != nil {
+	if err := o.commitRunning(ctx, nil); err != nil {
 		return fmt.Errorf("start vm %q: %w", vm.Name, err)
 	}
 	return nil

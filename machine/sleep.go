@@ -23,27 +23,24 @@ func suspendNew(name string) storage.Path { return storage.VMDir(name).Join("sus
 // Sleep saves a running VM's memory into its suspend slot and stops its
 // VMM: no process, no guest RAM held. Anything that reaches the VM later
 // wakes it. Open sessions make it refuse unless force.
-func (m *Manager) Sleep(ctx context.Context, name string, force bool) error {
-	if _, err := m.get(ctx, name); err != nil {
-		return err
-	}
-	unlock, err := m.lockVM(ctx, name, "sleep")
+func (m *Manager) Sleep(ctx context.Context, name string, force bool) (err error) {
+	o, err := m.begin(ctx, name, "sleep")
 	if err != nil {
 		return err
 	}
-	defer unlock()
-	return m.sleepLocked(ctx, name, force)
+	defer func() { o.end(err) }()
+	return o.sleep(ctx, force)
 }
 
-func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) error {
-	vm, err := m.reconcileLocked(ctx, name)
-	if err != nil {
-		return err
-	}
+// sleep puts the running VM to sleep: a new snapshot in suspend-new, which
+// replaces the suspend slot once whole, then the record, then the VMM
+// stops. A failure before the record runs the paused VM again.
+func (o *op) sleep(ctx context.Context, force bool) error {
+	m, name, vm := o.m, o.name(), o.vm
 	if vm.State == registry.StateSleeping {
 		return nil
 	}
-	in := m.instance(name)
+	in := o.instance()
 	if vm.State != registry.StateRunning || in == nil || !alive(in) {
 		return fmt.Errorf("sleep vm %q: it is %s, not running: %w", name, vm.State, ErrConflict)
 	}
@@ -55,12 +52,12 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	if n, ok := in.closeWithin(force, sessionGrace); !ok {
 		return fmt.Errorf("sleep vm %q: %d session(s) open (exec, ssh): %w", name, n, ErrConflict)
 	}
-	stopped := false
-	defer func() {
-		if !stopped {
+	o.undo.push("admit sessions again", func() error {
+		if m.instance(name) == in {
 			in.reopen()
 		}
-	}()
+		return nil
+	})
 	tmp := suspendNew(name)
 	end := phase.Begin(ctx, "volume: make the slot")
 	if err := m.vol.Remove(ctx, tmp); err != nil {
@@ -81,23 +78,25 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
 	crashpoint("sleep-after-pause")
-	// The RAM file is copied locally while the snapshot is written: a
-	// wake reads that copy (memcopy.go).
-	memCopy := m.startMemCopy(name)
-	defer memCopy.drop() // unless kept below
-	// undo runs the paused VM again after a failure; a VM that cannot be
+	// A failure from here runs the paused VM again; one that cannot be
 	// resumed is stopped and recorded so, never left paused as running.
-	undo := func(cause error) error {
+	o.undo.push("resume the paused vm", func() error {
 		// The slot may hold the new snapshot now: the next one is
 		// written whole (delta.go).
 		in.origin.set(memOrigin{})
 		if rerr := checkpoint.Resume(context.WithoutCancel(ctx), guestOf{m: m, in: in}, m.log); rerr != nil {
-			stopped = true
 			m.stopInstance(ctx, in, stopQuit)
-			m.recordStopped(ctx, name, fmt.Sprintf("sleep failed (%v) and the vm could not be resumed (%v); it boots from its disk when next used", cause, rerr))
+			m.recordStopped(ctx, name, fmt.Sprintf("sleep failed (%v) and the vm could not be resumed (%v); it boots from its disk when next used", o.err, rerr))
 		}
-		return fmt.Errorf("sleep vm %q: %w", name, cause)
-	}
+		return nil
+	})
+	// The RAM file is copied locally while the snapshot is written: a
+	// wake reads that copy (memcopy.go).
+	memCopy := m.startMemCopy(name)
+	o.undo.push("drop the local memory copy", func() error {
+		memCopy.drop()
+		return nil
+	})
 	end = phase.Begin(ctx, "vmm snapshot")
 	err = m.snapshotVMM(ctx, in, tmp, memCopy != nil)
 	end()
@@ -114,7 +113,7 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	}
 	if err != nil {
 		_ = m.vol.Remove(ctx, tmp)
-		return undo(err)
+		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
 	crashpoint("sleep-after-snapshot")
 	// The new snapshot is whole: it replaces the old slot, and the record
@@ -126,17 +125,12 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	end()
 	defer m.removeRetired(name) // the old slot, once the sleep is over
 	if err != nil {
-		return undo(err)
+		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
 	_, lastAct := in.activity()
 	end = phase.Begin(ctx, "registry")
-	slept, err := m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
-		sp, err := decodeSpec(*v)
-		if err != nil {
-			return err
-		}
+	err = o.update(ctx, func(v *registry.VM, sp *spec) error {
 		sp.SuspendSeal = seal // the slot's digests, with the state that uses it
-		v.SpecJSON = mustJSON(sp)
 		v.State, v.Reason = registry.StateSleeping, ""
 		if lastAct.After(v.LastActive) {
 			v.LastActive = lastAct.UTC()
@@ -145,17 +139,17 @@ func (m *Manager) sleepLocked(ctx context.Context, name string, force bool) erro
 	})
 	end()
 	if err != nil {
-		return undo(err)
+		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
 	crashpoint("sleep-after-record")
+	key := suspendKey(seal, o.vm.Generation)
 	end = phase.Begin(ctx, "wait for the local memory copy")
-	memCopy.keep(suspendKey(seal, slept.Generation)) // before the VMM and its RAM file go
+	memCopy.keep(key) // before the VMM and its RAM file go
 	end()
-	stopped = true
 	end = phase.Begin(ctx, "stop vmm")
 	m.stopInstance(ctx, in, stopQuit)
 	end()
-	m.sealLater(storage.SuspendDir(name), m.withLocalMemory(suspendRef(name, seal), suspendKey(seal, slept.Generation)))
+	m.sealLater(storage.SuspendDir(name), m.withLocalMemory(suspendRef(name, seal), key))
 	return nil
 }
 
@@ -270,33 +264,30 @@ func (m *Manager) Wake(ctx context.Context, name string) error {
 	return err
 }
 
-// wakeLocked restores a sleeping VM; the caller holds its lock. The
-// suspend slot stays until the next sleep replaces it (a VMM restoring
-// memory lazily reads it for as long as the VM runs).
-func (m *Manager) wakeLocked(ctx context.Context, vm registry.VM) error {
-	sp, err := decodeSpec(vm)
-	if err != nil {
-		return err
-	}
+// wake restores the sleeping VM. The suspend slot stays until the next
+// sleep replaces it (a VMM restoring memory lazily reads it for as long
+// as the VM runs).
+func (o *op) wake(ctx context.Context) error {
+	m, vm, seal := o.m, o.vm, o.spec.SuspendSeal
 	// The memory is verified while the VMM starts: the local copy of it
 	// when there is one, which is then what the VMM reads.
-	ref := m.withLocalMemory(suspendRef(vm.Name, sp.SuspendSeal), suspendKey(sp.SuspendSeal, vm.Generation))
+	ref := m.withLocalMemory(suspendRef(vm.Name, seal), suspendKey(seal, vm.Generation))
 	check := func(ctx context.Context) error {
 		if err := m.verify(ctx, ref, vm.VMM); err != nil {
 			return fmt.Errorf("%w; it stays asleep: restore a checkpoint (den checkpoints %s)", err, vm.Name)
 		}
 		return nil
 	}
-	in, err := m.restoreInto(ctx, vm, sp, restoreSource{snapDir: ref.dir, local: ref.local, check: check})
+	in, err := o.restoreInto(ctx, restoreSource{snapDir: ref.dir, local: ref.local, check: check})
 	if err != nil {
 		if errors.Is(err, errGuestRan) {
 			m.dropRunSlot(ctx, vm.Name, err)
 		}
 		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
 	}
-	m.verifyRunning(in, suspendRef(vm.Name, sp.SuspendSeal), vm.VMM)
+	m.verifyRunning(in, suspendRef(vm.Name, seal), vm.VMM)
 	crashpoint("wake-after-restore")
-	if _, err := m.commitRunning(ctx, vm, nil); err != nil {
+	if err := o.commitRunning(ctx, nil); err != nil {
 		// Its guest ran: its slot goes too.
 		err = fmt.Errorf("record it running: %w", err)
 		m.dropRunSlot(ctx, vm.Name, err)

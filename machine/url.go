@@ -90,29 +90,16 @@ func (m *Manager) getSpec(ctx context.Context, name string) (registry.VM, spec, 
 	return vm, sp, err
 }
 
-// updateSpec changes a VM's spec under its lock (op names the holder)
+// updateSpec changes a VM's spec under its lock (kind names the holder)
 // with f, and records it: the spec as recorded is returned.
-func (m *Manager) updateSpec(ctx context.Context, name, op string, f func(*spec) error) (spec, error) {
-	if _, err := m.get(ctx, name); err != nil {
-		return spec{}, err
-	}
-	unlock, err := m.lockVM(ctx, name, op)
+func (m *Manager) updateSpec(ctx context.Context, name, kind string, f func(*spec) error) (_ spec, err error) {
+	o, err := m.begin(ctx, name, kind)
 	if err != nil {
 		return spec{}, err
 	}
-	defer unlock()
-	vm, sp, err := m.getSpec(ctx, name)
-	if err != nil {
+	defer func() { o.end(err) }()
+	if err := o.update(ctx, func(_ *registry.VM, sp *spec) error { return f(sp) }); err != nil {
 		return spec{}, err
 	}
-	if err := f(&sp); err != nil {
-		return spec{}, err
-	}
-	if _, err := m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
-		v.SpecJSON = mustJSON(sp)
-		return nil
-	}); err != nil {
-		return spec{}, err
-	}
-	return sp, nil
+	return o.spec, nil
 }

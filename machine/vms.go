@@ -111,27 +111,20 @@ func (m *Manager) status(ctx context.Context, vm registry.VM, measure bool) Stat
 
 // Remove deletes a VM: its VMM (the guest is asked to power off first
 // unless force), its disk and checkpoints, and its record.
-func (m *Manager) Remove(ctx context.Context, name string, force bool) error {
-	if _, err := m.get(ctx, name); err != nil {
-		return err
-	}
-	unlock, err := m.lockVM(ctx, name, "rm")
+func (m *Manager) Remove(ctx context.Context, name string, force bool) (err error) {
+	o, err := m.begin(ctx, name, "rm")
 	if err != nil {
 		return err
 	}
-	defer unlock()
-	vm, err := m.get(ctx, name)
-	if err != nil {
-		return err
-	}
-	if _, err := m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
+	defer func() { o.end(err) }()
+	if err := o.update(ctx, func(v *registry.VM, _ *spec) error {
 		v.State = registry.StateDeleting
 		return nil
 	}); err != nil {
 		return fmt.Errorf("remove vm %q: %w", name, err)
 	}
 	crashpoint("rm-after-mark")
-	if in := m.instance(name); in != nil {
+	if in := o.instance(); in != nil {
 		in.close(true)
 		how := stopGraceful
 		if force {

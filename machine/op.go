@@ -1,0 +1,160 @@
+package machine
+
+import (
+	"context"
+	"time"
+
+	"github.com/denhq/den/internal/phase"
+	"github.com/denhq/den/registry"
+)
+
+// op is one operation on one VM, from taking its lock to its end: the
+// record as read (and since written) under the lock, its spec decoded
+// once, and the undo of everything the operation took, bound to what it
+// took (a lease, a staged disk, a paused VMM), never looked up by name
+// again. Every write of the record is a compare-and-set on the
+// generation the operation last saw, so a record somebody else wrote
+// meanwhile fails the operation instead of being overwritten.
+type op struct {
+	m    *Manager
+	kind string
+	// vm is the record as the operation last read or wrote it; spec is
+	// its spec, decoded. A VM being created has none until reserve.
+	vm   registry.VM
+	spec spec
+	// undo is the rollback of a failure: steps are pushed as things are
+	// taken, and run newest first by end (or finish) with the
+	// operation's error in err.
+	undo   cleanups
+	err    error
+	unlock func()
+}
+
+// begin takes an existing VM's lock for an operation (kind names it in
+// busy lines), refusing a VM that is not the owner's AsOwner named, then
+// reads its record, checked against its VMM (reconcileLocked), and
+// decodes its spec.
+func (m *Manager) begin(ctx context.Context, name, kind string) (*op, error) {
+	if _, err := m.get(ctx, name); err != nil {
+		return nil, err // an unknown name gets no lock file
+	}
+	unlock, err := m.lockVM(ctx, name, kind)
+	if err != nil {
+		return nil, err
+	}
+	return m.holding(ctx, name, kind, unlock)
+}
+
+// holding begins an operation on a VM whose lock the caller took
+// (unlock lets it go, also when this fails).
+func (m *Manager) holding(ctx context.Context, name, kind string, unlock func()) (*op, error) {
+	o := &op{m: m, kind: kind, undo: cleanups{log: m.log}, unlock: unlock}
+	vm, err := m.reconcileLocked(ctx, name)
+	if err == nil {
+		err = o.read(vm)
+	}
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	return o, nil
+}
+
+// beginNew takes a new name's lock, for create and fork, and refuses a
+// name a VM has before anything is taken for it (a refusal then has
+// nothing to undo). The record comes with reserve.
+func (m *Manager) beginNew(ctx context.Context, name, kind string) (*op, error) {
+	unlock, err := m.lockName(ctx, name, kind)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.nameFree(ctx, name); err != nil {
+		unlock()
+		return nil, err
+	}
+	return &op{m: m, kind: kind, vm: registry.VM{Name: name}, undo: cleanups{log: m.log}, unlock: unlock}, nil
+}
+
+// read makes vm the operation's record, with its spec decoded.
+func (o *op) read(vm registry.VM) error {
+	sp, err := decodeSpec(vm)
+	if err != nil {
+		return err
+	}
+	o.vm, o.spec = vm, sp
+	return nil
+}
+
+// name is the VM's name.
+func (o *op) name() string { return o.vm.Name }
+
+// instance is the VM's running instance, if any.
+func (o *op) instance() *instance { return o.m.instance(o.vm.Name) }
+
+// finish ends the operation's work without letting the VM go: with err,
+// what it took is undone (newest first), else kept.
+func (o *op) finish(err error) {
+	if err != nil {
+		o.err = err
+		o.undo.run()
+		return
+	}
+	o.undo.release()
+}
+
+// end finishes the operation and lets the VM go.
+func (o *op) end(err error) {
+	o.finish(err)
+	o.unlock()
+}
+
+// update writes the record: change edits it and its spec (a copy of the
+// operation's). It is a compare-and-set on the generation the operation
+// last saw; the operation then has the record as written.
+func (o *op) update(ctx context.Context, change func(*registry.VM, *spec) error) error {
+	sp := o.spec
+	rec, err := o.m.db.UpdateVMIf(ctx, o.vm.Name, o.vm.Generation, func(v *registry.VM) error {
+		if change != nil {
+			if err := change(v, &sp); err != nil {
+				return err
+			}
+		}
+		v.SpecJSON = mustJSON(sp)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	o.vm, o.spec = rec, sp
+	return nil
+}
+
+// commitRunning records the VM running, once its VMM runs: the one
+// commit of create, fork, start, wake and restore, with change (if any)
+// made to the record and spec too. A VMM whose record does not say
+// running must not run on: when the record cannot be written, the VM's
+// instance is stopped. Committed, the instance admits sessions.
+func (o *op) commitRunning(ctx context.Context, change func(*registry.VM, *spec) error) error {
+	end := phase.Begin(ctx, "registry")
+	err := o.update(ctx, func(v *registry.VM, sp *spec) error {
+		if change != nil {
+			if err := change(v, sp); err != nil {
+				return err
+			}
+		}
+		v.State, v.Reason, v.LastActive = registry.StateRunning, "", time.Now().UTC()
+		return nil
+	})
+	end()
+	in := o.instance()
+	if err != nil {
+		if in != nil {
+			o.m.stopInstance(ctx, in, stopQuit)
+		}
+		return err
+	}
+	if in != nil {
+		in.reopen()
+	}
+	return nil
+}
