@@ -24,22 +24,22 @@ const DefaultActivitySave = 30 * time.Second
 
 // startActivitySaver starts writing last activity every ActivitySave
 // until stopActivitySaver.
-func (m *Manager) startActivitySaver() {
-	every := m.cfg.ActivitySave
+func (ac *activity) startActivitySaver() {
+	every := ac.m.cfg.ActivitySave
 	if every <= 0 {
 		every = DefaultActivitySave
 	}
-	m.actWG.Add(1)
+	ac.m.actWG.Add(1)
 	go func() {
-		defer m.actWG.Done()
+		defer ac.m.actWG.Done()
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
-			case <-m.closed:
+			case <-ac.m.closed:
 				return
 			case <-t.C:
-				m.saveActivity(context.Background())
+				ac.saveActivity(context.Background())
 			}
 		}
 	}()
@@ -47,23 +47,23 @@ func (m *Manager) startActivitySaver() {
 
 // stopActivitySaver ends the saver (m.closed is closed) and writes what
 // it has not written yet.
-func (m *Manager) stopActivitySaver() {
-	m.actWG.Wait()
+func (ac *activity) stopActivitySaver() {
+	ac.m.actWG.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	m.saveActivity(ctx)
+	ac.saveActivity(ctx)
 }
 
 // saveActivity writes the last activity of every open instance whose
 // activity is newer than its record's. Instances being closed (sleep,
 // restore, rm) are their operation's to record.
-func (m *Manager) saveActivity(ctx context.Context) {
-	m.mu.Lock()
-	insts := make([]*instance, 0, len(m.instances))
-	for _, in := range m.instances {
+func (ac *activity) saveActivity(ctx context.Context) {
+	ac.m.mu.Lock()
+	insts := make([]*instance, 0, len(ac.m.instances))
+	for _, in := range ac.m.instances {
 		insts = append(insts, in)
 	}
-	m.mu.Unlock()
+	ac.m.mu.Unlock()
 	now := time.Now()
 	for _, in := range insts {
 		if !in.isOpen() {
@@ -73,12 +73,15 @@ func (m *Manager) saveActivity(ctx context.Context) {
 		if !ok {
 			continue
 		}
-		if err := m.db.TouchVM(ctx, in.name, t.UTC()); err != nil {
+		if err := ac.m.db.TouchVM(ctx, in.name, t.UTC()); err != nil {
 			if !errors.Is(err, registry.ErrNotFound) {
-				m.log.Warn("den: last activity not saved", "vm", in.name, "err", err)
+				ac.m.log.Warn("den: last activity not saved", "vm", in.name, "err", err)
 			}
 			continue
 		}
 		in.saved(t)
 	}
 }
+
+// activity saves running VMs' last activity to the registry, at most every Config.ActivitySave (activity.go).
+type activity struct{ m *Manager }

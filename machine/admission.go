@@ -126,8 +126,8 @@ type admission struct {
 	reserved map[string]int64 // VMs whose VMM is starting, and what they need
 }
 
-func (m *Manager) newAdmission() *admission {
-	c := m.cfg.Memory
+func (mb *memoryBudget) newAdmission() *admission {
+	c := mb.m.cfg.Memory
 	a := &admission{budget: c.Budget, overhead: c.VMMOverhead, sem: make(chan struct{}, 1), reserved: map[string]int64{}}
 	if a.overhead <= 0 {
 		a.overhead = DefaultVMMOverhead
@@ -135,7 +135,7 @@ func (m *Manager) newAdmission() *admission {
 	if a.budget == 0 {
 		total, _, err := hostMeminfo()
 		if err != nil {
-			m.log.Warn("den: host memory unknown: no memory budget", "err", err)
+			mb.m.log.Warn("den: host memory unknown: no memory budget", "err", err)
 			a.budget = -1
 		} else {
 			a.budget = DefaultBudget(total)
@@ -143,7 +143,7 @@ func (m *Manager) newAdmission() *admission {
 	}
 	if a.budget > 0 {
 		if total, _, err := hostMeminfo(); err == nil && a.budget > total {
-			m.log.Warn("den: the memory budget is more than the host's RAM: guests that touch their memory may meet the OOM killer",
+			mb.m.log.Warn("den: the memory budget is more than the host's RAM: guests that touch their memory may meet the OOM killer",
 				"budget", size.Format(a.budget), "host", size.Format(total))
 		}
 	}
@@ -152,15 +152,15 @@ func (m *Manager) newAdmission() *admission {
 
 // acquire takes the admission turn, waiting at most until ctx ends or
 // the lock wait passes.
-func (m *Manager) acquireAdmission(ctx context.Context) error {
-	wait := m.cfg.LockWait
+func (mb *memoryBudget) acquireAdmission(ctx context.Context) error {
+	wait := mb.m.cfg.LockWait
 	if wait <= 0 {
 		wait = DefaultLockWait
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
-	case m.adm.sem <- struct{}{}:
+	case mb.m.adm.sem <- struct{}{}:
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("wait for memory admission: %w", errors.Join(ErrBusy, ctx.Err()))
@@ -168,20 +168,20 @@ func (m *Manager) acquireAdmission(ctx context.Context) error {
 		return fmt.Errorf("wait for memory admission: the client went away: %w", ErrBusy)
 	case <-t.C:
 		return fmt.Errorf("wait for memory admission: another start or sleep took longer than %s: %w", wait, ErrBusy)
-	case <-m.closed:
+	case <-mb.m.closed:
 		return fmt.Errorf("wait for memory admission: %w", errClosing)
 	}
 }
 
-func (m *Manager) releaseAdmission() { <-m.adm.sem }
+func (mb *memoryBudget) releaseAdmission() { <-mb.m.adm.sem }
 
 // admitMemory reserves the memory vm's VMM needs before it starts,
 // putting the least recently active idle VMs to sleep when the budget
 // has no room; release gives the reservation back (once the VMM runs it
 // counts as running, and if it failed nothing counts). The caller holds
 // vm's lock.
-func (m *Manager) admitMemory(ctx context.Context, vm registry.VM) (release func(), err error) {
-	a := m.adm
+func (mb *memoryBudget) admitMemory(ctx context.Context, vm registry.VM) (release func(), err error) {
+	a := mb.m.adm
 	if a == nil || a.budget < 0 {
 		return func() {}, nil
 	}
@@ -190,15 +190,15 @@ func (m *Manager) admitMemory(ctx context.Context, vm registry.VM) (release func
 		return nil, &noMemoryError{fmt.Sprintf("not enough memory: %s needed, more than the whole budget of %s (den daemon --memory-budget)",
 			fmtMem(need), fmtMem(a.budget))}
 	}
-	if err := m.acquireAdmission(ctx); err != nil {
+	if err := mb.acquireAdmission(ctx); err != nil {
 		return nil, fmt.Errorf("start vm %q: %w", vm.Name, err)
 	}
-	defer m.releaseAdmission()
+	defer mb.releaseAdmission()
 	cannot := map[string]string{}
 	// Each pass either fits, or puts a VM to sleep (one fewer running:
 	// nothing else starts a VMM while the turn is held), or refuses.
 	for range 1000 {
-		use := m.memoryUse(ctx, vm.Name)
+		use := mb.memoryUse(ctx, vm.Name)
 		if use.committed+need <= a.budget {
 			a.mu.Lock()
 			a.reserved[vm.Name] = need
@@ -214,7 +214,7 @@ func (m *Manager) admitMemory(ctx context.Context, vm registry.VM) (release func
 		}
 		free := a.budget - use.committed
 		why := fmt.Sprintf("vm %q needs %s, %s free in the memory budget", vm.Name, fmtMem(need), fmtMem(free))
-		if _, ok := m.sleepOne(ctx, use.running, cannot, why); !ok {
+		if _, ok := mb.sleepOne(ctx, use.running, cannot, why); !ok {
 			return nil, noMemory(need, free, use.running, cannot)
 		}
 	}
@@ -279,16 +279,16 @@ type memoryUsage struct {
 
 // memoryUse counts the VMs with a live VMM or a reservation, except
 // skip.
-func (m *Manager) memoryUse(ctx context.Context, skip string) memoryUsage {
-	a := m.adm
-	m.mu.Lock()
+func (mb *memoryBudget) memoryUse(ctx context.Context, skip string) memoryUsage {
+	a := mb.m.adm
+	mb.m.mu.Lock()
 	live := map[string]*instance{}
-	for name, in := range m.instances {
+	for name, in := range mb.m.instances {
 		if alive(in) {
 			live[name] = in
 		}
 	}
-	m.mu.Unlock()
+	mb.m.mu.Unlock()
 	a.mu.Lock()
 	reserved := make(map[string]int64, len(a.reserved))
 	for name, n := range a.reserved {
@@ -296,12 +296,12 @@ func (m *Manager) memoryUse(ctx context.Context, skip string) memoryUsage {
 	}
 	a.mu.Unlock()
 	records := map[string]registry.VM{}
-	if vms, err := m.db.ListVMs(ctx, ""); err == nil {
+	if vms, err := mb.m.db.ListVMs(ctx, ""); err == nil {
 		for _, vm := range vms {
 			records[vm.Name] = vm
 		}
 	} else {
-		m.log.Warn("den: memory admission: list vms", "err", err)
+		mb.m.log.Warn("den: memory admission: list vms", "err", err)
 	}
 	var u memoryUsage
 	for name, n := range reserved {
@@ -340,12 +340,12 @@ func (m *Manager) memoryUse(ctx context.Context, skip string) memoryUsage {
 // sleepOne puts the least recently active VM of running that can sleep
 // to sleep, for reason; those that cannot are noted in cannot, with why,
 // and not tried again.
-func (m *Manager) sleepOne(ctx context.Context, running []runningVM, cannot map[string]string, reason string) (string, bool) {
+func (mb *memoryBudget) sleepOne(ctx context.Context, running []runningVM, cannot map[string]string, reason string) (string, bool) {
 	for _, r := range running {
 		if _, tried := cannot[r.name]; tried {
 			continue
 		}
-		if why := m.trySleepForMemory(ctx, r, reason); why != "" {
+		if why := mb.trySleepForMemory(ctx, r, reason); why != "" {
 			cannot[r.name] = why
 			continue
 		}
@@ -358,7 +358,7 @@ func (m *Manager) sleepOne(ctx context.Context, running []runningVM, cannot map[
 // unless it cannot sleep now; it says why not ("" when it slept). The
 // VM's lock is only tried, never waited for: an admission holds its own
 // VM's lock, and two admissions must never wait for each other.
-func (m *Manager) trySleepForMemory(ctx context.Context, r runningVM, reason string) string {
+func (mb *memoryBudget) trySleepForMemory(ctx context.Context, r runningVM, reason string) string {
 	if r.starting || r.in == nil {
 		return "starting"
 	}
@@ -371,18 +371,18 @@ func (m *Manager) trySleepForMemory(ctx context.Context, r runningVM, reason str
 	if n, _ := r.in.activity(); n > 0 {
 		return fmt.Sprintf("%d session(s) open", n)
 	}
-	unlock, err := m.tryLockVM(r.name, "sleep for memory")
+	unlock, err := mb.m.locks.tryLockVM(r.name, "sleep for memory")
 	if err != nil {
 		return err.Error()
 	}
 	if unlock == nil {
-		op, _ := m.Op(r.name)
+		op, _ := mb.m.Op(r.name)
 		if op == "" {
 			return "busy"
 		}
 		return "busy: " + op
 	}
-	o, err := m.holding(ctx, r.name, "sleep for memory", unlock)
+	o, err := mb.m.holding(ctx, r.name, "sleep for memory", unlock)
 	if err != nil {
 		return err.Error()
 	}
@@ -391,23 +391,23 @@ func (m *Manager) trySleepForMemory(ctx context.Context, r runningVM, reason str
 		o.end(nil)
 		return "not running"
 	}
-	if why := m.whyAwake(ctx, in); why != "" {
+	if why := mb.whyAwake(ctx, in); why != "" {
 		o.end(nil)
 		return why
 	}
 	idle := time.Since(r.lastActive).Round(time.Second)
-	m.log.Info("den: putting vm to sleep to free memory", "vm", r.name, "reason", reason,
+	mb.m.log.Info("den: putting vm to sleep to free memory", "vm", r.name, "reason", reason,
 		"frees", fmtMem(r.bytes), "idle", idle)
 	err = o.sleep(ctx, false)
 	o.end(err)
 	if err != nil {
-		m.log.Warn("den: sleep to free memory", "vm", r.name, "err", err)
+		mb.m.log.Warn("den: sleep to free memory", "vm", r.name, "err", err)
 		if errors.Is(err, ErrConflict) {
 			return "busy: " + err.Error()
 		}
 		return "sleep failed: " + err.Error()
 	}
-	m.log.Info("den: vm asleep to free memory", "vm", r.name, "reason", reason, "freed", fmtMem(r.bytes))
+	mb.m.log.Info("den: vm asleep to free memory", "vm", r.name, "reason", reason, "freed", fmtMem(r.bytes))
 	return ""
 }
 
@@ -415,10 +415,10 @@ func (m *Manager) trySleepForMemory(ctx context.Context, r runningVM, reason str
 // anything in the guest keeps it awake: a keep-awake lease, a session or
 // a forward on the agent. A guest that does not answer is not put to
 // sleep on a guess.
-func (m *Manager) whyAwake(ctx context.Context, in *instance) string {
+func (mb *memoryBudget) whyAwake(ctx context.Context, in *instance) string {
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := m.agentClient(actx, in)
+	c, err := mb.m.agents.agentClient(actx, in)
 	if err != nil {
 		return "its guest agent does not answer"
 	}
@@ -455,7 +455,7 @@ type MemoryStatus struct {
 
 // Memory reports the budget and its use now.
 func (m *Manager) Memory(ctx context.Context) MemoryStatus {
-	u := m.memoryUse(ctx, "")
+	u := m.budget.memoryUse(ctx, "")
 	st := MemoryStatus{Budget: m.adm.budget, Committed: u.committed, VMMOverhead: m.adm.overhead,
 		HostTotal: -1, HostAvailable: -1, PressureSome: -1}
 	for _, r := range u.running {
@@ -476,3 +476,6 @@ func (m *Manager) Memory(ctx context.Context) MemoryStatus {
 	}
 	return st
 }
+
+// memoryBudget admits VMMs within the host's memory, and puts idle VMs to sleep to make room or under pressure (admission.go, pressure.go).
+type memoryBudget struct{ m *Manager }

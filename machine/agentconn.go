@@ -12,7 +12,7 @@ import (
 // connectAgent dials the guest agent until it answers ready, bounded by
 // timeout and ctx, keeps the connection on the instance and returns the
 // agent's answer (opts: agent.WithClockSet).
-func (m *Manager) connectAgent(ctx context.Context, in *instance, timeout time.Duration, opts ...agent.DialOption) (agent.ReadyInfo, error) {
+func (ag *agents) connectAgent(ctx context.Context, in *instance, timeout time.Duration, opts ...agent.DialOption) (agent.ReadyInfo, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	dial := func(ctx context.Context) (net.Conn, error) {
@@ -30,7 +30,7 @@ func (m *Manager) connectAgent(ctx context.Context, in *instance, timeout time.D
 	}
 	done := make(chan result, 1)
 	go func() {
-		c, info, err := agent.WaitReady(ctx, dial, m.signer, opts...)
+		c, info, err := agent.WaitReady(ctx, dial, ag.m.signer, opts...)
 		done <- result{c, info, err}
 	}()
 	select {
@@ -54,7 +54,7 @@ func (m *Manager) connectAgent(ctx context.Context, in *instance, timeout time.D
 
 // agentClient returns the instance's agent connection, redialing it when
 // it broke (the agent restarted, a restore reset the channel).
-func (m *Manager) agentClient(ctx context.Context, in *instance) (*agent.Client, error) {
+func (ag *agents) agentClient(ctx context.Context, in *instance) (*agent.Client, error) {
 	// One redial at a time: a QEMU guest channel takes one connection,
 	// and a second dial would wait for the first, then replace it.
 	in.dialMu.Lock()
@@ -69,10 +69,13 @@ func (m *Manager) agentClient(ctx context.Context, in *instance) (*agent.Client,
 			return c, nil
 		}
 	}
-	if _, err := m.connectAgent(ctx, in, 30*time.Second); err != nil {
+	if _, err := ag.connectAgent(ctx, in, 30*time.Second); err != nil {
 		return nil, err
 	}
 	in.agentMu.Lock()
 	defer in.agentMu.Unlock()
 	return in.agent, nil
 }
+
+// agents are the connections to the guests' agents, and the identity a restored guest is given through them (agentconn.go, identity.go).
+type agents struct{ m *Manager }

@@ -34,8 +34,8 @@ type baseMeta struct {
 // baseKey names a warm base: everything the snapshot depends on (image,
 // kernel and initramfs builds, sizes, VMM and accelerator, and the key
 // the guest agent was told to accept).
-func (m *Manager) baseKey(vm registry.VM, sp spec) (string, error) {
-	man, err := m.cfg.Images.Manifest()
+func (b *bases) baseKey(vm registry.VM, sp spec) (string, error) {
+	man, err := b.m.cfg.Images.Manifest()
 	if err != nil {
 		return "", err
 	}
@@ -53,7 +53,7 @@ func (m *Manager) baseKey(vm registry.VM, sp spec) (string, error) {
 	for _, a := range man.Artifacts {
 		fmt.Fprintf(h, "%s=%s\n", a.Name, a.Key)
 	}
-	h.Write([]byte(ssh.FingerprintSHA256(m.signer.PublicKey())))
+	h.Write([]byte(ssh.FingerprintSHA256(b.m.signer.PublicKey())))
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
@@ -61,64 +61,64 @@ func (m *Manager) baseKey(vm registry.VM, sp spec) (string, error) {
 // booting and snapshotting it once if there is none: a directory on the
 // volume holding a disk and a VMM snapshot, laid out like a checkpoint.
 // Create then costs a restore, not a boot.
-func (m *Manager) warmBase(ctx context.Context, vm registry.VM, sp spec, progress Progress) (storage.Path, error) {
-	key, err := m.baseKey(vm, sp)
+func (b *bases) warmBase(ctx context.Context, vm registry.VM, sp spec, progress Progress) (storage.Path, error) {
+	key, err := b.baseKey(vm, sp)
 	if err != nil {
 		return "", err
 	}
 	dir := storage.ImageDir(vm.Image).Join("base-" + key)
-	meta, err := m.vol.Path(dir.Join(checkpoint.MetaFile))
+	meta, err := b.m.vol.Path(dir.Join(checkpoint.MetaFile))
 	if err != nil {
 		return "", err
 	}
 	if _, err := os.Stat(meta); err == nil {
 		return dir, nil
 	}
-	m.imageMu.Lock()
-	defer m.imageMu.Unlock()
+	b.m.imageMu.Lock()
+	defer b.m.imageMu.Unlock()
 	if _, err := os.Stat(meta); err == nil {
 		return dir, nil
 	}
 	progress("warming a base snapshot of image " + vm.Image + " (once per image and size)")
 	start := time.Now()
 	tmp := storage.ImageDir(vm.Image).Join("tmp-base-" + key)
-	if err := m.vol.Remove(ctx, tmp); err != nil {
+	if err := b.m.vol.Remove(ctx, tmp); err != nil {
 		return "", err
 	}
 	ok := false
 	defer func() {
 		if !ok {
-			_ = m.vol.Remove(context.Background(), tmp)
+			_ = b.m.vol.Remove(context.Background(), tmp)
 		}
 	}()
-	if err := m.vol.MkdirAll(ctx, tmp.Join(checkpoint.VMMDir)); err != nil {
+	if err := b.m.vol.MkdirAll(ctx, tmp.Join(checkpoint.VMMDir)); err != nil {
 		return "", err
 	}
-	if err := m.vol.Clone(ctx, storage.Path(sp.BaseImage), tmp.Join(checkpoint.DiskFile)); err != nil {
+	if err := b.m.vol.Clone(ctx, storage.Path(sp.BaseImage), tmp.Join(checkpoint.DiskFile)); err != nil {
 		return "", err
 	}
-	if err := m.growFile(tmp.Join(checkpoint.DiskFile), vm.DiskBytes); err != nil {
+	if err := b.m.disks.growFile(tmp.Join(checkpoint.DiskFile), vm.DiskBytes); err != nil {
 		return "", err
 	}
-	if err := m.snapshotBase(ctx, vm, sp, tmp); err != nil {
+	if err := b.snapshotBase(ctx, vm, sp, tmp); err != nil {
 		return "", fmt.Errorf("warm base of image %q: %w", vm.Image, err)
 	}
 	bm := baseMeta{Image: vm.Image, Key: key, CPUs: vm.CPUs, Memory: vm.MemoryBytes, VMM: vm.VMM,
 		Created: time.Now().UTC(), BootMS: time.Since(start).Milliseconds()}
-	tmpMeta, err := m.vol.Path(tmp.Join(checkpoint.MetaFile))
+	tmpMeta, err := b.m.vol.Path(tmp.Join(checkpoint.MetaFile))
 	if err != nil {
 		return "", err
 	}
 	if err := atomicfile.WriteJSON(tmpMeta, bm, 0o600); err != nil {
 		return "", err
 	}
-	if _, err := m.sealSmall(ctx, tmp); err != nil {
+	if _, err := b.m.integrity.sealSmall(ctx, tmp); err != nil {
 		return "", fmt.Errorf("warm base of image %q: %w", vm.Image, err)
 	}
-	if err := m.vol.Rename(ctx, tmp, dir); err != nil {
+	if err := b.m.vol.Rename(ctx, tmp, dir); err != nil {
 		return "", err
 	}
-	m.sealLater(dir, snapshotRef{}) // its local copy comes later (withBaseMemory)
+	b.m.integrity.sealLater(dir, snapshotRef{}) // its local copy comes later (withBaseMemory)
 	ok = true
 	return dir, nil
 }
@@ -129,32 +129,32 @@ const baseVMPrefix = "_base-"
 
 // snapshotBase boots a throwaway VM on the base disk in dir, waits for
 // its agent, flushes, and snapshots it into dir/vmm.
-func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir storage.Path) error {
+func (b *bases) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir storage.Path) error {
 	bvm := vm
 	bvm.Name = baseVMPrefix + dir.Base()
 	bsp := sp
-	bsp.Cmdline = m.cmdline("den", "")
-	cfg, err := m.vmmConfigDisk(bvm, bsp, dir.Join(checkpoint.DiskFile))
+	bsp.Cmdline = b.m.launch.cmdline("den", "")
+	cfg, err := b.m.launch.vmmConfigDisk(bvm, bsp, dir.Join(checkpoint.DiskFile))
 	if err != nil {
 		return err
 	}
 	// The throwaway VM runs on the network of the VM being made.
-	if err := m.net.up(ctx, vm.Name, sp); err != nil {
+	if err := b.m.net.up(ctx, vm.Name, sp); err != nil {
 		return err
 	}
-	rd := m.state.Run(bvm.Name)
-	m.stopRecorded(bvm.Name)
+	rd := b.m.state.Run(bvm.Name)
+	b.m.procs.stopRecorded(bvm.Name)
 	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
 		return err
 	}
 	defer os.RemoveAll(rd.Path())
-	if err := m.conf.start(bvm.Name, bvm.CPUs, bvm.MemoryBytes); err != nil {
+	if err := b.m.conf.start(bvm.Name, bvm.CPUs, bvm.MemoryBytes); err != nil {
 		return err
 	}
 	// After the shutdown below: its cgroup and its RAM file.
-	defer m.conf.drop(bvm.Name)
-	defer m.ram.discard(bvm.Name)
-	hv, err := m.newHypervisor(vm.VMM, rd)
+	defer b.m.conf.drop(bvm.Name)
+	defer b.m.ram.discard(bvm.Name)
+	hv, err := b.m.vmms.newHypervisor(vm.VMM, rd)
 	if err != nil {
 		return err
 	}
@@ -172,10 +172,10 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 	if err := hv.Boot(ctx); err != nil {
 		return err
 	}
-	if _, err := m.connectAgent(ctx, in, m.cfg.BootTimeout); err != nil {
+	if _, err := b.m.agents.connectAgent(ctx, in, b.m.cfg.BootTimeout); err != nil {
 		return fmt.Errorf("%w%s", err, consoleHint(rd))
 	}
-	c, err := m.agentClient(ctx, in)
+	c, err := b.m.agents.agentClient(ctx, in)
 	if err != nil {
 		return err
 	}
@@ -189,7 +189,7 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 		return fmt.Errorf("settle the base guest: exit %d: %v", code, err)
 	}
 	in.closeAgent()
-	snap, err := m.vol.Path(dir.Join(checkpoint.VMMDir))
+	snap, err := b.m.vol.Path(dir.Join(checkpoint.VMMDir))
 	if err != nil {
 		return err
 	}
@@ -204,8 +204,8 @@ func (m *Manager) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir
 
 // baseImage makes sure the image's root disk is on the volume (imported
 // once per image build) and returns its volume path and size.
-func (m *Manager) baseImage(ctx context.Context, name string, progress Progress) (storage.Path, int64, error) {
-	art, err := m.rootFS(name)
+func (b *bases) baseImage(ctx context.Context, name string, progress Progress) (storage.Path, int64, error) {
+	art, err := b.m.rootFS(name)
 	if err != nil {
 		return "", 0, err
 	}
@@ -214,33 +214,33 @@ func (m *Manager) baseImage(ctx context.Context, name string, progress Progress)
 		key = key[:16]
 	}
 	p := storage.ImageFile(name, "disk-"+key+".raw")
-	host, err := m.vol.Path(p)
+	host, err := b.m.vol.Path(p)
 	if err != nil {
 		return "", 0, err
 	}
 	if st, err := os.Stat(host); err == nil {
 		return p, st.Size(), nil
 	}
-	m.imageMu.Lock()
-	defer m.imageMu.Unlock()
+	b.m.imageMu.Lock()
+	defer b.m.imageMu.Unlock()
 	if st, err := os.Stat(host); err == nil {
 		return p, st.Size(), nil
 	}
 	progress("importing image " + name + " onto the volume (once per image build)")
-	if err := m.vol.MkdirAll(ctx, storage.ImageDir(name)); err != nil {
+	if err := b.m.vol.MkdirAll(ctx, storage.ImageDir(name)); err != nil {
 		return "", 0, err
 	}
 	tmp := storage.ImageFile(name, "import-"+key+".tmp")
-	tmpHost, err := m.vol.Path(tmp)
+	tmpHost, err := b.m.vol.Path(tmp)
 	if err != nil {
 		return "", 0, err
 	}
-	if err := sparse.Copy(m.cfg.Images.RootDisk(name), tmpHost); err != nil {
-		_ = m.vol.Remove(ctx, tmp)
+	if err := sparse.Copy(b.m.cfg.Images.RootDisk(name), tmpHost); err != nil {
+		_ = b.m.vol.Remove(ctx, tmp)
 		return "", 0, fmt.Errorf("import image %q: %w", name, err)
 	}
-	if err := m.vol.Rename(ctx, tmp, p); err != nil {
-		_ = m.vol.Remove(ctx, tmp)
+	if err := b.m.vol.Rename(ctx, tmp, p); err != nil {
+		_ = b.m.vol.Remove(ctx, tmp)
 		return "", 0, fmt.Errorf("import image %q: %w", name, err)
 	}
 	st, err := os.Stat(host)
@@ -258,8 +258,8 @@ const kindRootFS = "rootfs"
 // name (invalid) or not one of the image directory's built root
 // filesystems (not found): kernels, the initramfs and other files of
 // the directory are not images.
-func (m *Manager) checkImage(name string) error {
-	_, err := m.rootFS(name)
+func (b *bases) checkImage(name string) error {
+	_, err := b.m.rootFS(name)
 	return err
 }
 
@@ -285,3 +285,6 @@ func (m *Manager) rootFS(name string) (image.Artifact, error) {
 	}
 	return art, nil
 }
+
+// bases imports images into base disks and makes their warm bases, the booted snapshots creates restore from (base.go).
+type bases struct{ m *Manager }

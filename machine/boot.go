@@ -15,20 +15,20 @@ import (
 )
 
 // kernel is the image's kernel in the form the chosen VMM boots.
-func (m *Manager) kernel() string {
-	if m.caps(m.vmmName).Kernel == vmm.KernelVmlinux {
-		return m.cfg.Images.Vmlinux()
+func (l *launcher) kernel() string {
+	if l.m.vmms.caps(l.m.vmmName).Kernel == vmm.KernelVmlinux {
+		return l.m.cfg.Images.Vmlinux()
 	}
-	return m.cfg.Images.BzImage()
+	return l.m.cfg.Images.BzImage()
 }
 
 // cmdline is a VM's kernel command line: console, root disk, the daemon's
 // key for the agent, hostname and identity token (the network's arguments
 // are added when a VMM starts: vmmConfigDisk).
-func (m *Manager) cmdline(name, identity string) string {
+func (l *launcher) cmdline(name, identity string) string {
 	parts := []string{
 		"console=ttyS0", "root=/dev/vda", "rw", "panic=-1", "loglevel=4",
-		agent.AuthorizedKeyArg(m.signer.PublicKey()),
+		agent.AuthorizedKeyArg(l.m.signer.PublicKey()),
 		"den.hostname=" + name,
 	}
 	if identity != "" {
@@ -40,17 +40,17 @@ func (m *Manager) cmdline(name, identity string) string {
 }
 
 // vmmConfig is the VMM config of a VM.
-func (m *Manager) vmmConfig(vm registry.VM, sp spec) (vmm.Config, error) {
-	return m.vmmConfigDisk(vm, sp, storage.VMDisk(vm.Name))
+func (l *launcher) vmmConfig(vm registry.VM, sp spec) (vmm.Config, error) {
+	return l.vmmConfigDisk(vm, sp, storage.VMDisk(vm.Name))
 }
 
 // vmmConfigDisk is the VMM config of a VM booting from diskPath.
-func (m *Manager) vmmConfigDisk(vm registry.VM, sp spec, diskPath storage.Path) (vmm.Config, error) {
-	disk, err := m.vol.Path(diskPath)
+func (l *launcher) vmmConfigDisk(vm registry.VM, sp spec, diskPath storage.Path) (vmm.Config, error) {
+	disk, err := l.m.vol.Path(diskPath)
 	if err != nil {
 		return vmm.Config{}, err
 	}
-	if _, err := m.driver(vm.VMM); err != nil {
+	if _, err := l.m.vmms.driver(vm.VMM); err != nil {
 		return vmm.Config{}, err
 	}
 	cfg := vmm.Config{
@@ -58,7 +58,7 @@ func (m *Manager) vmmConfigDisk(vm registry.VM, sp spec, diskPath storage.Path) 
 		Kernel: sp.Kernel, Initramfs: sp.Initramfs, Cmdline: sp.Cmdline,
 		Disks: []vmm.Disk{{ID: "root", Path: disk}},
 	}
-	if g, nets, ok := m.guestNet(vm, sp); ok {
+	if g, nets, ok := l.m.net.guest(vm, sp); ok {
 		cfg.Cmdline, cfg.Net = network.WithCmdline(sp.Cmdline, g), nets
 	}
 	return cfg, nil
@@ -66,34 +66,34 @@ func (m *Manager) vmmConfigDisk(vm registry.VM, sp spec, diskPath storage.Path) 
 
 // boot starts a VMM for vm, boots it, and waits for the agent. On failure
 // the VMM is stopped and the error carries the console's last lines.
-func (m *Manager) boot(ctx context.Context, vm registry.VM, sp spec) error {
-	cfg, err := m.vmmConfig(vm, sp)
+func (l *launcher) boot(ctx context.Context, vm registry.VM, sp spec) error {
+	cfg, err := l.vmmConfig(vm, sp)
 	if err != nil {
 		return err
 	}
-	if err := m.needRAMSpace(vm, 0); err != nil {
+	if err := l.m.guard.needRAMSpace(vm, 0); err != nil {
 		return err
 	}
-	release, err := m.admitMemory(ctx, vm)
+	release, err := l.m.budget.admitMemory(ctx, vm)
 	if err != nil {
 		return err
 	}
 	defer release()
-	if err := m.waitDisk(ctx, vm.Name); err != nil {
+	if err := l.m.guard.waitDisk(ctx, vm.Name); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
-	if err := m.net.up(ctx, vm.Name, sp); err != nil {
+	if err := l.m.net.up(ctx, vm.Name, sp); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
-	rd := m.state.Run(vm.Name)
-	m.discardRuntime(vm.Name)
+	rd := l.m.state.Run(vm.Name)
+	l.discardRuntime(vm.Name)
 	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
-	if err := m.conf.start(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
+	if err := l.m.conf.start(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
-	hv, err := m.newHypervisor(vm.VMM, rd)
+	hv, err := l.m.vmms.newHypervisor(vm.VMM, rd)
 	if err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
@@ -118,13 +118,13 @@ func (m *Manager) boot(ctx context.Context, vm registry.VM, sp spec) error {
 		return fail(err)
 	}
 	end = phase.Begin(ctx, "guest boot to agent")
-	_, err = m.connectAgent(ctx, in, m.cfg.BootTimeout)
+	_, err = l.m.agents.connectAgent(ctx, in, l.m.cfg.BootTimeout)
 	end()
 	if err != nil {
 		return fail(err)
 	}
-	m.setInstance(in)
-	go m.watch(in)
+	l.m.procs.setInstance(in)
+	go l.m.procs.watch(in)
 	return nil
 }
 
@@ -139,11 +139,14 @@ func consoleHint(rd vmm.RunDir) string {
 
 // discardRuntime removes a VM's runtime directory (sockets, RAM file,
 // logs) once no VMM uses it.
-func (m *Manager) discardRuntime(name string) {
-	rd := m.state.Run(name)
+func (l *launcher) discardRuntime(name string) {
+	rd := l.m.state.Run(name)
 	for _, p := range []string{rd.MemoryFile(), rd.APISocket(), rd.AgentSocket(), rd.VsockSocket(), rd.PIDFile()} {
 		_ = os.Remove(p)
 	}
-	m.ram.discard(name)
-	m.conf.drop(name)
+	l.m.ram.discard(name)
+	l.m.conf.drop(name)
 }
+
+// launcher writes a VM's VMM config and cold-boots it (boot.go).
+type launcher struct{ m *Manager }

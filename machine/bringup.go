@@ -24,7 +24,7 @@ func (o *op) reserve(ctx context.Context, vm registry.VM) error {
 		return m.db.DeleteVM(context.WithoutCancel(ctx), vm.Name)
 	})
 	o.undo.push("remove the files of vm "+vm.Name, func() error {
-		m.destroy(context.WithoutCancel(ctx), vm.Name)
+		m.procs.destroy(context.WithoutCancel(ctx), vm.Name)
 		return nil
 	})
 	rec, err := m.get(ctx, vm.Name)
@@ -71,7 +71,7 @@ type bringUpFrom struct {
 func (o *op) bringUp(ctx context.Context, from bringUpFrom, progress Progress) error {
 	m, vm, sp := o.m, o.vm, o.spec
 	accel, _ := m.Accel()
-	srcSize, err := m.fileSize(from.disk)
+	srcSize, err := m.disks.fileSize(from.disk)
 	if err != nil {
 		return err
 	}
@@ -95,16 +95,16 @@ func (o *op) bringUp(ctx context.Context, from bringUpFrom, progress Progress) e
 	defer cloned() // never returns before the clone is over; its error comes from the wait in the restore or the boot
 	if from.memory != "" {
 		progress("restoring the memory of " + from.what + " (" + vm.VMM + ", " + accel + ")")
-		id := m.identityRequest(vm, sp)
+		id := m.agents.identityRequest(vm, sp)
 		in, err := o.restoreInto(ctx, restoreSource{snapDir: from.memory, local: from.ref.local, disks: cloned, identity: &id})
 		if err != nil {
 			return err
 		}
-		m.verifyRunning(in, from.ref, vm.VMM)
+		m.integrity.verifyRunning(in, from.ref, vm.VMM)
 		if grow {
 			progress("growing the disk to " + FormatSize(vm.DiskBytes))
 			end := phase.Begin(ctx, "grow disk")
-			err := m.growDisk(ctx, vm, in)
+			err := m.disks.growDisk(ctx, vm, in)
 			end()
 			if err != nil {
 				return err
@@ -114,16 +114,16 @@ func (o *op) bringUp(ctx context.Context, from bringUpFrom, progress Progress) e
 		if err := cloned(); err != nil {
 			return err
 		}
-		if err := m.growDiskFile(vm.Name, vm.DiskBytes); err != nil {
+		if err := m.disks.growDiskFile(vm.Name, vm.DiskBytes); err != nil {
 			return err
 		}
 		progress("booting (" + vm.VMM + ", " + accel + ")")
-		if err := m.boot(ctx, vm, sp); err != nil {
+		if err := m.launch.boot(ctx, vm, sp); err != nil {
 			return err
 		}
 		if grow {
 			progress("growing the root filesystem to " + FormatSize(vm.DiskBytes))
-			if err := m.growDisk(ctx, vm, m.instance(vm.Name)); err != nil {
+			if err := m.disks.growDisk(ctx, vm, m.procs.instance(vm.Name)); err != nil {
 				return err
 			}
 		}

@@ -24,8 +24,8 @@ type CheckpointOptions struct {
 	Keep int
 }
 
-func (m *Manager) store() checkpoint.Store {
-	return checkpoint.Store{Vol: m.vol, NoDigests: m.cfg.NoDigests}
+func (ss *snapshots) store() checkpoint.Store {
+	return checkpoint.Store{Vol: ss.m.vol, NoDigests: ss.m.cfg.NoDigests}
 }
 
 // Checkpoint saves a VM's memory and disk at one paused instant (or its
@@ -48,7 +48,7 @@ func (m *Manager) Checkpoint(ctx context.Context, name string, opts CheckpointOp
 		return cp, err
 	}
 	if opts.Keep > 0 {
-		if err := m.prune(ctx, name, opts.Keep); err != nil {
+		if err := m.snaps.prune(ctx, name, opts.Keep); err != nil {
 			m.log.Warn("den: retention", "vm", name, "err", err)
 		}
 	}
@@ -67,9 +67,9 @@ func (o *op) checkpoint(ctx context.Context, opts CheckpointOptions, progress Pr
 	running := vm.State == registry.StateRunning && in != nil && alive(in)
 	need := int64(0)
 	if running && !opts.DiskOnly {
-		need = m.memorySnapshotNeed(vm)
+		need = m.guard.memorySnapshotNeed(vm)
 	}
-	if err := m.needSpace(need, fmt.Sprintf("checkpoint vm %q", vm.Name)); err != nil {
+	if err := m.guard.needSpace(need, fmt.Sprintf("checkpoint vm %q", vm.Name)); err != nil {
 		return registry.Checkpoint{}, err
 	}
 	rec := checkpoint.Record{VM: vm.Name, ID: id, Seq: seq, Parent: sp.Head, Comment: opts.Comment, VMM: vm.VMM}
@@ -83,12 +83,12 @@ func (o *op) checkpoint(ctx context.Context, opts CheckpointOptions, progress Pr
 		if !opts.DiskOnly {
 			// The slot is copied as it is: damage must not pass into
 			// a checkpoint (and a fork) with new digests.
-			if err := m.verify(ctx, suspendRef(vm.Name, sp.SuspendSeal), vm.VMM); err != nil {
+			if err := m.integrity.verify(ctx, suspendRef(vm.Name, sp.SuspendSeal), vm.VMM); err != nil {
 				return registry.Checkpoint{}, fmt.Errorf("checkpoint vm %q: %w", vm.Name, err)
 			}
 		}
 	}
-	rec, err = m.store().Take(ctx, rec, from, checkpoint.TakeHooks{Progress: progress, Crash: crashpoint, Log: m.log})
+	rec, err = m.snaps.store().Take(ctx, rec, from, checkpoint.TakeHooks{Progress: progress, Crash: crashpoint, Log: m.log})
 	if err == nil {
 		key := checkpointKey(id, rec.Seal)
 		memCopy.keep(key)
@@ -96,7 +96,7 @@ func (o *op) checkpoint(ctx context.Context, opts CheckpointOptions, progress Pr
 			if local := m.memc.local(vm.Name, key); local != "" {
 				// The RAM equals the checkpoint's memory now: the next
 				// snapshot is written over it (delta.go).
-				m.setOrigin(in, checkpoint.Dir(vm.Name, id).Join(checkpoint.VMMDir), local)
+				m.snaps.setOrigin(in, checkpoint.Dir(vm.Name, id).Join(checkpoint.VMMDir), local)
 			}
 		}
 	} else {
@@ -105,8 +105,8 @@ func (o *op) checkpoint(ctx context.Context, opts CheckpointOptions, progress Pr
 	if errors.Is(err, checkpoint.ErrLeftPaused) && in != nil {
 		// Never a paused VM recorded as running: stop it and say so.
 		in.close(true)
-		m.stopInstance(ctx, in, stopQuit)
-		m.recordStopped(ctx, vm.Name, "checkpoint failed and the vm could not be resumed ("+err.Error()+"); it boots from its disk when next used")
+		m.procs.stopInstance(ctx, in, stopQuit)
+		m.procs.recordStopped(ctx, vm.Name, "checkpoint failed and the vm could not be resumed ("+err.Error()+"); it boots from its disk when next used")
 	}
 	if err != nil {
 		return rec, err
@@ -114,8 +114,8 @@ func (o *op) checkpoint(ctx context.Context, opts CheckpointOptions, progress Pr
 	if err := m.db.AddCheckpoint(ctx, rec); err != nil {
 		return rec, err
 	}
-	m.sizesLater(vm.Name, id)
-	m.sealLater(checkpoint.Dir(vm.Name, id), m.withLocalMemory(checkpointRef(rec), checkpointKey(id, rec.Seal)))
+	m.snaps.sizesLater(vm.Name, id)
+	m.integrity.sealLater(checkpoint.Dir(vm.Name, id), m.snaps.withLocalMemory(checkpointRef(rec), checkpointKey(id, rec.Seal)))
 	// No spare disk yet (spares.go): made now, it competed with whatever
 	// came next (a disk-only checkpoint went from 261 to 575 ms in den
 	// bench, a restore from 465 to 605, when clones were a juicefs
@@ -141,26 +141,26 @@ func (o *op) checkpoint(ctx context.Context, opts CheckpointOptions, progress Pr
 // in many slices. Read at once, they made the restore that followed a
 // memory and a disk-only checkpoint take a fifth longer (nothing else
 // changed: 6 runs each, den bench's sequence, on two cores).
-func (m *Manager) sizesLater(vm, id string) {
+func (ss *snapshots) sizesLater(vm, id string) {
 	key := vm + "/" + id
-	if _, dup := m.sizing.LoadOrStore(key, true); dup {
+	if _, dup := ss.m.sizing.LoadOrStore(key, true); dup {
 		return // asked already: a listing asks again until they are read
 	}
-	if !m.goBackground(func() {
-		defer m.sizing.Delete(key)
-		ctx, cancel := m.lifetime()
+	if !ss.m.goBackground(func() {
+		defer ss.m.sizing.Delete(key)
+		ctx, cancel := ss.m.lifetime()
 		defer cancel()
-		m.waitQuiet(ctx, sizesSettle, sizesWaitMax)
-		mem, disk, err := m.store().Sizes(ctx, vm, id)
+		ss.m.locks.waitQuiet(ctx, sizesSettle, sizesWaitMax)
+		mem, disk, err := ss.store().Sizes(ctx, vm, id)
 		if err != nil {
-			m.log.Debug("den: checkpoint sizes", "vm", vm, "checkpoint", id, "err", err)
+			ss.m.log.Debug("den: checkpoint sizes", "vm", vm, "checkpoint", id, "err", err)
 			return
 		}
-		if err := m.db.SetCheckpointSizes(ctx, vm, id, mem, disk); err != nil {
-			m.log.Debug("den: checkpoint sizes", "vm", vm, "checkpoint", id, "err", err)
+		if err := ss.m.db.SetCheckpointSizes(ctx, vm, id, mem, disk); err != nil {
+			ss.m.log.Debug("den: checkpoint sizes", "vm", vm, "checkpoint", id, "err", err)
 		}
 	}) {
-		m.sizing.Delete(key)
+		ss.m.sizing.Delete(key)
 	}
 }
 
@@ -203,10 +203,10 @@ func (g guestOf) Resume(ctx context.Context) error { return g.in.hv.Resume(ctx) 
 func (g guestOf) Snapshot(ctx context.Context, dir storage.Path) error {
 	var job *memCopyJob
 	if g.mem != nil {
-		job = g.m.startMemCopy(g.in.name)
+		job = g.m.snaps.startMemCopy(g.in.name)
 		*g.mem = job
 	}
-	err := g.m.snapshotVMM(ctx, g.in, dir, job != nil)
+	err := g.m.snaps.snapshotVMM(ctx, g.in, dir, job != nil)
 	end := phase.Begin(ctx, "wait for the local memory copy")
 	job.wait()
 	end()
@@ -214,7 +214,7 @@ func (g guestOf) Snapshot(ctx context.Context, dir storage.Path) error {
 }
 
 func (g guestOf) Freeze(ctx context.Context) error {
-	c, err := g.m.agentClient(ctx, g.in)
+	c, err := g.m.agents.agentClient(ctx, g.in)
 	if err != nil {
 		return err
 	}
@@ -227,7 +227,7 @@ func (g guestOf) Freeze(ctx context.Context) error {
 }
 
 func (g guestOf) Thaw(ctx context.Context) error {
-	c, err := g.m.agentClient(ctx, g.in)
+	c, err := g.m.agents.agentClient(ctx, g.in)
 	if err != nil {
 		return err
 	}
@@ -244,8 +244,8 @@ func (g guestOf) Thaw(ctx context.Context) error {
 }
 
 // setHead records the checkpoint a VM's state now descends from.
-func (m *Manager) setHead(ctx context.Context, name, id string) error {
-	_, err := m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
+func (su *startup) setHead(ctx context.Context, name, id string) error {
+	_, err := su.m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
 		sp, err := decodeSpec(*v)
 		if err != nil {
 			return err
@@ -269,9 +269,9 @@ func (m *Manager) Checkpoints(ctx context.Context, name string) ([]registry.Chec
 	}
 	cps, err := m.db.ListCheckpoints(ctx, name)
 	for i := range cps {
-		cps[i].Damaged = m.store().Damaged(name, cps[i].ID)
+		cps[i].Damaged = m.snaps.store().Damaged(name, cps[i].ID)
 		if cps[i].MemoryBytes == 0 && cps[i].DiskBytes == 0 {
-			m.sizesLater(name, cps[i].ID) // a stop came before they were read
+			m.snaps.sizesLater(name, cps[i].ID) // a stop came before they were read
 		}
 	}
 	return cps, sp.Head, err
@@ -290,7 +290,7 @@ func (m *Manager) getCheckpoint(ctx context.Context, vm, id string) (registry.Ch
 	if err != nil {
 		return cp, err
 	}
-	if _, err := m.store().Meta(vm, id); err != nil {
+	if _, err := m.snaps.store().Meta(vm, id); err != nil {
 		return cp, fmt.Errorf("%w: %w", err, ErrConflict)
 	}
 	return cp, nil
@@ -333,35 +333,35 @@ func (o *op) dropCheckpoint(ctx context.Context, cp registry.Checkpoint) error {
 			return err
 		}
 	}
-	return o.m.deleteCheckpoint(ctx, o.name(), cp.ID)
+	return o.m.snaps.deleteCheckpoint(ctx, o.name(), cp.ID)
 }
 
-func (m *Manager) deleteCheckpoint(ctx context.Context, name, id string) error {
+func (ss *snapshots) deleteCheckpoint(ctx context.Context, name, id string) error {
 	// The directory is retired first, then the row goes, then the files:
 	// a crash anywhere leaves neither a row without its files nor files
 	// that the next start would list again.
-	if err := m.store().Retire(ctx, name, id); err != nil {
+	if err := ss.store().Retire(ctx, name, id); err != nil {
 		return err
 	}
-	m.memc.drop(name, id+"-")
-	m.spares.dropCheckpoint(ctx, name, id)
-	if err := m.db.DeleteCheckpoint(ctx, name, id); err != nil && !errors.Is(err, registry.ErrNotFound) {
+	ss.m.memc.drop(name, id+"-")
+	ss.m.spares.dropCheckpoint(ctx, name, id)
+	if err := ss.m.db.DeleteCheckpoint(ctx, name, id); err != nil && !errors.Is(err, registry.ErrNotFound) {
 		return err
 	}
-	if err := m.store().RemoveRetired(ctx, name, id); err != nil {
+	if err := ss.store().RemoveRetired(ctx, name, id); err != nil {
 		return fmt.Errorf("delete checkpoint %s of %q: %w", id, name, err)
 	}
 	return nil
 }
 
 // prune applies a retention of keep checkpoints.
-func (m *Manager) prune(ctx context.Context, name string, keep int) error {
-	cps, head, err := m.Checkpoints(ctx, name)
+func (ss *snapshots) prune(ctx context.Context, name string, keep int) error {
+	cps, head, err := ss.m.Checkpoints(ctx, name)
 	if err != nil {
 		return err
 	}
 	for _, id := range checkpoint.Prune(cps, keep, map[string]bool{head: true}) {
-		if err := m.deleteCheckpoint(ctx, name, id); err != nil {
+		if err := ss.deleteCheckpoint(ctx, name, id); err != nil {
 			return err
 		}
 	}
@@ -371,36 +371,36 @@ func (m *Manager) prune(ctx context.Context, name string, keep int) error {
 // sweepCheckpoints matches a VM's checkpoint directories with its catalog
 // after a restart: unfinished directories go, complete directories whose
 // row a crash lost are recorded again.
-func (m *Manager) sweepCheckpoints(ctx context.Context, name string) {
-	rows, deleted, err := m.store().Sweep(ctx, name)
+func (su *startup) sweepCheckpoints(ctx context.Context, name string) {
+	rows, deleted, err := su.m.snaps.store().Sweep(ctx, name)
 	if err != nil {
-		m.log.Warn("den: sweep checkpoints", "vm", name, "err", err)
+		su.m.log.Warn("den: sweep checkpoints", "vm", name, "err", err)
 		return
 	}
 	for _, id := range deleted {
 		// A deletion a crash cut short after it retired the files: the
 		// row goes too (and the head moves to its parent).
-		if cp, err := m.db.GetCheckpoint(ctx, name, id); err == nil {
-			if err := m.dropCheckpoint(ctx, name, cp); err != nil {
-				m.log.Warn("den: finish an interrupted checkpoint deletion", "vm", name, "checkpoint", id, "err", err)
+		if cp, err := su.m.db.GetCheckpoint(ctx, name, id); err == nil {
+			if err := su.m.startup.dropCheckpoint(ctx, name, cp); err != nil {
+				su.m.log.Warn("den: finish an interrupted checkpoint deletion", "vm", name, "checkpoint", id, "err", err)
 			}
 		}
 	}
 	headSeq := 0
-	if vm, err := m.get(ctx, name); err == nil {
+	if vm, err := su.m.get(ctx, name); err == nil {
 		if sp, err := decodeSpec(vm); err == nil && sp.Head != "" {
-			if cp, err := m.db.GetCheckpoint(ctx, name, sp.Head); err == nil {
+			if cp, err := su.m.db.GetCheckpoint(ctx, name, sp.Head); err == nil {
 				headSeq = cp.Seq
 			}
 		}
 	}
 	for _, row := range rows {
-		if _, err := m.db.GetCheckpoint(ctx, name, row.ID); errors.Is(err, registry.ErrNotFound) {
+		if _, err := su.m.db.GetCheckpoint(ctx, name, row.ID); errors.Is(err, registry.ErrNotFound) {
 			// A checkpoint whose row a crash lost (between its rename
 			// into place and its row): recorded again, and the head when
 			// it is newer than the head.
-			if err := m.db.AddCheckpoint(ctx, row); err == nil && row.Seq > headSeq {
-				_ = m.setHead(ctx, name, row.ID)
+			if err := su.m.db.AddCheckpoint(ctx, row); err == nil && row.Seq > headSeq {
+				_ = su.m.startup.setHead(ctx, name, row.ID)
 				headSeq = row.Seq
 			}
 		}

@@ -57,7 +57,7 @@ func (m *Manager) setupConfine() error {
 	if m.kvm.Accelerator() == "tcg" {
 		overhead += qemu.TCGCacheMiB << 20
 	}
-	m.conf = &confinement{groups: map[string]cgroup.Group{}, prefix: m.netID(), overhead: overhead, log: m.log}
+	m.conf = &confinement{groups: map[string]cgroup.Group{}, prefix: netID(m.state), overhead: overhead, log: m.log}
 	if m.cfg.Drivers != nil || m.cfg.VMUser == "-" {
 		m.conf.why = "confinement off (test drivers or VMUser \"-\")"
 		return nil

@@ -109,7 +109,7 @@ const MaxDisk = 2 << 40
 // minimum (for the disk: the image's disk) or above what the host has is
 // an error, never rounded or replaced. A default disk smaller than the
 // image's disk is the image's size.
-func (m *Manager) checkSizes(o *CreateOptions) error {
+func (dk *disks) checkSizes(o *CreateOptions) error {
 	if o.CPUs == 0 {
 		o.CPUs = DefaultCPUs
 	}
@@ -142,7 +142,7 @@ func (m *Manager) checkSizes(o *CreateOptions) error {
 			return fmt.Errorf("memory %s is more than this host has (%s): %w", FormatSize(o.MemoryBytes), FormatSize(total), ErrInvalid)
 		}
 	}
-	if least := m.imageDiskSize(o.Image); o.DiskBytes < least {
+	if least := dk.imageDiskSize(o.Image); o.DiskBytes < least {
 		if !diskDefault {
 			return fmt.Errorf("disk %s is smaller than image %s's disk: at least %s: %w", FormatSize(o.DiskBytes), o.Image, FormatSize(least), ErrInvalid)
 		}
@@ -151,7 +151,7 @@ func (m *Manager) checkSizes(o *CreateOptions) error {
 	if o.DiskBytes > MaxDisk {
 		return fmt.Errorf("disk %s is too large: at most %s: %w", FormatSize(o.DiskBytes), FormatSize(MaxDisk), ErrInvalid)
 	}
-	if free, err := m.volumeFree(); err == nil && o.DiskBytes > free {
+	if free, err := dk.m.guard.volumeFree(); err == nil && o.DiskBytes > free {
 		return fmt.Errorf("disk %s does not fit: the volume has %s free: %w", FormatSize(o.DiskBytes), FormatSize(free), ErrNoSpace)
 	}
 	return nil
@@ -159,15 +159,15 @@ func (m *Manager) checkSizes(o *CreateOptions) error {
 
 // imageDiskSize is the size of an image's root disk, the least a VM's
 // disk can be; 0 when the image is unknown (baseImage says why).
-func (m *Manager) imageDiskSize(name string) int64 {
-	man, err := m.cfg.Images.Manifest()
+func (dk *disks) imageDiskSize(name string) int64 {
+	man, err := dk.m.cfg.Images.Manifest()
 	if err != nil {
 		return 0
 	}
 	if _, ok := man.Artifact(name); !ok {
 		return 0
 	}
-	st, err := os.Stat(m.cfg.Images.RootDisk(name))
+	st, err := os.Stat(dk.m.cfg.Images.RootDisk(name))
 	if err != nil {
 		return 0
 	}
@@ -194,16 +194,16 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		return registry.VM{}, fmt.Errorf("create vm %q: owner: %w", o.Name, err)
 	}
 	end := phase.Begin(ctx, "check image and sizes")
-	if err := m.checkImage(o.Image); err != nil {
+	if err := m.bases.checkImage(o.Image); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
 	diskDefault := o.DiskBytes == 0
-	if err := m.checkSizes(&o); err != nil {
+	if err := m.disks.checkSizes(&o); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
 	end()
 	end = phase.Begin(ctx, "check space")
-	if err := m.needSpace(spaceMargin, "create vm "+o.Name); err != nil {
+	if err := m.guard.needSpace(spaceMargin, "create vm "+o.Name); err != nil {
 		return registry.VM{}, err
 	}
 	end()
@@ -216,7 +216,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	}
 	defer func() { op.end(err) }()
 
-	base, baseSize, err := m.baseImage(ctx, o.Image, progress)
+	base, baseSize, err := m.bases.baseImage(ctx, o.Image, progress)
 	if err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
@@ -228,14 +228,14 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	}
 	accel, _ := m.Accel()
 	now := time.Now().UTC()
-	sp := spec{Kernel: m.kernel(), Initramfs: m.cfg.Images.Initramfs(), BaseImage: string(base), Identity: newToken(), MAC: newMAC()}
+	sp := spec{Kernel: m.launch.kernel(), Initramfs: m.cfg.Images.Initramfs(), BaseImage: string(base), Identity: newToken(), MAC: newMAC()}
 	if o.Egress != nil {
 		if m.net.host == nil && o.Egress.Mode != egress.AllowAll {
 			return registry.VM{}, fmt.Errorf("create vm %q: egress policy %s needs tap networking, and VMs here get %s: %w", o.Name, o.Egress, m.Network(), ErrInvalid)
 		}
 		sp.Egress = o.Egress.String()
 	}
-	sp.Cmdline = m.cmdline(o.Name, sp.Identity)
+	sp.Cmdline = m.launch.cmdline(o.Name, sp.Identity)
 	// The lease first: the warm base boots on the network the VM will
 	// have.
 	if err := m.net.takeLease(o.Name, &sp, &op.undo); err != nil {
@@ -250,15 +250,15 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	var warmRef snapshotRef // with the local copy of its memory, if any
 	var warmKey string
 	if !o.Cold {
-		if warm, err = m.warmBase(ctx, vm, sp, progress); err != nil {
+		if warm, err = m.bases.warmBase(ctx, vm, sp, progress); err != nil {
 			m.log.Warn("den: no warm base snapshot, booting instead", "image", o.Image, "err", err)
 			warm = ""
 		}
 	}
 	if warm != "" {
-		warmRef, warmKey = m.withBaseMemory(baseRef(warm, o.Image))
-		if err := m.verifyTraced(ctx, warmRef, m.vmmName); errors.Is(err, ErrDamaged) {
-			m.dropBase(ctx, warm, err)
+		warmRef, warmKey = m.snaps.withBaseMemory(baseRef(warm, o.Image))
+		if err := m.integrity.verifyTraced(ctx, warmRef, m.vmmName); errors.Is(err, ErrDamaged) {
+			m.bases.dropBase(ctx, warm, err)
 			warm = ""
 		} else if err != nil {
 			return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
@@ -276,7 +276,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
 	if warm != "" {
-		m.fillBaseCopy(warmRef, warmKey) // for the next create
+		m.snaps.fillBaseCopy(warmRef, warmKey) // for the next create
 	}
 	return op.vm, nil
 }

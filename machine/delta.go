@@ -59,10 +59,10 @@ func (b *originBox) set(o memOrigin) {
 // snapshot in dir, of which local is a local copy; without a local copy,
 // a VMM that writes over snapshots or a memory file there, it records
 // none (the next snapshot is written whole).
-func (m *Manager) setOrigin(in *instance, dir storage.Path, local string) {
+func (ss *snapshots) setOrigin(in *instance, dir storage.Path, local string) {
 	o := memOrigin{}
 	if _, file := deltaVMM(in); file != "" && local != "" {
-		if ino, err := m.inode(dir.Join(file)); err == nil {
+		if ino, err := ss.inode(dir.Join(file)); err == nil {
 			o = memOrigin{dir: dir, local: local, ino: ino}
 		}
 	}
@@ -80,8 +80,8 @@ func deltaVMM(in *instance) (vmm.DeltaSnapshotter, string) {
 }
 
 // inode is the inode number of a file on the volume.
-func (m *Manager) inode(p storage.Path) (uint64, error) {
-	st, err := m.statVolume(p)
+func (ss *snapshots) inode(p storage.Path) (uint64, error) {
+	st, err := ss.m.disks.statVolume(p)
 	if err != nil {
 		return 0, err
 	}
@@ -97,13 +97,13 @@ func (m *Manager) inode(p storage.Path) (uint64, error) {
 // one and over says so, else whole. over is whether a local copy of the
 // new snapshot's memory is being made: its digests are then made from
 // that copy of the RAM, never from the file written over the origin.
-func (m *Manager) snapshotVMM(ctx context.Context, in *instance, dir storage.Path, over bool) error {
-	host, err := m.vol.Path(dir)
+func (ss *snapshots) snapshotVMM(ctx context.Context, in *instance, dir storage.Path, over bool) error {
+	host, err := ss.m.vol.Path(dir)
 	if err != nil {
 		return fmt.Errorf("snapshot vm %q: %w", in.name, err)
 	}
 	if over {
-		if ds, base := m.deltaBase(ctx, in, dir); base != "" {
+		if ds, base := ss.deltaBase(ctx, in, dir); base != "" {
 			return ds.SnapshotOver(ctx, host, base)
 		}
 	}
@@ -113,7 +113,7 @@ func (m *Manager) snapshotVMM(ctx context.Context, in *instance, dir storage.Pat
 // deltaBase clones in's memory origin into dir for a snapshot written
 // over it, and returns the VMM that writes it and the local copy to
 // compare with: "" when the snapshot is to be written whole.
-func (m *Manager) deltaBase(ctx context.Context, in *instance, dir storage.Path) (vmm.DeltaSnapshotter, string) {
+func (ss *snapshots) deltaBase(ctx context.Context, in *instance, dir storage.Path) (vmm.DeltaSnapshotter, string) {
 	ds, name := deltaVMM(in)
 	o := in.origin.get()
 	if name == "" || o.local == "" {
@@ -122,16 +122,16 @@ func (m *Manager) deltaBase(ctx context.Context, in *instance, dir storage.Path)
 	if st, err := os.Stat(o.local); err != nil || !st.Mode().IsRegular() {
 		return nil, "" // trimmed from the copies, or dropped
 	}
-	if ino, err := m.inode(o.dir.Join(name)); err != nil || ino != o.ino {
-		m.log.Debug("den: snapshot memory written whole: its origin is gone or replaced", "vm", in.name, "err", err)
+	if ino, err := ss.inode(o.dir.Join(name)); err != nil || ino != o.ino {
+		ss.m.log.Debug("den: snapshot memory written whole: its origin is gone or replaced", "vm", in.name, "err", err)
 		return nil, ""
 	}
 	end := phase.Begin(ctx, "volume: clone the last snapshot's memory")
-	err := m.vol.Clone(ctx, o.dir.Join(name), dir.Join(name))
+	err := ss.m.vol.Clone(ctx, o.dir.Join(name), dir.Join(name))
 	end()
 	if err != nil {
-		m.log.Warn("den: snapshot memory written whole: clone of the last snapshot's", "vm", in.name, "err", err)
-		_ = m.vol.Remove(context.WithoutCancel(ctx), dir.Join(name))
+		ss.m.log.Warn("den: snapshot memory written whole: clone of the last snapshot's", "vm", in.name, "err", err)
+		_ = ss.m.vol.Remove(context.WithoutCancel(ctx), dir.Join(name))
 		return nil, ""
 	}
 	return ds, o.local

@@ -10,8 +10,8 @@ import (
 )
 
 // diskFileSize is the size of a VM's disk file.
-func (m *Manager) diskFileSize(name string) (int64, error) {
-	size, err := m.fileSize(storage.VMDisk(name))
+func (dk *disks) diskFileSize(name string) (int64, error) {
+	size, err := dk.fileSize(storage.VMDisk(name))
 	if err != nil {
 		return 0, fmt.Errorf("vm %q: %w", name, err)
 	}
@@ -20,13 +20,13 @@ func (m *Manager) diskFileSize(name string) (int64, error) {
 
 // growDiskFile extends a VM's disk file to size (never shrinks it): a
 // VM that boots next sees the whole disk.
-func (m *Manager) growDiskFile(name string, size int64) error {
-	return m.growFile(storage.VMDisk(name), size)
+func (dk *disks) growDiskFile(name string, size int64) error {
+	return dk.growFile(storage.VMDisk(name), size)
 }
 
 // statVolume stats a file on the volume.
-func (m *Manager) statVolume(p storage.Path) (os.FileInfo, error) {
-	host, err := m.vol.Path(p)
+func (dk *disks) statVolume(p storage.Path) (os.FileInfo, error) {
+	host, err := dk.m.vol.Path(p)
 	if err != nil {
 		return nil, err
 	}
@@ -34,8 +34,8 @@ func (m *Manager) statVolume(p storage.Path) (os.FileInfo, error) {
 }
 
 // fileSize is the apparent size of a file on the volume.
-func (m *Manager) fileSize(p storage.Path) (int64, error) {
-	st, err := m.statVolume(p)
+func (dk *disks) fileSize(p storage.Path) (int64, error) {
+	st, err := dk.statVolume(p)
 	if err != nil {
 		return 0, fmt.Errorf("disk: %w", err)
 	}
@@ -43,8 +43,8 @@ func (m *Manager) fileSize(p storage.Path) (int64, error) {
 }
 
 // growFile grows a disk image on the volume to size (never shrinks it).
-func (m *Manager) growFile(disk storage.Path, size int64) error {
-	p, err := m.vol.Path(disk)
+func (dk *disks) growFile(disk storage.Path, size int64) error {
+	p, err := dk.m.vol.Path(disk)
 	if err != nil {
 		return err
 	}
@@ -65,24 +65,24 @@ func (m *Manager) growFile(disk storage.Path, size int64) error {
 // grows the device to the VM's size where it is smaller (a restore from
 // a smaller base), the guest is told, and the agent grows the root
 // filesystem online to fill the device.
-func (m *Manager) growDisk(ctx context.Context, vm registry.VM, in *instance) error {
+func (dk *disks) growDisk(ctx context.Context, vm registry.VM, in *instance) error {
 	if in == nil {
 		return fmt.Errorf("grow disk of vm %q: no vmm", vm.Name)
 	}
-	size, err := m.diskFileSize(vm.Name)
+	size, err := dk.diskFileSize(vm.Name)
 	if err != nil {
 		return err
 	}
 	if size < vm.DiskBytes {
 		if !in.hv.Capabilities().ResizeDisk {
 			// The device grows at the next boot; the file grows now.
-			return m.growDiskFile(vm.Name, vm.DiskBytes)
+			return dk.growDiskFile(vm.Name, vm.DiskBytes)
 		}
 		if err := in.hv.ResizeDisk(ctx, "root", vm.DiskBytes); err != nil {
 			return fmt.Errorf("grow disk of vm %q to %s: %w", vm.Name, FormatSize(vm.DiskBytes), err)
 		}
 	}
-	c, err := m.agentClient(ctx, in)
+	c, err := dk.m.agents.agentClient(ctx, in)
 	if err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func (m *Manager) Resize(ctx context.Context, name string, diskBytes int64) (_ r
 	if diskBytes < vm.DiskBytes {
 		return vm, fmt.Errorf("resize vm %q: disk %s is smaller than its %s (disks only grow): %w", name, FormatSize(diskBytes), FormatSize(vm.DiskBytes), ErrInvalid)
 	}
-	if free, err := m.volumeFree(); err == nil && diskBytes-vm.DiskBytes > free {
+	if free, err := m.guard.volumeFree(); err == nil && diskBytes-vm.DiskBytes > free {
 		return vm, fmt.Errorf("resize vm %q: %s more does not fit: the volume has %s free: %w", name,
 			FormatSize(diskBytes-vm.DiskBytes), FormatSize(free), ErrNoSpace)
 	}
@@ -122,7 +122,7 @@ func (m *Manager) Resize(ctx context.Context, name string, diskBytes int64) (_ r
 	}
 	grown := o.vm
 	grown.DiskBytes = diskBytes
-	if err := m.growDisk(ctx, grown, in); err != nil {
+	if err := m.disks.growDisk(ctx, grown, in); err != nil {
 		return o.vm, err
 	}
 	err = o.update(ctx, func(v *registry.VM, _ *spec) error {
@@ -139,3 +139,6 @@ func checkMiB(what string, bytes int64) error {
 	}
 	return nil
 }
+
+// disks sizes VM disk files and grows them, with the guest's filesystem (disk.go).
+type disks struct{ m *Manager }

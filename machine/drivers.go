@@ -20,22 +20,22 @@ const (
 // builtinDrivers are the drivers of the VMMs found on this host, by
 // name; what each VMM does is in its Capabilities and the optional
 // interfaces of vmm.Driver, and nothing here branches on its name.
-func (m *Manager) builtinDrivers() map[string]vmm.Driver {
+func (vs *vmms) builtinDrivers() map[string]vmm.Driver {
 	ds := map[string]vmm.Driver{}
 	if _, err := qemu.FindBinary(); err == nil {
 		ds[VMMQEMU] = &qemu.Driver{
-			Accel: m.kvm.Accelerator(),
+			Accel: vs.m.kvm.Accelerator(),
 			Options: func(rd vmm.RunDir, vm string) qemu.Options {
-				return qemu.Options{RunDir: rd, Logger: m.log, StreamRAM: m.cfg.QEMUStreamRAM,
-					RAMFile: m.ram.file(vm), Confine: m.conf.vmm(rd.Name())}
+				return qemu.Options{RunDir: rd, Logger: vs.m.log, StreamRAM: vs.m.cfg.QEMUStreamRAM,
+					RAMFile: vs.m.ram.file(vm), Confine: vs.m.conf.vmm(rd.Name())}
 			},
 		}
 	}
 	if bin, err := cloudhypervisor.FindBinary(); err == nil {
 		ds[VMMCloudHypervisor] = &cloudhypervisor.Driver{
 			Options: func(rd vmm.RunDir) cloudhypervisor.Options {
-				return cloudhypervisor.Options{Binary: bin, RunDir: rd, Logger: m.log, Confine: m.conf.vmm(rd.Name()),
-					Landlock: true, LandlockRules: m.landlockRules(rd.Name())}
+				return cloudhypervisor.Options{Binary: bin, RunDir: rd, Logger: vs.m.log, Confine: vs.m.conf.vmm(rd.Name()),
+					Landlock: true, LandlockRules: vs.landlockRules(rd.Name())}
 			},
 		}
 	}
@@ -46,12 +46,12 @@ func (m *Manager) builtinDrivers() map[string]vmm.Driver {
 // Hypervisor may use: the VM's directory on the volume (its checkpoints
 // and suspend snapshots), or, for a base image's throwaway VM, the
 // volume's images.
-func (m *Manager) landlockRules(name string) []cloudhypervisor.LandlockConfig {
+func (vs *vmms) landlockRules(name string) []cloudhypervisor.LandlockConfig {
 	dir := storage.VMDir(name)
 	if strings.HasPrefix(name, baseVMPrefix) {
 		dir = storage.ImageDir("x").Dir() // the images root
 	}
-	p, err := m.vol.Path(dir)
+	p, err := vs.m.vol.Path(dir)
 	if err != nil {
 		return nil
 	}
@@ -60,20 +60,20 @@ func (m *Manager) landlockRules(name string) []cloudhypervisor.LandlockConfig {
 
 // chooseVMM picks the driver new VMs run under: the one Config.VMM names,
 // else Cloud Hypervisor where KVM boots guests, else QEMU.
-func (m *Manager) chooseVMM() error {
-	if m.cfg.Drivers != nil {
-		m.drivers = m.cfg.Drivers
+func (vs *vmms) chooseVMM() error {
+	if vs.m.cfg.Drivers != nil {
+		vs.m.drivers = vs.m.cfg.Drivers
 	} else {
-		m.drivers = m.builtinDrivers()
+		vs.m.drivers = vs.builtinDrivers()
 	}
-	want := m.cfg.VMM
+	want := vs.m.cfg.VMM
 	if want == "" {
 		want = VMMQEMU
-		if _, ok := m.drivers[VMMCloudHypervisor]; ok && m.kvm.Usable {
+		if _, ok := vs.m.drivers[VMMCloudHypervisor]; ok && vs.m.kvm.Usable {
 			want = VMMCloudHypervisor
 		}
 	}
-	d, ok := m.drivers[want]
+	d, ok := vs.m.drivers[want]
 	if !ok {
 		switch want {
 		case VMMCloudHypervisor:
@@ -84,16 +84,16 @@ func (m *Manager) chooseVMM() error {
 		}
 		return fmt.Errorf("unknown vmm %q: use qemu or cloud-hypervisor", want)
 	}
-	m.vmmName = d.Capabilities().Name
-	if m.vmmName == VMMQEMU && !m.kvm.Usable {
-		m.log.Warn("den: VMs run under QEMU with TCG emulation (slow): " + m.kvm.Reason)
+	vs.m.vmmName = d.Capabilities().Name
+	if vs.m.vmmName == VMMQEMU && !vs.m.kvm.Usable {
+		vs.m.log.Warn("den: VMs run under QEMU with TCG emulation (slow): " + vs.m.kvm.Reason)
 	}
 	return nil
 }
 
 // driver is the driver of a VM's VMM.
-func (m *Manager) driver(name string) (vmm.Driver, error) {
-	d, ok := m.drivers[name]
+func (vs *vmms) driver(name string) (vmm.Driver, error) {
+	d, ok := vs.m.drivers[name]
 	if !ok {
 		return nil, fmt.Errorf("vmm %q is not available on this host", name)
 	}
@@ -102,16 +102,16 @@ func (m *Manager) driver(name string) (vmm.Driver, error) {
 
 // caps are the capabilities of a VM's VMM; none when it is not
 // available here.
-func (m *Manager) caps(name string) vmm.Capabilities {
-	if d, ok := m.drivers[name]; ok {
+func (vs *vmms) caps(name string) vmm.Capabilities {
+	if d, ok := vs.m.drivers[name]; ok {
 		return d.Capabilities()
 	}
 	return vmm.Capabilities{}
 }
 
 // newHypervisor returns the Hypervisor of a VM's VMM in its runtime dir.
-func (m *Manager) newHypervisor(vmmName string, rd vmm.RunDir) (vmm.Hypervisor, error) {
-	d, err := m.driver(vmmName)
+func (vs *vmms) newHypervisor(vmmName string, rd vmm.RunDir) (vmm.Hypervisor, error) {
+	d, err := vs.driver(vmmName)
 	if err != nil {
 		return nil, err
 	}
@@ -123,5 +123,8 @@ func (m *Manager) VMMName() string { return m.vmmName }
 
 // Accel is "kvm" or "tcg" for new VMs; the note says why.
 func (m *Manager) Accel() (string, string) {
-	return m.caps(m.vmmName).Accelerator, m.kvm.Reason
+	return m.vmms.caps(m.vmmName).Accelerator, m.kvm.Reason
 }
+
+// vmms are the VMM drivers found on the host and the one new VMs run under (drivers.go).
+type vmms struct{ m *Manager }

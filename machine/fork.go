@@ -40,7 +40,7 @@ func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progr
 			return registry.VM{}, err
 		}
 	}
-	if err := m.needSpace(spaceMargin, "fork "+src+" to "+name); err != nil {
+	if err := m.guard.needSpace(spaceMargin, "fork "+src+" to "+name); err != nil {
 		return registry.VM{}, err
 	}
 	fo, err := m.beginNew(ctx, name, "fork")
@@ -86,7 +86,7 @@ func (o *op) forkFrom(ctx context.Context, src, id string, progress Progress) (e
 	sp := srcSpec
 	sp.Head, sp.Restoring, sp.Identity, sp.MAC, sp.Net = "", "", newToken(), newMAC(), own.Net
 	sp.URLToken = "" // its own, when first asked for
-	sp.Cmdline = m.cmdline(name, sp.Identity)
+	sp.Cmdline = m.launch.cmdline(name, sp.Identity)
 	if id == "" {
 		progress("checkpointing " + src)
 		auto, err := so.checkpoint(ctx, CheckpointOptions{Comment: "auto: fork to " + name}, func(string) {})
@@ -105,7 +105,7 @@ func (o *op) forkFrom(ctx context.Context, src, id string, progress Progress) (e
 	}
 	if sp.AutoCheckpoint == "" { // one just taken needs no check
 		progress("verifying " + src + "@" + id)
-		if err := m.verify(ctx, checkpointRef(cp), srcVM.VMM); err != nil {
+		if err := m.integrity.verify(ctx, checkpointRef(cp), srcVM.VMM); err != nil {
 			return err
 		}
 	}
@@ -134,35 +134,35 @@ func (o *op) forkFrom(ctx context.Context, src, id string, progress Progress) (e
 // that a fork took and a crash left half-made, and moves the VM's head
 // back to the checkpoint's parent if it is the head: op.dropCheckpoint
 // for the start-up reconcile, which owns every VM and holds no lock.
-func (m *Manager) dropCheckpoint(ctx context.Context, name string, cp registry.Checkpoint) error {
-	vm, err := m.get(ctx, name)
+func (su *startup) dropCheckpoint(ctx context.Context, name string, cp registry.Checkpoint) error {
+	vm, err := su.m.get(ctx, name)
 	if err != nil {
 		return err
 	}
 	if sp, err := decodeSpec(vm); err == nil && sp.Head == cp.ID {
-		if err := m.setHead(ctx, name, cp.Parent); err != nil {
+		if err := su.setHead(ctx, name, cp.Parent); err != nil {
 			return err
 		}
 	}
-	return m.deleteCheckpoint(ctx, name, cp.ID)
+	return su.m.snaps.deleteCheckpoint(ctx, name, cp.ID)
 }
 
 // rollBackAutoCheckpoint drops the checkpoint a fork took, when a crash
 // left the fork half-made (start-up reconcile).
-func (m *Manager) rollBackAutoCheckpoint(ctx context.Context, fork registry.VM) {
+func (su *startup) rollBackAutoCheckpoint(ctx context.Context, fork registry.VM) {
 	sp, err := decodeSpec(fork)
 	if err != nil || sp.AutoCheckpoint == "" {
 		return
 	}
 	src, id, _ := strings.Cut(sp.AutoCheckpoint, "@")
-	cp, err := m.db.GetCheckpoint(ctx, src, id)
+	cp, err := su.m.db.GetCheckpoint(ctx, src, id)
 	if errors.Is(err, registry.ErrNotFound) {
 		return
 	}
 	if err == nil {
-		err = m.dropCheckpoint(ctx, src, cp)
+		err = su.dropCheckpoint(ctx, src, cp)
 	}
 	if err != nil {
-		m.log.Warn("den: rollback: remove the checkpoint taken for an interrupted fork", "vm", src, "checkpoint", id, "err", err)
+		su.m.log.Warn("den: rollback: remove the checkpoint taken for an interrupted fork", "vm", src, "checkpoint", id, "err", err)
 	}
 }

@@ -122,8 +122,8 @@ var duringShutdown = map[string]bool{
 // hostRefusesLocked refuses an operation taking a VM's lock once a host
 // shutdown began (unless it is one of duringShutdown); the caller holds
 // m.mu, under which beginHostDown takes its list of the VMs held.
-func (m *Manager) hostRefusesLocked(name, op string) error {
-	if m.hostDown.Load() && !duringShutdown[op] {
+func (h *hostLife) hostRefusesLocked(name, op string) error {
+	if h.m.hostDown.Load() && !duringShutdown[op] {
 		return fmt.Errorf("vm %q: %w", name, errHostDown)
 	}
 	return nil
@@ -131,8 +131,8 @@ func (m *Manager) hostRefusesLocked(name, op string) error {
 
 // hostRefuses refuses a session (exec, ssh, a URL's request, a wake)
 // once a host shutdown began, whether the VM runs or not.
-func (m *Manager) hostRefuses(name string) error {
-	if m.hostDown.Load() {
+func (h *hostLife) hostRefuses(name string) error {
+	if h.m.hostDown.Load() {
 		return fmt.Errorf("vm %q: %w", name, errHostDown)
 	}
 	return nil
@@ -141,12 +141,12 @@ func (m *Manager) hostRefuses(name string) error {
 // beginHostDown makes the Manager refuse new work (hostRefusesLocked,
 // hostRefuses) and returns the VMs an operation holds at that moment:
 // work in flight, which the shutdown waits for and then accounts for.
-func (m *Manager) beginHostDown() map[string]bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.hostDown.Store(true)
+func (h *hostLife) beginHostDown() map[string]bool {
+	h.m.mu.Lock()
+	defer h.m.mu.Unlock()
+	h.m.hostDown.Store(true)
 	held := map[string]bool{}
-	for name, h := range m.holders {
+	for name, h := range h.m.holders {
 		if h.op != opHostSleep {
 			held[name] = true
 		}
@@ -175,13 +175,13 @@ func (m *Manager) SleepAll(ctx context.Context, o HostOptions, report func(HostR
 		// Whatever happens, den then refuses everything: the host is
 		// going down, and a VM woken now would lose its processes.
 		defer func() {
-			m.refuseNew()
+			m.host.refuseNew()
 			held.release()
 		}()
 		// From here on no new work is admitted (no exec, wake, create,
 		// restore...), and the operations under way are waited for
 		// below: a VM one of them wakes or makes is put to sleep too.
-		inFlight = m.beginHostDown()
+		inFlight = m.host.beginHostDown()
 		// A boot wake still under way (a reboot soon after a boot)
 		// starts no more wakes, and the VMs it is waking are running
 		// before the list below is read.
@@ -233,7 +233,7 @@ func (m *Manager) SleepAll(ctx context.Context, o HostOptions, report func(HostR
 				if slot {
 					defer func() { <-sem }()
 				}
-				results <- m.sleepForHost(soft, hard, vm, o, late, !wasRunning[vm.Name], held)
+				results <- m.host.sleepForHost(soft, hard, vm, o, late, !wasRunning[vm.Name], held)
 			}()
 		}
 	}()
@@ -255,7 +255,7 @@ func (m *Manager) SleepAll(ctx context.Context, o HostOptions, report func(HostR
 		// The boot wake restores only memory it can check: the digests
 		// of the slots just written are waited for (bounded), before
 		// den closes and stops writing them.
-		m.waitSealed(hard, asleep)
+		m.host.waitSealed(hard, asleep)
 	}
 	return out, nil
 }
@@ -263,15 +263,15 @@ func (m *Manager) SleepAll(ctx context.Context, o HostOptions, report func(HostR
 // waitSealed waits until the suspend slots of vms have the digests of
 // their memory, or until ctx ends; a slot left without them is logged
 // (the boot wake then leaves its VM asleep: see sealPending).
-func (m *Manager) waitSealed(ctx context.Context, vms []string) {
-	if m.cfg.NoDigests || len(vms) == 0 {
+func (h *hostLife) waitSealed(ctx context.Context, vms []string) {
+	if h.m.cfg.NoDigests || len(vms) == 0 {
 		return
 	}
 	start := time.Now()
 	busy := func() []string {
 		var left []string
 		for _, name := range vms {
-			if m.seal.busy(storage.SuspendDir(name)) {
+			if h.m.seal.busy(storage.SuspendDir(name)) {
 				left = append(left, name)
 			}
 		}
@@ -282,12 +282,12 @@ func (m *Manager) waitSealed(ctx context.Context, vms []string) {
 	for {
 		left := busy()
 		if len(left) == 0 {
-			m.log.Info("den: host shutdown: memory digests written", "vms", len(vms), "took", time.Since(start).Round(time.Millisecond))
+			h.m.log.Info("den: host shutdown: memory digests written", "vms", len(vms), "took", time.Since(start).Round(time.Millisecond))
 			return
 		}
 		select {
 		case <-ctx.Done():
-			m.log.Warn("den: host shutdown: out of time before the digests of these vms' memory were written: they are not woken at the next start", "vms", left)
+			h.m.log.Warn("den: host shutdown: out of time before the digests of these vms' memory were written: they are not woken at the next start", "vms", left)
 			return
 		case <-tick.C:
 		}
@@ -341,12 +341,12 @@ wait:
 // soft: late) is stopped and recorded as lost by hard. inFlight: the VM
 // was not running when the shutdown began, but an operation held it; it
 // is put to sleep only if it runs once that operation let go.
-func (m *Manager) sleepForHost(soft, hard context.Context, vm registry.VM, o HostOptions, late, inFlight bool, held *heldLocks) HostResult {
+func (h *hostLife) sleepForHost(soft, hard context.Context, vm registry.VM, o HostOptions, late, inFlight bool, held *heldLocks) HostResult {
 	start := time.Now()
 	bg := context.WithoutCancel(hard)
 	done := func(err error) HostResult {
 		r := HostResult{Name: vm.Name, Took: time.Since(start), Err: err}
-		if rec, gerr := m.get(bg, vm.Name); gerr == nil {
+		if rec, gerr := h.m.get(bg, vm.Name); gerr == nil {
 			r.State, r.Reason = rec.State, rec.Reason
 		}
 		return r
@@ -364,7 +364,7 @@ func (m *Manager) sleepForHost(soft, hard context.Context, vm registry.VM, o Hos
 	if late {
 		lockCtx = hard
 	}
-	vop, err := m.begin(lockCtx, vm.Name, op)
+	vop, err := h.m.begin(lockCtx, vm.Name, op)
 	if inFlight && errors.Is(err, ErrNotFound) {
 		// The operation did not leave it (a create rolled back, an rm).
 		return HostResult{Name: vm.Name, skip: true}
@@ -390,13 +390,13 @@ func (m *Manager) sleepForHost(soft, hard context.Context, vm registry.VM, o Hos
 	switch {
 	case cur.State == registry.StateSleeping:
 		if o.Shutdown {
-			m.markAsleep(bg, vm.Name)
+			h.markAsleep(bg, vm.Name)
 		}
 		return done(nil)
 	case cur.State != registry.StateRunning:
 		return done(fmt.Errorf("vm %q is %s, not running (%s): %w", vm.Name, cur.State, cur.Reason, ErrConflict))
 	case late:
-		return done(m.loseForHost(bg, vm.Name, fmt.Sprintf("no time was left for it within %s", o.Timeout)))
+		return done(h.loseForHost(bg, vm.Name, fmt.Sprintf("no time was left for it within %s", o.Timeout)))
 	}
 	if o.Shutdown {
 		// Marked before the sleep, so that a crash right after it still
@@ -422,15 +422,15 @@ func (m *Manager) sleepForHost(soft, hard context.Context, vm registry.VM, o Hos
 			// Out of time: the host kills it soon anyway. Killing it now
 			// ends the sleep (its VMM calls fail at once) and lets den
 			// record what was lost.
-			m.log.Warn("den: host shutdown: a vm did not sleep in time; stopping its vmm", "vm", vm.Name)
-			m.killVMM(bg, vm.Name)
+			h.m.log.Warn("den: host shutdown: a vm did not sleep in time; stopping its vmm", "vm", vm.Name)
+			h.killVMM(bg, vm.Name)
 		}
 		serr = <-errc
 	}
-	if rec, err := m.get(bg, vm.Name); err == nil && rec.State == registry.StateSleeping {
+	if rec, err := h.m.get(bg, vm.Name); err == nil && rec.State == registry.StateSleeping {
 		// Asleep (a sleep killed after its record was written finished).
 		if o.Shutdown {
-			m.markAsleep(bg, vm.Name)
+			h.markAsleep(bg, vm.Name)
 		}
 		return done(nil)
 	}
@@ -441,33 +441,33 @@ func (m *Manager) sleepForHost(soft, hard context.Context, vm registry.VM, o Hos
 	if soft.Err() != nil {
 		cause = fmt.Sprintf("it did not sleep within %s: %v", (o.Timeout - stopReserve(o.Timeout)).Round(time.Millisecond), serr)
 	}
-	return done(m.loseForHost(bg, vm.Name, cause))
+	return done(h.loseForHost(bg, vm.Name, cause))
 }
 
 // markAsleep makes a sleeping VM's record say that a shutdown put it to
 // sleep and that the next start wakes it.
-func (m *Manager) markAsleep(ctx context.Context, name string) {
-	_, err := m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
+func (h *hostLife) markAsleep(ctx context.Context, name string) {
+	_, err := h.m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
 		if v.State == registry.StateSleeping {
 			v.WakeOnBoot, v.Reason = true, reasonAsleep
 		}
 		return nil
 	})
 	if err != nil {
-		m.log.Warn("den: host shutdown: mark vm to wake at the next start", "vm", name, "err", err)
+		h.m.log.Warn("den: host shutdown: mark vm to wake at the next start", "vm", name, "err", err)
 	}
 }
 
 // killVMM ends a VM's VMM at once (SIGTERM, SIGKILL a second later),
 // whatever it is doing.
-func (m *Manager) killVMM(ctx context.Context, name string) {
-	if p, err := vmm.AdoptProcess(m.state.Run(name).PIDFile()); err == nil {
+func (h *hostLife) killVMM(ctx context.Context, name string) {
+	if p, err := vmm.AdoptProcess(h.m.state.Run(name).PIDFile()); err == nil {
 		if err := p.Stop(time.Second); err != nil {
-			m.log.Warn("den: kill vmm", "vm", name, "err", err)
+			h.m.log.Warn("den: kill vmm", "vm", name, "err", err)
 		}
 		return
 	}
-	if in := m.instance(name); in != nil {
+	if in := h.m.procs.instance(name); in != nil {
 		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		_ = in.hv.Shutdown(sctx)
@@ -480,16 +480,16 @@ func (m *Manager) killVMM(ctx context.Context, name string) {
 // (QEMU flushes its disks as it exits): a guest that did not sleep in
 // time is no more likely to power off in time, and the shutdown's bound
 // is for all the VMs.
-func (m *Manager) loseForHost(ctx context.Context, name, cause string) error {
-	if in := m.instance(name); in != nil {
+func (h *hostLife) loseForHost(ctx context.Context, name, cause string) error {
+	if in := h.m.procs.instance(name); in != nil {
 		in.close(true)
-		m.killVMM(ctx, name) // a hung VMM answers no quit
-		m.stopInstance(ctx, in, stopQuit)
+		h.killVMM(ctx, name) // a hung VMM answers no quit
+		h.m.procs.stopInstance(ctx, in, stopQuit)
 	} else {
-		m.stopRecorded(name)
+		h.m.procs.stopRecorded(name)
 	}
-	reason := m.lostReason(ctx, name, cause)
-	_, err := m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
+	reason := h.lostReason(ctx, name, cause)
+	_, err := h.m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
 		if v.State == registry.StateDeleting {
 			return nil
 		}
@@ -499,16 +499,16 @@ func (m *Manager) loseForHost(ctx context.Context, name, cause string) error {
 	if err != nil {
 		return fmt.Errorf("vm %q: %s (and recording it failed: %w)", name, reason, err)
 	}
-	m.log.Warn("den: host shutdown: a vm could not be put to sleep; its processes are lost", "vm", name, "reason", reason)
+	h.m.log.Warn("den: host shutdown: a vm could not be put to sleep; its processes are lost", "vm", name, "reason", reason)
 	return fmt.Errorf("vm %q: %s", name, reason)
 }
 
 // lostReason is the record's reason for a VM a shutdown could not put
 // to sleep: what was lost, and what is left (the disk, and its last
 // checkpoint).
-func (m *Manager) lostReason(ctx context.Context, name, cause string) string {
+func (h *hostLife) lostReason(ctx context.Context, name, cause string) string {
 	s := "host shut down before it could sleep (" + cause + "): its processes are lost and it boots from its disk when next used"
-	return s + m.lastCheckpoint(ctx, name, func(id, age string) string {
+	return s + h.lastCheckpoint(ctx, name, func(id, age string) string {
 		return fmt.Sprintf("; last checkpoint %s, taken %s before the shutdown", id, age)
 	})
 }
@@ -517,8 +517,8 @@ func (m *Manager) lostReason(ctx context.Context, name, cause string) string {
 // record's reason: "; it has no checkpoint", or its last checkpoint in
 // the words of say (given its id and age), marked when disk only; ""
 // when the catalog cannot be read.
-func (m *Manager) lastCheckpoint(ctx context.Context, name string, say func(id, age string) string) string {
-	cps, err := m.db.ListCheckpoints(ctx, name)
+func (h *hostLife) lastCheckpoint(ctx context.Context, name string, say func(id, age string) string) string {
+	cps, err := h.m.db.ListCheckpoints(ctx, name)
 	switch {
 	case err != nil:
 		return ""
@@ -583,7 +583,7 @@ func (m *Manager) WakeAll(ctx context.Context, o HostOptions, report func(HostRe
 			}
 			go func() {
 				defer func() { <-sem }()
-				results <- m.wakeForHost(hard, vm, o)
+				results <- m.host.wakeForHost(hard, vm, o)
 			}()
 		}
 	}()
@@ -595,7 +595,7 @@ func (m *Manager) WakeAll(ctx context.Context, o HostOptions, report func(HostRe
 
 // wakeForHost wakes one VM for WakeAll; for the boot wake it also clears
 // the VM's mark, whatever happens.
-func (m *Manager) wakeForHost(ctx context.Context, vm registry.VM, o HostOptions) HostResult {
+func (h *hostLife) wakeForHost(ctx context.Context, vm registry.VM, o HostOptions) HostResult {
 	start := time.Now()
 	bg := context.WithoutCancel(ctx)
 	r := HostResult{Name: vm.Name}
@@ -604,7 +604,7 @@ func (m *Manager) wakeForHost(ctx context.Context, vm registry.VM, o HostOptions
 		op = "wake (host boot)"
 	}
 	r.Err = func() (err error) {
-		wop, err := m.begin(ctx, vm.Name, op)
+		wop, err := h.m.begin(ctx, vm.Name, op)
 		if err != nil {
 			return err
 		}
@@ -620,11 +620,11 @@ func (m *Manager) wakeForHost(ctx context.Context, vm registry.VM, o HostOptions
 		default:
 			err = fmt.Errorf("vm %q is %s, not sleeping: %w", vm.Name, cur.State, ErrConflict)
 		}
-		if rec, gerr := m.get(bg, vm.Name); o.marked && gerr == nil && rec.WakeOnBoot {
+		if rec, gerr := h.m.get(bg, vm.Name); o.marked && gerr == nil && rec.WakeOnBoot {
 			// A wake that failed is not retried at every start: the
 			// VM stays asleep and wakes when next used. (A wake that
 			// worked cleared the mark with the state.)
-			_, uerr := m.db.UpdateVM(bg, vm.Name, func(v *registry.VM) error {
+			_, uerr := h.m.db.UpdateVM(bg, vm.Name, func(v *registry.VM) error {
 				if !v.WakeOnBoot {
 					return nil
 				}
@@ -639,13 +639,13 @@ func (m *Manager) wakeForHost(ctx context.Context, vm registry.VM, o HostOptions
 				return nil
 			})
 			if uerr != nil {
-				m.log.Warn("den: clear a vm's wake-at-start mark", "vm", vm.Name, "err", uerr)
+				h.m.log.Warn("den: clear a vm's wake-at-start mark", "vm", vm.Name, "err", uerr)
 			}
 		}
 		return err
 	}()
 	r.Took = time.Since(start)
-	if rec, err := m.get(bg, vm.Name); err == nil {
+	if rec, err := h.m.get(bg, vm.Name); err == nil {
 		r.State, r.Reason = rec.State, rec.Reason
 	}
 	return r
@@ -654,14 +654,14 @@ func (m *Manager) wakeForHost(ctx context.Context, vm registry.VM, o HostOptions
 // startBootWake wakes, in the background, the VMs a host shutdown put to
 // sleep (registry.VM.WakeOnBoot): the most recently active first,
 // Config.BootWakeParallel at a time, logging each.
-func (m *Manager) startBootWake() {
-	m.hostWG.Add(1)
+func (h *hostLife) startBootWake() {
+	h.m.hostWG.Add(1)
 	go func() {
-		defer m.hostWG.Done()
+		defer h.m.hostWG.Done()
 		ctx := context.Background()
-		vms, err := m.db.ListVMs(ctx, "")
+		vms, err := h.m.db.ListVMs(ctx, "")
 		if err != nil {
-			m.log.Warn("den: boot wake: list vms", "err", err)
+			h.m.log.Warn("den: boot wake: list vms", "err", err)
 			return
 		}
 		n := 0
@@ -673,25 +673,25 @@ func (m *Manager) startBootWake() {
 		if n == 0 {
 			return
 		}
-		m.log.Info("den: waking the vms a host shutdown put to sleep", "vms", n)
+		h.m.log.Info("den: waking the vms a host shutdown put to sleep", "vms", n)
 		start := time.Now()
-		par := m.cfg.BootWakeParallel
+		par := h.m.cfg.BootWakeParallel
 		if par <= 0 {
 			par = DefaultBootWakeParallel
 		}
-		res, err := m.WakeAll(ctx, HostOptions{Timeout: bootWakeTimeout, Parallel: par, marked: true}, func(r HostResult) {
+		res, err := h.m.WakeAll(ctx, HostOptions{Timeout: bootWakeTimeout, Parallel: par, marked: true}, func(r HostResult) {
 			if errors.Is(r.Err, errClosing) || errors.Is(r.Err, errHostDown) {
-				m.log.Info("den: boot wake: vm left for the next start (den is stopping)", "vm", r.Name)
+				h.m.log.Info("den: boot wake: vm left for the next start (den is stopping)", "vm", r.Name)
 				return
 			}
 			if r.Err != nil {
-				m.log.Warn("den: boot wake: vm not woken; it wakes when next used", "vm", r.Name, "state", r.State, "err", r.Err)
+				h.m.log.Warn("den: boot wake: vm not woken; it wakes when next used", "vm", r.Name, "state", r.State, "err", r.Err)
 				return
 			}
-			m.log.Info("den: boot wake: vm woken", "vm", r.Name, "state", r.State, "took", r.Took.Round(time.Millisecond))
+			h.m.log.Info("den: boot wake: vm woken", "vm", r.Name, "state", r.State, "took", r.Took.Round(time.Millisecond))
 		})
 		if err != nil {
-			m.log.Warn("den: boot wake", "err", err)
+			h.m.log.Warn("den: boot wake", "err", err)
 			return
 		}
 		woken := 0
@@ -700,7 +700,7 @@ func (m *Manager) startBootWake() {
 				woken++
 			}
 		}
-		m.log.Info("den: boot wake done", "woken", woken, "of", len(res), "took", time.Since(start).Round(time.Millisecond))
+		h.m.log.Info("den: boot wake done", "woken", woken, "of", len(res), "took", time.Since(start).Round(time.Millisecond))
 	}()
 }
 
@@ -721,13 +721,13 @@ func byActivity(vms []registry.VM) {
 
 // refuseNew makes the Manager refuse new operations (as Close does
 // first) without closing it.
-func (m *Manager) refuseNew() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+func (h *hostLife) refuseNew() {
+	h.m.mu.Lock()
+	defer h.m.mu.Unlock()
 	select {
-	case <-m.closed:
+	case <-h.m.closed:
 	default:
-		close(m.closed)
+		close(h.m.closed)
 	}
 }
 
@@ -760,3 +760,6 @@ func (h *heldLocks) release() {
 		u()
 	}
 }
+
+// hostLife is den's side of the host's shutdown and boot: every VM put to sleep and marked, then woken when den starts again (hostlife.go).
+type hostLife struct{ m *Manager }

@@ -21,23 +21,23 @@ import (
 // memory hold the source's, so the agent sets the new ones on the guest's
 // interface (a cold boot takes them from the VMM's config and the kernel
 // command line).
-func (m *Manager) identityRequest(vm registry.VM, sp spec) agent.IdentityRequest {
+func (ag *agents) identityRequest(vm registry.VM, sp spec) agent.IdentityRequest {
 	req := agent.IdentityRequest{Hostname: vm.Name, Token: sp.Identity}
-	req.MAC, req.Net = m.identityNet(vm, sp)
+	req.MAC, req.Net = ag.m.net.identity(vm, sp)
 	return req
 }
 
 // identityAnswered checks the new identity the agent's ready answer
 // (info) gave and traces its guest steps; an agent older than the
 // identity in the ready request is sent req on its own.
-func (m *Manager) identityAnswered(ctx context.Context, in *instance, info agent.ReadyInfo, req agent.IdentityRequest) error {
+func (ag *agents) identityAnswered(ctx context.Context, in *instance, info agent.ReadyInfo, req agent.IdentityRequest) error {
 	reply := info.Identity
 	switch {
 	case info.IdentityError != "":
 		return fmt.Errorf("new identity: %s", info.IdentityError)
 	case reply == nil:
 		end := phase.Begin(ctx, "new identity")
-		c, err := m.agentClient(ctx, in)
+		c, err := ag.agentClient(ctx, in)
 		var r agent.IdentityReply
 		if err == nil {
 			r, err = c.NewIdentityWith(ctx, req)

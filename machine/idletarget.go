@@ -23,7 +23,7 @@ func (t idleTarget) Candidates(ctx context.Context) []idle.VM {
 	}
 	var out []idle.VM
 	for _, vm := range vms {
-		in := t.m.instance(vm.Name)
+		in := t.m.procs.instance(vm.Name)
 		if vm.State != registry.StateRunning || vm.IdleTimeout <= 0 || in == nil || !alive(in) {
 			continue
 		}
@@ -40,11 +40,11 @@ func (t idleTarget) Candidates(ctx context.Context) []idle.VM {
 
 // Activity asks the guest agent how busy the guest is.
 func (t idleTarget) Activity(ctx context.Context, name string) (idle.Sample, error) {
-	in := t.m.instance(name)
+	in := t.m.procs.instance(name)
 	if in == nil {
 		return idle.Sample{}, ErrNotFound
 	}
-	c, err := t.m.agentClient(ctx, in)
+	c, err := t.m.agents.agentClient(ctx, in)
 	if err != nil {
 		return idle.Sample{}, err
 	}
@@ -58,7 +58,7 @@ func (t idleTarget) Activity(ctx context.Context, name string) (idle.Sample, err
 
 // Touch records activity now.
 func (t idleTarget) Touch(name string) {
-	if in := t.m.instance(name); in != nil {
+	if in := t.m.procs.instance(name); in != nil {
 		in.actMu.Lock()
 		in.lastAct = time.Now()
 		in.actMu.Unlock()

@@ -164,42 +164,45 @@ func alive(in *instance) bool {
 	}
 }
 
-func (m *Manager) instance(name string) *instance {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.instances[name]
+func (pr *procs) instance(name string) *instance {
+	pr.m.mu.Lock()
+	defer pr.m.mu.Unlock()
+	return pr.m.instances[name]
 }
 
 // setInstance publishes a VM's VMM. One that opened its disk before the
 // volume was last lost is stopped as soon as its operation lets go.
-func (m *Manager) setInstance(in *instance) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.instances[in.name] = in
-	if in.started.Before(m.volumeLostAt) {
-		go m.stopLost(in, m.volumeLostWhy)
+func (pr *procs) setInstance(in *instance) {
+	pr.m.mu.Lock()
+	defer pr.m.mu.Unlock()
+	pr.m.instances[in.name] = in
+	if in.started.Before(pr.m.volumeLostAt) {
+		go pr.m.guard.stopLost(in, pr.m.volumeLostWhy)
 	}
 }
 
 // volumeLostSince says whether the volume's mount was lost after t: a
 // VMM that opened its disk at t holds it on the dead mount.
-func (m *Manager) volumeLostSince(t time.Time) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return t.Before(m.volumeLostAt)
+func (pr *procs) volumeLostSince(t time.Time) bool {
+	pr.m.mu.Lock()
+	defer pr.m.mu.Unlock()
+	return t.Before(pr.m.volumeLostAt)
 }
 
-func (m *Manager) dropInstance(name string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.instances, name)
+func (pr *procs) dropInstance(name string) {
+	pr.m.mu.Lock()
+	defer pr.m.mu.Unlock()
+	delete(pr.m.instances, name)
 }
 
 // dropInstanceIf forgets in unless another instance replaced it.
-func (m *Manager) dropInstanceIf(in *instance) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.instances[in.name] == in {
-		delete(m.instances, in.name)
+func (pr *procs) dropInstanceIf(in *instance) {
+	pr.m.mu.Lock()
+	defer pr.m.mu.Unlock()
+	if pr.m.instances[in.name] == in {
+		delete(pr.m.instances, in.name)
 	}
 }
+
+// procs are the VMs' running VMM processes (instances): who runs, watched until they exit, stopped, recorded stopped (instance.go, reconcile.go).
+type procs struct{ m *Manager }

@@ -79,12 +79,12 @@ const (
 // gets its digests. Once a host shutdown began they neither rest nor
 // wait: the VMs are asleep, and the shutdown waits for the digests of
 // their memory (which its own hold on the VMs would otherwise stall).
-func (m *Manager) sealPace() checkpoint.Pace {
+func (g *integrity) sealPace() checkpoint.Pace {
 	idle := 1.0
-	if m.hostDown.Load() {
+	if g.m.hostDown.Load() {
 		idle = 0
 	}
-	return checkpoint.Pace{Idle: idle, Yield: m.sealYield}
+	return checkpoint.Pace{Idle: idle, Yield: g.sealYield}
 }
 
 const (
@@ -96,17 +96,17 @@ const (
 
 // sealYield waits (at most sealYieldMax) until no operation holds a
 // VM, and not at all once a host shutdown began.
-func (m *Manager) sealYield(ctx context.Context) {
+func (g *integrity) sealYield(ctx context.Context) {
 	deadline := time.Now().Add(sealYieldMax)
-	for !m.hostDown.Load() {
+	for !g.m.hostDown.Load() {
 		left := time.Until(deadline)
 		if left <= 0 || ctx.Err() != nil {
 			return
 		}
-		m.waitQuiet(ctx, 0, min(left, sealYieldStep))
-		m.mu.Lock()
-		busy := len(m.holders) > 0
-		m.mu.Unlock()
+		g.m.locks.waitQuiet(ctx, 0, min(left, sealYieldStep))
+		g.m.mu.Lock()
+		busy := len(g.m.holders) > 0
+		g.m.mu.Unlock()
 		if !busy {
 			return
 		}
@@ -114,8 +114,8 @@ func (m *Manager) sealYield(ctx context.Context) {
 }
 
 // policy is what verification reads of ref before a VMM restores it.
-func (m *Manager) policy(ref snapshotRef, lazy bool) checkpoint.Policy {
-	p := checkpoint.Policy{Seal: ref.seal, Sealing: m.seal.busy(ref.dir), Local: ref.localFiles()}
+func (g *integrity) policy(ref snapshotRef, lazy bool) checkpoint.Policy {
+	p := checkpoint.Policy{Seal: ref.seal, Sealing: g.m.seal.busy(ref.dir), Local: ref.localFiles()}
 	switch {
 	case lazy:
 		p.Sample = lazySample
@@ -128,34 +128,34 @@ func (m *Manager) policy(ref snapshotRef, lazy bool) checkpoint.Policy {
 }
 
 // lazyRestore says whether restores map memory lazily.
-func (m *Manager) lazyRestore(vmmName string) bool {
-	return m.caps(vmmName).OnDemandRestore && !m.cfg.RestoreCopy
+func (g *integrity) lazyRestore(vmmName string) bool {
+	return g.m.vmms.caps(vmmName).OnDemandRestore && !g.m.cfg.RestoreCopy
 }
 
 // verify checks ref against its digests, as the policy for vmmName says,
 // before anything is restored from it. A mismatch marks a checkpoint
 // damaged and is refused; a snapshot without digests (taken before den
 // kept them, with no seal recorded) is used with a log line.
-func (m *Manager) verify(ctx context.Context, ref snapshotRef, vmmName string) error {
-	if m.cfg.NoDigests {
+func (g *integrity) verify(ctx context.Context, ref snapshotRef, vmmName string) error {
+	if g.m.cfg.NoDigests {
 		return nil
 	}
-	host, err := m.vol.Path(ref.dir)
+	host, err := g.m.vol.Path(ref.dir)
 	if err != nil {
 		return err
 	}
-	_, err = checkpoint.Verify(ctx, host, m.policy(ref, m.lazyRestore(vmmName)))
+	_, err = checkpoint.Verify(ctx, host, g.policy(ref, g.lazyRestore(vmmName)))
 	var dmg *checkpoint.DamageError
 	if ref.local != "" && errors.As(err, &dmg) && dmg.File == ref.memoryRel() {
 		// The local copy is damaged, not the snapshot: it goes, and
 		// the volume's copy is checked (and then read) instead.
-		m.log.Warn("den: a local memory copy failed verification: dropped", "snapshot", ref.what, "err", err)
+		g.m.log.Warn("den: a local memory copy failed verification: dropped", "snapshot", ref.what, "err", err)
 		_ = os.Remove(ref.local)
 		ref.local = ""
-		_, err = checkpoint.Verify(ctx, host, m.policy(ref, m.lazyRestore(vmmName)))
+		_, err = checkpoint.Verify(ctx, host, g.policy(ref, g.lazyRestore(vmmName)))
 	}
 	if errors.Is(err, checkpoint.ErrUnsealed) {
-		m.log.Info("den: restoring a snapshot without digests", "snapshot", ref.what)
+		g.m.log.Info("den: restoring a snapshot without digests", "snapshot", ref.what)
 		return nil
 	}
 	if err != nil && ctx.Err() != nil {
@@ -164,11 +164,11 @@ func (m *Manager) verify(ctx context.Context, ref snapshotRef, vmmName string) e
 	if err != nil {
 		err = checkpoint.VerifyError(ref.what, err)
 		if errors.Is(err, checkpoint.ErrDamaged) && ref.id != "" {
-			if merr := m.store().MarkDamaged(ref.vm, ref.id, err.Error()); merr != nil {
-				m.log.Warn("den: mark a checkpoint damaged", "vm", ref.vm, "checkpoint", ref.id, "err", merr)
+			if merr := g.m.snaps.store().MarkDamaged(ref.vm, ref.id, err.Error()); merr != nil {
+				g.m.log.Warn("den: mark a checkpoint damaged", "vm", ref.vm, "checkpoint", ref.id, "err", merr)
 			}
 		}
-		m.log.Error("den: snapshot failed verification", "snapshot", ref.what, "err", err)
+		g.m.log.Error("den: snapshot failed verification", "snapshot", ref.what, "err", err)
 		return err
 	}
 	return nil
@@ -177,41 +177,41 @@ func (m *Manager) verify(ctx context.Context, ref snapshotRef, vmmName string) e
 // verifyRunning reads, after a lazy restore, what verify sampled, and
 // stops the VM if its memory came from a damaged snapshot: it has run on
 // that memory only since the restore.
-func (m *Manager) verifyRunning(in *instance, ref snapshotRef, vmmName string) {
-	if m.cfg.NoDigests || !m.lazyRestore(vmmName) {
+func (g *integrity) verifyRunning(in *instance, ref snapshotRef, vmmName string) {
+	if g.m.cfg.NoDigests || !g.lazyRestore(vmmName) {
 		return
 	}
-	m.goBackground(func() {
-		ctx, cancel := m.lifetime()
+	g.m.goBackground(func() {
+		ctx, cancel := g.m.lifetime()
 		defer cancel()
-		host, err := m.vol.Path(ref.dir)
+		host, err := g.m.vol.Path(ref.dir)
 		if err != nil {
 			return
 		}
-		p := m.policy(ref, false)
-		p.Full, p.Data = true, m.dataRanges(ctx)
+		p := g.policy(ref, false)
+		p.Full, p.Data = true, g.dataRanges(ctx)
 		_, err = checkpoint.Verify(ctx, host, p)
 		if err == nil || !errors.Is(err, checkpoint.ErrDamaged) {
 			return
 		}
 		err = checkpoint.VerifyError(ref.what, err)
-		unlock, lerr := m.lockVM(ctx, in.name, "stop a vm restored from a damaged snapshot")
+		unlock, lerr := g.m.locks.lockVM(ctx, in.name, "stop a vm restored from a damaged snapshot")
 		if lerr != nil {
-			m.log.Error("den: a vm runs on memory that failed verification, and could not be stopped", "vm", in.name, "err", err, "lock", lerr)
+			g.m.log.Error("den: a vm runs on memory that failed verification, and could not be stopped", "vm", in.name, "err", err, "lock", lerr)
 			return
 		}
 		defer unlock()
 		if ref.id != "" {
-			if _, gerr := m.db.GetCheckpoint(ctx, ref.vm, ref.id); gerr != nil {
+			if _, gerr := g.m.db.GetCheckpoint(ctx, ref.vm, ref.id); gerr != nil {
 				return // deleted meanwhile: its files went, not bad
 			}
-			_ = m.store().MarkDamaged(ref.vm, ref.id, err.Error())
+			_ = g.m.snaps.store().MarkDamaged(ref.vm, ref.id, err.Error())
 		}
-		m.log.Error("den: a vm runs on memory that failed verification: stopping it", "vm", in.name, "err", err)
-		if m.instance(in.name) == in {
+		g.m.log.Error("den: a vm runs on memory that failed verification: stopping it", "vm", in.name, "err", err)
+		if g.m.procs.instance(in.name) == in {
 			in.close(true)
-			m.stopInstance(ctx, in, stopQuit)
-			m.recordStopped(ctx, in.name, "stopped: "+err.Error()+"; restore another checkpoint (den checkpoints), or start it from its disk")
+			g.m.procs.stopInstance(ctx, in, stopQuit)
+			g.m.procs.recordStopped(ctx, in.name, "stopped: "+err.Error()+"; restore another checkpoint (den checkpoints), or start it from its disk")
 		}
 	})
 }
@@ -271,9 +271,9 @@ func (m *Manager) inBackground(f func(ctx context.Context)) bool {
 }
 
 // verifyTraced is verify as a step of the operation ctx traces.
-func (m *Manager) verifyTraced(ctx context.Context, ref snapshotRef, vmmName string) error {
+func (g *integrity) verifyTraced(ctx context.Context, ref snapshotRef, vmmName string) error {
 	defer phase.Begin(ctx, "verify")()
-	return m.verify(ctx, ref, vmmName)
+	return g.verify(ctx, ref, vmmName)
 }
 
 // dataRanges tells the digests which ranges of a file hold data, so that
@@ -281,14 +281,14 @@ func (m *Manager) verifyTraced(ctx context.Context, ref snapshotRef, vmmName str
 // local filesystem's (SEEK_DATA) for local copies. Only whole reads use
 // it (seals, full verifications), where a checkpoint's disk is gigabytes
 // of holes read through FUSE; a restore's verification reads a sample.
-func (m *Manager) dataRanges(ctx context.Context) checkpoint.DataRanges {
-	root := m.vol.Root()
+func (g *integrity) dataRanges(ctx context.Context) checkpoint.DataRanges {
+	root := g.m.vol.Root()
 	return func(path string) ([]sparse.Extent, bool) {
 		rel, err := filepath.Rel(root, path)
 		if err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
-			ext, err := m.vol.DataRanges(ctx, storage.Path(filepath.ToSlash(rel)))
+			ext, err := g.m.vol.DataRanges(ctx, storage.Path(filepath.ToSlash(rel)))
 			if err != nil {
-				m.log.Debug("den: data ranges: reading the file whole", "file", path, "err", err)
+				g.m.log.Debug("den: data ranges: reading the file whole", "file", path, "err", err)
 			}
 			return ext, err == nil
 		}
@@ -309,47 +309,47 @@ func lowPriority() {
 // sealLater digests dir's large files in the background, reading the
 // local copies ref names (snapshotRef.localFiles) if dir still holds
 // ref's snapshot when the seal runs.
-func (m *Manager) sealLater(dir storage.Path, ref snapshotRef) {
-	if m.cfg.NoDigests {
+func (g *integrity) sealLater(dir storage.Path, ref snapshotRef) {
+	if g.m.cfg.NoDigests {
 		return
 	}
-	m.seal.add(dir, 1)
-	if !m.goBackground(func() { m.sealNow(dir, ref.seal, ref.localFiles()) }) {
-		m.seal.add(dir, -1)
+	g.m.seal.add(dir, 1)
+	if !g.m.goBackground(func() { g.sealNow(dir, ref.seal, ref.localFiles()) }) {
+		g.m.seal.add(dir, -1)
 	}
 }
 
 // sealNow digests dir's large files, after any seal under way. A seal
 // that fails leaves them without digests, which verification then
 // reports (the snapshot is recorded with its seal).
-func (m *Manager) sealNow(dir storage.Path, localSeal string, local map[string]string) {
-	defer m.seal.add(dir, -1)
-	m.seal.mu.Lock()
-	defer m.seal.mu.Unlock()
-	ctx, cancel := m.lifetime()
+func (g *integrity) sealNow(dir storage.Path, localSeal string, local map[string]string) {
+	defer g.m.seal.add(dir, -1)
+	g.m.seal.mu.Lock()
+	defer g.m.seal.mu.Unlock()
+	ctx, cancel := g.m.lifetime()
 	defer cancel()
 	// The digests run at the lowest CPU priority: the VMs, and den's own
 	// work for them, come first.
 	lowPriority()
-	host, err := m.vol.Path(dir)
+	host, err := g.m.vol.Path(dir)
 	if err != nil {
 		return
 	}
 	start := time.Now()
-	pace := m.sealPace()
-	pace.Data = m.dataRanges(ctx)
+	pace := g.sealPace()
+	pace.Data = g.dataRanges(ctx)
 	for try := 1; ; try++ {
 		err := checkpoint.Seal(ctx, host, pace, localSeal, local)
 		if err == nil {
-			m.log.Debug("den: snapshot digested", "dir", string(dir), "took", time.Since(start))
+			g.m.log.Debug("den: snapshot digested", "dir", string(dir), "took", time.Since(start))
 			return
 		}
 		if errors.Is(err, checkpoint.ErrUnsealed) || ctx.Err() != nil || notExist(err) {
 			return // no snapshot there any more, or den is stopping
 		}
-		m.log.Warn("den: digest a snapshot", "dir", string(dir), "try", try, "err", err)
+		g.m.log.Warn("den: digest a snapshot", "dir", string(dir), "try", try, "err", err)
 		if try == 3 {
-			m.log.Error("den: a snapshot is left without digests of its memory and disk: restoring it will be refused as damaged", "dir", string(dir))
+			g.m.log.Error("den: a snapshot is left without digests of its memory and disk: restoring it will be refused as damaged", "dir", string(dir))
 			return
 		}
 		select {
@@ -362,11 +362,11 @@ func (m *Manager) sealNow(dir storage.Path, localSeal string, local map[string]s
 
 // sealSmall digests a new snapshot's small files (in its final or
 // temporary directory) before it is put in place.
-func (m *Manager) sealSmall(ctx context.Context, dir storage.Path) (string, error) {
-	if m.cfg.NoDigests {
+func (g *integrity) sealSmall(ctx context.Context, dir storage.Path) (string, error) {
+	if g.m.cfg.NoDigests {
 		return "", nil
 	}
-	host, err := m.vol.Path(dir)
+	host, err := g.m.vol.Path(dir)
 	if err != nil {
 		return "", err
 	}
@@ -380,23 +380,23 @@ func (m *Manager) sealSmall(ctx context.Context, dir storage.Path) (string, erro
 // boot wake (digests written now would vouch for whatever the memory
 // file holds after the reboot); it stays asleep, its record says why,
 // and it wakes when next used.
-func (m *Manager) sealPending(ctx context.Context, vm registry.VM) {
-	if vm.WakeOnBoot && vm.State == registry.StateSleeping && !m.cfg.NoDigests {
-		m.unmarkUnsealed(ctx, vm.Name)
+func (g *integrity) sealPending(ctx context.Context, vm registry.VM) {
+	if vm.WakeOnBoot && vm.State == registry.StateSleeping && !g.m.cfg.NoDigests {
+		g.unmarkUnsealed(ctx, vm.Name)
 	}
 	dirs := []storage.Path{storage.SuspendDir(vm.Name)}
-	if cps, err := m.db.ListCheckpoints(ctx, vm.Name); err == nil {
+	if cps, err := g.m.db.ListCheckpoints(ctx, vm.Name); err == nil {
 		for _, cp := range cps {
 			dirs = append(dirs, checkpoint.Dir(vm.Name, cp.ID))
 		}
 	}
 	for _, d := range dirs {
-		host, err := m.vol.Path(d)
+		host, err := g.m.vol.Path(d)
 		if err != nil {
 			continue
 		}
 		if man, err := checkpoint.ReadManifest(host); err == nil && len(man.Large) > 0 {
-			m.sealLater(d, snapshotRef{}) // no local copies after a start
+			g.sealLater(d, snapshotRef{}) // no local copies after a start
 		}
 	}
 }
@@ -407,8 +407,8 @@ const reasonUnsealed = "den did not wake it when it started: the memory it slept
 
 // unmarkUnsealed clears the boot wake's mark of a sleeping VM whose
 // suspend slot has memory without digests, and records why.
-func (m *Manager) unmarkUnsealed(ctx context.Context, name string) {
-	host, err := m.vol.Path(storage.SuspendDir(name))
+func (g *integrity) unmarkUnsealed(ctx context.Context, name string) {
+	host, err := g.m.vol.Path(storage.SuspendDir(name))
 	if err != nil {
 		return
 	}
@@ -416,17 +416,17 @@ func (m *Manager) unmarkUnsealed(ctx context.Context, name string) {
 	if err != nil || len(man.Large) == 0 {
 		return // sealed, or a slot from before digests (restored with a log line)
 	}
-	_, err = m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
+	_, err = g.m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
 		if v.WakeOnBoot && v.State == registry.StateSleeping {
 			v.WakeOnBoot, v.Reason = false, reasonUnsealed
 		}
 		return nil
 	})
 	if err != nil {
-		m.log.Warn("den: boot wake: unmark a vm whose memory has no digests", "vm", name, "err", err)
+		g.m.log.Warn("den: boot wake: unmark a vm whose memory has no digests", "vm", name, "err", err)
 		return
 	}
-	m.log.Warn("den: boot wake: a vm's memory got no digests before the shutdown: left asleep", "vm", name)
+	g.m.log.Warn("den: boot wake: a vm's memory got no digests before the shutdown: left asleep", "vm", name)
 }
 
 func notExist(err error) bool { return errors.Is(err, os.ErrNotExist) }
@@ -456,7 +456,7 @@ func (m *Manager) VerifyCheckpoint(ctx context.Context, name, id string, progres
 	}
 	// Under the VM's lock: a checkpoint deleted meanwhile must not read
 	// as damaged.
-	unlock, err := m.lockVM(ctx, name, "verify "+id)
+	unlock, err := m.locks.lockVM(ctx, name, "verify "+id)
 	if err != nil {
 		return nil, err
 	}
@@ -466,14 +466,14 @@ func (m *Manager) VerifyCheckpoint(ctx context.Context, name, id string, progres
 		return nil, err
 	}
 	progress("verifying checkpoint " + id)
-	p := m.policy(checkpointRef(cp), false)
-	p.Full, p.Data = true, m.dataRanges(ctx)
-	res, err := m.store().Verify(ctx, name, id, p)
+	p := m.integrity.policy(checkpointRef(cp), false)
+	p.Full, p.Data = true, m.integrity.dataRanges(ctx)
+	res, err := m.snaps.store().Verify(ctx, name, id, p)
 	switch {
 	case errors.Is(err, checkpoint.ErrDamaged):
-		_ = m.store().MarkDamaged(name, id, err.Error())
+		_ = m.snaps.store().MarkDamaged(name, id, err.Error())
 	case err == nil:
-		_ = m.store().ClearDamaged(name, id)
+		_ = m.snaps.store().ClearDamaged(name, id)
 	}
 	return res, err
 }
@@ -484,14 +484,17 @@ func baseRef(dir storage.Path, image string) snapshotRef {
 
 // dropBase moves a warm base that failed verification out of the way (a
 // cache: the next create warms a new one); this create boots.
-func (m *Manager) dropBase(ctx context.Context, dir storage.Path, why error) {
-	m.log.Error("den: warm base failed verification: booting, and warming a new one next time", "base", string(dir), "err", why)
-	m.imageMu.Lock()
-	defer m.imageMu.Unlock()
+func (b *bases) dropBase(ctx context.Context, dir storage.Path, why error) {
+	b.m.log.Error("den: warm base failed verification: booting, and warming a new one next time", "base", string(dir), "err", why)
+	b.m.imageMu.Lock()
+	defer b.m.imageMu.Unlock()
 	bad := storage.Path(string(dir) + "-damaged-" + time.Now().UTC().Format("20060102T150405"))
-	if err := m.vol.Rename(ctx, dir, bad); err != nil {
-		m.log.Warn("den: move a damaged warm base aside", "base", string(dir), "err", err)
+	if err := b.m.vol.Rename(ctx, dir, bad); err != nil {
+		b.m.log.Warn("den: move a damaged warm base aside", "base", string(dir), "err", err)
 	}
-	m.spares.dropAll(ctx) // clones of its disk
-	m.memc.drop(baseCopies, "")
+	b.m.spares.dropAll(ctx) // clones of its disk
+	b.m.memc.drop(baseCopies, "")
 }
+
+// integrity seals snapshots with digests and verifies them before a VM runs from one (integrity.go).
+type integrity struct{ m *Manager }

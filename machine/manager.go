@@ -155,6 +155,34 @@ type Manager struct {
 	sizing     sync.Map       // "vm/id" of checkpoints whose sizes are being read
 	background sync.WaitGroup // digests and verifications under way
 
+	integrity integrity
+
+	host hostLife
+
+	bases bases
+
+	launch launcher
+
+	vmms vmms
+
+	snaps snapshots
+
+	startup startup
+
+	guard volumeGuard
+
+	disks disks
+
+	budget memoryBudget
+
+	locks locks
+
+	procs procs
+
+	agents agents
+
+	activity activity
+
 	mu        sync.Mutex
 	instances map[string]*instance
 	holders   map[string]holder        // VMs an operation holds the lock of
@@ -217,9 +245,10 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		closed:   make(chan struct{}),
 		removals: make(chan struct{}, 2),
 	}
-	m.adm = m.newAdmission()
+	wire(m)
+	m.adm = m.budget.newAdmission()
 	m.spares = &spares{vol: cfg.Volume, log: m.log, background: m.inBackground}
-	if err := m.chooseVMM(); err != nil {
+	if err := m.vmms.chooseVMM(); err != nil {
 		closeDB()
 		return nil, err
 	}
@@ -228,7 +257,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if budget == 0 {
 		budget = DefaultMemoryCopies
 	}
-	if err := m.initMemCopies(budget); err != nil {
+	if err := m.snaps.initMemCopies(budget); err != nil {
 		closeDB()
 		return nil, fmt.Errorf("local memory copies: %w", err)
 	}
@@ -241,15 +270,15 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		closeDB()
 		return nil, err
 	}
-	if err := m.reconcile(ctx); err != nil {
+	if err := m.startup.reconcile(ctx); err != nil {
 		closeDB()
 		return nil, err
 	}
-	go m.watchVolume()
-	go m.watchPressure()
-	m.startActivitySaver()
+	go m.guard.watchVolume()
+	go m.budget.watchPressure()
+	m.activity.startActivitySaver()
 	// VMs a host shutdown put to sleep wake in the background.
-	m.startBootWake()
+	m.host.startBootWake()
 	return m, nil
 }
 
@@ -263,7 +292,7 @@ func (m *Manager) Close() error {
 		return nil
 	}
 	// A host shutdown (SleepAll) may have closed it already.
-	m.refuseNew()
+	m.host.refuseNew()
 	drained := make(chan struct{})
 	go func() { m.ops.Wait(); m.hostWG.Wait(); close(drained) }()
 	wait := m.cfg.DrainTimeout
@@ -295,7 +324,7 @@ func (m *Manager) Close() error {
 	for _, in := range insts {
 		in.closeAgent()
 	}
-	m.stopActivitySaver() // and the last activity written, for the next daemon
+	m.activity.stopActivitySaver() // and the last activity written, for the next daemon
 	if m.net.host != nil {
 		m.net.host.Close() // the resolvers; TAPs and rules stay with the VMs
 	}
@@ -303,4 +332,24 @@ func (m *Manager) Close() error {
 		return m.db.Close()
 	}
 	return nil
+}
+
+// wire gives the Manager's parts, each a role of its own, their way back
+// to it.
+func wire(m *Manager) *Manager {
+	m.integrity = integrity{m}
+	m.host = hostLife{m}
+	m.bases = bases{m}
+	m.launch = launcher{m}
+	m.vmms = vmms{m}
+	m.snaps = snapshots{m}
+	m.startup = startup{m}
+	m.guard = volumeGuard{m}
+	m.disks = disks{m}
+	m.budget = memoryBudget{m}
+	m.locks = locks{m}
+	m.procs = procs{m}
+	m.agents = agents{m}
+	m.activity = activity{m}
+	return m
 }

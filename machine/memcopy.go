@@ -63,15 +63,15 @@ func checkpointKey(id, seal string) string {
 
 // initMemCopies empties the copies' directory: copies made before this
 // start may be torn.
-func (m *Manager) initMemCopies(budget int64) error {
-	m.memc = &memCopies{dir: m.state.MemoryCopies(), budget: budget}
-	if err := os.RemoveAll(m.memc.dir); err != nil {
+func (ss *snapshots) initMemCopies(budget int64) error {
+	ss.m.memc = &memCopies{dir: ss.m.state.MemoryCopies(), budget: budget}
+	if err := os.RemoveAll(ss.m.memc.dir); err != nil {
 		return err
 	}
 	if budget <= 0 {
 		return nil
 	}
-	return os.MkdirAll(m.memc.dir, 0o700)
+	return os.MkdirAll(ss.m.memc.dir, 0o700)
 }
 
 // memCopyMargin is the free space a local copy leaves on the state
@@ -90,12 +90,12 @@ type memCopyJob struct {
 // startMemCopy copies the VM's RAM file to a temporary local file in the
 // background; nil when there is nothing to copy (no budget, no RAM file:
 // another VMM). The VM must stay paused until the job's wait returns.
-func (m *Manager) startMemCopy(name string) *memCopyJob {
-	c := m.memc
+func (ss *snapshots) startMemCopy(name string) *memCopyJob {
+	c := ss.m.memc
 	if c == nil || c.budget <= 0 {
 		return nil
 	}
-	ram := m.ram.file(name)
+	ram := ss.m.ram.file(name)
 	st, err := os.Stat(ram)
 	if err != nil || !st.Mode().IsRegular() {
 		return nil
@@ -115,7 +115,7 @@ func (m *Manager) startMemCopy(name string) *memCopyJob {
 		defer close(j.done)
 		if j.err = sparse.CopyCache(ram, j.tmp); j.err != nil {
 			_ = os.Remove(j.tmp)
-			m.log.Debug("den: local memory copy", "vm", name, "err", j.err)
+			ss.m.log.Debug("den: local memory copy", "vm", name, "err", j.err)
 		}
 	}()
 	return j
@@ -242,8 +242,8 @@ func (c *memCopies) trim() {
 
 // withLocalMemory returns ref reading its memory from the local copy
 // named key, when there is one.
-func (m *Manager) withLocalMemory(ref snapshotRef, key string) snapshotRef {
-	ref.local = m.memc.local(ref.vm, key)
+func (ss *snapshots) withLocalMemory(ref snapshotRef, key string) snapshotRef {
+	ref.local = ss.m.memc.local(ref.vm, key)
 	return ref
 }
 
@@ -282,8 +282,8 @@ const baseCopies = ".bases"
 // withBaseMemory returns the warm base's ref with the local copy of its
 // memory when there is one, and the copy's key ("" when the base has no
 // digests to name it by).
-func (m *Manager) withBaseMemory(ref snapshotRef) (snapshotRef, string) {
-	host, err := m.vol.Path(ref.dir)
+func (ss *snapshots) withBaseMemory(ref snapshotRef) (snapshotRef, string) {
+	host, err := ss.m.vol.Path(ref.dir)
 	if err != nil {
 		return ref, ""
 	}
@@ -292,27 +292,27 @@ func (m *Manager) withBaseMemory(ref snapshotRef) (snapshotRef, string) {
 		return ref, ""
 	}
 	key := "base-" + man.Seal
-	ref.local = m.memc.local(baseCopies, key)
+	ref.local = ss.m.memc.local(baseCopies, key)
 	return ref, key
 }
 
 // fillBaseCopy copies a warm base's memory from the volume to its local
 // copy key, in the background, unless ref has one already.
-func (m *Manager) fillBaseCopy(ref snapshotRef, key string) {
-	c := m.memc
+func (ss *snapshots) fillBaseCopy(ref snapshotRef, key string) {
+	c := ss.m.memc
 	if c == nil || c.budget <= 0 || key == "" || ref.local != "" {
 		return
 	}
-	m.goBackground(func() {
-		if err := m.copyBaseMemory(ref, key); err != nil {
-			m.log.Debug("den: local copy of a warm base's memory", "base", string(ref.dir), "err", err)
+	ss.m.goBackground(func() {
+		if err := ss.copyBaseMemory(ref, key); err != nil {
+			ss.m.log.Debug("den: local copy of a warm base's memory", "base", string(ref.dir), "err", err)
 		}
 	})
 }
 
-func (m *Manager) copyBaseMemory(ref snapshotRef, key string) error {
-	c := m.memc
-	host, err := m.vol.Path(ref.dir)
+func (ss *snapshots) copyBaseMemory(ref snapshotRef, key string) error {
+	c := ss.m.memc
+	host, err := ss.m.vol.Path(ref.dir)
 	if err != nil {
 		return err
 	}
@@ -347,3 +347,6 @@ func (m *Manager) copyBaseMemory(ref snapshotRef, key string) error {
 	c.trim()
 	return nil
 }
+
+// snapshots is den's snapshot store: the suspend slots, checkpoints' files, staged memory and disks, local memory copies, and how a VMM writes a snapshot over the last one's memory.
+type snapshots struct{ m *Manager }

@@ -67,14 +67,16 @@ type vmNet struct {
 	why  string        // why not TAP networking, for den doctor
 	// egress is the policy of VMs that have none recorded.
 	egress egress.Policy
-	log    *slog.Logger
+	// userNet says whether a VMM has a network of its own (user mode).
+	userNet func(vmmName string) bool
+	log     *slog.Logger
 }
 
 // setupNetwork opens the host network for the VMs on record (tap mode),
 // or says why VMs use the VMM's own network.
 func (m *Manager) setupNetwork(ctx context.Context) error {
 	c := m.cfg.Network
-	m.net = vmNet{egress: c.DefaultEgress, log: m.log}
+	m.net = vmNet{egress: c.DefaultEgress, log: m.log, userNet: func(name string) bool { return m.vmms.caps(name).UserNet }}
 	use, why, err := tapWanted(c)
 	if err != nil || !use {
 		if why != "" {
@@ -95,7 +97,7 @@ func (m *Manager) setupNetwork(ctx context.Context) error {
 		}
 		on = append(on, network.VM{Name: vm.Name, Lease: *sp.Net, Policy: m.net.policyOf(sp)})
 	}
-	nc := network.Config{Pool: c.Pool, ID: m.netID(), DNSUpstreams: c.DNSUpstreams, Logger: m.log}
+	nc := network.Config{Pool: c.Pool, ID: netID(m.state), DNSUpstreams: c.DNSUpstreams, Logger: m.log}
 	if u := m.conf.user; u != nil {
 		nc.TapUID, nc.TapGID = u.UID, u.GID
 	}
@@ -109,8 +111,6 @@ func (m *Manager) setupNetwork(ctx context.Context) error {
 
 // netID tells this daemon's TAPs and table from another daemon's: a hash
 // of its state directory.
-func (m *Manager) netID() string { return netID(m.state) }
-
 func netID(state StateDir) string {
 	h := fnv.New32a()
 	h.Write([]byte(state.Path()))
@@ -193,22 +193,22 @@ func (n *vmNet) down(ctx context.Context, name string) {
 	}
 }
 
-// guestNet is what a VM's guest is told of its network, and the VMM's
+// guest is what a VM's guest is told of its network, and the VMM's
 // network devices for it.
-func (m *Manager) guestNet(vm registry.VM, sp spec) (network.GuestConfig, []vmm.Net, bool) {
-	if sp.Net != nil && m.net.host != nil {
+func (n *vmNet) guest(vm registry.VM, sp spec) (network.GuestConfig, []vmm.Net, bool) {
+	if sp.Net != nil && n.host != nil {
 		return sp.Net.Guest(), []vmm.Net{{ID: "net0", Tap: sp.Net.Tap, MAC: sp.MAC}}, true
 	}
-	if m.caps(vm.VMM).UserNet {
+	if n.userNet != nil && n.userNet(vm.VMM) {
 		return network.UserNet, []vmm.Net{{ID: "net0", MAC: sp.MAC}}, true
 	}
 	return network.GuestConfig{}, nil, false
 }
 
-// identityNet is the network a fork or a create from a warm base is told
+// identity is the network a fork or a create from a warm base is told
 // with its new identity (it runs with its source's until then).
-func (m *Manager) identityNet(vm registry.VM, sp spec) (mac string, nc *agent.NetConfig) {
-	g, nets, ok := m.guestNet(vm, sp)
+func (n *vmNet) identity(vm registry.VM, sp spec) (mac string, nc *agent.NetConfig) {
+	g, nets, ok := n.guest(vm, sp)
 	if !ok {
 		return "", nil
 	}
@@ -220,7 +220,7 @@ func (m *Manager) Network() string {
 	if m.net.host != nil {
 		return m.net.host.String()
 	}
-	d := m.caps(m.vmmName).Network
+	d := m.vmms.caps(m.vmmName).Network
 	if m.net.why != "" {
 		d += " (no tap: " + m.net.why + ")"
 	}
@@ -242,7 +242,7 @@ func (m *Manager) NetStatus(ctx context.Context, name string) (NetStatus, error)
 		return NetStatus{}, err
 	}
 	st := NetStatus{}
-	st.Mode, st.IP, st.Policy = m.netSummary(vm, sp)
+	st.Mode, st.IP, st.Policy = m.net.summary(vm, sp)
 	if st.Mode == "tap" {
 		hs, err := m.net.host.Status(ctx, name)
 		if err != nil {
@@ -253,13 +253,13 @@ func (m *Manager) NetStatus(ctx context.Context, name string) (NetStatus, error)
 	return st, nil
 }
 
-// netSummary is a VM's network mode ("tap", "user", "none"), address and
+// summary is a VM's network mode ("tap", "user", "none"), address and
 // egress policy (only a TAP enforces one).
-func (m *Manager) netSummary(vm registry.VM, sp spec) (mode, ip, policy string) {
-	g, _, ok := m.guestNet(vm, sp)
+func (n *vmNet) summary(vm registry.VM, sp spec) (mode, ip, policy string) {
+	g, _, ok := n.guest(vm, sp)
 	switch {
-	case sp.Net != nil && m.net.host != nil:
-		return "tap", g.IP, m.net.policyOf(sp).String()
+	case sp.Net != nil && n.host != nil:
+		return "tap", g.IP, n.policyOf(sp).String()
 	case ok:
 		return "user", g.IP, "allow-all (user-mode network: not enforced)"
 	}

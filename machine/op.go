@@ -38,7 +38,7 @@ func (m *Manager) begin(ctx context.Context, name, kind string) (*op, error) {
 	if _, err := m.get(ctx, name); err != nil {
 		return nil, err // an unknown name gets no lock file
 	}
-	unlock, err := m.lockVM(ctx, name, kind)
+	unlock, err := m.locks.lockVM(ctx, name, kind)
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +49,7 @@ func (m *Manager) begin(ctx context.Context, name, kind string) (*op, error) {
 // (unlock lets it go, also when this fails).
 func (m *Manager) holding(ctx context.Context, name, kind string, unlock func()) (*op, error) {
 	o := &op{m: m, kind: kind, undo: cleanups{log: m.log}, unlock: unlock}
-	vm, err := m.reconcileLocked(ctx, name)
+	vm, err := m.locks.reconcileLocked(ctx, name)
 	if err == nil {
 		err = o.read(vm)
 	}
@@ -64,7 +64,7 @@ func (m *Manager) holding(ctx context.Context, name, kind string, unlock func())
 // name a VM has before anything is taken for it (a refusal then has
 // nothing to undo). The record comes with reserve.
 func (m *Manager) beginNew(ctx context.Context, name, kind string) (*op, error) {
-	unlock, err := m.lockName(ctx, name, kind)
+	unlock, err := m.locks.lockName(ctx, name, kind)
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +89,7 @@ func (o *op) read(vm registry.VM) error {
 func (o *op) name() string { return o.vm.Name }
 
 // instance is the VM's running instance, if any.
-func (o *op) instance() *instance { return o.m.instance(o.vm.Name) }
+func (o *op) instance() *instance { return o.m.procs.instance(o.vm.Name) }
 
 // finish ends the operation's work without letting the VM go: with err,
 // what it took is undone (newest first), else kept.
@@ -149,7 +149,7 @@ func (o *op) commitRunning(ctx context.Context, change func(*registry.VM, *spec)
 	in := o.instance()
 	if err != nil {
 		if in != nil {
-			o.m.stopInstance(ctx, in, stopQuit)
+			o.m.procs.stopInstance(ctx, in, stopQuit)
 		}
 		return err
 	}

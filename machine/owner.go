@@ -41,13 +41,13 @@ func AsOwner(ctx context.Context, owner string) context.Context {
 
 // lockVM takes the lock of an existing VM (lockName) for the operation
 // op, refusing as not found a VM that is not the owner's AsOwner named.
-func (m *Manager) lockVM(ctx context.Context, name, op string) (func(), error) {
-	unlock, err := m.lockName(ctx, name, op)
+func (lk *locks) lockVM(ctx context.Context, name, op string) (func(), error) {
+	unlock, err := lk.lockName(ctx, name, op)
 	if err != nil {
 		return nil, err
 	}
 	if owner, _ := ctx.Value(ownerKey{}).(string); owner != "" {
-		if vm, err := m.db.GetVM(ctx, name); err == nil && vm.Owner != owner {
+		if vm, err := lk.m.db.GetVM(ctx, name); err == nil && vm.Owner != owner {
 			unlock()
 			return nil, fmt.Errorf("no vm named %q: %w", name, ErrNotFound)
 		}
@@ -61,8 +61,8 @@ func (m *Manager) lockVM(ctx context.Context, name, op string) (func(), error) {
 // lock). It waits at most until ctx ends or Config.LockWait passes, and a
 // refusal names the holder: vm "box" is busy: checkpoint since 12s.
 // Create and fork take a new name's lock with it, whoever has the name.
-func (m *Manager) lockName(ctx context.Context, name, op string) (func(), error) {
-	wait := m.cfg.LockWait
+func (lk *locks) lockName(ctx context.Context, name, op string) (func(), error) {
+	wait := lk.m.cfg.LockWait
 	if wait <= 0 {
 		wait = DefaultLockWait
 	}
@@ -70,18 +70,18 @@ func (m *Manager) lockName(ctx context.Context, name, op string) (func(), error)
 	defer deadline.Stop()
 	defer phase.Begin(ctx, "lock")()
 	for {
-		unlock, err := m.tryLockVM(name, op)
+		unlock, err := lk.tryLockVM(name, op)
 		if err != nil || unlock != nil {
 			return unlock, err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%s: %w", m.busyLine(name), errors.Join(ErrBusy, ctx.Err()))
+			return nil, fmt.Errorf("%s: %w", lk.busyLine(name), errors.Join(ErrBusy, ctx.Err()))
 		case <-clientGone(ctx):
-			return nil, fmt.Errorf("%s: the client went away while waiting: %w", m.busyLine(name), ErrBusy)
+			return nil, fmt.Errorf("%s: the client went away while waiting: %w", lk.busyLine(name), ErrBusy)
 		case <-deadline.C:
-			return nil, fmt.Errorf("%s (waited %s): %w", m.busyLine(name), wait, ErrBusy)
-		case <-m.released(name):
+			return nil, fmt.Errorf("%s (waited %s): %w", lk.busyLine(name), wait, ErrBusy)
+		case <-lk.released(name):
 		case <-time.After(50 * time.Millisecond): // a holder in another process
 		}
 	}
@@ -108,37 +108,37 @@ func clientGone(ctx context.Context) <-chan struct{} {
 
 // tryLockVM takes the VM's lock if nobody holds it; (nil, nil) when
 // somebody does.
-func (m *Manager) tryLockVM(name, op string) (func(), error) {
-	m.mu.Lock()
-	if err := m.hostRefusesLocked(name, op); err != nil {
-		m.mu.Unlock()
+func (lk *locks) tryLockVM(name, op string) (func(), error) {
+	lk.m.mu.Lock()
+	if err := lk.m.host.hostRefusesLocked(name, op); err != nil {
+		lk.m.mu.Unlock()
 		return nil, err
 	}
 	select {
-	case <-m.closed:
-		m.mu.Unlock()
+	case <-lk.m.closed:
+		lk.m.mu.Unlock()
 		return nil, fmt.Errorf("vm %q: %w", name, errClosing)
 	default:
 	}
-	if _, held := m.holders[name]; held {
-		m.mu.Unlock()
+	if _, held := lk.m.holders[name]; held {
+		lk.m.mu.Unlock()
 		return nil, nil
 	}
-	m.holders[name] = holder{op: op, since: time.Now()}
-	m.ops.Add(1)
-	m.mu.Unlock()
+	lk.m.holders[name] = holder{op: op, since: time.Now()}
+	lk.m.ops.Add(1)
+	lk.m.mu.Unlock()
 	drop := func() {
-		m.mu.Lock()
-		delete(m.holders, name)
-		m.lastRelease = time.Now()
-		if ch, ok := m.waiters[name]; ok {
+		lk.m.mu.Lock()
+		delete(lk.m.holders, name)
+		lk.m.lastRelease = time.Now()
+		if ch, ok := lk.m.waiters[name]; ok {
 			close(ch)
-			delete(m.waiters, name)
+			delete(lk.m.waiters, name)
 		}
-		m.mu.Unlock()
-		m.ops.Done()
+		lk.m.mu.Unlock()
+		lk.m.ops.Done()
 	}
-	f, err := m.openLockFile(name)
+	f, err := lk.openLockFile(name)
 	if err != nil {
 		drop()
 		return nil, err
@@ -161,8 +161,8 @@ func (m *Manager) tryLockVM(name, op string) (func(), error) {
 	}, nil
 }
 
-func (m *Manager) openLockFile(name string) (*os.File, error) {
-	path := m.state.Lock(name)
+func (lk *locks) openLockFile(name string) (*os.File, error) {
+	path := lk.m.state.Lock(name)
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("lock vm %q: %w", name, err)
 	}
@@ -175,25 +175,25 @@ func (m *Manager) openLockFile(name string) (*os.File, error) {
 
 // released is closed when the VM's current holder in this process lets
 // go; nil (never ready) when the holder is another process.
-func (m *Manager) released(name string) <-chan struct{} {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, held := m.holders[name]; !held {
+func (lk *locks) released(name string) <-chan struct{} {
+	lk.m.mu.Lock()
+	defer lk.m.mu.Unlock()
+	if _, held := lk.m.holders[name]; !held {
 		return nil
 	}
-	ch, ok := m.waiters[name]
+	ch, ok := lk.m.waiters[name]
 	if !ok {
 		ch = make(chan struct{})
-		m.waiters[name] = ch
+		lk.m.waiters[name] = ch
 	}
 	return ch
 }
 
 // busyLine says who holds a VM: `vm "box" is busy: checkpoint since 12s`.
-func (m *Manager) busyLine(name string) string {
-	m.mu.Lock()
-	h, ok := m.holders[name]
-	m.mu.Unlock()
+func (lk *locks) busyLine(name string) string {
+	lk.m.mu.Lock()
+	h, ok := lk.m.holders[name]
+	lk.m.mu.Unlock()
 	if !ok {
 		return fmt.Sprintf("vm %q is busy: another process holds its lock", name)
 	}
@@ -217,37 +217,37 @@ func (m *Manager) Op(name string) (string, time.Duration) {
 // what it finds, as a compare-and-set on the generation it read. If an
 // operation holds the VM, the record is that operation's to write and is
 // returned as it is. Reads themselves never write.
-func (m *Manager) reconcileVM(ctx context.Context, name string) (registry.VM, error) {
-	unlock, err := m.tryLockVM(name, "reconcile")
+func (lk *locks) reconcileVM(ctx context.Context, name string) (registry.VM, error) {
+	unlock, err := lk.tryLockVM(name, "reconcile")
 	if err != nil {
 		return registry.VM{}, err
 	}
 	if unlock == nil {
-		return m.get(ctx, name)
+		return lk.m.get(ctx, name)
 	}
 	defer unlock()
-	return m.reconcileLocked(ctx, name)
+	return lk.reconcileLocked(ctx, name)
 }
 
 // reconcileLocked checks a VM's record against its VMM; the caller holds
 // the lock.
-func (m *Manager) reconcileLocked(ctx context.Context, name string) (registry.VM, error) {
-	vm, err := m.get(ctx, name)
+func (lk *locks) reconcileLocked(ctx context.Context, name string) (registry.VM, error) {
+	vm, err := lk.m.get(ctx, name)
 	if err != nil || vm.State != registry.StateRunning {
 		return vm, err
 	}
-	in := m.instance(name)
+	in := lk.m.procs.instance(name)
 	if in != nil && alive(in) {
 		return vm, nil
 	}
 	reason := "vmm process not found"
 	if in != nil {
 		reason = exitReason(in)
-		m.dropInstance(name)
+		lk.m.procs.dropInstance(name)
 		in.closeAgent()
 	}
-	m.log.Warn("den: vm found stopped", "vm", name, "reason", reason)
-	return m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
+	lk.m.log.Warn("den: vm found stopped", "vm", name, "reason", reason)
+	return lk.m.db.UpdateVMIf(ctx, name, vm.Generation, func(v *registry.VM) error {
 		v.State, v.Reason = registry.StateStopped, reason
 		return nil
 	})
@@ -268,12 +268,12 @@ func exitReason(in *instance) string {
 // checkpoint's sizes, asked of JuiceFS right after it was taken, slowed
 // the restore that came next by a fifth (the volume's clones and the
 // VMM's start waited behind the chunk lists it read).
-func (m *Manager) waitQuiet(ctx context.Context, settle, limit time.Duration) {
+func (lk *locks) waitQuiet(ctx context.Context, settle, limit time.Duration) {
 	deadline := time.Now().Add(limit)
 	for {
-		m.mu.Lock()
-		busy, since := len(m.holders) > 0, time.Since(m.lastRelease)
-		m.mu.Unlock()
+		lk.m.mu.Lock()
+		busy, since := len(lk.m.holders) > 0, time.Since(lk.m.lastRelease)
+		lk.m.mu.Unlock()
 		if !busy && since >= settle {
 			return
 		}
@@ -295,3 +295,6 @@ func (m *Manager) waitQuiet(ctx context.Context, settle, limit time.Duration) {
 
 // quietPoll is how often waitQuiet looks again while a VM is held.
 const quietPoll = 50 * time.Millisecond
+
+// locks are the VMs' locks: one operation at a time per VM, across goroutines and processes, and who holds each (owner.go).
+type locks struct{ m *Manager }

@@ -91,7 +91,7 @@ func (p *prelaunched) launch(ctx context.Context, vm registry.VM, sp spec, d vmm
 	}
 	defer disk.Close()
 	diskFile := fmt.Sprintf("/proc/self/fd/%d", disk.Fd())
-	cfg, err := m.vmmConfig(vm, sp)
+	cfg, err := m.launch.vmmConfig(vm, sp)
 	if err != nil {
 		return err
 	}
@@ -144,7 +144,7 @@ func (p *prelaunched) take(ctx context.Context, vm registry.VM, disks func() err
 		return nil, time.Time{}
 	}
 	staged, _ := p.ram.take()
-	if staged != p.ram.file() || (disks != nil && disks() != nil) || !p.disk.used || p.m.volumeLostSince(p.opened) {
+	if staged != p.ram.file() || (disks != nil && disks() != nil) || !p.disk.used || p.m.procs.volumeLostSince(p.opened) {
 		p.drop()
 		return nil, time.Time{}
 	}
@@ -196,16 +196,16 @@ func stopPIDFile(rd vmm.RunDir) {
 
 // sweepPrelaunched stops and removes the VMMs a crash left prelaunched,
 // at start.
-func (m *Manager) sweepPrelaunched() {
-	ents, _ := os.ReadDir(m.state.Runs())
+func (su *startup) sweepPrelaunched() {
+	ents, _ := os.ReadDir(su.m.state.Runs())
 	for _, e := range ents {
 		if !e.IsDir() || !strings.HasPrefix(e.Name(), prelaunchPrefix) {
 			continue
 		}
-		rd := m.state.Run(e.Name())
-		m.log.Warn("den: stopping a vmm left prelaunched by an interrupted restore", "dir", rd.Path())
+		rd := su.m.state.Run(e.Name())
+		su.m.log.Warn("den: stopping a vmm left prelaunched by an interrupted restore", "dir", rd.Path())
 		stopPIDFile(rd)
 		_ = os.RemoveAll(rd.Path())
-		m.conf.drop(e.Name())
+		su.m.conf.drop(e.Name())
 	}
 }

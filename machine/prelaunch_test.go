@@ -35,7 +35,7 @@ func (s *prelaunchStub) MoveRunDir(rd vmm.RunDir) error {
 func TestPrelaunchedAfterVolumeLoss(t *testing.T) {
 	for _, lost := range []bool{true, false} {
 		dir := t.TempDir()
-		m := &Manager{state: StateDir(dir), conf: &confinement{groups: map[string]cgroup.Group{}}}
+		m := wire(&Manager{state: StateDir(dir), conf: &confinement{groups: map[string]cgroup.Group{}}})
 		local := filepath.Join(dir, "local-copy")
 		if err := os.WriteFile(local, nil, 0o600); err != nil {
 			t.Fatal(err)

@@ -126,8 +126,8 @@ type pressureLimits struct {
 	minAvailable int64   // < 0: ignored; 0: DefaultMinAvailablePercent of the reading's Total
 }
 
-func (m *Manager) pressureLimits() pressureLimits {
-	c := m.cfg.Memory
+func (mb *memoryBudget) pressureLimits() pressureLimits {
+	c := mb.m.cfg.Memory
 	l := pressureLimits{some: c.PressureSome, minAvailable: c.MinAvailable}
 	if l.some == 0 {
 		l.some = DefaultPressureSome
@@ -153,8 +153,8 @@ func (l pressureLimits) reason(p Pressure) string {
 // watchPressure reads the host's memory pressure every interval until
 // the Manager closes; under pressure it puts one VM to sleep, then waits
 // out the cooldown before the next.
-func (m *Manager) watchPressure() {
-	c := m.cfg.Memory
+func (mb *memoryBudget) watchPressure() {
+	c := mb.m.cfg.Memory
 	if c.PressureInterval < 0 {
 		return
 	}
@@ -168,51 +168,51 @@ func (m *Manager) watchPressure() {
 	if src == nil {
 		src = HostPressure
 	}
-	limits := m.pressureLimits()
+	limits := mb.pressureLimits()
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	var lastSleep, lastWarn time.Time
 	for {
 		select {
-		case <-m.closed:
+		case <-mb.m.closed:
 			return
 		case <-tick.C:
 		}
 		p, err := src()
 		if err != nil {
-			m.log.Debug("den: memory pressure unknown", "err", err)
+			mb.m.log.Debug("den: memory pressure unknown", "err", err)
 			continue
 		}
 		why := limits.reason(p)
 		if why == "" || time.Since(lastSleep) < cooldown {
 			continue
 		}
-		name, cannot := m.relievePressure(why)
+		name, cannot := mb.relievePressure(why)
 		if name != "" {
 			lastSleep = time.Now()
 			continue
 		}
 		if time.Since(lastWarn) >= cooldown {
 			lastWarn = time.Now()
-			m.log.Warn("den: "+why+"; no vm can be put to sleep", "cannot", cannot)
+			mb.m.log.Warn("den: "+why+"; no vm can be put to sleep", "cannot", cannot)
 		}
 	}
 }
 
 // relievePressure puts the least recently active idle VM to sleep; it
 // returns its name, or why none could sleep.
-func (m *Manager) relievePressure(why string) (string, string) {
+func (mb *memoryBudget) relievePressure(why string) (string, string) {
 	// A sleep under way when the Manager closes finishes: Close waits
 	// for it.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := m.acquireAdmission(ctx); err != nil {
+	if err := mb.acquireAdmission(ctx); err != nil {
 		return "", err.Error()
 	}
-	defer m.releaseAdmission()
-	use := m.memoryUse(ctx, "")
+	defer mb.releaseAdmission()
+	use := mb.memoryUse(ctx, "")
 	cannot := map[string]string{}
-	if name, ok := m.sleepOne(ctx, use.running, cannot, why); ok {
+	if name, ok := mb.sleepOne(ctx, use.running, cannot, why); ok {
 		return name, ""
 	}
 	var parts []string

@@ -8,7 +8,7 @@ import (
 
 // quietManager is a Manager with what the VM locks need, nothing else.
 func quietManager(t *testing.T) *Manager {
-	return &Manager{state: StateDir(t.TempDir()), holders: map[string]holder{}, waiters: map[string]chan struct{}{}, closed: make(chan struct{})}
+	return wire(&Manager{state: StateDir(t.TempDir()), holders: map[string]holder{}, waiters: map[string]chan struct{}{}, closed: make(chan struct{})})
 }
 
 // TestWaitQuiet: background work waits while an operation holds a VM,
@@ -19,19 +19,19 @@ func TestWaitQuiet(t *testing.T) {
 	ctx := context.Background()
 
 	start := time.Now()
-	m.waitQuiet(ctx, time.Hour, time.Minute) // nothing ever held a VM
+	m.locks.waitQuiet(ctx, time.Hour, time.Minute) // nothing ever held a VM
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("a host never busy: waited %v", d)
 	}
 
-	unlock, err := m.tryLockVM("box", "test")
+	unlock, err := m.locks.tryLockVM("box", "test")
 	if err != nil || unlock == nil {
 		t.Fatalf("lock: %v", err)
 	}
 	const settle = 300 * time.Millisecond
 	done := make(chan time.Time, 1)
 	go func() {
-		m.waitQuiet(ctx, settle, time.Minute)
+		m.locks.waitQuiet(ctx, settle, time.Minute)
 		done <- time.Now()
 	}()
 	select {
@@ -50,13 +50,13 @@ func TestWaitQuiet(t *testing.T) {
 		t.Fatal("waitQuiet did not return after the release")
 	}
 
-	unlock, err = m.tryLockVM("box", "test")
+	unlock, err = m.locks.tryLockVM("box", "test")
 	if err != nil || unlock == nil {
 		t.Fatalf("lock again: %v", err)
 	}
 	defer unlock()
 	start = time.Now()
-	m.waitQuiet(ctx, 0, 200*time.Millisecond)
+	m.locks.waitQuiet(ctx, 0, 200*time.Millisecond)
 	if d := time.Since(start); d < 200*time.Millisecond {
 		t.Fatalf("a held vm: returned after %v, before the bound", d)
 	}
@@ -64,7 +64,7 @@ func TestWaitQuiet(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	ended := make(chan struct{})
 	go func() {
-		m.waitQuiet(cctx, 0, time.Hour)
+		m.locks.waitQuiet(cctx, 0, time.Hour)
 		close(ended)
 	}()
 	cancel()

@@ -57,7 +57,7 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 			checked <- check(cctx)
 		}()
 	}
-	cfg, err := m.vmmConfig(vm, sp)
+	cfg, err := m.launch.vmmConfig(vm, sp)
 	if err != nil {
 		return nil, err
 	}
@@ -65,11 +65,11 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 	if err != nil {
 		return nil, err
 	}
-	if err := m.needRAMSpace(vm, ram.allocated()); err != nil {
+	if err := m.guard.needRAMSpace(vm, ram.allocated()); err != nil {
 		return nil, err
 	}
 	end := phase.Begin(ctx, "admit memory")
-	release, err := m.admitMemory(ctx, vm)
+	release, err := m.budget.admitMemory(ctx, vm)
 	end()
 	if err != nil {
 		return nil, err
@@ -79,7 +79,7 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 	// is still being cloned, once the clone is over.
 	waitDisk := func() error {
 		defer phase.Begin(ctx, "wait for the volume")()
-		return m.waitDisk(ctx, vm.Name)
+		return m.guard.waitDisk(ctx, vm.Name)
 	}
 	if disks == nil {
 		if err := waitDisk(); err != nil {
@@ -102,7 +102,7 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 	}
 	end = phase.Begin(ctx, "start vmm")
 	rd := m.state.Run(vm.Name)
-	m.discardRuntime(vm.Name)
+	m.launch.discardRuntime(vm.Name)
 	// A VMM prelaunched on the staged memory is taken as it is, in the
 	// VM's runtime dir; else one is started.
 	hv, opened := ram.prelaunched().take(ctx, vm, disks)
@@ -113,7 +113,7 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 		if err := m.conf.start(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
 			return nil, err
 		}
-		if hv, err = m.newHypervisor(vm.VMM, rd); err != nil {
+		if hv, err = m.vmms.newHypervisor(vm.VMM, rd); err != nil {
 			return nil, err
 		}
 		err = hv.Start(ctx)
@@ -133,7 +133,7 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 		close(in.stopping)
 		in.closeAgent()
 		_ = hv.Shutdown(context.Background())
-		m.discardRuntime(vm.Name)
+		m.launch.discardRuntime(vm.Name)
 		return nil
 	})
 	defer func() {
@@ -173,7 +173,7 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 		opts = append(opts, agent.WithIdentity(*src.identity))
 	}
 	end = phase.Begin(ctx, "agent reconnect")
-	info, err := m.connectAgent(ctx, in, time.Minute, opts...)
+	info, err := m.agents.connectAgent(ctx, in, time.Minute, opts...)
 	end()
 	if err != nil {
 		return ran(err)
@@ -183,7 +183,7 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 		return ran(fmt.Errorf("set guest clock: %s", info.ClockError))
 	case info.Clock == nil: // an agent older than the clock in its ready request
 		end = phase.Begin(ctx, "clock")
-		c, err := m.agentClient(ctx, in)
+		c, err := m.agents.agentClient(ctx, in)
 		if err == nil {
 			_, err = c.SetClock(ctx, time.Now())
 		}
@@ -193,13 +193,13 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 		}
 	}
 	if src.identity != nil {
-		if err := m.identityAnswered(ctx, in, info, *src.identity); err != nil {
+		if err := m.agents.identityAnswered(ctx, in, info, *src.identity); err != nil {
 			return ran(err)
 		}
 	}
-	m.setOrigin(in, src.snapDir, from)
-	m.setInstance(in)
-	go m.watch(in)
+	m.snaps.setOrigin(in, src.snapDir, from)
+	m.procs.setInstance(in)
+	go m.procs.watch(in)
 	return in, nil
 }
 
@@ -270,9 +270,9 @@ func (o *op) restore(ctx context.Context, id string, opts RestoreOptions, progre
 	// beside the old while the checkpoint is verified, the current state
 	// saved and the old VMM stopped: what is left for after is a rename
 	// and the incoming migration.
-	ram := m.stageRAM(ctx, vm, cp)
+	ram := m.snaps.stageRAM(ctx, vm, cp)
 	defer ram.drop()
-	staged := m.stageDisk(ctx, cp)
+	staged := m.snaps.stageDisk(ctx, cp)
 	defer staged.drop()
 	in := o.instance()
 	if ram != nil {
@@ -284,7 +284,7 @@ func (o *op) restore(ctx context.Context, id string, opts RestoreOptions, progre
 	// there is one (a damaged copy is dropped, the volume's checked).
 	progress("verifying " + id)
 	end = phase.Begin(ctx, "verify")
-	err = m.verify(ctx, m.withLocalMemory(checkpointRef(cp), checkpointKey(cp.ID, cp.Seal)), vm.VMM)
+	err = m.integrity.verify(ctx, m.snaps.withLocalMemory(checkpointRef(cp), checkpointKey(cp.ID, cp.Seal)), vm.VMM)
 	end()
 	if err != nil {
 		return "", fmt.Errorf("restore vm %q: %w", name, err)
@@ -299,7 +299,7 @@ func (o *op) restore(ctx context.Context, id string, opts RestoreOptions, progre
 			return "", fmt.Errorf("restore vm %q: %d session(s) open (exec, ssh): retry when they end, or use --force to end them: %w", name, n, ErrConflict)
 		}
 		o.undo.push("admit sessions again", func() error {
-			if m.instance(name) == in {
+			if m.procs.instance(name) == in {
 				in.reopen()
 			}
 			return nil
@@ -331,7 +331,7 @@ func (o *op) restore(ctx context.Context, id string, opts RestoreOptions, progre
 		// checkpoint are what the restore throws away.
 		progress("stopping the vm")
 		end := phase.Begin(ctx, "stop vmm")
-		m.stopInstance(ctx, in, stopDiscard)
+		m.procs.stopInstance(ctx, in, stopDiscard)
 		end()
 	}
 	// From here the VM is stopped with the restore recorded: a crash
@@ -368,18 +368,18 @@ func restoreStage(vm string) storage.Path { return storage.VMDir(vm).Join("disk-
 
 // stageDisk starts putting checkpoint cp's disk at restoreStage(cp.VM):
 // its spare, or a clone.
-func (m *Manager) stageDisk(ctx context.Context, cp registry.Checkpoint) *stagedDisk {
+func (ss *snapshots) stageDisk(ctx context.Context, cp registry.Checkpoint) *stagedDisk {
 	vm, id := cp.VM, cp.ID
-	st := &stagedDisk{m: m, vm: vm, id: id, spare: checkpointSpare(cp), path: restoreStage(vm)}
-	st.wait = m.meanwhile(ctx, "", "", func() error {
-		if err := m.vol.Remove(ctx, st.path); err != nil {
+	st := &stagedDisk{m: ss.m, vm: vm, id: id, spare: checkpointSpare(cp), path: restoreStage(vm)}
+	st.wait = ss.m.meanwhile(ctx, "", "", func() error {
+		if err := ss.m.vol.Remove(ctx, st.path); err != nil {
 			return err
 		}
-		if m.spares.take(ctx, st.spare, st.path) {
+		if ss.m.spares.take(ctx, st.spare, st.path) {
 			return nil
 		}
 		defer phase.Begin(ctx, "clone disk beside the vm's")()
-		return m.vol.Clone(ctx, checkpoint.Dir(vm, id).Join(checkpoint.DiskFile), st.path)
+		return ss.m.vol.Clone(ctx, checkpoint.Dir(vm, id).Join(checkpoint.DiskFile), st.path)
 	})
 	return st
 }
@@ -421,7 +421,7 @@ func (st *stagedDisk) drop() {
 // it again.
 func (o *op) finishRestore(ctx context.Context, cp registry.Checkpoint, staged *stagedDisk, ram *stagedRAM, progress Progress) error {
 	m, name, id, vm := o.m, o.name(), cp.ID, o.vm
-	defer m.removeRetired(name) // the old suspend slot, once the VM is up
+	defer m.snaps.removeRetired(name) // the old suspend slot, once the VM is up
 	progress("cloning the checkpoint's disk over the vm's disk")
 	// The disk staged beside the VM's (stageDisk), else the checkpoint's
 	// spare disk (spares.go) or a clone of its disk, goes over the VM's
@@ -451,7 +451,7 @@ func (o *op) finishRestore(ctx context.Context, cp registry.Checkpoint, staged *
 	// wake uses it, the VM being recorded as restoring).
 	m.memc.drop(name, "suspend-")
 	retired := m.meanwhile(ctx, "volume: retire the suspend slot", "", func() error {
-		return m.retireSuspend(ctx, name)
+		return m.snaps.retireSuspend(ctx, name)
 	})
 	defer retired()
 	if cp.Kind == checkpoint.KindMemoryDisk {
@@ -461,13 +461,13 @@ func (o *op) finishRestore(ctx context.Context, cp registry.Checkpoint, staged *
 		if err != nil {
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}
-		m.verifyRunning(in, checkpointRef(cp), vm.VMM)
+		m.integrity.verifyRunning(in, checkpointRef(cp), vm.VMM)
 	} else {
 		if err := cloned(); err != nil {
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}
 		progress("booting from the checkpoint's disk")
-		if err := m.boot(ctx, vm, o.spec); err != nil {
+		if err := m.launch.boot(ctx, vm, o.spec); err != nil {
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}
 	}
@@ -480,7 +480,7 @@ func (o *op) finishRestore(ctx context.Context, cp registry.Checkpoint, staged *
 			return nil
 		})
 	} else if in := o.instance(); in != nil {
-		m.stopInstance(ctx, in, stopQuit) // running, but not committed
+		m.procs.stopInstance(ctx, in, stopQuit) // running, but not committed
 	}
 	if err != nil {
 		return fmt.Errorf("restore vm %q to %s: %w", name, id, err)

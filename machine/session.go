@@ -42,7 +42,7 @@ func (m *Manager) Open(ctx context.Context, name, owner string) (*Session, error
 		return nil, err
 	}
 	s := &Session{in: in}
-	c, err := m.agentClient(ctx, in)
+	c, err := m.agents.agentClient(ctx, in)
 	if err != nil {
 		s.Release()
 		return nil, fmt.Errorf("vm %q: %w", name, err)
@@ -55,7 +55,7 @@ func (m *Manager) Open(ctx context.Context, name, owner string) (*Session, error
 // VM or waking a sleeping one first; with admit, a session is counted on
 // it before any sleep can close it.
 func (m *Manager) ensureRunning(ctx context.Context, name, owner string, admit bool) (*instance, error) {
-	if err := m.hostRefuses(name); err != nil {
+	if err := m.host.hostRefuses(name); err != nil {
 		return nil, err
 	}
 	vm, err := m.get(ctx, name)
@@ -67,7 +67,7 @@ func (m *Manager) ensureRunning(ctx context.Context, name, owner string, admit b
 	}
 	// The fast path: running, and not being closed by a sleep, restore
 	// or rm (which hold the lock; the slow path waits for them).
-	if in := m.instance(name); in != nil && alive(in) && ((admit && in.admit()) || (!admit && in.isOpen())) {
+	if in := m.procs.instance(name); in != nil && alive(in) && ((admit && in.admit()) || (!admit && in.isOpen())) {
 		return in, nil
 	}
 	o, err := m.begin(ctx, name, "wake")
@@ -82,7 +82,7 @@ func (m *Manager) ensureRunning(ctx context.Context, name, owner string, admit b
 	}
 	// A wake under way when a host shutdown began finishes, and the
 	// shutdown puts the VM back to sleep: no session starts on it.
-	if err := m.hostRefuses(name); err != nil {
+	if err := m.host.hostRefuses(name); err != nil {
 		return nil, err
 	}
 	if admit && !in.admit() {
@@ -133,7 +133,7 @@ func (o *op) start(ctx context.Context) error {
 		}
 		return o.finishRestore(ctx, cp, nil, nil, func(string) {})
 	}
-	if err := m.boot(ctx, vm, o.spec); err != nil {
+	if err := m.launch.boot(ctx, vm, o.spec); err != nil {
 		return fmt.Errorf("start vm %q: %w", vm.Name, err)
 	}
 	if err := o.commitRunning(ctx, nil); err != nil {

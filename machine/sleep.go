@@ -44,7 +44,7 @@ func (o *op) sleep(ctx context.Context, force bool) error {
 	if vm.State != registry.StateRunning || in == nil || !alive(in) {
 		return fmt.Errorf("sleep vm %q: it is %s, not running: %w", name, vm.State, ErrConflict)
 	}
-	if err := m.needSpace(m.memorySnapshotNeed(vm), "sleep vm "+name); err != nil {
+	if err := m.guard.needSpace(m.guard.memorySnapshotNeed(vm), "sleep vm "+name); err != nil {
 		return err
 	}
 	// From here no session is admitted: they wait for the lock, then
@@ -53,7 +53,7 @@ func (o *op) sleep(ctx context.Context, force bool) error {
 		return fmt.Errorf("sleep vm %q: %d session(s) open (exec, ssh): %w", name, n, ErrConflict)
 	}
 	o.undo.push("admit sessions again", func() error {
-		if m.instance(name) == in {
+		if m.procs.instance(name) == in {
 			in.reopen()
 		}
 		return nil
@@ -85,20 +85,20 @@ func (o *op) sleep(ctx context.Context, force bool) error {
 		// written whole (delta.go).
 		in.origin.set(memOrigin{})
 		if rerr := checkpoint.Resume(context.WithoutCancel(ctx), guestOf{m: m, in: in}, m.log); rerr != nil {
-			m.stopInstance(ctx, in, stopQuit)
-			m.recordStopped(ctx, name, fmt.Sprintf("sleep failed (%v) and the vm could not be resumed (%v); it boots from its disk when next used", o.err, rerr))
+			m.procs.stopInstance(ctx, in, stopQuit)
+			m.procs.recordStopped(ctx, name, fmt.Sprintf("sleep failed (%v) and the vm could not be resumed (%v); it boots from its disk when next used", o.err, rerr))
 		}
 		return nil
 	})
 	// The RAM file is copied locally while the snapshot is written: a
 	// wake reads that copy (memcopy.go).
-	memCopy := m.startMemCopy(name)
+	memCopy := m.snaps.startMemCopy(name)
 	o.undo.push("drop the local memory copy", func() error {
 		memCopy.drop()
 		return nil
 	})
 	end = phase.Begin(ctx, "vmm snapshot")
-	err = m.snapshotVMM(ctx, in, tmp, memCopy != nil)
+	err = m.snaps.snapshotVMM(ctx, in, tmp, memCopy != nil)
 	end()
 	if err == nil {
 		end = phase.Begin(ctx, "sync the snapshot")
@@ -108,7 +108,7 @@ func (o *op) sleep(ctx context.Context, force bool) error {
 	var seal string
 	if err == nil {
 		end = phase.Begin(ctx, "digests of the small files")
-		seal, err = m.sealSmall(ctx, tmp)
+		seal, err = m.integrity.sealSmall(ctx, tmp)
 		end()
 	}
 	if err != nil {
@@ -121,9 +121,9 @@ func (o *op) sleep(ctx context.Context, force bool) error {
 	// whole slot, a sleeping record and a paused VMM, which the next
 	// start stops.
 	end = phase.Begin(ctx, "volume: swap the slot")
-	err = m.swapSuspend(ctx, name)
+	err = m.snaps.swapSuspend(ctx, name)
 	end()
-	defer m.removeRetired(name) // the old slot, once the sleep is over
+	defer m.snaps.removeRetired(name) // the old slot, once the sleep is over
 	if err != nil {
 		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
@@ -147,20 +147,20 @@ func (o *op) sleep(ctx context.Context, force bool) error {
 	memCopy.keep(key) // before the VMM and its RAM file go
 	end()
 	end = phase.Begin(ctx, "stop vmm")
-	m.stopInstance(ctx, in, stopQuit)
+	m.procs.stopInstance(ctx, in, stopQuit)
 	end()
-	m.sealLater(storage.SuspendDir(name), m.withLocalMemory(suspendRef(name, seal), key))
+	m.integrity.sealLater(storage.SuspendDir(name), m.snaps.withLocalMemory(suspendRef(name, seal), key))
 	return nil
 }
 
 // swapSuspend moves a complete suspend-new into the suspend slot. A crash
 // between the two renames leaves no slot and a whole suspend-new, which
 // sweepSuspend swaps in.
-func (m *Manager) swapSuspend(ctx context.Context, name string) error {
-	if err := m.retireSuspend(ctx, name); err != nil {
+func (ss *snapshots) swapSuspend(ctx context.Context, name string) error {
+	if err := ss.retireSuspend(ctx, name); err != nil {
 		return err
 	}
-	return m.vol.Rename(ctx, suspendNew(name), storage.SuspendDir(name))
+	return ss.m.vol.Rename(ctx, suspendNew(name), storage.SuspendDir(name))
 }
 
 // retiredPrefix begins the names of obsolete suspend slots waiting, in
@@ -175,8 +175,8 @@ const retiredPrefix = "suspend-old"
 // (a clone or a rename waits for it). With no slot there is nothing to
 // do; a slot that cannot be renamed is removed now. A retired slot a
 // crash left behind goes after the next start (sweepSuspend).
-func (m *Manager) retireSuspend(ctx context.Context, name string) error {
-	slot, err := m.vol.Path(storage.SuspendDir(name))
+func (ss *snapshots) retireSuspend(ctx context.Context, name string) error {
+	slot, err := ss.m.vol.Path(storage.SuspendDir(name))
 	if err != nil {
 		return err
 	}
@@ -184,8 +184,8 @@ func (m *Manager) retireSuspend(ctx context.Context, name string) error {
 		return nil
 	}
 	old := storage.VMDir(name).Join(fmt.Sprintf("%s-%d", retiredPrefix, time.Now().UnixNano()))
-	if err := m.vol.Rename(ctx, storage.SuspendDir(name), old); err != nil {
-		return m.vol.Remove(ctx, storage.SuspendDir(name))
+	if err := ss.m.vol.Rename(ctx, storage.SuspendDir(name), old); err != nil {
+		return ss.m.vol.Remove(ctx, storage.SuspendDir(name))
 	}
 	return nil
 }
@@ -193,56 +193,56 @@ func (m *Manager) retireSuspend(ctx context.Context, name string) error {
 // removeRetired removes name's retired suspend slots in the background,
 // at a low priority: one removal per VM at a time (a call while one runs
 // makes it look again when done), and at most two VMs' at once.
-func (m *Manager) removeRetired(name string) {
-	m.retireMu.Lock()
-	if m.retiring == nil {
-		m.retiring = map[string]bool{}
+func (ss *snapshots) removeRetired(name string) {
+	ss.m.retireMu.Lock()
+	if ss.m.retiring == nil {
+		ss.m.retiring = map[string]bool{}
 	}
-	if _, running := m.retiring[name]; running {
-		m.retiring[name] = true // again, once the running removal is over
-		m.retireMu.Unlock()
+	if _, running := ss.m.retiring[name]; running {
+		ss.m.retiring[name] = true // again, once the running removal is over
+		ss.m.retireMu.Unlock()
 		return
 	}
-	m.retiring[name] = false
-	m.retireMu.Unlock()
-	started := m.goBackground(func() {
-		ctx, cancel := m.lifetime()
+	ss.m.retiring[name] = false
+	ss.m.retireMu.Unlock()
+	started := ss.m.goBackground(func() {
+		ctx, cancel := ss.m.lifetime()
 		defer cancel()
 		for {
 			select {
-			case m.removals <- struct{}{}:
+			case ss.m.removals <- struct{}{}:
 			case <-ctx.Done():
 			}
 			if ctx.Err() == nil {
 				// Niced only once its turn has come: a start's removals
 				// wait without an OS thread each.
 				lowPriority()
-				m.removeRetiredNow(ctx, name)
-				<-m.removals
+				ss.removeRetiredNow(ctx, name)
+				<-ss.m.removals
 			}
-			m.retireMu.Lock()
-			again := m.retiring[name] && ctx.Err() == nil
+			ss.m.retireMu.Lock()
+			again := ss.m.retiring[name] && ctx.Err() == nil
 			if !again {
-				delete(m.retiring, name)
+				delete(ss.m.retiring, name)
 			} else {
-				m.retiring[name] = false
+				ss.m.retiring[name] = false
 			}
-			m.retireMu.Unlock()
+			ss.m.retireMu.Unlock()
 			if !again {
 				return
 			}
 		}
 	})
 	if !started {
-		m.retireMu.Lock()
-		delete(m.retiring, name)
-		m.retireMu.Unlock()
+		ss.m.retireMu.Lock()
+		delete(ss.m.retiring, name)
+		ss.m.retireMu.Unlock()
 	}
 }
 
 // removeRetiredNow removes name's retired suspend slots.
-func (m *Manager) removeRetiredNow(ctx context.Context, name string) {
-	dir, err := m.vol.Path(storage.VMDir(name))
+func (ss *snapshots) removeRetiredNow(ctx context.Context, name string) {
+	dir, err := ss.m.vol.Path(storage.VMDir(name))
 	if err != nil {
 		return
 	}
@@ -251,8 +251,8 @@ func (m *Manager) removeRetiredNow(ctx context.Context, name string) {
 		if !strings.HasPrefix(e.Name(), retiredPrefix) {
 			continue
 		}
-		if err := m.vol.Remove(ctx, storage.VMDir(name).Join(e.Name())); err != nil {
-			m.log.Debug("den: remove a retired suspend slot", "vm", name, "err", err)
+		if err := ss.m.vol.Remove(ctx, storage.VMDir(name).Join(e.Name())); err != nil {
+			ss.m.log.Debug("den: remove a retired suspend slot", "vm", name, "err", err)
 		}
 	}
 }
@@ -271,9 +271,9 @@ func (o *op) wake(ctx context.Context) error {
 	m, vm, seal := o.m, o.vm, o.spec.SuspendSeal
 	// The memory is verified while the VMM starts: the local copy of it
 	// when there is one, which is then what the VMM reads.
-	ref := m.withLocalMemory(suspendRef(vm.Name, seal), suspendKey(seal, vm.Generation))
+	ref := m.snaps.withLocalMemory(suspendRef(vm.Name, seal), suspendKey(seal, vm.Generation))
 	check := func(ctx context.Context) error {
-		if err := m.verify(ctx, ref, vm.VMM); err != nil {
+		if err := m.integrity.verify(ctx, ref, vm.VMM); err != nil {
 			return fmt.Errorf("%w; it stays asleep: restore a checkpoint (den checkpoints %s)", err, vm.Name)
 		}
 		return nil
@@ -281,16 +281,16 @@ func (o *op) wake(ctx context.Context) error {
 	in, err := o.restoreInto(ctx, restoreSource{snapDir: ref.dir, local: ref.local, check: check})
 	if err != nil {
 		if errors.Is(err, errGuestRan) {
-			m.dropRunSlot(ctx, vm.Name, err)
+			m.snaps.dropRunSlot(ctx, vm.Name, err)
 		}
 		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
 	}
-	m.verifyRunning(in, suspendRef(vm.Name, seal), vm.VMM)
+	m.integrity.verifyRunning(in, suspendRef(vm.Name, seal), vm.VMM)
 	crashpoint("wake-after-restore")
 	if err := o.commitRunning(ctx, nil); err != nil {
 		// Its guest ran: its slot goes too.
 		err = fmt.Errorf("record it running: %w", err)
-		m.dropRunSlot(ctx, vm.Name, err)
+		m.snaps.dropRunSlot(ctx, vm.Name, err)
 		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
 	}
 	return nil
@@ -303,11 +303,11 @@ func (o *op) wake(ctx context.Context) error {
 // from its disk when next used. A record that cannot be written either
 // leaves a sleeping VM without a slot, whose wake is refused, never one
 // that a wake restores from stale memory.
-func (m *Manager) dropRunSlot(ctx context.Context, name string, cause error) {
+func (ss *snapshots) dropRunSlot(ctx context.Context, name string, cause error) {
 	ctx = context.WithoutCancel(ctx)
-	m.memc.drop(name, "suspend-")
-	if err := m.vol.Remove(ctx, storage.SuspendDir(name)); err != nil {
-		m.log.Warn("den: remove the suspend slot of a wake that failed after the guest ran", "vm", name, "err", err)
+	ss.m.memc.drop(name, "suspend-")
+	if err := ss.m.vol.Remove(ctx, storage.SuspendDir(name)); err != nil {
+		ss.m.log.Warn("den: remove the suspend slot of a wake that failed after the guest ran", "vm", name, "err", err)
 	}
-	m.recordStopped(ctx, name, "wake failed after the guest ran ("+cause.Error()+"); it boots from its disk when next used")
+	ss.m.procs.recordStopped(ctx, name, "wake failed after the guest ran ("+cause.Error()+"); it boots from its disk when next used")
 }

@@ -16,9 +16,9 @@ const spaceMargin = 64 << 20
 // volumeFree is the free space where the volume's data lands: the mount
 // and the local disk under it (JuiceFS's cache and metadata, and for the
 // embedded volume its objects).
-func (m *Manager) volumeFree() (int64, error) {
+func (vg *volumeGuard) volumeFree() (int64, error) {
 	free := int64(-1)
-	for _, p := range []string{m.vol.Root(), m.state.VolumeState(), m.state.Path()} {
+	for _, p := range []string{vg.m.vol.Root(), vg.m.state.VolumeState(), vg.m.state.Path()} {
 		var st unix.Statfs_t
 		if err := unix.Statfs(p, &st); err != nil {
 			continue
@@ -37,8 +37,8 @@ func (m *Manager) volumeFree() (int64, error) {
 // needSpace refuses an operation at once, with a line saying so, when the
 // host volume has less than need (plus the margin) free: a full volume
 // must fail fast, never half-write a checkpoint.
-func (m *Manager) needSpace(need int64, op string) error {
-	free, err := m.volumeFree()
+func (vg *volumeGuard) needSpace(need int64, op string) error {
+	free, err := vg.volumeFree()
 	if err != nil {
 		return nil // unknown: the write itself will tell
 	}
@@ -56,8 +56,8 @@ func (m *Manager) needSpace(need int64, op string) error {
 // memorySnapshotNeed is what a memory snapshot of a running VM writes at
 // most: the guest RAM the VMM has allocated (QEMU's RAM file is sparse:
 // untouched pages cost nothing), else the VM's memory size.
-func (m *Manager) memorySnapshotNeed(vm registry.VM) int64 {
-	if n := m.ram.allocated(vm.Name); n > 0 {
+func (vg *volumeGuard) memorySnapshotNeed(vm registry.VM) int64 {
+	if n := vg.m.ram.allocated(vm.Name); n > 0 {
 		return n
 	}
 	return vm.MemoryBytes
@@ -67,30 +67,30 @@ func (m *Manager) memorySnapshotNeed(vm registry.VM) int64 {
 // guest memory in a file in the VM's runtime dir) could not grow to the
 // guest's memory size: a full filesystem there kills the VMM with a bus
 // error the moment the guest touches a page it cannot have.
-func (m *Manager) needRAMSpace(vm registry.VM, staged int64) error {
-	if !m.caps(vm.VMM).RAMFile {
+func (vg *volumeGuard) needRAMSpace(vm registry.VM, staged int64) error {
+	if !vg.m.vmms.caps(vm.VMM).RAMFile {
 		return nil
 	}
 	var st unix.Statfs_t
-	if err := unix.Statfs(m.ram.dir, &st); err != nil {
+	if err := unix.Statfs(vg.m.ram.dir, &st); err != nil {
 		return nil
 	}
 	free := int64(st.Bavail) * st.Bsize
 	need := vm.MemoryBytes - staged // a staged RAM file takes no more room
-	if cur := m.ram.allocated(vm.Name); cur > 0 {
+	if cur := vg.m.ram.allocated(vm.Name); cur > 0 {
 		need -= cur
 	}
 	if free < need {
 		// RAM files being freed in the background (guestRAM.discard) count
 		// as free: wait for them and look again.
-		m.ram.frees.wait()
-		if err := unix.Statfs(m.ram.dir, &st); err == nil {
+		vg.m.ram.frees.wait()
+		if err := unix.Statfs(vg.m.ram.dir, &st); err == nil {
 			free = int64(st.Bavail) * st.Bsize
 		}
 	}
 	if free < need {
 		return fmt.Errorf("start vm %q: no room for the guest's RAM (%d MB free in %s, need %d MB): %w",
-			vm.Name, free>>20, m.ram.dir, need>>20, ErrNoSpace)
+			vm.Name, free>>20, vg.m.ram.dir, need>>20, ErrNoSpace)
 	}
 	return nil
 }

@@ -33,39 +33,39 @@ type stagedRAM struct {
 
 // stageRAM starts staging the memory of checkpoint cp of vm, when its
 // driver stages memory and the host has room; nil otherwise.
-func (m *Manager) stageRAM(ctx context.Context, vm registry.VM, cp registry.Checkpoint) *stagedRAM {
-	d, _ := m.drivers[vm.VMM].(vmm.MemoryStager)
-	if d == nil || m.ram.dir == "" || cp.Kind != checkpoint.KindMemoryDisk {
+func (ss *snapshots) stageRAM(ctx context.Context, vm registry.VM, cp registry.Checkpoint) *stagedRAM {
+	d, _ := ss.m.drivers[vm.VMM].(vmm.MemoryStager)
+	if d == nil || ss.m.ram.dir == "" || cp.Kind != checkpoint.KindMemoryDisk {
 		return nil
 	}
 	// Only from a local copy: read through the volume, the staging slows
 	// the verification, which reads the same memory there, more than it
 	// saves (docs/benchmarks.md, "Constants set from measurements").
-	local := m.memc.local(vm.Name, checkpointKey(cp.ID, cp.Seal))
-	if local == "" || !m.roomToStage(vm.MemoryBytes) {
+	local := ss.m.memc.local(vm.Name, checkpointKey(cp.ID, cp.Seal))
+	if local == "" || !ss.roomToStage(vm.MemoryBytes) {
 		return nil
 	}
-	snap, err := m.vol.Path(checkpoint.Dir(vm.Name, cp.ID).Join(checkpoint.VMMDir))
+	snap, err := ss.m.vol.Path(checkpoint.Dir(vm.Name, cp.ID).Join(checkpoint.VMMDir))
 	if err != nil {
 		return nil
 	}
 	defer phase.Begin(ctx, "stage the memory: make its RAM file")()
-	st := &stagedRAM{dir: filepath.Join(m.ram.dir, fmt.Sprintf("%s%s-%d", ramStaged, vm.Name, time.Now().UnixNano())),
+	st := &stagedRAM{dir: filepath.Join(ss.m.ram.dir, fmt.Sprintf("%s%s-%d", ramStaged, vm.Name, time.Now().UnixNano())),
 		local: local}
 	wait, err := d.StageMemory(snap, st.local, st.file())
 	if err != nil {
-		m.log.Debug("den: stage the memory for a restore", "vm", vm.Name, "err", err)
+		ss.m.log.Debug("den: stage the memory for a restore", "vm", vm.Name, "err", err)
 		_ = os.RemoveAll(st.dir)
 		return nil
 	}
-	st.wait = m.meanwhile(ctx, "stage the memory from its local copy (beside the verification and the stop)", "", wait)
+	st.wait = ss.m.meanwhile(ctx, "stage the memory from its local copy (beside the verification and the stop)", "", wait)
 	return st
 }
 
 // roomToStage says whether the host has room for a second copy of a
 // guest's memory beside what it holds now: MemAvailable above twice the
 // guest's memory and the pressure threshold.
-func (m *Manager) roomToStage(memory int64) bool {
+func (ss *snapshots) roomToStage(memory int64) bool {
 	total, avail, err := hostMeminfo()
 	if err != nil {
 		return false

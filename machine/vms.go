@@ -84,16 +84,16 @@ func (m *Manager) List(ctx context.Context, owner string) ([]Status, error) {
 // the disk's use is measured afresh when measure says so, else the last
 // figure.
 func (m *Manager) status(ctx context.Context, vm registry.VM, measure bool) Status {
-	in := m.instance(vm.Name)
+	in := m.procs.instance(vm.Name)
 	if vm.State == registry.StateRunning && (in == nil || !alive(in)) {
-		if fresh, err := m.reconcileVM(ctx, vm.Name); err == nil {
-			vm, in = fresh, m.instance(vm.Name)
+		if fresh, err := m.locks.reconcileVM(ctx, vm.Name); err == nil {
+			vm, in = fresh, m.procs.instance(vm.Name)
 		}
 	}
 	st := Status{VM: vm}
 	st.Op, st.OpFor = m.Op(vm.Name)
 	if sp, err := decodeSpec(vm); err == nil {
-		st.Net, st.IP, st.Egress = m.netSummary(vm, sp)
+		st.Net, st.IP, st.Egress = m.net.summary(vm, sp)
 	}
 	st.DiskUsed = m.diskUsed(ctx, vm.Name, measure)
 	if vm.State == registry.StateRunning && in != nil && alive(in) {
@@ -130,9 +130,9 @@ func (m *Manager) Remove(ctx context.Context, name string, force bool) (err erro
 		if force {
 			how = stopQuit
 		}
-		m.stopInstance(ctx, in, how)
+		m.procs.stopInstance(ctx, in, how)
 	}
-	m.destroy(ctx, name)
+	m.procs.destroy(ctx, name)
 	m.forgetUsage(name)
 	m.memc.drop(name, "")
 	m.spares.dropVM(ctx, name)
