@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -288,3 +289,23 @@ func (m *Manager) rootFS(name string) (image.Artifact, error) {
 
 // bases imports images into base disks and makes their warm bases, the booted snapshots creates restore from (base.go).
 type bases struct{ m *Manager }
+
+// warmSource is where a new VM comes from when its image has a warm base
+// (made now if missing): that base, verified, with the local copy of its
+// memory if any (key is that copy's). With none to be had, or one found
+// damaged (and dropped), it is cold, the image's disk, and the VM boots.
+func (b *bases) warmSource(ctx context.Context, vm registry.VM, sp spec, cold bringUpFrom, progress Progress) (_ bringUpFrom, key string, err error) {
+	warm, err := b.warmBase(ctx, vm, sp, progress)
+	if err != nil {
+		b.m.log.Warn("den: no warm base snapshot, booting instead", "image", vm.Image, "err", err)
+		return cold, "", nil
+	}
+	ref, key := b.m.snaps.withBaseMemory(baseRef(warm, vm.Image))
+	if err := b.m.integrity.verifyTraced(ctx, ref, b.m.vmmName); errors.Is(err, ErrDamaged) {
+		b.dropBase(ctx, warm, err)
+		return cold, "", nil
+	} else if err != nil {
+		return cold, "", err
+	}
+	return bringUpFrom{disk: warm.Join(checkpoint.DiskFile), memory: warm.Join(checkpoint.VMMDir), what: "the warm base of image " + vm.Image, ref: ref, spare: true}, key, nil
+}

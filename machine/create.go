@@ -14,13 +14,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/egress"
 	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/network"
 	"github.com/denhq/den/registry"
-	"github.com/denhq/den/storage"
 )
 
 // CreateOptions asks for a new VM; zero fields take the defaults.
@@ -246,21 +244,10 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		State: registry.StateCreating, VMM: m.vmmName, Accel: accel, IdleTimeout: o.IdleTimeout,
 		CreatedAt: now, LastActive: now, SpecJSON: mustJSON(sp),
 	}
-	warm := storage.Path("")
-	var warmRef snapshotRef // with the local copy of its memory, if any
-	var warmKey string
+	src := bringUpFrom{disk: base, what: "image " + o.Image, spare: true}
+	var warmKey string // the key of the warm base's local memory copy
 	if !o.Cold {
-		if warm, err = m.bases.warmBase(ctx, vm, sp, progress); err != nil {
-			m.log.Warn("den: no warm base snapshot, booting instead", "image", o.Image, "err", err)
-			warm = ""
-		}
-	}
-	if warm != "" {
-		warmRef, warmKey = m.snaps.withBaseMemory(baseRef(warm, o.Image))
-		if err := m.integrity.verifyTraced(ctx, warmRef, m.vmmName); errors.Is(err, ErrDamaged) {
-			m.bases.dropBase(ctx, warm, err)
-			warm = ""
-		} else if err != nil {
+		if src, warmKey, err = m.bases.warmSource(ctx, vm, sp, src, progress); err != nil {
 			return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 		}
 	}
@@ -268,15 +255,11 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	if err := op.reserve(ctx, vm); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
-	src := bringUpFrom{disk: base, what: "image " + o.Image, spare: true}
-	if warm != "" {
-		src = bringUpFrom{disk: warm.Join(checkpoint.DiskFile), memory: warm.Join(checkpoint.VMMDir), what: "the warm base of image " + o.Image, ref: warmRef, spare: true}
-	}
 	if err := op.bringUp(ctx, src, progress); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
-	if warm != "" {
-		m.snaps.fillBaseCopy(warmRef, warmKey) // for the next create
+	if src.memory != "" {
+		m.snaps.fillBaseCopy(src.ref, warmKey) // for the next create
 	}
 	return op.vm, nil
 }

@@ -75,24 +75,8 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 		return nil, err
 	}
 	defer release()
-	// The VM's disk must be on a live volume: checked now, or, while it
-	// is still being cloned, once the clone is over.
-	waitDisk := func() error {
-		defer phase.Begin(ctx, "wait for the volume")()
-		return m.guard.waitDisk(ctx, vm.Name)
-	}
-	if disks == nil {
-		if err := waitDisk(); err != nil {
-			return nil, err
-		}
-	} else {
-		cloned := disks
-		disks = func() error {
-			if err := cloned(); err != nil {
-				return err
-			}
-			return waitDisk()
-		}
+	if disks, err = o.diskReady(ctx, disks); err != nil {
+		return nil, err
 	}
 	end = phase.Begin(ctx, "network up")
 	err = m.net.up(ctx, vm.Name, sp)
@@ -101,23 +85,7 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 		return nil, err
 	}
 	end = phase.Begin(ctx, "start vmm")
-	rd := m.state.Run(vm.Name)
-	m.launch.discardRuntime(vm.Name)
-	// A VMM prelaunched on the staged memory is taken as it is, in the
-	// VM's runtime dir; else one is started.
-	hv, opened := ram.prelaunched().take(ctx, vm, disks)
-	if hv == nil {
-		if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
-			return nil, err
-		}
-		if err := m.conf.start(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
-			return nil, err
-		}
-		if hv, err = m.vmms.newHypervisor(vm.VMM, rd); err != nil {
-			return nil, err
-		}
-		err = hv.Start(ctx)
-	}
+	hv, opened, err := o.startVMM(ctx, ram, disks)
 	end()
 	if err != nil {
 		return nil, err
@@ -165,22 +133,75 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 		return nil, err
 	}
 	// From here the guest runs: a failure is one after it ran.
-	ran := func(err error) (*instance, error) { return nil, fmt.Errorf("%w: %w", errGuestRan, err) }
-	// The guest clock is stale: the ready request sets it, and gives
-	// the guest its new identity.
-	opts := []agent.DialOption{agent.WithClockSet()}
-	if src.identity != nil {
-		opts = append(opts, agent.WithIdentity(*src.identity))
+	if err := o.reconnect(ctx, in, src.identity); err != nil {
+		return nil, fmt.Errorf("%w: %w", errGuestRan, err)
 	}
-	end = phase.Begin(ctx, "agent reconnect")
+	m.snaps.setOrigin(in, src.snapDir, from)
+	m.procs.setInstance(in)
+	go m.procs.watch(in)
+	return in, nil
+}
+
+// diskReady is the wait for the VM's disk, which must be on a live
+// volume: checked now, or, while it is still being cloned (cloned, if
+// set, waits for that), once the clone is over.
+func (o *op) diskReady(ctx context.Context, cloned func() error) (func() error, error) {
+	waitDisk := func() error {
+		defer phase.Begin(ctx, "wait for the volume")()
+		return o.m.guard.waitDisk(ctx, o.name())
+	}
+	if cloned == nil {
+		return nil, waitDisk()
+	}
+	return func() error {
+		if err := cloned(); err != nil {
+			return err
+		}
+		return waitDisk()
+	}, nil
+}
+
+// startVMM starts the VM's VMM, empty, for a restore: the one prelaunched
+// on the staged memory, if any, is taken as it is (opened is when it
+// opened the VM's disk), else a new one is started in the VM's runtime
+// dir and cgroup.
+func (o *op) startVMM(ctx context.Context, ram *stagedRAM, disks func() error) (hv vmm.Hypervisor, opened time.Time, err error) {
+	m, vm := o.m, o.vm
+	rd := m.state.Run(vm.Name)
+	m.launch.discardRuntime(vm.Name)
+	if hv, opened = ram.prelaunched().take(ctx, vm, disks); hv != nil {
+		return hv, opened, nil
+	}
+	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
+		return nil, opened, err
+	}
+	if err := m.conf.start(vm.Name, vm.CPUs, vm.MemoryBytes); err != nil {
+		return nil, opened, err
+	}
+	if hv, err = m.vmms.newHypervisor(vm.VMM, rd); err != nil {
+		return nil, opened, err
+	}
+	return hv, opened, hv.Start(ctx)
+}
+
+// reconnect waits for a restored guest's agent. The guest clock is
+// stale: the agent's ready request sets it, and gives the guest its new
+// identity, if any.
+func (o *op) reconnect(ctx context.Context, in *instance, identity *agent.IdentityRequest) error {
+	m := o.m
+	opts := []agent.DialOption{agent.WithClockSet()}
+	if identity != nil {
+		opts = append(opts, agent.WithIdentity(*identity))
+	}
+	end := phase.Begin(ctx, "agent reconnect")
 	info, err := m.agents.connectAgent(ctx, in, time.Minute, opts...)
 	end()
 	if err != nil {
-		return ran(err)
+		return err
 	}
 	switch {
 	case info.ClockError != "":
-		return ran(fmt.Errorf("set guest clock: %s", info.ClockError))
+		return fmt.Errorf("set guest clock: %s", info.ClockError)
 	case info.Clock == nil: // an agent older than the clock in its ready request
 		end = phase.Begin(ctx, "clock")
 		c, err := m.agents.agentClient(ctx, in)
@@ -189,18 +210,13 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 		}
 		end()
 		if err != nil {
-			return ran(fmt.Errorf("set guest clock: %w", err))
+			return fmt.Errorf("set guest clock: %w", err)
 		}
 	}
-	if src.identity != nil {
-		if err := m.agents.identityAnswered(ctx, in, info, *src.identity); err != nil {
-			return ran(err)
-		}
+	if identity != nil {
+		return m.agents.identityAnswered(ctx, in, info, *identity)
 	}
-	m.snaps.setOrigin(in, src.snapDir, from)
-	m.procs.setInstance(in)
-	go m.procs.watch(in)
-	return in, nil
+	return nil
 }
 
 // meanwhile runs a volume operation (a disk clone) in the background,

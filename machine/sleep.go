@@ -60,14 +60,11 @@ func (o *op) sleep(ctx context.Context, force bool) error {
 	})
 	tmp := suspendNew(name)
 	end := phase.Begin(ctx, "volume: make the slot")
-	if err := m.vol.Remove(ctx, tmp); err != nil {
-		return err
-	}
-	if err := m.vol.MkdirAll(ctx, tmp); err != nil {
-		return err
+	err := m.vol.Remove(ctx, tmp)
+	if err == nil {
+		err = m.vol.MkdirAll(ctx, tmp)
 	}
 	end()
-	dir, err := m.vol.Path(tmp)
 	if err != nil {
 		return err
 	}
@@ -78,18 +75,7 @@ func (o *op) sleep(ctx context.Context, force bool) error {
 		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
 	crashpoint("sleep-after-pause")
-	// A failure from here runs the paused VM again; one that cannot be
-	// resumed is stopped and recorded so, never left paused as running.
-	o.undo.push("resume the paused vm", func() error {
-		// The slot may hold the new snapshot now: the next one is
-		// written whole (delta.go).
-		in.origin.set(memOrigin{})
-		if rerr := checkpoint.Resume(context.WithoutCancel(ctx), guestOf{m: m, in: in}, m.log); rerr != nil {
-			m.procs.stopInstance(ctx, in, stopQuit)
-			m.procs.recordStopped(ctx, name, fmt.Sprintf("sleep failed (%v) and the vm could not be resumed (%v); it boots from its disk when next used", o.err, rerr))
-		}
-		return nil
-	})
+	o.resumeOnFailure(ctx, in)
 	// The RAM file is copied locally while the snapshot is written: a
 	// wake reads that copy (memcopy.go).
 	memCopy := m.snaps.startMemCopy(name)
@@ -97,20 +83,7 @@ func (o *op) sleep(ctx context.Context, force bool) error {
 		memCopy.drop()
 		return nil
 	})
-	end = phase.Begin(ctx, "vmm snapshot")
-	err = m.snaps.snapshotVMM(ctx, in, tmp, memCopy != nil)
-	end()
-	if err == nil {
-		end = phase.Begin(ctx, "sync the snapshot")
-		err = atomicfile.SyncTree(dir)
-		end()
-	}
-	var seal string
-	if err == nil {
-		end = phase.Begin(ctx, "digests of the small files")
-		seal, err = m.integrity.sealSmall(ctx, tmp)
-		end()
-	}
+	seal, err := o.writeSuspend(ctx, in, tmp, memCopy != nil)
 	if err != nil {
 		_ = m.vol.Remove(ctx, tmp)
 		return fmt.Errorf("sleep vm %q: %w", name, err)
@@ -151,6 +124,48 @@ func (o *op) sleep(ctx context.Context, force bool) error {
 	end()
 	m.integrity.sealLater(storage.SuspendDir(name), m.snaps.withLocalMemory(suspendRef(name, seal), key))
 	return nil
+}
+
+// resumeOnFailure makes a failure from here run the paused VM again;
+// one that cannot be resumed is stopped and recorded so, never left
+// paused as running.
+func (o *op) resumeOnFailure(ctx context.Context, in *instance) {
+	m := o.m
+	o.undo.push("resume the paused vm", func() error {
+		// The slot may hold the new snapshot now: the next one is
+		// written whole (delta.go).
+		in.origin.set(memOrigin{})
+		if rerr := checkpoint.Resume(context.WithoutCancel(ctx), guestOf{m: m, in: in}, m.log); rerr != nil {
+			m.procs.stopInstance(ctx, in, stopQuit)
+			m.procs.recordStopped(ctx, in.name, fmt.Sprintf("sleep failed (%v) and the vm could not be resumed (%v); it boots from its disk when next used", o.err, rerr))
+		}
+		return nil
+	})
+}
+
+// writeSuspend writes the paused VM's snapshot into tmp, synced, and
+// seals its small files (the memory's digests come later, sealLater);
+// with memCopy, the RAM file is copied locally meanwhile.
+func (o *op) writeSuspend(ctx context.Context, in *instance, tmp storage.Path, memCopy bool) (seal string, err error) {
+	m := o.m
+	dir, err := m.vol.Path(tmp)
+	if err != nil {
+		return "", err
+	}
+	end := phase.Begin(ctx, "vmm snapshot")
+	err = m.snaps.snapshotVMM(ctx, in, tmp, memCopy)
+	end()
+	if err != nil {
+		return "", err
+	}
+	end = phase.Begin(ctx, "sync the snapshot")
+	err = atomicfile.SyncTree(dir)
+	end()
+	if err != nil {
+		return "", err
+	}
+	defer phase.Begin(ctx, "digests of the small files")()
+	return m.integrity.sealSmall(ctx, tmp)
 }
 
 // swapSuspend moves a complete suspend-new into the suspend slot. A crash
