@@ -83,5 +83,6 @@ func (ac *activity) saveActivity(ctx context.Context) {
 	}
 }
 
-// activity saves running VMs' last activity to the registry, at most every Config.ActivitySave (activity.go).
+// activity saves running VMs' last activity to the registry, at most every
+// Config.ActivitySave (activity.go).
 type activity struct{ m *Manager }

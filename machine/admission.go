@@ -477,5 +477,6 @@ func (m *Manager) Memory(ctx context.Context) MemoryStatus {
 	return st
 }
 
-// memoryBudget admits VMMs within the host's memory, and puts idle VMs to sleep to make room or under pressure (admission.go, pressure.go).
+// memoryBudget admits VMMs within the host's memory, and puts idle VMs to
+// sleep to make room or under pressure (admission.go, pressure.go).
 type memoryBudget struct{ m *Manager }

@@ -77,5 +77,6 @@ func (ag *agents) agentClient(ctx context.Context, in *instance) (*agent.Client,
 	return in.agent, nil
 }
 
-// agents are the connections to the guests' agents, and the identity a restored guest is given through them (agentconn.go, identity.go).
+// agents are the connections to the guests' agents, and the identity a
+// restored guest is given through them (agentconn.go, identity.go).
 type agents struct{ m *Manager }

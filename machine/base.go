@@ -287,7 +287,8 @@ func (m *Manager) rootFS(name string) (image.Artifact, error) {
 	return art, nil
 }
 
-// bases imports images into base disks and makes their warm bases, the booted snapshots creates restore from (base.go).
+// bases imports images into base disks and makes their warm bases, the
+// booted snapshots creates restore from (base.go).
 type bases struct{ m *Manager }
 
 // warmSource is where a new VM comes from when its image has a warm base

@@ -101,31 +101,30 @@ func (l *launcher) boot(ctx context.Context, vm registry.VM, sp spec) error {
 		return fmt.Errorf("boot: %w", err)
 	}
 	in := newInstance(vm.Name, hv)
-	fail := func(err error) error {
-		close(in.stopping)
-		in.closeAgent()
-		_ = hv.Shutdown(context.Background())
+	if err := l.bootInstance(ctx, in, cfg); err != nil {
+		in.abandon()
 		return fmt.Errorf("boot: %w%s", err, consoleHint(rd))
-	}
-	end := phase.Begin(ctx, "vmm create and boot")
-	if err := hv.Create(ctx, cfg); err != nil {
-		end()
-		return fail(err)
-	}
-	err = hv.Boot(ctx)
-	end()
-	if err != nil {
-		return fail(err)
-	}
-	end = phase.Begin(ctx, "guest boot to agent")
-	_, err = l.m.agents.connectAgent(ctx, in, l.m.cfg.BootTimeout)
-	end()
-	if err != nil {
-		return fail(err)
 	}
 	l.m.procs.setInstance(in)
 	go l.m.procs.watch(in)
 	return nil
+}
+
+// bootInstance creates and boots the VM in its started VMM and waits for
+// the guest's agent.
+func (l *launcher) bootInstance(ctx context.Context, in *instance, cfg vmm.Config) error {
+	end := phase.Begin(ctx, "vmm create and boot")
+	err := in.hv.Create(ctx, cfg)
+	if err == nil {
+		err = in.hv.Boot(ctx)
+	}
+	end()
+	if err != nil {
+		return err
+	}
+	defer phase.Begin(ctx, "guest boot to agent")()
+	_, err = l.m.agents.connectAgent(ctx, in, l.m.cfg.BootTimeout)
+	return err
 }
 
 // consoleHint is the end of the guest console, for boot errors.

@@ -116,15 +116,10 @@ func (o *op) checkpoint(ctx context.Context, opts CheckpointOptions, progress Pr
 	}
 	m.snaps.sizesLater(vm.Name, id)
 	m.integrity.sealLater(checkpoint.Dir(vm.Name, id), m.snaps.withLocalMemory(checkpointRef(rec), checkpointKey(id, rec.Seal)))
-	// No spare disk yet (spares.go): made now, it competed with whatever
-	// came next (a disk-only checkpoint went from 261 to 575 ms in den
-	// bench, a restore from 465 to 605, when clones were a juicefs
-	// process). Tried again with clones through the control file: a
-	// restore right after a memory and a disk-only checkpoint took the
-	// spare, and its median did not move (572 ms with it, 537 without,
-	// 8 runs each on two cores, where the clone only made room for the
-	// VMM's start to compete with the memory's staging). A restore makes
-	// one for the next restore to the same checkpoint.
+	// No spare disk is made for it here (spares.go): its clone would
+	// compete with whatever operation comes next, and a restore right
+	// after the checkpoint gains nothing by it. The first restore to it
+	// makes one, for the next.
 	if err := o.update(ctx, func(_ *registry.VM, sp *spec) error {
 		sp.Head = id
 		return nil
@@ -138,9 +133,8 @@ func (o *op) checkpoint(ctx context.Context, opts CheckpointOptions, progress Pr
 // records them (den checkpoints shows them; nothing waits for them),
 // once operations pause for sizesSettle: JuiceFS lists every chunk of
 // the memory and of the disk for them, and compacts the chunks it finds
-// in many slices. Read at once, they made the restore that followed a
-// memory and a disk-only checkpoint take a fifth longer (nothing else
-// changed: 6 runs each, den bench's sequence, on two cores).
+// in many slices, which slows the operation that comes next (a restore
+// to the checkpoint, typically).
 func (ss *snapshots) sizesLater(vm, id string) {
 	key := vm + "/" + id
 	if _, dup := ss.m.sizing.LoadOrStore(key, true); dup {

@@ -140,5 +140,6 @@ func checkMiB(what string, bytes int64) error {
 	return nil
 }
 
-// disks sizes VM disk files and grows them, with the guest's filesystem (disk.go).
+// disks sizes VM disk files and grows them, with the guest's filesystem
+// (disk.go).
 type disks struct{ m *Manager }

@@ -126,5 +126,6 @@ func (m *Manager) Accel() (string, string) {
 	return m.vmms.caps(m.vmmName).Accelerator, m.kvm.Reason
 }
 
-// vmms are the VMM drivers found on the host and the one new VMs run under (drivers.go).
+// vmms are the VMM drivers found on the host and the one new VMs run under
+// (drivers.go).
 type vmms struct{ m *Manager }

@@ -761,5 +761,6 @@ func (h *heldLocks) release() {
 	}
 }
 
-// hostLife is den's side of the host's shutdown and boot: every VM put to sleep and marked, then woken when den starts again (hostlife.go).
+// hostLife is den's side of the host's shutdown and boot: every VM put to
+// sleep and marked, then woken when den starts again (hostlife.go).
 type hostLife struct{ m *Manager }

@@ -1,6 +1,7 @@
 package machine
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -137,6 +138,15 @@ func (in *instance) unsaved(now time.Time) (time.Time, bool) {
 	return t, t.After(in.savedAct)
 }
 
+// abandon stops the VMM of an instance that never ran as its VM's (a
+// boot or a restore failed before it was set): no session was admitted,
+// nothing watches it.
+func (in *instance) abandon() {
+	close(in.stopping)
+	in.closeAgent()
+	_ = in.hv.Shutdown(context.Background())
+}
+
 // saved notes that the registry holds t as the last activity.
 func (in *instance) saved(t time.Time) {
 	in.actMu.Lock()
@@ -204,5 +214,6 @@ func (pr *procs) dropInstanceIf(in *instance) {
 	}
 }
 
-// procs are the VMs' running VMM processes (instances): who runs, watched until they exit, stopped, recorded stopped (instance.go, reconcile.go).
+// procs are the VMs' running VMM processes (instances): who runs, watched
+// until they exit, stopped, recorded stopped (instance.go, reconcile.go).
 type procs struct{ m *Manager }

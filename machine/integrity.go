@@ -496,5 +496,6 @@ func (b *bases) dropBase(ctx context.Context, dir storage.Path, why error) {
 	b.m.memc.drop(baseCopies, "")
 }
 
-// integrity seals snapshots with digests and verifies them before a VM runs from one (integrity.go).
+// integrity seals snapshots with digests and verifies them before a VM
+// runs from one (integrity.go).
 type integrity struct{ m *Manager }

@@ -2,17 +2,26 @@
 // lock) takes it through the state table, over its record in the
 // registry, its VMM, its disk on the volume and its guest agent.
 //
-// The files, by role: owner.go (the lock, who holds it, reconcile on the
-// owner's behalf), instance.go (a running VMM and its session admission),
-// drivers.go (the VMMs), create.go, fork.go and bringup.go (one bring-up
-// of a new VM), boot.go (a VMM's config and cold boot), base.go (images
-// and warm bases),
-// checkpoint.go, restore.go, sleep.go and session.go (the transitions),
-// reconcile.go (start-up and VMM deaths), volume.go (storage loss),
-// space.go and disk.go (the host volume and VM disks), integrity.go
-// (digests of snapshots, verified before a VM runs from one), ram.go
-// (guest RAM on a tmpfs), admission.go and pressure.go (the memory
-// budget), hostlife.go (the host's shutdown and boot).
+// An operation is an op (op.go): begun under the VM's lock with its
+// record and spec, it undoes what it took through one stack and commits
+// through one method. The operations, one file each: create.go, fork.go
+// and bringup.go (a new VM), session.go (a session's start or wake of
+// its VM), sleep.go, wake.go, restore.go, checkpoint.go, vms.go (rm,
+// reads), disk.go (resize); vmmrestore.go is the restore of a VMM from a
+// snapshot that wake, restore, create and fork share.
+//
+// Manager holds the parts, each a type with one role: locks (owner.go),
+// procs (running VMMs: instance.go, reconcile.go), startup (what the last
+// daemon left: reconcile.go), vmms (the drivers: drivers.go), launcher
+// (VMM config and cold boot: boot.go), bases (images and warm bases:
+// base.go), snapshots (suspend slots, checkpoint files, staged memory and
+// disks, local memory copies: suspend.go, memcopy.go, stage_ram.go,
+// delta.go), integrity (digests: integrity.go), volumeGuard (volume loss
+// and space: volume.go, space.go), disks (disk.go), memoryBudget
+// (admission.go, pressure.go), agents (agentconn.go, identity.go),
+// activity (activity.go), hostLife (the host's shutdown and boot:
+// hostlife.go); and vmNet (network.go), spares (spares.go), confinement
+// (confine.go) and guestRAM (ram.go), which need nothing of the Manager.
 package machine
 
 import (

@@ -348,5 +348,7 @@ func (ss *snapshots) copyBaseMemory(ref snapshotRef, key string) error {
 	return nil
 }
 
-// snapshots is den's snapshot store: the suspend slots, checkpoints' files, staged memory and disks, local memory copies, and how a VMM writes a snapshot over the last one's memory.
+// snapshots is den's snapshot store: the suspend slots, checkpoints'
+// files, staged memory and disks, local memory copies, and how a VMM
+// writes a snapshot over the last one's memory.
 type snapshots struct{ m *Manager }

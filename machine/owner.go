@@ -296,5 +296,6 @@ func (lk *locks) waitQuiet(ctx context.Context, settle, limit time.Duration) {
 // quietPoll is how often waitQuiet looks again while a VM is held.
 const quietPoll = 50 * time.Millisecond
 
-// locks are the VMs' locks: one operation at a time per VM, across goroutines and processes, and who holds each (owner.go).
+// locks are the VMs' locks: one operation at a time per VM, across
+// goroutines and processes, and who holds each (owner.go).
 type locks struct{ m *Manager }

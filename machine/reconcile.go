@@ -330,5 +330,7 @@ func decodeSpec(vm registry.VM) (spec, error) {
 	return sp, nil
 }
 
-// startup finds, when den starts, what the last daemon left: VMMs to adopt, records to reconcile, half-made clones, slots and checkpoints to sweep (reconcile.go).
+// startup finds, when den starts, what the last daemon left: VMMs to
+// adopt, records to reconcile, half-made clones, slots and checkpoints to
+// sweep (reconcile.go).
 type startup struct{ m *Manager }

@@ -176,5 +176,7 @@ func (vg *volumeGuard) lostWhileDown(ctx context.Context, name string, held []st
 	})
 }
 
-// volumeGuard keeps VMs off a lost or full volume: it watches the mount, stops the VMMs a loss left on a dead disk, and refuses work the volume has no room for (volume.go, space.go).
+// volumeGuard keeps VMs off a lost or full volume: it watches the mount,
+// stops the VMMs a loss left on a dead disk, and refuses work the volume
+// has no room for (volume.go, space.go).
 type volumeGuard struct{ m *Manager }
