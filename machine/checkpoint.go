@@ -294,14 +294,14 @@ func (m *Manager) getCheckpoint(ctx context.Context, vm, id string) (registry.Ch
 // is not given out again (registry.CheckpointStore). Deleting the VM's
 // head makes the checkpoint's parent the head.
 func (m *Manager) DeleteCheckpoint(ctx context.Context, name, id string) (err error) {
-	if err := checkpoint.ValidateID(id); err != nil {
-		return err
-	}
 	o, err := m.begin(ctx, name, "delete checkpoint "+id)
 	if err != nil {
 		return err
 	}
 	defer func() { o.end(err) }()
+	if err := checkpoint.ValidateID(id); err != nil {
+		return err
+	}
 	cp, err := m.db.GetCheckpoint(ctx, name, id)
 	if errors.Is(err, registry.ErrNotFound) {
 		return fmt.Errorf("vm %q has no checkpoint %s: %w", name, id, ErrNotFound)

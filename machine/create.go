@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -206,13 +205,13 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	}
 	end()
 	op, err := m.beginNew(ctx, o.Name, "create")
-	if errors.Is(err, errNameTaken) {
-		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
-	}
 	if err != nil {
 		return registry.VM{}, err
 	}
 	defer func() { op.end(err) }()
+	if err := m.nameFree(ctx, o.Name); err != nil {
+		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
+	}
 
 	base, baseSize, err := m.bases.baseImage(ctx, o.Image, progress)
 	if err != nil {

@@ -44,13 +44,14 @@ func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progr
 		return registry.VM{}, err
 	}
 	fo, err := m.beginNew(ctx, name, "fork")
-	if errors.Is(err, errNameTaken) {
-		return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
-	}
 	if err != nil {
 		return registry.VM{}, err
 	}
 	defer func() { fo.end(err) }()
+	// A name a VM has is refused before anything is taken for it.
+	if err := m.nameFree(ctx, name); err != nil {
+		return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
+	}
 	// The name is taken first, with the source's record as it is now;
 	// the sizes are read again under the source's lock.
 	now := time.Now().UTC()

@@ -364,11 +364,7 @@ func (h *hostLife) sleepForHost(soft, hard context.Context, vm registry.VM, o Ho
 	if late {
 		lockCtx = hard
 	}
-	vop, err := h.m.begin(lockCtx, vm.Name, op)
-	if inFlight && errors.Is(err, ErrNotFound) {
-		// The operation did not leave it (a create rolled back, an rm).
-		return HostResult{Name: vm.Name, skip: true}
-	}
+	unlock, err := h.m.locks.lockVM(lockCtx, vm.Name, op)
 	if err != nil {
 		return done(err)
 	}
@@ -377,16 +373,20 @@ func (h *hostLife) sleepForHost(soft, hard context.Context, vm registry.VM, o Ho
 	}
 	if o.Shutdown {
 		// Held until den refuses new work: nothing wakes it meanwhile.
-		defer held.keep(vop.unlock)
+		defer held.keep(unlock)
 	} else {
-		defer vop.unlock()
+		defer unlock()
 	}
-	cur := vop.vm
-	if inFlight && cur.State != registry.StateRunning {
-		// The operation did not leave it running (a wake that failed):
-		// nothing to put to sleep.
+	vop, err := h.m.holding(hard, vm.Name, op, func() {}) // let go above
+	if inFlight && (errors.Is(err, ErrNotFound) || (err == nil && vop.vm.State != registry.StateRunning)) {
+		// The operation did not leave it running (a wake that failed,
+		// a create rolled back, an rm): nothing to put to sleep.
 		return HostResult{Name: vm.Name, skip: true}
 	}
+	if err != nil {
+		return done(err)
+	}
+	cur := vop.vm
 	switch {
 	case cur.State == registry.StateSleeping:
 		if o.Shutdown {

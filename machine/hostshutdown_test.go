@@ -3,6 +3,7 @@
 package machine_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -257,5 +258,73 @@ func TestBootWakeLeavesUnsealedMemoryAsleep(t *testing.T) {
 	}
 	if live := e.drv.Live(); live != 0 {
 		t.Fatalf("%d vmms running", live)
+	}
+}
+
+// gatedStore is the registry with a hook before each new VM's record.
+type gatedStore struct {
+	registry.Store
+	create func(name string)
+}
+
+func (g gatedStore) CreateVM(ctx context.Context, vm registry.VM) error {
+	g.create(vm.Name)
+	return g.Store.CreateVM(ctx, vm)
+}
+
+// TestShutdownSleepsACreateInFlight: a create that holds its new name
+// when a host shutdown begins, before the VM has a record, is waited
+// for, and the VM it made is put to sleep and marked like the others,
+// not left running through the shutdown.
+func TestShutdownSleepsACreateInFlight(t *testing.T) {
+	reserve := newGate("create", "late")
+	e := newEnvWith(t, func(c *machine.Config) {
+		db, err := registry.Open(filepath.Join(t.TempDir(), "den.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		c.Registry = gatedStore{Store: db, create: func(name string) { reserve.hook("create", "/"+name) }}
+	})
+	ctx := ctxT(t)
+	e.create("r")
+	var rOnce sync.Once
+	rPaused := make(chan struct{})
+	e.drv.Hook = func(op, rd string) {
+		if op == "pause" && strings.HasSuffix(rd, "/r") {
+			rOnce.Do(func() { close(rPaused) })
+		}
+	}
+	created := make(chan error, 1)
+	go func() {
+		_, err := e.m.Create(ctx, machine.CreateOptions{Name: "late", MemoryBytes: 128 << 20, DiskBytes: imageSize, Cold: true}, nil)
+		created <- err
+	}()
+	reserve.wait(t) // late's name is taken, its record not written yet
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.m.SleepAll(ctx, machine.HostOptions{Shutdown: true, Timeout: 30 * time.Second}, nil)
+		done <- err
+	}()
+	select {
+	case <-rPaused: // the shutdown began, with late in flight
+	case <-time.After(testTimeout):
+		t.Fatal("the shutdown never put r to sleep")
+	}
+	close(reserve.release)
+	if err := <-created; err != nil {
+		t.Fatalf("the create in flight: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	e.drv.Hook = nil
+	for _, n := range []string{"r", "late"} {
+		if vm := e.wantState(n, registry.StateSleeping); !vm.WakeOnBoot {
+			t.Fatalf("%s after the shutdown: %+v; want asleep and marked to wake", n, vm)
+		}
+	}
+	if live := e.drv.Live(); live != 0 {
+		t.Fatalf("%d vmms left running after the shutdown", live)
 	}
 }

@@ -838,3 +838,37 @@ func TestRestartStopsPrelaunchedVMMs(t *testing.T) {
 	}
 	e.wantState("x", registry.StateRunning)
 }
+
+// TestRemoveWithCorruptSpec: a VM whose recorded spec does not decode can
+// still be removed (every other operation refuses it, saying so).
+func TestRemoveWithCorruptSpec(t *testing.T) {
+	var db *registry.DB
+	e := newEnvWith(t, func(c *machine.Config) {
+		var err error
+		if db, err = registry.Open(filepath.Join(t.TempDir(), "den.db")); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		c.Registry = db
+	})
+	ctx := ctxT(t)
+	e.create("bad")
+	if _, err := db.UpdateVM(ctx, "bad", func(v *registry.VM) error {
+		v.SpecJSON = `{"kernel": `
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Sleep(ctx, "bad", false); err == nil || !strings.Contains(err.Error(), "corrupt spec") {
+		t.Fatalf("sleep with a corrupt spec: %v; want it refused, saying so", err)
+	}
+	if err := e.m.Remove(ctx, "bad", true); err != nil {
+		t.Fatalf("rm with a corrupt spec: %v", err)
+	}
+	if _, err := db.GetVM(ctx, "bad"); !errors.Is(err, registry.ErrNotFound) {
+		t.Fatalf("record after rm: %v; want none", err)
+	}
+	if live := e.drv.Live(); live != 0 {
+		t.Fatalf("%d vmms left running after rm", live)
+	}
+}

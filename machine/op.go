@@ -28,6 +28,9 @@ type op struct {
 	undo   cleanups
 	err    error
 	unlock func()
+	// anySpec: the operation works on a VM whose spec does not decode
+	// (rm); then badSpec is set, and its writes leave the spec as it is.
+	anySpec, badSpec bool
 }
 
 // begin takes an existing VM's lock for an operation (kind names it in
@@ -35,21 +38,38 @@ type op struct {
 // reads its record, checked against its VMM (reconcileLocked), and
 // decodes its spec.
 func (m *Manager) begin(ctx context.Context, name, kind string) (*op, error) {
+	return m.beginOn(ctx, &op{m: m, kind: kind, undo: cleanups{log: m.log}}, name)
+}
+
+// beginAnySpec is begin for an operation that must also work on a VM
+// whose recorded spec does not decode (rm).
+func (m *Manager) beginAnySpec(ctx context.Context, name, kind string) (*op, error) {
+	return m.beginOn(ctx, &op{m: m, kind: kind, undo: cleanups{log: m.log}, anySpec: true}, name)
+}
+
+func (m *Manager) beginOn(ctx context.Context, o *op, name string) (*op, error) {
 	if _, err := m.get(ctx, name); err != nil {
 		return nil, err // an unknown name gets no lock file
 	}
-	unlock, err := m.locks.lockVM(ctx, name, kind)
+	unlock, err := m.locks.lockVM(ctx, name, o.kind)
 	if err != nil {
 		return nil, err
 	}
-	return m.holding(ctx, name, kind, unlock)
+	o.unlock = unlock
+	return o.hold(ctx, name)
 }
 
 // holding begins an operation on a VM whose lock the caller took
 // (unlock lets it go, also when this fails).
 func (m *Manager) holding(ctx context.Context, name, kind string, unlock func()) (*op, error) {
 	o := &op{m: m, kind: kind, undo: cleanups{log: m.log}, unlock: unlock}
-	vm, err := m.locks.reconcileLocked(ctx, name)
+	return o.hold(ctx, name)
+}
+
+// hold reads the record of the VM whose lock the operation holds.
+func (o *op) hold(ctx context.Context, name string) (*op, error) {
+	unlock := o.unlock
+	vm, err := o.m.locks.reconcileLocked(ctx, name)
 	if err == nil {
 		err = o.read(vm)
 	}
@@ -60,16 +80,12 @@ func (m *Manager) holding(ctx context.Context, name, kind string, unlock func())
 	return o, nil
 }
 
-// beginNew takes a new name's lock, for create and fork, and refuses a
-// name a VM has before anything is taken for it (a refusal then has
-// nothing to undo). The record comes with reserve.
+// beginNew takes a new name's lock, for create and fork, which then
+// check that no VM has it (nameFree) before they take anything for it.
+// The record comes with reserve.
 func (m *Manager) beginNew(ctx context.Context, name, kind string) (*op, error) {
 	unlock, err := m.locks.lockName(ctx, name, kind)
 	if err != nil {
-		return nil, err
-	}
-	if err := m.nameFree(ctx, name); err != nil {
-		unlock()
 		return nil, err
 	}
 	return &op{m: m, kind: kind, vm: registry.VM{Name: name}, undo: cleanups{log: m.log}, unlock: unlock}, nil
@@ -78,10 +94,10 @@ func (m *Manager) beginNew(ctx context.Context, name, kind string) (*op, error) 
 // read makes vm the operation's record, with its spec decoded.
 func (o *op) read(vm registry.VM) error {
 	sp, err := decodeSpec(vm)
-	if err != nil {
+	if err != nil && !o.anySpec {
 		return err
 	}
-	o.vm, o.spec = vm, sp
+	o.vm, o.spec, o.badSpec = vm, sp, err != nil
 	return nil
 }
 
@@ -119,7 +135,9 @@ func (o *op) update(ctx context.Context, change func(*registry.VM, *spec) error)
 				return err
 			}
 		}
-		v.SpecJSON = mustJSON(sp)
+		if !o.badSpec {
+			v.SpecJSON = mustJSON(sp)
+		}
 		return nil
 	})
 	if err != nil {

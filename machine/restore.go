@@ -51,13 +51,13 @@ func (o *op) restore(ctx context.Context, id string, opts RestoreOptions, progre
 	// saved and the old VMM stopped: what is left for after is a rename
 	// and the incoming migration.
 	ram := m.snaps.stageRAM(ctx, vm, cp)
-	defer ram.drop()
+	o.undo.always("drop the staged memory", ram.drop)
 	staged := m.snaps.stageDisk(ctx, cp)
-	defer staged.drop()
+	o.undo.always("give back the staged disk", staged.drop)
 	in := o.instance()
 	if ram != nil {
 		ram.pre = m.prelaunch(ctx, vm, o.spec, in, ram, staged)
-		defer ram.pre.drop() // before the staged disk's drop
+		o.undo.always("stop the prelaunched vmm", ram.pre.drop) // before the staged disk's drop
 	}
 	// A damaged checkpoint is refused before anything changes. Its
 	// memory is checked where the restore reads it: the local copy when

@@ -3,6 +3,7 @@ package machine
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/atomicfile"
@@ -66,14 +67,15 @@ func (o *op) sleep(ctx context.Context, force bool) error {
 		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
 	crashpoint("sleep-after-pause")
-	o.resumeOnFailure(ctx, in)
 	// The RAM file is copied locally while the snapshot is written: a
-	// wake reads that copy (memcopy.go).
+	// wake reads that copy (memcopy.go). A failure resumes the VM first,
+	// then drops the copy (which waits for it).
 	memCopy := m.snaps.startMemCopy(name)
 	o.undo.push("drop the local memory copy", func() error {
 		memCopy.drop()
 		return nil
 	})
+	o.resumeOnFailure(ctx, in)
 	seal, err := o.writeSuspend(ctx, in, tmp, memCopy != nil)
 	if err != nil {
 		_ = m.vol.Remove(ctx, tmp)
@@ -128,7 +130,8 @@ func (o *op) resumeOnFailure(ctx context.Context, in *instance) {
 		in.origin.set(memOrigin{})
 		if rerr := checkpoint.Resume(context.WithoutCancel(ctx), guestOf{m: m, in: in}, m.log); rerr != nil {
 			m.procs.stopInstance(ctx, in, stopQuit)
-			m.procs.recordStopped(ctx, in.name, fmt.Sprintf("sleep failed (%v) and the vm could not be resumed (%v); it boots from its disk when next used", o.err, rerr))
+			cause := strings.TrimPrefix(o.err.Error(), fmt.Sprintf("sleep vm %q: ", in.name))
+			m.procs.recordStopped(ctx, in.name, fmt.Sprintf("sleep failed (%s) and the vm could not be resumed (%v); it boots from its disk when next used", cause, rerr))
 		}
 		return nil
 	})

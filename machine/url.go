@@ -98,7 +98,16 @@ func (m *Manager) updateSpec(ctx context.Context, name, kind string, f func(*spe
 		return spec{}, err
 	}
 	defer func() { o.end(err) }()
-	if err := o.update(ctx, func(_ *registry.VM, sp *spec) error { return f(sp) }); err != nil {
+	// f runs before the write: it may take its time (the egress rules),
+	// and the registry is not held meanwhile.
+	sp := o.spec
+	if err := f(&sp); err != nil {
+		return spec{}, err
+	}
+	if err := o.update(ctx, func(_ *registry.VM, rec *spec) error {
+		*rec = sp
+		return nil
+	}); err != nil {
 		return spec{}, err
 	}
 	return o.spec, nil

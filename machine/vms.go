@@ -112,7 +112,7 @@ func (m *Manager) status(ctx context.Context, vm registry.VM, measure bool) Stat
 // Remove deletes a VM: its VMM (the guest is asked to power off first
 // unless force), its disk and checkpoints, and its record.
 func (m *Manager) Remove(ctx context.Context, name string, force bool) (err error) {
-	o, err := m.begin(ctx, name, "rm")
+	o, err := m.beginAnySpec(ctx, name, "rm")
 	if err != nil {
 		return err
 	}
