@@ -80,7 +80,7 @@ func (o *op) bringUp(ctx context.Context, from bringUpFrom, progress Progress) e
 	// The clone runs while the memory is read in; it is over before this
 	// returns (and a rollback removes the VM's files), whatever happens.
 	cloned := m.meanwhile(ctx, "", "bringup-after-clone", func() error {
-		if from.spare && m.spares.take(ctx, spareFor(from.disk), storage.VMDisk(vm.Name)) {
+		if from.spare && m.snaps.spares.take(ctx, spareFor(from.disk), storage.VMDisk(vm.Name)) {
 			return nil
 		}
 		defer phase.Begin(ctx, "clone disk")()
@@ -90,7 +90,7 @@ func (o *op) bringUp(ctx context.Context, from bringUpFrom, progress Progress) e
 		return nil
 	})
 	if from.spare {
-		defer m.spares.refill(from.disk, spareFor(from.disk)) // once this create is over
+		defer m.snaps.spares.refill(from.disk, spareFor(from.disk)) // once this create is over
 	}
 	defer cloned() // never returns before the clone is over; its error comes from the wait in the restore or the boot
 	if from.memory != "" {

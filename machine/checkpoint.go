@@ -93,7 +93,7 @@ func (o *op) checkpoint(ctx context.Context, opts CheckpointOptions, progress Pr
 		key := checkpointKey(id, rec.Seal)
 		memCopy.keep(key)
 		if memCopy != nil {
-			if local := m.memc.local(vm.Name, key); local != "" {
+			if local := m.snaps.memc.local(vm.Name, key); local != "" {
 				// The RAM equals the checkpoint's memory now: the next
 				// snapshot is written over it (delta.go).
 				m.snaps.setOrigin(in, checkpoint.Dir(vm.Name, id).Join(checkpoint.VMMDir), local)
@@ -137,11 +137,11 @@ func (o *op) checkpoint(ctx context.Context, opts CheckpointOptions, progress Pr
 // to the checkpoint, typically).
 func (ss *snapshots) sizesLater(vm, id string) {
 	key := vm + "/" + id
-	if _, dup := ss.m.sizing.LoadOrStore(key, true); dup {
+	if _, dup := ss.sizing.LoadOrStore(key, true); dup {
 		return // asked already: a listing asks again until they are read
 	}
 	if !ss.m.goBackground(func() {
-		defer ss.m.sizing.Delete(key)
+		defer ss.sizing.Delete(key)
 		ctx, cancel := ss.m.lifetime()
 		defer cancel()
 		ss.m.locks.waitQuiet(ctx, sizesSettle, sizesWaitMax)
@@ -154,7 +154,7 @@ func (ss *snapshots) sizesLater(vm, id string) {
 			ss.m.log.Debug("den: checkpoint sizes", "vm", vm, "checkpoint", id, "err", err)
 		}
 	}) {
-		ss.m.sizing.Delete(key)
+		ss.sizing.Delete(key)
 	}
 }
 
@@ -337,8 +337,8 @@ func (ss *snapshots) deleteCheckpoint(ctx context.Context, name, id string) erro
 	if err := ss.store().Retire(ctx, name, id); err != nil {
 		return err
 	}
-	ss.m.memc.drop(name, id+"-")
-	ss.m.spares.dropCheckpoint(ctx, name, id)
+	ss.memc.drop(name, id+"-")
+	ss.spares.dropCheckpoint(ctx, name, id)
 	if err := ss.m.db.DeleteCheckpoint(ctx, name, id); err != nil && !errors.Is(err, registry.ErrNotFound) {
 		return err
 	}

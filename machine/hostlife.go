@@ -408,25 +408,7 @@ func (h *hostLife) sleepForHost(soft, hard context.Context, vm registry.VM, o Ho
 			return done(err)
 		}
 	}
-	errc := make(chan error, 1)
-	go func() {
-		err := vop.sleep(soft, o.Force || o.Shutdown)
-		vop.finish(err)
-		errc <- err
-	}()
-	var serr error
-	select {
-	case serr = <-errc:
-	case <-soft.Done():
-		if o.Shutdown {
-			// Out of time: the host kills it soon anyway. Killing it now
-			// ends the sleep (its VMM calls fail at once) and lets den
-			// record what was lost.
-			h.m.log.Warn("den: host shutdown: a vm did not sleep in time; stopping its vmm", "vm", vm.Name)
-			h.killVMM(bg, vm.Name)
-		}
-		serr = <-errc
-	}
+	serr := h.sleepWithin(soft, bg, vop, o)
 	if rec, err := h.m.get(bg, vm.Name); err == nil && rec.State == registry.StateSleeping {
 		// Asleep (a sleep killed after its record was written finished).
 		if o.Shutdown {
@@ -442,6 +424,29 @@ func (h *hostLife) sleepForHost(soft, hard context.Context, vm registry.VM, o Ho
 		cause = fmt.Sprintf("it did not sleep within %s: %v", (o.Timeout - stopReserve(o.Timeout)).Round(time.Millisecond), serr)
 	}
 	return done(h.loseForHost(bg, vm.Name, cause))
+}
+
+// sleepWithin puts the VM to sleep for the host, within soft: past it,
+// on a shutdown, its VMM is killed, which ends the sleep (its VMM calls
+// fail at once) and lets den record what was lost.
+func (h *hostLife) sleepWithin(soft, bg context.Context, vop *op, o HostOptions) error {
+	errc := make(chan error, 1)
+	go func() {
+		err := vop.sleep(soft, o.Force || o.Shutdown)
+		vop.finish(err)
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		return err
+	case <-soft.Done():
+	}
+	if o.Shutdown {
+		// Out of time: the host kills it soon anyway.
+		h.m.log.Warn("den: host shutdown: a vm did not sleep in time; stopping its vmm", "vm", vop.name())
+		h.killVMM(bg, vop.name())
+	}
+	return <-errc
 }
 
 // markAsleep makes a sleeping VM's record say that a shutdown put it to

@@ -492,8 +492,8 @@ func (b *bases) dropBase(ctx context.Context, dir storage.Path, why error) {
 	if err := b.m.vol.Rename(ctx, dir, bad); err != nil {
 		b.m.log.Warn("den: move a damaged warm base aside", "base", string(dir), "err", err)
 	}
-	b.m.spares.dropAll(ctx) // clones of its disk
-	b.m.memc.drop(baseCopies, "")
+	b.m.snaps.spares.dropAll(ctx) // clones of its disk
+	b.m.snaps.memc.drop(baseCopies, "")
 }
 
 // integrity seals snapshots with digests and verifies them before a VM

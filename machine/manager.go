@@ -152,45 +152,26 @@ type Manager struct {
 	conf *confinement // the VMMs' user and cgroups (confine.go)
 
 	usage usageCache // the disks' last measured use (usage.go)
-	memc  *memCopies // local copies of snapshots' memory (memcopy.go)
-
-	spares *spares // spare disks (spares.go)
-
-	retireMu sync.Mutex
-	retiring map[string]bool // VMs whose retired suspend slots are being removed: true to look again (sleep.go)
-	removals chan struct{}   // bounds the removals at once
 
 	seal       sealer         // digests snapshots' large files
-	sizing     sync.Map       // "vm/id" of checkpoints whose sizes are being read
 	background sync.WaitGroup // digests and verifications under way
 
+	// The Manager's roles, each a type of its own (see the package doc);
+	// wire gives them their way back to it.
+	locks     locks
+	procs     procs
+	startup   startup
+	vmms      vmms
+	launch    launcher
+	bases     bases
+	snaps     snapshots
 	integrity integrity
-
-	host hostLife
-
-	bases bases
-
-	launch launcher
-
-	vmms vmms
-
-	snaps snapshots
-
-	startup startup
-
-	guard volumeGuard
-
-	disks disks
-
-	budget memoryBudget
-
-	locks locks
-
-	procs procs
-
-	agents agents
-
-	activity activity
+	guard     volumeGuard
+	disks     disks
+	budget    memoryBudget
+	agents    agents
+	activity  activity
+	host      hostLife
 
 	mu        sync.Mutex
 	instances map[string]*instance
@@ -251,12 +232,11 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m := &Manager{
 		cfg: cfg, state: cfg.State, db: db, ownDB: ownDB, vol: cfg.Volume, signer: signer, log: cfg.Logger,
 		kvm: vmm.DetectKVM(), instances: map[string]*instance{}, holders: map[string]holder{}, waiters: map[string]chan struct{}{},
-		closed:   make(chan struct{}),
-		removals: make(chan struct{}, 2),
+		closed: make(chan struct{}),
 	}
 	wire(m)
 	m.adm = m.budget.newAdmission()
-	m.spares = &spares{vol: cfg.Volume, log: m.log, background: m.inBackground}
+	m.snaps.spares = &spares{vol: cfg.Volume, log: m.log, background: m.inBackground}
 	if err := m.vmms.chooseVMM(); err != nil {
 		closeDB()
 		return nil, err
@@ -270,7 +250,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		closeDB()
 		return nil, fmt.Errorf("local memory copies: %w", err)
 	}
-	m.spares.dropAll(ctx) // one may be half made
+	m.snaps.spares.dropAll(ctx) // one may be half made
 	if err := m.setupConfine(); err != nil {
 		closeDB()
 		return nil, err
@@ -351,7 +331,7 @@ func wire(m *Manager) *Manager {
 	m.bases = bases{m}
 	m.launch = launcher{m}
 	m.vmms = vmms{m}
-	m.snaps = snapshots{m}
+	m.snaps = snapshots{m: m, removals: make(chan struct{}, 2)}
 	m.startup = startup{m}
 	m.guard = volumeGuard{m}
 	m.disks = disks{m}

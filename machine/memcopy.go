@@ -64,14 +64,14 @@ func checkpointKey(id, seal string) string {
 // initMemCopies empties the copies' directory: copies made before this
 // start may be torn.
 func (ss *snapshots) initMemCopies(budget int64) error {
-	ss.m.memc = &memCopies{dir: ss.m.state.MemoryCopies(), budget: budget}
-	if err := os.RemoveAll(ss.m.memc.dir); err != nil {
+	ss.memc = &memCopies{dir: ss.m.state.MemoryCopies(), budget: budget}
+	if err := os.RemoveAll(ss.memc.dir); err != nil {
 		return err
 	}
 	if budget <= 0 {
 		return nil
 	}
-	return os.MkdirAll(ss.m.memc.dir, 0o700)
+	return os.MkdirAll(ss.memc.dir, 0o700)
 }
 
 // memCopyMargin is the free space a local copy leaves on the state
@@ -91,7 +91,7 @@ type memCopyJob struct {
 // background; nil when there is nothing to copy (no budget, no RAM file:
 // another VMM). The VM must stay paused until the job's wait returns.
 func (ss *snapshots) startMemCopy(name string) *memCopyJob {
-	c := ss.m.memc
+	c := ss.memc
 	if c == nil || c.budget <= 0 {
 		return nil
 	}
@@ -243,7 +243,7 @@ func (c *memCopies) trim() {
 // withLocalMemory returns ref reading its memory from the local copy
 // named key, when there is one.
 func (ss *snapshots) withLocalMemory(ref snapshotRef, key string) snapshotRef {
-	ref.local = ss.m.memc.local(ref.vm, key)
+	ref.local = ss.memc.local(ref.vm, key)
 	return ref
 }
 
@@ -292,14 +292,14 @@ func (ss *snapshots) withBaseMemory(ref snapshotRef) (snapshotRef, string) {
 		return ref, ""
 	}
 	key := "base-" + man.Seal
-	ref.local = ss.m.memc.local(baseCopies, key)
+	ref.local = ss.memc.local(baseCopies, key)
 	return ref, key
 }
 
 // fillBaseCopy copies a warm base's memory from the volume to its local
 // copy key, in the background, unless ref has one already.
 func (ss *snapshots) fillBaseCopy(ref snapshotRef, key string) {
-	c := ss.m.memc
+	c := ss.memc
 	if c == nil || c.budget <= 0 || key == "" || ref.local != "" {
 		return
 	}
@@ -311,7 +311,7 @@ func (ss *snapshots) fillBaseCopy(ref snapshotRef, key string) {
 }
 
 func (ss *snapshots) copyBaseMemory(ref snapshotRef, key string) error {
-	c := ss.m.memc
+	c := ss.memc
 	host, err := ss.m.vol.Path(ref.dir)
 	if err != nil {
 		return err
@@ -349,6 +349,18 @@ func (ss *snapshots) copyBaseMemory(ref snapshotRef, key string) error {
 }
 
 // snapshots is den's snapshot store: the suspend slots, checkpoints'
-// files, staged memory and disks, local memory copies, and how a VMM
-// writes a snapshot over the last one's memory.
-type snapshots struct{ m *Manager }
+// files and sizes, staged memory and disks, spare disks, local memory
+// copies, and how a VMM writes a snapshot over the last one's memory.
+// Files derived from a snapshot are keyed by its seal.
+type snapshots struct {
+	m *Manager
+
+	memc   *memCopies // local copies of snapshots' memory (memcopy.go)
+	spares *spares    // spare disks (spares.go)
+
+	retireMu sync.Mutex
+	retiring map[string]bool // VMs whose retired suspend slots are being removed: true to look again (suspend.go)
+	removals chan struct{}   // bounds the removals at once
+
+	sizing sync.Map // "vm/id" of checkpoints whose sizes are being read
+}

@@ -155,7 +155,7 @@ func (ss *snapshots) stageDisk(ctx context.Context, cp registry.Checkpoint) *sta
 		if err := ss.m.vol.Remove(ctx, st.path); err != nil {
 			return err
 		}
-		if ss.m.spares.take(ctx, st.spare, st.path) {
+		if ss.spares.take(ctx, st.spare, st.path) {
 			return nil
 		}
 		defer phase.Begin(ctx, "clone disk beside the vm's")()
@@ -190,7 +190,7 @@ func (st *stagedDisk) drop() {
 		return
 	}
 	ctx := context.Background()
-	if !st.m.spares.put(ctx, st.path, st.spare) {
+	if !st.m.snaps.spares.put(ctx, st.path, st.spare) {
 		_ = st.m.vol.Remove(ctx, st.path)
 	}
 }
@@ -214,7 +214,7 @@ func (o *op) finishRestore(ctx context.Context, cp registry.Checkpoint, staged *
 		} else if staged != nil {
 			m.log.Debug("den: staged disk for a restore", "vm", name, "err", err)
 		}
-		if m.spares.take(ctx, checkpointSpare(cp), storage.VMDisk(name)) {
+		if m.snaps.spares.take(ctx, checkpointSpare(cp), storage.VMDisk(name)) {
 			return nil
 		}
 		defer phase.Begin(ctx, "clone disk over the vm's")()
@@ -223,20 +223,20 @@ func (o *op) finishRestore(ctx context.Context, cp registry.Checkpoint, staged *
 	// Never returns before the disk is in place; its error comes from
 	// the wait in the restore or the boot. Then the checkpoint gets a new
 	// spare, for the next restore to it.
-	defer m.spares.refillCheckpoint(cp)
+	defer m.snaps.spares.refillCheckpoint(cp)
 	defer cloned()
 	// A sleeping VM's old memory is obsolete: moved out of the way while
 	// the VM comes up, before the record says running, and removed once
 	// the restore is over (a crash before leaves it to the next try; no
 	// wake uses it, the VM being recorded as restoring).
-	m.memc.drop(name, "suspend-")
+	m.snaps.memc.drop(name, "suspend-")
 	retired := m.meanwhile(ctx, "volume: retire the suspend slot", "", func() error {
 		return m.snaps.retireSuspend(ctx, name)
 	})
 	defer retired()
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		progress("restoring memory")
-		local := m.memc.local(name, checkpointKey(id, cp.Seal))
+		local := m.snaps.memc.local(name, checkpointKey(id, cp.Seal))
 		in, err := o.restoreInto(ctx, restoreSource{snapDir: checkpoint.Dir(name, id).Join(checkpoint.VMMDir), local: local, ram: ram, disks: cloned})
 		if err != nil {
 			return fmt.Errorf("restore vm %q to %s: %w", name, id, err)

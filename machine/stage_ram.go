@@ -41,7 +41,7 @@ func (ss *snapshots) stageRAM(ctx context.Context, vm registry.VM, cp registry.C
 	// Only from a local copy: read through the volume, the staging slows
 	// the verification, which reads the same memory there, more than it
 	// saves (docs/benchmarks.md, "Constants set from measurements").
-	local := ss.m.memc.local(vm.Name, checkpointKey(cp.ID, cp.Seal))
+	local := ss.memc.local(vm.Name, checkpointKey(cp.ID, cp.Seal))
 	if local == "" || !ss.roomToStage(vm.MemoryBytes) {
 		return nil
 	}

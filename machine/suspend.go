@@ -57,23 +57,23 @@ func (ss *snapshots) retireSuspend(ctx context.Context, name string) error {
 // at a low priority: one removal per VM at a time (a call while one runs
 // makes it look again when done), and at most two VMs' at once.
 func (ss *snapshots) removeRetired(name string) {
-	ss.m.retireMu.Lock()
-	if ss.m.retiring == nil {
-		ss.m.retiring = map[string]bool{}
+	ss.retireMu.Lock()
+	if ss.retiring == nil {
+		ss.retiring = map[string]bool{}
 	}
-	if _, running := ss.m.retiring[name]; running {
-		ss.m.retiring[name] = true // again, once the running removal is over
-		ss.m.retireMu.Unlock()
+	if _, running := ss.retiring[name]; running {
+		ss.retiring[name] = true // again, once the running removal is over
+		ss.retireMu.Unlock()
 		return
 	}
-	ss.m.retiring[name] = false
-	ss.m.retireMu.Unlock()
+	ss.retiring[name] = false
+	ss.retireMu.Unlock()
 	started := ss.m.goBackground(func() {
 		ctx, cancel := ss.m.lifetime()
 		defer cancel()
 		for {
 			select {
-			case ss.m.removals <- struct{}{}:
+			case ss.removals <- struct{}{}:
 			case <-ctx.Done():
 			}
 			if ctx.Err() == nil {
@@ -81,25 +81,25 @@ func (ss *snapshots) removeRetired(name string) {
 				// wait without an OS thread each.
 				lowPriority()
 				ss.removeRetiredNow(ctx, name)
-				<-ss.m.removals
+				<-ss.removals
 			}
-			ss.m.retireMu.Lock()
-			again := ss.m.retiring[name] && ctx.Err() == nil
+			ss.retireMu.Lock()
+			again := ss.retiring[name] && ctx.Err() == nil
 			if !again {
-				delete(ss.m.retiring, name)
+				delete(ss.retiring, name)
 			} else {
-				ss.m.retiring[name] = false
+				ss.retiring[name] = false
 			}
-			ss.m.retireMu.Unlock()
+			ss.retireMu.Unlock()
 			if !again {
 				return
 			}
 		}
 	})
 	if !started {
-		ss.m.retireMu.Lock()
-		delete(ss.m.retiring, name)
-		ss.m.retireMu.Unlock()
+		ss.retireMu.Lock()
+		delete(ss.retiring, name)
+		ss.retireMu.Unlock()
 	}
 }
 

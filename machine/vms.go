@@ -134,8 +134,8 @@ func (m *Manager) Remove(ctx context.Context, name string, force bool) (err erro
 	}
 	m.procs.destroy(ctx, name)
 	m.forgetUsage(name)
-	m.memc.drop(name, "")
-	m.spares.dropVM(ctx, name)
+	m.snaps.memc.drop(name, "")
+	m.snaps.spares.dropVM(ctx, name)
 	_ = os.RemoveAll(m.state.Run(name).Path())
 	if err := m.db.DeleteCheckpoints(ctx, name); err != nil {
 		return fmt.Errorf("remove vm %q: %w", name, err)

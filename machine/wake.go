@@ -56,7 +56,7 @@ func (o *op) wake(ctx context.Context) error {
 // that a wake restores from stale memory.
 func (ss *snapshots) dropRunSlot(ctx context.Context, name string, cause error) {
 	ctx = context.WithoutCancel(ctx)
-	ss.m.memc.drop(name, "suspend-")
+	ss.memc.drop(name, "suspend-")
 	if err := ss.m.vol.Remove(ctx, storage.SuspendDir(name)); err != nil {
 		ss.m.log.Warn("den: remove the suspend slot of a wake that failed after the guest ran", "vm", name, "err", err)
 	}
