@@ -430,6 +430,7 @@ func (h *hostLife) sleepForHost(soft, hard context.Context, vm registry.VM, o Ho
 // on a shutdown, its VMM is killed, which ends the sleep (its VMM calls
 // fail at once) and lets den record what was lost.
 func (h *hostLife) sleepWithin(soft, bg context.Context, vop *op, o HostOptions) error {
+	name := vop.name() // read here: the sleep writes vop's record
 	errc := make(chan error, 1)
 	go func() {
 		err := vop.sleep(soft, o.Force || o.Shutdown)
@@ -443,8 +444,8 @@ func (h *hostLife) sleepWithin(soft, bg context.Context, vop *op, o HostOptions)
 	}
 	if o.Shutdown {
 		// Out of time: the host kills it soon anyway.
-		h.m.log.Warn("den: host shutdown: a vm did not sleep in time; stopping its vmm", "vm", vop.name())
-		h.killVMM(bg, vop.name())
+		h.m.log.Warn("den: host shutdown: a vm did not sleep in time; stopping its vmm", "vm", name)
+		h.killVMM(bg, name)
 	}
 	return <-errc
 }
