@@ -22,9 +22,10 @@ type op struct {
 	// its spec, decoded. A VM being created has none until reserve.
 	vm   registry.VM
 	spec spec
-	// undo is the rollback of a failure: steps are pushed as things are
-	// taken, and run newest first by end (or finish) with the
-	// operation's error in err.
+	// undo is the operation's cleanup stack: steps are pushed as things
+	// are taken, and run newest first by end (or finish) when it failed,
+	// with its error in err; the always steps (what it only borrowed)
+	// run either way.
 	undo   cleanups
 	err    error
 	unlock func()
