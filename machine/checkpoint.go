@@ -237,20 +237,6 @@ func (g guestOf) Thaw(ctx context.Context) error {
 	return nil
 }
 
-// setHead records the checkpoint a VM's state now descends from.
-func (su *startup) setHead(ctx context.Context, name, id string) error {
-	_, err := su.m.db.UpdateVM(ctx, name, func(v *registry.VM) error {
-		sp, err := decodeSpec(*v)
-		if err != nil {
-			return err
-		}
-		sp.Head = id
-		v.SpecJSON = mustJSON(sp)
-		return nil
-	})
-	return err
-}
-
 // Checkpoints lists a VM's checkpoints (oldest first) and its head.
 func (m *Manager) Checkpoints(ctx context.Context, name string) ([]registry.Checkpoint, string, error) {
 	vm, err := m.get(ctx, name)
@@ -371,21 +357,24 @@ func (su *startup) sweepCheckpoints(ctx context.Context, name string) {
 		su.m.log.Warn("den: sweep checkpoints", "vm", name, "err", err)
 		return
 	}
+	o, err := su.m.owned(ctx, name)
+	if err != nil {
+		su.m.log.Warn("den: sweep checkpoints", "vm", name, "err", err)
+		return
+	}
 	for _, id := range deleted {
 		// A deletion a crash cut short after it retired the files: the
 		// row goes too (and the head moves to its parent).
 		if cp, err := su.m.db.GetCheckpoint(ctx, name, id); err == nil {
-			if err := su.m.startup.dropCheckpoint(ctx, name, cp); err != nil {
+			if err := o.dropCheckpoint(ctx, cp); err != nil {
 				su.m.log.Warn("den: finish an interrupted checkpoint deletion", "vm", name, "checkpoint", id, "err", err)
 			}
 		}
 	}
 	headSeq := 0
-	if vm, err := su.m.get(ctx, name); err == nil {
-		if sp, err := decodeSpec(vm); err == nil && sp.Head != "" {
-			if cp, err := su.m.db.GetCheckpoint(ctx, name, sp.Head); err == nil {
-				headSeq = cp.Seq
-			}
+	if o.spec.Head != "" {
+		if cp, err := su.m.db.GetCheckpoint(ctx, name, o.spec.Head); err == nil {
+			headSeq = cp.Seq
 		}
 	}
 	for _, row := range rows {
@@ -394,7 +383,10 @@ func (su *startup) sweepCheckpoints(ctx context.Context, name string) {
 			// into place and its row): recorded again, and the head when
 			// it is newer than the head.
 			if err := su.m.db.AddCheckpoint(ctx, row); err == nil && row.Seq > headSeq {
-				_ = su.m.startup.setHead(ctx, name, row.ID)
+				_ = o.update(ctx, func(_ *registry.VM, sp *spec) error {
+					sp.Head = row.ID
+					return nil
+				})
 				headSeq = row.Seq
 			}
 		}

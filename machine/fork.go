@@ -131,23 +131,6 @@ func (o *op) forkFrom(ctx context.Context, src, id string, progress Progress) (e
 	return o.bringUp(ctx, from, progress) // the fork's stack removes it on failure
 }
 
-// dropCheckpoint removes a checkpoint whose deletion a crash cut short, or
-// that a fork took and a crash left half-made, and moves the VM's head
-// back to the checkpoint's parent if it is the head: op.dropCheckpoint
-// for the start-up reconcile, which owns every VM and holds no lock.
-func (su *startup) dropCheckpoint(ctx context.Context, name string, cp registry.Checkpoint) error {
-	vm, err := su.m.get(ctx, name)
-	if err != nil {
-		return err
-	}
-	if sp, err := decodeSpec(vm); err == nil && sp.Head == cp.ID {
-		if err := su.setHead(ctx, name, cp.Parent); err != nil {
-			return err
-		}
-	}
-	return su.m.snaps.deleteCheckpoint(ctx, name, cp.ID)
-}
-
 // rollBackAutoCheckpoint drops the checkpoint a fork took, when a crash
 // left the fork half-made (start-up reconcile).
 func (su *startup) rollBackAutoCheckpoint(ctx context.Context, fork registry.VM) {
@@ -161,7 +144,10 @@ func (su *startup) rollBackAutoCheckpoint(ctx context.Context, fork registry.VM)
 		return
 	}
 	if err == nil {
-		err = su.dropCheckpoint(ctx, src, cp)
+		var o *op
+		if o, err = su.m.owned(ctx, src); err == nil {
+			err = o.dropCheckpoint(ctx, cp)
+		}
 	}
 	if err != nil {
 		su.m.log.Warn("den: rollback: remove the checkpoint taken for an interrupted fork", "vm", src, "checkpoint", id, "err", err)

@@ -92,6 +92,18 @@ func (m *Manager) beginNew(ctx context.Context, name, kind string) (*op, error) 
 	return &op{m: m, kind: kind, vm: registry.VM{Name: name}, undo: cleanups{log: m.log}, unlock: unlock}, nil
 }
 
+// owned is an operation on a VM the caller owns without its lock: the
+// start-up reconcile, before any other operation runs. It works on a
+// spec that does not decode, as rm does.
+func (m *Manager) owned(ctx context.Context, name string) (*op, error) {
+	vm, err := m.get(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	o := &op{m: m, kind: "start-up", undo: cleanups{log: m.log}, unlock: func() {}, anySpec: true}
+	return o, o.read(vm)
+}
+
 // read makes vm the operation's record, with its spec decoded.
 func (o *op) read(vm registry.VM) error {
 	sp, err := decodeSpec(vm)

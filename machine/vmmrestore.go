@@ -92,17 +92,12 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 	if !opened.IsZero() {
 		in.started = opened // the prelaunched VMM's disk is as old as that
 	}
-	// A failure from here stops the new VMM before the caller goes on:
-	// this step's own rollback, done when it returns.
-	started := cleanups{log: m.log}
-	started.push("stop the new vmm", func() error {
-		in.abandon()
-		m.launch.discardRuntime(vm.Name)
-		return nil
-	})
+	// A failure from here stops the new VMM before the caller goes on (a
+	// wake drops the slot only once it is stopped).
 	defer func() {
 		if err != nil {
-			started.run()
+			in.abandon()
+			m.launch.discardRuntime(vm.Name)
 		}
 	}()
 	end = phase.Begin(ctx, "wait for the verification")
