@@ -1,0 +1,345 @@
+package memstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+	"lukechampine.com/blake3"
+
+	"github.com/denhq/den/internal/sparse"
+)
+
+// Store is a content-addressed store of memory extents in a directory on
+// the volume: packs/ holds the packs, tmp/ the packs being written, and
+// lock is the file whose flock orders writers and the collector.
+type Store struct {
+	root string
+	// Hook, when set, is called at the named steps of a write and a
+	// collection ("pack-written", "collect-listed", "collect-removed"):
+	// the crash tests' way in.
+	Hook func(step string)
+}
+
+// Open opens (making it when needed) the store rooted at dir.
+func Open(dir string) (*Store, error) {
+	for _, d := range []string{dir, filepath.Join(dir, "packs"), filepath.Join(dir, "tmp")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("open memory store: %w", err)
+		}
+	}
+	return &Store{root: dir}, nil
+}
+
+func (s *Store) hook(step string) {
+	if s.Hook != nil {
+		s.Hook(step)
+	}
+}
+
+// Root is the store's directory.
+func (s *Store) Root() string { return s.root }
+
+func (s *Store) packPath(name string) string { return filepath.Join(s.root, "packs", name) }
+
+// validPack says whether name is a pack's name: 32 hex digits.
+func validPack(name string) bool {
+	if len(name) != 32 {
+		return false
+	}
+	_, err := hex.DecodeString(name)
+	return err == nil
+}
+
+func newPackName() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// lock takes the store's lock, shared or exclusive, until the returned
+// func is called. The lock is a flock on the volume, so it orders every
+// host that mounts it.
+func (s *Store) lock(ctx context.Context, how int) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(s.root, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("memory store lock: %w", err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
+		if err == nil {
+			return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+			f.Close()
+			return nil, fmt.Errorf("memory store lock: %w", err)
+		}
+		if err := sleepCtx(ctx, lockPoll); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("memory store lock: %w", err)
+		}
+	}
+}
+
+// Origin is a manifest a new snapshot may share extents with: the
+// snapshot the RAM last equalled.
+type Origin struct {
+	m     *Manifest
+	where map[Digest]place
+}
+
+type place struct {
+	pack string
+	at   int64
+}
+
+// NewOrigin indexes m's extents by digest.
+func NewOrigin(m *Manifest) *Origin {
+	if m == nil {
+		return nil
+	}
+	o := &Origin{m: m, where: make(map[Digest]place, len(m.Extents))}
+	for _, e := range m.Extents {
+		o.where[e.Digest] = place{m.Packs[e.Pack], e.At}
+	}
+	return o
+}
+
+// Manifest is the origin's manifest.
+func (o *Origin) Manifest() *Manifest {
+	if o == nil {
+		return nil
+	}
+	return o.m
+}
+
+// WriteStats says what a write did.
+type WriteStats struct {
+	Extents int   // extents that hold data
+	Reused  int   // of them, found in the origin
+	Written int64 // bytes written into the new pack
+	Pack    string
+}
+
+// Write stores the memory in the file at src (a paused guest's RAM file,
+// or a copy of one) and returns its manifest: its data extents are hashed
+// and those the origin (nil: none) does not hold are written into one new
+// pack, synced and in packs/ when Write returns. The caller must hold the
+// shared lock (Writer) from before it chose the origin until the manifest
+// is written, and must write the manifest only after Write returns.
+func (s *Store) Write(ctx context.Context, src string, origin *Origin) (*Manifest, WriteStats, error) {
+	var st WriteStats
+	f, err := os.Open(src)
+	if err != nil {
+		return nil, st, fmt.Errorf("store memory: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, st, fmt.Errorf("store memory: %w", err)
+	}
+	size := fi.Size()
+	ranges, _, err := sparse.DataRanges(src)
+	if err != nil {
+		return nil, st, fmt.Errorf("store memory: %w", err)
+	}
+	m := &Manifest{Version: version, Algorithm: Algorithm, ExtentSize: ExtentSize, Size: size}
+	packs := map[string]int{}
+	packIndex := func(name string) int {
+		i, ok := packs[name]
+		if !ok {
+			i = len(m.Packs)
+			packs[name] = i
+			m.Packs = append(m.Packs, name)
+		}
+		return i
+	}
+	var pw *packWriter
+	defer func() { pw.abort() }()
+	buf := make([]byte, ExtentSize)
+	for _, idx := range dataIndexes(ranges, size) {
+		if err := ctx.Err(); err != nil {
+			return nil, st, fmt.Errorf("store memory: %w", err)
+		}
+		off := idx * ExtentSize
+		n := min(ExtentSize, size-off)
+		if _, err := f.ReadAt(buf[:n], off); err != nil && !errors.Is(err, io.EOF) {
+			return nil, st, fmt.Errorf("store memory: read %s at %d: %w", src, off, err)
+		}
+		if allZero(buf[:n]) {
+			continue
+		}
+		d := Digest(blake3.Sum256(buf[:n]))
+		st.Extents++
+		if p, ok := origin.lookup(d); ok {
+			st.Reused++
+			m.Extents = append(m.Extents, Extent{Index: idx, Pack: packIndex(p.pack), At: p.at, Digest: d})
+			continue
+		}
+		if pw == nil {
+			if pw, err = s.newPack(); err != nil {
+				return nil, st, fmt.Errorf("store memory: %w", err)
+			}
+		}
+		at, err := pw.add(buf[:n])
+		if err != nil {
+			return nil, st, fmt.Errorf("store memory: %w", err)
+		}
+		m.Extents = append(m.Extents, Extent{Index: idx, Pack: packIndex(pw.name), At: at, Digest: d})
+		st.Written += n
+	}
+	if pw != nil {
+		if err := pw.commit(); err != nil {
+			return nil, st, fmt.Errorf("store memory: %w", err)
+		}
+		st.Pack = pw.name
+		s.hook("pack-written")
+	}
+	if m.Packs == nil {
+		m.Packs = []string{}
+	}
+	if m.Extents == nil {
+		m.Extents = []Extent{}
+	}
+	return m, st, nil
+}
+
+func (o *Origin) lookup(d Digest) (place, bool) {
+	if o == nil {
+		return place{}, false
+	}
+	p, ok := o.where[d]
+	return p, ok
+}
+
+// Writer takes the shared lock a snapshot holds while it writes: from
+// before it trusts its origin's manifest to after its own is written.
+func (s *Store) Writer(ctx context.Context) (unlock func(), err error) {
+	return s.lock(ctx, unix.LOCK_SH)
+}
+
+// dataIndexes lists the extents that ranges touch, in order.
+func dataIndexes(ranges []sparse.Extent, size int64) []int64 {
+	var out []int64
+	next := int64(0)
+	for _, r := range ranges {
+		first := max(r.Off/ExtentSize, next)
+		last := min((r.Off+r.Len-1)/ExtentSize, (size-1)/ExtentSize)
+		for i := first; i <= last; i++ {
+			out = append(out, i)
+		}
+		next = max(next, last+1)
+	}
+	return out
+}
+
+func allZero(b []byte) bool {
+	for len(b) >= 8 {
+		if b[0]|b[1]|b[2]|b[3]|b[4]|b[5]|b[6]|b[7] != 0 {
+			return false
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// packWriter writes a new pack in tmp/, then renames it into packs/.
+type packWriter struct {
+	s    *Store
+	name string
+	f    *os.File
+	at   int64
+}
+
+func (s *Store) newPack() (*packWriter, error) {
+	name, err := newPackName()
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(s.root, "tmp", name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	return &packWriter{s: s, name: name, f: f}, nil
+}
+
+func (w *packWriter) add(b []byte) (int64, error) {
+	at := w.at
+	if _, err := w.f.Write(b); err != nil {
+		return 0, fmt.Errorf("write pack %s: %w", w.name, err)
+	}
+	w.at += int64(len(b))
+	return at, nil
+}
+
+// commit syncs the pack and moves it into packs/.
+func (w *packWriter) commit() error {
+	err := w.f.Sync()
+	if cerr := w.f.Close(); err == nil {
+		err = cerr
+	}
+	w.f = nil
+	tmp := filepath.Join(w.s.root, "tmp", w.name)
+	if err == nil {
+		err = os.Rename(tmp, w.s.packPath(w.name))
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("write pack %s: %w", w.name, err)
+	}
+	return nil
+}
+
+// abort drops a pack not committed.
+func (w *packWriter) abort() {
+	if w == nil || w.f == nil {
+		return
+	}
+	w.f.Close()
+	_ = os.Remove(filepath.Join(w.s.root, "tmp", w.name))
+}
+
+// isPackName is for listings: pack names only, never a temporary file.
+func isPackName(name string) bool { return validPack(name) && !strings.HasPrefix(name, ".") }
+
+// Save stores the memory in the file at src as the snapshot in directory
+// dir (its manifest written there, not synced), sharing what it can with
+// the snapshot in directory origin ("" for none: a snapshot whose
+// manifest is gone, or another layout's, shares nothing). It holds the
+// shared lock throughout, so a collection sees either the origin's
+// manifest or this one.
+func (s *Store) Save(ctx context.Context, src, dir, origin string) (*Manifest, WriteStats, error) {
+	unlock, err := s.Writer(ctx)
+	if err != nil {
+		return nil, WriteStats{}, err
+	}
+	defer unlock()
+	var o *Origin
+	if origin != "" {
+		if om, err := ReadManifest(origin); err == nil {
+			o = NewOrigin(om)
+		}
+	}
+	m, st, err := s.Write(ctx, src, o)
+	if err != nil {
+		return nil, st, err
+	}
+	if err := WriteManifest(dir, m); err != nil {
+		return nil, st, err
+	}
+	return m, st, nil
+}

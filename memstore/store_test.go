@@ -1,0 +1,292 @@
+package memstore
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// ram makes a sparse file of size bytes with data at the given extents
+// (random bytes), as a guest's RAM file would be.
+func ram(t *testing.T, path string, size int64, data ...int64) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range data {
+		overwrite(t, path, i)
+	}
+}
+
+// overwrite puts new random bytes into extent i of the file at path.
+func overwrite(t *testing.T, path string, i int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, ExtentSize)
+	rand.Read(b)
+	if _, err := f.WriteAt(b, i*ExtentSize); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func sameFile(t *testing.T, a, b string) {
+	t.Helper()
+	x, err := os.ReadFile(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := os.ReadFile(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(x, y) {
+		t.Fatalf("%s and %s differ", a, b)
+	}
+}
+
+func snapDir(t *testing.T, root, name string) string {
+	d := filepath.Join(root, name)
+	if err := os.MkdirAll(d, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestSaveSharesWithItsOrigin(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, err := Open(filepath.Join(root, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(root, "ram")
+	ram(t, src, 64*ExtentSize, 0, 1, 2, 10, 11, 40, 63)
+	a := snapDir(t, root, "a")
+	m1, st, err := s.Save(ctx, src, a, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Extents != 7 || st.Reused != 0 || st.Written != 7*ExtentSize || len(m1.Packs) != 1 {
+		t.Fatalf("first save: %+v, packs %v", st, m1.Packs)
+	}
+	overwrite(t, src, 10)
+	overwrite(t, src, 20) // a hole before
+	b := snapDir(t, root, "b")
+	m2, st, err := s.Save(ctx, src, b, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Extents != 8 || st.Reused != 6 || st.Written != 2*ExtentSize || len(m2.Packs) != 2 {
+		t.Fatalf("second save: %+v, packs %v", st, m2.Packs)
+	}
+	// Each restores exactly, the first after the second was saved.
+	for _, c := range []struct{ dir, want string }{{b, src}} {
+		m, err := ReadManifest(c.dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(root, "out")
+		if err := s.Fill(ctx, m, out); err != nil {
+			t.Fatal(err)
+		}
+		sameFile(t, out, c.want)
+	}
+	// An origin whose manifest is gone shares nothing.
+	c := snapDir(t, root, "c")
+	if _, st, err = s.Save(ctx, src, c, filepath.Join(root, "gone")); err != nil || st.Reused != 0 {
+		t.Fatalf("save with a gone origin: %+v %v", st, err)
+	}
+}
+
+func TestCollectKeepsWhatIsNamed(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _ := Open(filepath.Join(root, "store"))
+	snaps := filepath.Join(root, "snaps")
+	src := filepath.Join(root, "ram")
+	ram(t, src, 32*ExtentSize, 0, 1, 2, 3)
+	var dirs []string
+	for i := range 4 {
+		d := snapDir(t, snaps, string(rune('a'+i)))
+		origin := ""
+		if i > 0 {
+			origin = dirs[i-1]
+		}
+		if _, _, err := s.Save(ctx, src, d, origin); err != nil {
+			t.Fatal(err)
+		}
+		dirs = append(dirs, d)
+		overwrite(t, src, int64(i))
+	}
+	want := map[string][]byte{}
+	for _, d := range dirs {
+		m, _ := ReadManifest(d)
+		out := filepath.Join(root, "out-"+filepath.Base(d))
+		if err := s.Fill(ctx, m, out); err != nil {
+			t.Fatal(err)
+		}
+		want[d], _ = os.ReadFile(out)
+	}
+	// Drop every other snapshot: the rest still fill the same. Each
+	// snapshot's pack holds the one extent changed since the last; only
+	// d's pack is named by no snapshot left.
+	os.RemoveAll(dirs[1])
+	os.RemoveAll(dirs[3])
+	dry, err := s.Collect(ctx, []string{snaps}, CollectOptions{DryRun: true, Grace: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dry.Packs != 4 || len(dry.Garbage) != 1 || dry.Removed != 0 {
+		t.Fatalf("dry run: %+v", dry)
+	}
+	young, err := s.Collect(ctx, []string{snaps}, CollectOptions{Grace: time.Hour})
+	if err != nil || young.Removed != 0 || young.Young != 1 {
+		t.Fatalf("within the grace period: %+v %v", young, err)
+	}
+	got, err := s.Collect(ctx, []string{snaps}, CollectOptions{Grace: time.Nanosecond})
+	if err != nil || got.Removed != 1 {
+		t.Fatalf("collect: %+v %v", got, err)
+	}
+	for _, d := range []string{dirs[0], dirs[2]} {
+		m, _ := ReadManifest(d)
+		out := filepath.Join(root, "again")
+		os.Remove(out)
+		if err := s.Fill(ctx, m, out); err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := os.ReadFile(out); !bytes.Equal(b, want[d]) {
+			t.Fatalf("%s changed after the collection", d)
+		}
+	}
+	u, err := s.Usage(ctx, map[string][]string{"a": {filepath.Join(dirs[0], ManifestFile)}, "c": {filepath.Join(dirs[2], ManifestFile)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// c changed extents 0 and 1 of a, and shares 2 and 3.
+	if u.Groups["a"].Unique != 2*ExtentSize || u.Groups["a"].Shared != 2*ExtentSize || u.Groups["c"].Unique != 2*ExtentSize ||
+		u.Live != 6*ExtentSize || u.Stored != u.Live || u.Packs != 3 {
+		t.Fatalf("usage: %+v", u)
+	}
+}
+
+func TestDamageIsFoundInEverySnapshotThatSharesIt(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _ := Open(filepath.Join(root, "store"))
+	src := filepath.Join(root, "ram")
+	ram(t, src, 16*ExtentSize, 0, 5, 9)
+	a, b := snapDir(t, root, "a"), snapDir(t, root, "b")
+	ma, _, err := s.Save(ctx, src, a, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	overwrite(t, src, 9)
+	mb, _, err := s.Save(ctx, src, b, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Flip a byte of extent 5, which both name.
+	pack := s.packPath(ma.Packs[0])
+	f, _ := os.OpenFile(pack, os.O_RDWR, 0)
+	one := []byte{0}
+	f.ReadAt(one, ExtentSize+7)
+	one[0] ^= 1
+	f.WriteAt(one, ExtentSize+7)
+	f.Close()
+	for _, m := range []*Manifest{ma, mb} {
+		bad, err := s.Verify(ctx, m)
+		if err != nil || len(bad) != 1 || bad[0].Off != 5*ExtentSize {
+			t.Fatalf("verify: %v %v", bad, err)
+		}
+		if err := s.Fill(ctx, m, filepath.Join(root, "out")); !errors.Is(err, ErrDamaged) {
+			t.Fatalf("fill of a damaged snapshot: %v", err)
+		}
+	}
+	os.Remove(pack)
+	if bad, _ := s.Verify(ctx, mb); len(bad) != 2 {
+		t.Fatalf("verify with a pack gone: %v", bad)
+	}
+}
+
+// TestCollectRacingSaves: collections with no grace at all, racing four
+// writers whose snapshots share extents, never remove a named pack.
+func TestCollectRacingSaves(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _ := Open(filepath.Join(root, "store"))
+	snaps := filepath.Join(root, "snaps")
+	base := filepath.Join(root, "base")
+	ram(t, base, 32*ExtentSize, 0, 1, 2, 3, 4, 5, 6, 7)
+	bdir := snapDir(t, snaps, "base")
+	if _, _, err := s.Save(ctx, base, bdir, ""); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var gc sync.WaitGroup
+	gc.Add(1)
+	go func() {
+		defer gc.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := s.Collect(ctx, []string{snaps}, CollectOptions{Grace: time.Nanosecond}); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	var w sync.WaitGroup
+	for v := range 4 {
+		w.Add(1)
+		go func() {
+			defer w.Done()
+			src := filepath.Join(root, "ram"+string(rune('a'+v)))
+			b, _ := os.ReadFile(base)
+			os.WriteFile(src, b, 0o600)
+			origin := bdir
+			for i := range 10 {
+				overwrite(t, src, int64(i%8))
+				d := snapDir(t, snaps, filepath.Join(string(rune('a'+v)), string(rune('0'+i))))
+				if _, _, err := s.Save(ctx, src, d, origin); err != nil {
+					t.Error(err)
+					return
+				}
+				if i%2 == 1 {
+					os.RemoveAll(origin) // the older one goes: only d names its extents now
+				}
+				origin = d
+			}
+		}()
+	}
+	w.Wait()
+	close(stop)
+	gc.Wait()
+	paths, _ := FindManifests(snaps)
+	for _, p := range paths {
+		m, err := ReadManifest(filepath.Dir(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bad, err := s.Verify(ctx, m); err != nil || len(bad) > 0 {
+			t.Fatalf("%s after the race: %v %v", p, bad, err)
+		}
+	}
+}
