@@ -57,12 +57,12 @@ const DefaultGrace = 10 * time.Minute
 // Collected says what a collection found and removed.
 type Collected struct {
 	Manifests int      `json:"manifests"`
-	Packs     int      `json:"packs"`      // packs in the store
-	Garbage   []string `json:"garbage"`    // unreferenced packs old enough to go
-	Bytes     int64    `json:"bytes"`      // their size
-	Young     int      `json:"young"`      // unreferenced packs kept for the grace period
-	Removed   int      `json:"removed"`    // removed (0 on a dry run)
-	Temporary int      `json:"temporary"`  // abandoned temporary packs removed
+	Packs     int      `json:"packs"`     // packs in the store
+	Garbage   []string `json:"garbage"`   // unreferenced packs old enough to go
+	Bytes     int64    `json:"bytes"`     // their size
+	Young     int      `json:"young"`     // unreferenced packs kept for the grace period
+	Removed   int      `json:"removed"`   // removed (0 on a dry run)
+	Temporary int      `json:"temporary"` // abandoned temporary packs removed
 	DryRun    bool     `json:"dry_run"`
 }
 

@@ -93,7 +93,7 @@ func (d *Digest) UnmarshalText(b []byte) error {
 
 // Off is where e starts in the memory; Len is how long it is in a memory
 // of size bytes.
-func (e Extent) Off() int64             { return e.Index * ExtentSize }
+func (e Extent) Off() int64           { return e.Index * ExtentSize }
 func (e Extent) Len(size int64) int64 { return min(ExtentSize, size-e.Off()) }
 
 // Bytes is the data the manifest names (its extents' bytes).
