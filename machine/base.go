@@ -197,7 +197,12 @@ func (b *bases) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir s
 	if err := hv.Pause(ctx); err != nil {
 		return err
 	}
-	if err := hv.Snapshot(ctx, snap); err != nil {
+	if mk := b.m.snaps.keeper(hv); mk != nil {
+		err = b.m.snaps.snapshotKept(ctx, vm.Name, mk, snap, "")
+	} else {
+		err = hv.Snapshot(ctx, snap)
+	}
+	if err != nil {
 		return err
 	}
 	return atomicfile.SyncTree(snap)

@@ -92,12 +92,15 @@ func (o *op) checkpoint(ctx context.Context, opts CheckpointOptions, progress Pr
 	if err == nil {
 		key := checkpointKey(id, rec.Seal)
 		memCopy.keep(key)
-		if memCopy != nil {
-			if local := m.snaps.memc.local(vm.Name, key); local != "" {
-				// The RAM equals the checkpoint's memory now: the next
-				// snapshot is written over it (delta.go).
-				m.snaps.setOrigin(in, checkpoint.Dir(vm.Name, id).Join(checkpoint.VMMDir), local)
+		if in != nil && rec.Kind == checkpoint.KindMemoryDisk {
+			// The RAM equals the checkpoint's memory now: the next
+			// snapshot shares with it (memkept.go), or is written over
+			// it (delta.go).
+			local := ""
+			if memCopy != nil {
+				local = m.snaps.memc.local(vm.Name, key)
 			}
+			m.snaps.setOrigin(in, checkpoint.Dir(vm.Name, id).Join(checkpoint.VMMDir), local)
 		}
 	} else {
 		memCopy.drop()
@@ -149,6 +152,11 @@ func (ss *snapshots) sizesLater(vm, id string) {
 		if err != nil {
 			ss.m.log.Debug("den: checkpoint sizes", "vm", vm, "checkpoint", id, "err", err)
 			return
+		}
+		if host, err := ss.m.vol.Path(checkpoint.Dir(vm, id).Join(checkpoint.VMMDir)); err == nil {
+			if kept, ok := keptBytes(host); ok {
+				mem += kept // the data its manifest names, in the memory store
+			}
 		}
 		if err := ss.m.db.SetCheckpointSizes(ctx, vm, id, mem, disk); err != nil {
 			ss.m.log.Debug("den: checkpoint sizes", "vm", vm, "checkpoint", id, "err", err)

@@ -30,7 +30,7 @@ import (
 // memOrigin is the snapshot whose memory a running VM's RAM last equalled.
 type memOrigin struct {
 	dir   storage.Path // the VMM's snapshot directory on the volume
-	local string       // the local copy of its memory file
+	local string       // the local copy of its memory file ("" none)
 	// ino is the volume's memory file's inode when the origin was
 	// recorded: a file renamed into its place since (a sleep that swapped
 	// its slot and then failed) is another snapshot's.
@@ -56,14 +56,15 @@ func (b *originBox) set(o memOrigin) {
 }
 
 // setOrigin records that in's RAM now equals the memory of the VMM
-// snapshot in dir, of which local is a local copy; without a local copy,
-// a VMM that writes over snapshots or a memory file there, it records
-// none (the next snapshot is written whole).
+// snapshot in dir, of which local is a local copy. The next snapshot
+// shares its extents with dir's when both keep memory by content; it is
+// written over dir's memory file only with a local copy, a VMM that
+// writes over snapshots and a memory file there (else whole).
 func (ss *snapshots) setOrigin(in *instance, dir storage.Path, local string) {
-	o := memOrigin{}
+	o := memOrigin{dir: dir} // what a snapshot kept by content shares with
 	if _, file := deltaVMM(in); file != "" && local != "" {
 		if ino, err := ss.inode(dir.Join(file)); err == nil {
-			o = memOrigin{dir: dir, local: local, ino: ino}
+			o.local, o.ino = local, ino
 		}
 	}
 	in.origin.set(o)
@@ -101,6 +102,9 @@ func (ss *snapshots) snapshotVMM(ctx context.Context, in *instance, dir storage.
 	host, err := ss.m.vol.Path(dir)
 	if err != nil {
 		return fmt.Errorf("snapshot vm %q: %w", in.name, err)
+	}
+	if mk := ss.keeper(in.hv); mk != nil {
+		return ss.snapshotKept(ctx, in.name, mk, host, ss.originDir(in))
 	}
 	if over {
 		if ds, base := ss.deltaBase(ctx, in, dir); base != "" {

@@ -154,6 +154,11 @@ func (g *integrity) verify(ctx context.Context, ref snapshotRef, vmmName string)
 		ref.local = ""
 		_, err = checkpoint.Verify(ctx, host, g.policy(ref, g.lazyRestore(vmmName)))
 	}
+	if err == nil || errors.Is(err, checkpoint.ErrUnsealed) {
+		if kerr := g.verifyKept(ctx, &ref, host); kerr != nil {
+			err = kerr
+		}
+	}
 	if errors.Is(err, checkpoint.ErrUnsealed) {
 		g.m.log.Info("den: restoring a snapshot without digests", "snapshot", ref.what)
 		return nil
@@ -469,6 +474,14 @@ func (m *Manager) VerifyCheckpoint(ctx context.Context, name, id string, progres
 	p := m.integrity.policy(checkpointRef(cp), false)
 	p.Full, p.Data = true, m.integrity.dataRanges(ctx)
 	res, err := m.snaps.store().Verify(ctx, name, id, p)
+	if host, herr := m.vol.Path(checkpoint.Dir(name, id)); herr == nil && (err == nil || errors.Is(err, checkpoint.ErrDamaged)) {
+		if kept, kerr, ok := m.integrity.keptResult(ctx, host); ok {
+			res = append(res, kept)
+			if err == nil {
+				err = kerr
+			}
+		}
+	}
 	switch {
 	case errors.Is(err, checkpoint.ErrDamaged):
 		_ = m.snaps.store().MarkDamaged(name, id, err.Error())

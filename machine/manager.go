@@ -63,6 +63,10 @@ type Config struct {
 	// x-ignore-shared, Cloud Hypervisor's OnDemand memory.
 	QEMUStreamRAM bool
 	RestoreCopy   bool
+	// MemoryFiles writes each snapshot's memory as a file of its own,
+	// the layout before memory was stored by content (memkept.go), for
+	// comparison (den bench).
+	MemoryFiles bool
 	// BootTimeout bounds a boot until the agent answers (default 3 min:
 	// TCG is slow).
 	BootTimeout time.Duration

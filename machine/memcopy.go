@@ -1,6 +1,7 @@
 package machine
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/sparse"
+	"github.com/denhq/den/memstore"
 	"github.com/denhq/den/vmm/qemu"
 )
 
@@ -317,26 +319,17 @@ func (ss *snapshots) copyBaseMemory(ref snapshotRef, key string) error {
 		return err
 	}
 	src := filepath.Join(host, filepath.FromSlash(ref.memoryRel()))
-	st, err := os.Stat(src)
-	if err != nil {
-		return err
-	}
-	var ext []sparse.Extent
-	data, err := os.ReadFile(filepath.Join(filepath.Dir(src), qemu.MemoryMapFile))
-	if err != nil {
-		return err
-	}
-	if err := json.Unmarshal(data, &ext); err != nil {
-		return err
+	fill := func(tmp string) error { return ss.fillMemory(context.Background(), filepath.Dir(src), tmp) }
+	if _, err := os.Stat(filepath.Join(filepath.Dir(src), memstore.ManifestFile)); err != nil {
+		if fill, err = baseMemorySource(src); err != nil { // a memory file of its own
+			return err
+		}
 	}
 	tmp, err := c.temp(baseCopies)
 	if err != nil {
 		return err
 	}
-	err = os.Truncate(tmp, st.Size())
-	if err == nil {
-		err = sparse.CopyInto(src, tmp, ext)
-	}
+	err = fill(tmp)
 	if err == nil {
 		err = os.Rename(tmp, filepath.Join(c.dir, baseCopies, key))
 	}
@@ -346,6 +339,29 @@ func (ss *snapshots) copyBaseMemory(ref snapshotRef, key string) error {
 	}
 	c.trim()
 	return nil
+}
+
+// baseMemorySource is the copy of a warm base's memory file src (with
+// its map) into a local copy.
+func baseMemorySource(src string) (func(tmp string) error, error) {
+	st, err := os.Stat(src)
+	if err != nil {
+		return nil, err
+	}
+	var ext []sparse.Extent
+	data, err := os.ReadFile(filepath.Join(filepath.Dir(src), qemu.MemoryMapFile))
+	if err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(data, &ext); err != nil {
+		return nil, err
+	}
+	return func(tmp string) error {
+		if err := os.Truncate(tmp, st.Size()); err != nil {
+			return err
+		}
+		return sparse.CopyInto(src, tmp, ext)
+	}, nil
 }
 
 // snapshots is den's snapshot store: the suspend slots, checkpoints'
@@ -363,4 +379,6 @@ type snapshots struct {
 	removals chan struct{}   // bounds the removals at once
 
 	sizing sync.Map // "vm/id" of checkpoints whose sizes are being read
+
+	kept keptStore // the volume's memory store (memkept.go)
 }

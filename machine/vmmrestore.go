@@ -118,7 +118,8 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 	}
 	end = phase.Begin(ctx, "vmm restore")
 	err = hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg, DisksReady: disks,
-		LocalMemory: local, StagedMemory: staged, WaitStaged: waitStaged})
+		LocalMemory: local, StagedMemory: staged, WaitStaged: waitStaged,
+		FillMemory: func(dst string) error { return m.snaps.fillMemory(ctx, dir, dst) }})
 	end()
 	if err != nil {
 		return nil, err

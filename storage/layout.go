@@ -19,13 +19,18 @@ type Path string
 //	vms/NAME/disk                   a VM's active disk
 //	vms/NAME/checkpoints/ID/...     a checkpoint: disk clone, memory snapshot
 //	vms/NAME/suspend/...            the sleep slot, a checkpoint of its own
+//	memstore/packs/...              snapshots' memory by content (package memstore)
 const (
 	imagesDir      = "images"
 	vmsDir         = "vms"
 	diskFile       = "disk"
 	checkpointsDir = "checkpoints"
 	suspendDir     = "suspend"
+	memstoreDir    = "memstore"
 )
+
+// MemoryStoreDir is the store of snapshots' memory by content.
+func MemoryStoreDir() Path { return Path(memstoreDir) }
 
 // ImageDir is the directory of the image called name.
 func ImageDir(name string) Path { return join(imagesDir, name) }

@@ -105,6 +105,21 @@ type DeltaSnapshotter interface {
 	SnapshotOver(ctx context.Context, dir, base string) error
 }
 
+// MemoryKeeper is a Hypervisor whose guest RAM is a file on the host
+// that the caller keeps itself: its snapshots then hold the devices'
+// state only, the caller stores the memory as it likes (by content,
+// package memstore) and fills the RAM file again on a restore
+// (RestoreOptions.FillMemory).
+type MemoryKeeper interface {
+	// SnapshotDevices is Snapshot without the memory: the VM stays
+	// paused, its memory in RAMFile, which the caller reads before it
+	// resumes the VM.
+	SnapshotDevices(ctx context.Context, dir string) error
+	// RAMFile is the file the guest's RAM is in ("" when it is in none:
+	// SnapshotDevices would not do).
+	RAMFile() string
+}
+
 // Capabilities says what a driver can do on this host.
 type Capabilities struct {
 	// Name of the VMM ("cloud-hypervisor", "qemu").
@@ -271,6 +286,10 @@ type RestoreOptions struct {
 	// its copy in it). Drivers that map the snapshot's memory ignore it.
 	StagedMemory string
 	WaitStaged   func() error
+	// FillMemory, when set, fills dst, a RAM file of the guest's size,
+	// with the snapshot's memory: for a snapshot whose memory the caller
+	// keeps (MemoryKeeper), when there is no LocalMemory to copy.
+	FillMemory func(dst string) error
 }
 
 // Prelauncher is a Hypervisor that can start its VMM process for a

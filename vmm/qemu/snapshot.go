@@ -34,6 +34,12 @@ const (
 	snapMeta   = "qemu.json"   // driver, version, accelerator
 )
 
+var (
+	_ vmm.Hypervisor       = (*VMM)(nil)
+	_ vmm.DeltaSnapshotter = (*VMM)(nil)
+	_ vmm.MemoryKeeper     = (*VMM)(nil)
+)
+
 // snapshotMeta records what a snapshot needs to be restored.
 type snapshotMeta struct {
 	Driver  string `json:"driver"`
@@ -42,6 +48,9 @@ type snapshotMeta struct {
 	// RAMInStream: the RAM went into the state stream (StreamRAM), there
 	// is no memory file.
 	RAMInStream bool `json:"ram_in_stream,omitempty"`
+	// MemoryKept: the caller keeps the memory (SnapshotDevices); the
+	// directory has its map but no memory file.
+	MemoryKept bool `json:"memory_kept,omitempty"`
 }
 
 // Snapshot saves a paused VM into dir: device state by migration with
@@ -50,7 +59,26 @@ type snapshotMeta struct {
 // syncs the directory once, where each fsync through the volume cost
 // 10-25 ms). The VM stays paused.
 func (v *VMM) Snapshot(ctx context.Context, dir string) error {
-	return v.snapshot(ctx, dir, "")
+	return v.snapshot(ctx, dir, "", false)
+}
+
+// SnapshotDevices is Snapshot without the memory file: the caller keeps
+// the memory, read from RAMFile while the VM stays paused
+// (vmm.MemoryKeeper). The map of the RAM's data ranges is written.
+func (v *VMM) SnapshotDevices(ctx context.Context, dir string) error {
+	if v.opts.StreamRAM {
+		return fmt.Errorf("snapshot vm: its RAM goes into the state stream, it has no file to keep")
+	}
+	return v.snapshot(ctx, dir, "", true)
+}
+
+// RAMFile is the guest's RAM file ("" when the RAM is in the state
+// stream).
+func (v *VMM) RAMFile() string {
+	if v.opts.StreamRAM {
+		return ""
+	}
+	return v.ramFile()
 }
 
 // DeltaMemoryFile is the memory file SnapshotOver writes over; "" when
@@ -68,10 +96,10 @@ func (v *VMM) DeltaMemoryFile() string {
 // (sparse.CopyDelta). If that fails (base gone, or of another size), the
 // memory is written whole.
 func (v *VMM) SnapshotOver(ctx context.Context, dir, base string) error {
-	return v.snapshot(ctx, dir, base)
+	return v.snapshot(ctx, dir, base, false)
 }
 
-func (v *VMM) snapshot(ctx context.Context, dir, base string) error {
+func (v *VMM) snapshot(ctx context.Context, dir, base string, kept bool) error {
 	if err := v.transition(ctx, "snapshot"); err != nil {
 		return err
 	}
@@ -100,7 +128,12 @@ func (v *VMM) snapshot(ctx context.Context, dir, base string) error {
 	}
 	defer phase.Begin(ctx, "qemu: memory, map, config")()
 	if !v.opts.StreamRAM {
-		ext, err := v.copyMemoryOut(ctx, filepath.Join(dir, snapMemory), base)
+		var ext []sparse.Extent
+		if kept {
+			ext, _, err = sparse.DataRanges(v.ramFile())
+		} else {
+			ext, err = v.copyMemoryOut(ctx, filepath.Join(dir, snapMemory), base)
+		}
 		if err != nil {
 			return fmt.Errorf("snapshot vm: memory: %w", err)
 		}
@@ -118,7 +151,7 @@ func (v *VMM) snapshot(ctx context.Context, dir, base string) error {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
 	caps := v.Capabilities()
-	meta := snapshotMeta{Driver: "qemu", Version: caps.Version, Accel: caps.Accelerator, RAMInStream: v.opts.StreamRAM}
+	meta := snapshotMeta{Driver: "qemu", Version: caps.Version, Accel: caps.Accelerator, RAMInStream: v.opts.StreamRAM, MemoryKept: kept}
 	if err := atomicfile.ReplaceJSON(filepath.Join(dir, snapMeta), meta, 0o600); err != nil {
 		return fmt.Errorf("snapshot vm: %w", err)
 	}
@@ -181,9 +214,9 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	// for one), which starts once the copy is over.
 	copied := make(chan error, 1)
 	ram := v.ramFile() // the file QEMU maps
-	src, step := filepath.Join(dir, snapMemory), "qemu: copy memory"
-	if opts.LocalMemory != "" {
-		src, step = opts.LocalMemory, "qemu: copy memory (local copy)"
+	fill, step, err := memorySource(dir, meta, opts)
+	if err != nil {
+		return fmt.Errorf("restore vm from %s: %w", dir, err)
 	}
 	switch {
 	case meta.RAMInStream:
@@ -204,7 +237,7 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 			end()
 			if err != nil {
 				defer phase.Begin(ctx, step+" (the staging failed)")()
-				err = copyMemory(dir, src, ram)
+				err = fill(ram)
 			}
 			copied <- err
 		}()
@@ -214,7 +247,7 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 		}
 		go func() {
 			defer phase.Begin(ctx, step)()
-			copied <- copyMemory(dir, src, v.ramFile())
+			copied <- fill(v.ramFile())
 		}()
 	}
 	waitCopy := func() error {
@@ -284,6 +317,22 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 		}
 	}
 	return nil
+}
+
+// memorySource is how a restore fills the RAM file from the snapshot in
+// dir: a copy of the local copy, or of the memory file, or the caller's
+// fill of a memory it keeps; and the name of that step.
+func memorySource(dir string, meta snapshotMeta, opts vmm.RestoreOptions) (fill func(dst string) error, step string, err error) {
+	switch {
+	case opts.LocalMemory != "":
+		return func(dst string) error { return copyMemory(dir, opts.LocalMemory, dst) }, "qemu: copy memory (local copy)", nil
+	case meta.MemoryKept && opts.FillMemory != nil:
+		return opts.FillMemory, "qemu: fill memory (kept by content)", nil
+	case meta.MemoryKept:
+		return nil, "", errors.New("the snapshot's memory is kept outside it, and nothing fills it")
+	}
+	src := filepath.Join(dir, snapMemory)
+	return func(dst string) error { return copyMemory(dir, src, dst) }, "qemu: copy memory", nil
 }
 
 // makeRAMFile makes the guest's RAM file empty (all holes) at its full
@@ -394,7 +443,7 @@ func readSnapshot(dir, accel string) (vmm.Config, snapshotMeta, error) {
 		return cfg, meta, fmt.Errorf("snapshot was taken under %s, this host uses %s", meta.Accel, accel)
 	}
 	files := []string{snapState}
-	if !meta.RAMInStream {
+	if !meta.RAMInStream && !meta.MemoryKept {
 		files = append(files, snapMemory)
 	}
 	for _, name := range files {

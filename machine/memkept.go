@@ -1,0 +1,208 @@
+package machine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/internal/phase"
+	"github.com/denhq/den/memstore"
+	"github.com/denhq/den/storage"
+	"github.com/denhq/den/vmm"
+)
+
+// Memory kept by content. A VMM whose guest RAM is a file on the host
+// (vmm.MemoryKeeper: QEMU) writes only its devices' state into a
+// snapshot; den stores the memory in the volume's memory store
+// (package memstore) and writes its manifest beside the state. A new
+// snapshot shares every extent its VM's memory origin (the snapshot the
+// RAM last equalled: what a restore read, or what the last snapshot
+// wrote) holds, and writes the rest into one new pack: an idle VM's
+// checkpoint stores the few MiB it changed, not its RAM. A restore fills
+// the RAM file from the local copy of the memory when there is one, else
+// from the store, each extent checked against its digest. Snapshots with
+// a memory file of their own (taken before, by another VMM, or with
+// Config.MemoryFiles) are read as they always were.
+
+// keptStore opens the volume's memory store once.
+type keptStore struct {
+	mu sync.Mutex
+	s  *memstore.Store
+}
+
+// memStore is the volume's memory store.
+func (ss *snapshots) memStore() (*memstore.Store, error) {
+	ss.kept.mu.Lock()
+	defer ss.kept.mu.Unlock()
+	if ss.kept.s != nil {
+		return ss.kept.s, nil
+	}
+	root, err := ss.m.vol.Path(storage.MemoryStoreDir())
+	if err != nil {
+		return nil, err
+	}
+	s, err := memstore.Open(root)
+	if err != nil {
+		return nil, err
+	}
+	s.Hook = func(step string) { crashpoint("memstore-" + step) }
+	ss.kept.s = s
+	return s, nil
+}
+
+// keeper is hv as a VMM whose memory den keeps by content; nil when it
+// is not one (or its RAM is in its state stream, or Config.MemoryFiles).
+func (ss *snapshots) keeper(hv vmm.Hypervisor) vmm.MemoryKeeper {
+	if ss.m.cfg.MemoryFiles {
+		return nil
+	}
+	mk, ok := hv.(vmm.MemoryKeeper)
+	if !ok || mk.RAMFile() == "" {
+		return nil
+	}
+	return mk
+}
+
+// snapshotKept writes the paused VM's snapshot into host (a directory
+// on the volume) with its memory kept by content, sharing with the
+// snapshot in the directory origin ("" for none).
+func (ss *snapshots) snapshotKept(ctx context.Context, name string, mk vmm.MemoryKeeper, host, origin string) error {
+	if err := mk.SnapshotDevices(ctx, host); err != nil {
+		return err
+	}
+	store, err := ss.memStore()
+	if err != nil {
+		return fmt.Errorf("snapshot vm %q: memory store: %w", name, err)
+	}
+	end := phase.Begin(ctx, "store the memory by content")
+	_, st, err := store.Save(ctx, mk.RAMFile(), host, origin)
+	end()
+	if err != nil {
+		return fmt.Errorf("snapshot vm %q: %w", name, err)
+	}
+	ss.m.log.Debug("den: snapshot memory stored by content", "vm", name, "extents", st.Extents, "shared", st.Reused, "written_bytes", st.Written)
+	return nil
+}
+
+// originDir is the host path of in's memory origin's snapshot
+// directory, "" for none.
+func (ss *snapshots) originDir(in *instance) string {
+	o := in.origin.get()
+	if o.dir == "" {
+		return ""
+	}
+	p, err := ss.m.vol.Path(o.dir)
+	if err != nil {
+		return ""
+	}
+	return p
+}
+
+// fillMemory fills dst, a RAM file, with the memory of the VMM snapshot
+// in the directory host, from the store.
+func (ss *snapshots) fillMemory(ctx context.Context, host, dst string) error {
+	man, err := memstore.ReadManifest(host)
+	if err != nil {
+		return err
+	}
+	store, err := ss.memStore()
+	if err != nil {
+		return err
+	}
+	if err := store.Fill(ctx, man, dst); err != nil {
+		if errors.Is(err, memstore.ErrDamaged) {
+			return fmt.Errorf("%w: %w", checkpoint.ErrDamaged, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// memoryDir is the host path of ref's VMM snapshot directory.
+func (r snapshotRef) memoryDir(host string) string {
+	if r.disk {
+		return filepath.Join(host, checkpoint.VMMDir)
+	}
+	return host
+}
+
+// verifyKept checks the memory ref keeps by content, if it does: its
+// local copy when it has one (a damaged copy is dropped, and the store
+// checked instead), else every extent in the store.
+func (g *integrity) verifyKept(ctx context.Context, ref *snapshotRef, host string) error {
+	man, err := memstore.ReadManifest(ref.memoryDir(host))
+	if errors.Is(err, memstore.ErrNoManifest) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %w", checkpoint.ErrDamaged, err)
+	}
+	if ref.local != "" {
+		err := memstore.VerifyCopy(ctx, man, ref.local)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		g.m.log.Warn("den: a local memory copy failed verification: dropped", "snapshot", ref.what, "err", err)
+		_ = os.Remove(ref.local)
+		ref.local = ""
+	}
+	return g.verifyStored(ctx, man)
+}
+
+// verifyStored reads every extent man names from the store.
+func (g *integrity) verifyStored(ctx context.Context, man *memstore.Manifest) error {
+	store, err := g.m.snaps.memStore()
+	if err != nil {
+		return err
+	}
+	bad, err := store.Verify(ctx, man)
+	if err != nil {
+		return err
+	}
+	if len(bad) > 0 {
+		more := ""
+		if len(bad) > 1 {
+			more = fmt.Sprintf(" (and %d more extents)", len(bad)-1)
+		}
+		return fmt.Errorf("%w: %w%s", checkpoint.ErrDamaged, bad[0], more)
+	}
+	return nil
+}
+
+// keptResult is what verifying the memory a checkpoint keeps by content
+// found, as a line of den checkpoint verify; ok false: nothing kept.
+func (g *integrity) keptResult(ctx context.Context, host string) (checkpoint.FileResult, error, bool) {
+	man, err := memstore.ReadManifest(filepath.Join(host, checkpoint.VMMDir))
+	if errors.Is(err, memstore.ErrNoManifest) {
+		return checkpoint.FileResult{}, nil, false
+	}
+	res := checkpoint.FileResult{File: checkpoint.VMMDir + "/memory (by content)", Status: "ok"}
+	if err != nil {
+		err = fmt.Errorf("%w: %w", checkpoint.ErrDamaged, err)
+		res.Status, res.Detail = "damaged", err.Error()
+		return res, err, true
+	}
+	res.Size, res.Extents, res.Of, res.ReadBytes = man.Size, len(man.Extents), len(man.Extents), man.Bytes()
+	if err := g.verifyStored(ctx, man); err != nil {
+		res.Status, res.Detail = "damaged", err.Error()
+		if !errors.Is(err, checkpoint.ErrDamaged) {
+			res.Status = "error"
+		}
+		return res, err, true
+	}
+	return res, nil, true
+}
+
+// keptBytes is the memory data the snapshot in the VMM directory host
+// keeps by content; ok false: it keeps none.
+func keptBytes(host string) (int64, bool) {
+	man, err := memstore.ReadManifest(host)
+	if err != nil {
+		return 0, false
+	}
+	return man.Bytes(), true
+}
