@@ -46,6 +46,11 @@ type Options struct {
 	QEMUStreamRAM, RestoreCopy bool
 	// NoDigests: snapshots without digests (den bench compares).
 	NoDigests bool
+	// MemoryFiles: snapshots' memory in files of their own, not by
+	// content (den bench compares); CollectGrace: how long the memory
+	// store keeps unreferenced packs.
+	MemoryFiles  bool
+	CollectGrace time.Duration
 	// RAMDir: where guest RAM files go ("": a tmpfs in the state dir).
 	RAMDir string
 	// MemoryCopies bounds the local copies of snapshots' memory (see
@@ -168,7 +173,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	m, err = machine.New(ctx, machine.Config{
 		State: state, Volume: vol, Registry: db, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
-		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, RAMDir: o.RAMDir, MemoryCopies: o.MemoryCopies,
+		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, MemoryFiles: o.MemoryFiles, CollectGrace: o.CollectGrace, RAMDir: o.RAMDir, MemoryCopies: o.MemoryCopies,
 		Memory: o.Memory, Network: o.Network, VMUser: o.VMUser,
 	})
 	if err != nil {

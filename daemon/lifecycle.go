@@ -7,6 +7,7 @@ import (
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/egress"
 	"github.com/denhq/den/machine"
+	"github.com/denhq/den/memstore"
 	"github.com/denhq/den/registry"
 )
 
@@ -24,6 +25,7 @@ type Lifecycle interface {
 	Checkpoints(ctx context.Context, name string) ([]registry.Checkpoint, string, error)
 	NetStatus(ctx context.Context, name string) (machine.NetStatus, error)
 	URL(ctx context.Context, name string) (machine.URLSettings, error)
+	StorageUsage(ctx context.Context, owner string) (machine.StorageReport, error)
 
 	// Operations.
 	Create(ctx context.Context, o machine.CreateOptions, progress machine.Progress) (registry.VM, error)
@@ -40,6 +42,7 @@ type Lifecycle interface {
 	SetURL(ctx context.Context, name string, c machine.URLChange) (machine.URLSettings, error)
 	SleepAll(ctx context.Context, o machine.HostOptions, report func(machine.HostResult)) ([]machine.HostResult, error)
 	WakeAll(ctx context.Context, o machine.HostOptions, report func(machine.HostResult)) ([]machine.HostResult, error)
+	CollectGarbage(ctx context.Context, dryRun bool) (memstore.Collected, error)
 
 	// The host, for den info.
 	Memory(ctx context.Context) machine.MemoryStatus

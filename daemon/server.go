@@ -70,6 +70,8 @@ func NewServer(m Lifecycle, keys users.Keys, info api.DaemonInfo, hostKey ssh.Si
 	handle("POST /v1/vms/{name}/url", s.setURL)
 	handle("POST /v1/host/sleep", s.hostSleep)
 	handle("POST /v1/host/wake", s.hostWake)
+	handle("POST /v1/host/gc", s.collectGarbage)
+	handle("GET /v1/storage", s.getStorage)
 	handle("GET /v1/keys", s.listKeys)
 	handle("POST /v1/keys", s.addKey)
 	handle("DELETE /v1/keys", s.removeKey)

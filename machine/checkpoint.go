@@ -339,6 +339,7 @@ func (ss *snapshots) deleteCheckpoint(ctx context.Context, name, id string) erro
 	if err := ss.store().RemoveRetired(ctx, name, id); err != nil {
 		return fmt.Errorf("delete checkpoint %s of %q: %w", id, name, err)
 	}
+	ss.m.gc.poke() // its memory's extents may be named by nothing now
 	return nil
 }
 

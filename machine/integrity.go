@@ -507,6 +507,7 @@ func (b *bases) dropBase(ctx context.Context, dir storage.Path, why error) {
 	}
 	b.m.snaps.spares.dropAll(ctx) // clones of its disk
 	b.m.snaps.memc.drop(baseCopies, "")
+	b.m.gc.poke()
 }
 
 // integrity seals snapshots with digests and verifies them before a VM

@@ -67,6 +67,9 @@ type Config struct {
 	// the layout before memory was stored by content (memkept.go), for
 	// comparison (den bench).
 	MemoryFiles bool
+	// CollectGrace keeps the memory store's unreferenced packs younger
+	// than this (0: memstore.DefaultGrace); see collect.go.
+	CollectGrace time.Duration
 	// BootTimeout bounds a boot until the agent answers (default 3 min:
 	// TCG is slow).
 	BootTimeout time.Duration
@@ -176,6 +179,7 @@ type Manager struct {
 	agents    agents
 	activity  activity
 	host      hostLife
+	gc        collector
 
 	mu        sync.Mutex
 	instances map[string]*instance
@@ -270,6 +274,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	go m.guard.watchVolume()
 	go m.budget.watchPressure()
 	m.activity.startActivitySaver()
+	m.gc.start()
 	// VMs a host shutdown put to sleep wake in the background.
 	m.host.startBootWake()
 	return m, nil
@@ -344,5 +349,6 @@ func wire(m *Manager) *Manager {
 	m.procs = procs{m}
 	m.agents = agents{m}
 	m.activity = activity{m}
+	m.gc = collector{m: m}
 	return m
 }

@@ -117,5 +117,6 @@ func (ss *snapshots) removeRetiredNow(ctx context.Context, name string) {
 		if err := ss.m.vol.Remove(ctx, storage.VMDir(name).Join(e.Name())); err != nil {
 			ss.m.log.Debug("den: remove a retired suspend slot", "vm", name, "err", err)
 		}
+		ss.m.gc.poke()
 	}
 }

@@ -143,6 +143,7 @@ func (m *Manager) Remove(ctx context.Context, name string, force bool) (err erro
 	if err := m.db.DeleteVM(ctx, name); err != nil {
 		return fmt.Errorf("remove vm %q: %w", name, err)
 	}
+	m.gc.poke()
 	return nil
 }
 

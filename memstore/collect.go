@@ -13,15 +13,26 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ErrChanged says that the volume changed under a listing of its
+// manifests (a directory renamed or removed while it was walked): the
+// listing may have missed a manifest, so a collection stops there.
+var ErrChanged = errors.New("the snapshots changed while they were listed")
+
 // FindManifests lists the memory manifests under dirs (missing ones are
-// empty): the roots a collection keeps and usage counts.
+// empty): the roots a collection keeps and usage counts. An entry that
+// vanishes while it is walked (a slot renamed into place) fails it with
+// ErrChanged: a rename can carry a manifest from a directory not yet
+// walked into one walked already.
 func FindManifests(dirs ...string) ([]string, error) {
 	var out []string
 	for _, d := range dirs {
 		err := filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
 			if err != nil {
 				if errors.Is(err, fs.ErrNotExist) {
-					return nil
+					if p == d {
+						return nil
+					}
+					return fmt.Errorf("%s: %w", p, ErrChanged)
 				}
 				return err
 			}
@@ -82,7 +93,14 @@ func (s *Store) Collect(ctx context.Context, roots []string, o CollectOptions) (
 	if err != nil {
 		return c, fmt.Errorf("collect memory: %w", err)
 	}
-	garbage, tmp, err := s.choose(roots, o.Grace, &c)
+	var garbage, tmp []string
+	for try := 0; ; try++ {
+		c = Collected{DryRun: o.DryRun, Garbage: []string{}}
+		garbage, tmp, err = s.choose(roots, o.Grace, &c)
+		if !errors.Is(err, ErrChanged) || try == 2 {
+			break
+		}
+	}
 	unlock()
 	if err != nil {
 		return c, fmt.Errorf("collect memory: %w", err)
@@ -128,7 +146,7 @@ func (s *Store) choose(roots []string, grace time.Duration, c *Collected) (garba
 	for _, p := range paths {
 		m, err := readManifestFile(p)
 		if errors.Is(err, fs.ErrNotExist) {
-			continue // removed meanwhile: its packs go next time
+			return nil, nil, fmt.Errorf("%s: %w", p, ErrChanged) // removed, or renamed elsewhere
 		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", p, err)

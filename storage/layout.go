@@ -32,6 +32,10 @@ const (
 // MemoryStoreDir is the store of snapshots' memory by content.
 func MemoryStoreDir() Path { return Path(memstoreDir) }
 
+// ImagesDir holds every image; VMsDir every VM.
+func ImagesDir() Path { return Path(imagesDir) }
+func VMsDir() Path    { return Path(vmsDir) }
+
 // ImageDir is the directory of the image called name.
 func ImageDir(name string) Path { return join(imagesDir, name) }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/internal/size"
 	"github.com/denhq/den/machine"
+	"github.com/denhq/den/memstore"
 	"github.com/denhq/den/network"
 )
 
@@ -53,6 +54,8 @@ Examples:
 			&cli.BoolFlag{Name: "qemu-stream-ram", Usage: "for comparison: snapshot QEMU RAM through the migration stream, without x-ignore-shared"},
 			&cli.BoolFlag{Name: "restore-copy", Usage: "for comparison: Cloud Hypervisor restores copy memory instead of OnDemand"},
 			&cli.BoolFlag{Name: "no-digests", Usage: "for comparison: snapshots without digests, restores without verification"},
+			&cli.BoolFlag{Name: "memory-files", Usage: "for comparison: each snapshot's memory a file of its own, not stored by content"},
+			&cli.DurationFlag{Name: "gc-grace", Value: memstore.DefaultGrace, Usage: "the memory store keeps packs no snapshot names for this long after they were written"},
 			&cli.StringFlag{Name: "ram-dir", Usage: "where guest RAM files go (default: a tmpfs den mounts at STATE/ram)"},
 			&cli.StringFlag{Name: "memory-copies", Value: size.Format(machine.DefaultMemoryCopies), Usage: "disk in the state dir den may fill with local copies of snapshots' memory, which wakes and restores read instead of the volume's; 0: none"},
 			&cli.StringFlag{Name: "memory-budget", Usage: "guest RAM (plus --vmm-overhead per VM) den commits at most: a size (12G), a share of the host's RAM (75%) or off; " +
@@ -124,7 +127,8 @@ Examples:
 			return daemon.Run(ctx, daemon.Options{
 				StateDir: c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"),
 				Images: imgs, DefaultImage: c.String("default-image"), VMM: c.String("vmm"), Version: version, Logger: log,
-				IdleCheck: c.Duration("idle-check"), QEMUStreamRAM: c.Bool("qemu-stream-ram"), RestoreCopy: c.Bool("restore-copy"), NoDigests: c.Bool("no-digests"), RAMDir: c.String("ram-dir"), SSHListen: c.String("ssh-listen"),
+				IdleCheck: c.Duration("idle-check"), QEMUStreamRAM: c.Bool("qemu-stream-ram"), RestoreCopy: c.Bool("restore-copy"), NoDigests: c.Bool("no-digests"),
+				MemoryFiles: c.Bool("memory-files"), CollectGrace: c.Duration("gc-grace"), RAMDir: c.String("ram-dir"), SSHListen: c.String("ssh-listen"),
 				Memory: mem, Network: nc, MemoryCopies: copies,
 				HTTPListen: c.String("http-listen"), HTTPDomain: c.String("http-domain"), TLSCert: c.String("tls-cert"), TLSKey: c.String("tls-key"),
 				APIListen: c.String("api-listen"), APITLSCert: c.String("api-tls-cert"), APITLSKey: c.String("api-tls-key"),
