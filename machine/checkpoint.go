@@ -331,6 +331,7 @@ func (ss *snapshots) deleteCheckpoint(ctx context.Context, name, id string) erro
 	if err := ss.store().Retire(ctx, name, id); err != nil {
 		return err
 	}
+	crashpoint("checkpoint-rm-after-retire")
 	ss.memc.drop(name, id+"-")
 	ss.spares.dropCheckpoint(ctx, name, id)
 	if err := ss.m.db.DeleteCheckpoint(ctx, name, id); err != nil && !errors.Is(err, registry.ErrNotFound) {

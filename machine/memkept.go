@@ -132,7 +132,9 @@ func (r snapshotRef) memoryDir(host string) string {
 
 // verifyKept checks the memory ref keeps by content, if it does: its
 // local copy when it has one (a damaged copy is dropped, and the store
-// checked instead), else every extent in the store.
+// checked instead), else every extent in the store. A checkpoint marked
+// damaged is checked in the store whatever its local copy holds: an
+// extent it shares with a snapshot found damaged may be the damaged one.
 func (g *integrity) verifyKept(ctx context.Context, ref *snapshotRef, host string) error {
 	man, err := memstore.ReadManifest(ref.memoryDir(host))
 	if errors.Is(err, memstore.ErrNoManifest) {
@@ -141,7 +143,8 @@ func (g *integrity) verifyKept(ctx context.Context, ref *snapshotRef, host strin
 	if err != nil {
 		return fmt.Errorf("%w: %w", checkpoint.ErrDamaged, err)
 	}
-	if ref.local != "" {
+	marked := ref.id != "" && g.m.snaps.store().Damaged(ref.vm, ref.id) != ""
+	if ref.local != "" && !marked {
 		err := memstore.VerifyCopy(ctx, man, ref.local)
 		if err == nil || ctx.Err() != nil {
 			return err
@@ -153,7 +156,8 @@ func (g *integrity) verifyKept(ctx context.Context, ref *snapshotRef, host strin
 	return g.verifyStored(ctx, man)
 }
 
-// verifyStored reads every extent man names from the store.
+// verifyStored reads every extent man names from the store. Damage
+// found marks every checkpoint whose memory names a damaged extent.
 func (g *integrity) verifyStored(ctx context.Context, man *memstore.Manifest) error {
 	store, err := g.m.snaps.memStore()
 	if err != nil {
@@ -163,14 +167,57 @@ func (g *integrity) verifyStored(ctx context.Context, man *memstore.Manifest) er
 	if err != nil {
 		return err
 	}
-	if len(bad) > 0 {
-		more := ""
-		if len(bad) > 1 {
-			more = fmt.Sprintf(" (and %d more extents)", len(bad)-1)
-		}
-		return fmt.Errorf("%w: %w%s", checkpoint.ErrDamaged, bad[0], more)
+	if len(bad) == 0 {
+		return nil
 	}
-	return nil
+	more := ""
+	if len(bad) > 1 {
+		more = fmt.Sprintf(" (and %d more extents)", len(bad)-1)
+	}
+	err = fmt.Errorf("%w: %w%s", checkpoint.ErrDamaged, bad[0], more)
+	g.markSharers(ctx, bad, err)
+	return err
+}
+
+// markSharers marks damaged every checkpoint whose memory names one of
+// the damaged extents: a damaged extent stored once is damage in every
+// snapshot that shares it.
+func (g *integrity) markSharers(ctx context.Context, bad []memstore.Damage, why error) {
+	type loc struct {
+		pack string
+		at   int64
+	}
+	hit := map[loc]bool{}
+	for _, d := range bad {
+		hit[loc{d.Pack, d.At}] = true
+	}
+	roots, err := g.m.gc.roots()
+	if err != nil {
+		return
+	}
+	paths, err := memstore.FindManifests(roots...)
+	if err != nil && !errors.Is(err, memstore.ErrChanged) {
+		g.m.log.Warn("den: find the snapshots that share a damaged extent", "err", err)
+		return
+	}
+	for _, p := range paths {
+		vm, cp := snapshotOwner(roots[0], p)
+		if vm == "" || cp == "" {
+			continue
+		}
+		man, err := memstore.ReadManifest(filepath.Dir(p))
+		if err != nil {
+			continue
+		}
+		for _, e := range man.Extents {
+			if hit[loc{man.Packs[e.Pack], e.At}] {
+				if merr := g.m.snaps.store().MarkDamaged(vm, cp, "shares a damaged memory extent: "+why.Error()); merr != nil {
+					g.m.log.Warn("den: mark a checkpoint damaged", "vm", vm, "checkpoint", cp, "err", merr)
+				}
+				break
+			}
+		}
+	}
 }
 
 // keptResult is what verifying the memory a checkpoint keeps by content

@@ -1,0 +1,377 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/denhq/den/api"
+	"github.com/denhq/den/memstore"
+)
+
+// objectBytes is what the embedded volume's object store holds, once it
+// stopped changing (a block written may still be on its way).
+func (d *daemon) objectBytes() int64 {
+	d.t.Helper()
+	size := func() int64 {
+		var n int64
+		_ = filepath.WalkDir(filepath.Join(d.state, "juicefs", "objects"), func(_ string, e fs.DirEntry, err error) error {
+			if err == nil && !e.IsDir() {
+				if info, err := e.Info(); err == nil {
+					n += info.Size()
+				}
+			}
+			return nil
+		})
+		return n
+	}
+	last := size()
+	eventually(30*time.Second, func() bool {
+		time.Sleep(500 * time.Millisecond)
+		n := size()
+		same := n == last
+		last = n
+		return same
+	})
+	return last
+}
+
+func (d *daemon) storage() api.Storage {
+	d.t.Helper()
+	var st api.Storage
+	if err := json.Unmarshal([]byte(d.must("df", "--json")), &st); err != nil {
+		d.t.Fatal(err)
+	}
+	return st
+}
+
+func vmStorage(t *testing.T, st api.Storage, name string) api.VMStorage {
+	t.Helper()
+	for _, v := range st.VMs {
+		if v.Name == name {
+			return v
+		}
+	}
+	t.Fatalf("den df has no %s: %+v", name, st)
+	return api.VMStorage{}
+}
+
+// manifestOf reads the memory manifest of a checkpoint.
+func (d *daemon) manifestOf(vm, id string) *memstore.Manifest {
+	d.t.Helper()
+	m, err := memstore.ReadManifest(d.volumePath("vms", vm, "checkpoints", id, "vmm"))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return m
+}
+
+const mib = 1 << 20
+
+// TestMemoryCheckpointCosts: memory checkpoints of an idle 512 MiB VM
+// store what changed, not the RAM: the volume's object store grows by
+// less than 10 MiB per checkpoint over 100 of them; 64 MiB of new data
+// costs about 64 MiB.
+func TestMemoryCheckpointCosts(t *testing.T) {
+	d := startDaemon(t)
+	d.must("create", "box", "--memory", "512M", "--idle-timeout", "0")
+	d.must("checkpoint", "box") // the first after the create
+	before := d.objectBytes()
+	const n = 100
+	for range n {
+		d.must("checkpoint", "box")
+	}
+	grew := d.objectBytes() - before
+	t.Logf("%d memory checkpoints of an idle 512 MiB VM: the object store grew %.1f MiB, %.2f MiB each", n, float64(grew)/mib, float64(grew)/n/mib)
+	if grew/n >= 10*mib {
+		t.Fatalf("each idle checkpoint stored %.1f MiB on average, want under 10", float64(grew)/n/mib)
+	}
+
+	before = d.objectBytes()
+	d.must("exec", "box", "--", "sh", "-c", "head -c 67108864 /dev/urandom > /dev/shm/new")
+	d.must("checkpoint", "box")
+	grew = d.objectBytes() - before
+	t.Logf("a checkpoint after 64 MiB of new data: the object store grew %.1f MiB", float64(grew)/mib)
+	if grew < 60*mib || grew > 96*mib {
+		t.Fatalf("a checkpoint after 64 MiB of new data stored %.1f MiB, want about 64", float64(grew)/mib)
+	}
+}
+
+// TestMemorySharedAndDamaged: two VMs from one warm base, and a fork and
+// its source, store their unchanged memory once; a flipped byte in an
+// extent they share is found by verify, marks every checkpoint that
+// names it, and each is refused on restore.
+func TestMemorySharedAndDamaged(t *testing.T) {
+	d := startDaemon(t)
+	for _, vm := range []string{"a", "b"} {
+		d.must("create", vm, "--memory", "256M", "--idle-timeout", "0")
+		d.must("checkpoint", vm)
+	}
+	d.must("fork", "a@cp-1", "c")
+	d.must("checkpoint", "c")
+	st := d.storage()
+	var named int64
+	for _, name := range []string{"a", "b", "c"} {
+		v := vmStorage(t, st, name)
+		t.Logf("%s: %.1f MiB referenced, %.1f MiB its own", name, float64(v.Referenced)/mib, float64(v.Unique)/mib)
+		if v.Referenced == 0 || v.Unique*2 > v.Referenced {
+			t.Fatalf("%s holds %d of its %d bytes alone: its unchanged memory is not shared", name, v.Unique, v.Referenced)
+		}
+		named += v.Referenced
+	}
+	named += st.Bases.Referenced
+	if st.Live*2 > named {
+		t.Fatalf("the store holds %d bytes live for %d bytes the snapshots name: not stored once", st.Live, named)
+	}
+
+	// An extent that a@cp-1 and b@cp-1 both name (the base's).
+	ma, mb := d.manifestOf("a", "cp-1"), d.manifestOf("b", "cp-1")
+	type loc struct {
+		pack string
+		at   int64
+	}
+	inB := map[loc]bool{}
+	for _, e := range mb.Extents {
+		inB[loc{mb.Packs[e.Pack], e.At}] = true
+	}
+	var shared loc
+	for _, e := range ma.Extents {
+		if l := (loc{ma.Packs[e.Pack], e.At}); inB[l] {
+			shared = l
+			break
+		}
+	}
+	if shared.pack == "" {
+		t.Fatal("a@cp-1 and b@cp-1 share no extent")
+	}
+	pack := d.volumePath("memstore", "packs", shared.pack)
+	f, err := os.OpenFile(pack, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := []byte{0}
+	if _, err := f.ReadAt(b, shared.at+100); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x40
+	if _, err := f.WriteAt(b, shared.at+100); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	if out, err := d.run("checkpoint", "verify", "a", "cp-1"); err == nil || !strings.Contains(out+stderrOf(err), "damaged") {
+		t.Fatalf("verify of a checkpoint with a flipped byte: %v: %s", err, out)
+	}
+	for _, vm := range []string{"a", "b"} {
+		var cps []struct {
+			ID      string `json:"id"`
+			Damaged string `json:"damaged"`
+		}
+		if err := json.Unmarshal([]byte(d.must("checkpoints", vm, "--json")), &cps); err != nil {
+			t.Fatal(err)
+		}
+		if len(cps) == 0 || cps[0].Damaged == "" {
+			t.Fatalf("%s@cp-1 shares the damaged extent and is not marked: %+v", vm, cps)
+		}
+		if _, err := d.run("restore", vm, "cp-1", "--no-save"); err == nil || !strings.Contains(stderrOf(err), "damaged") {
+			t.Fatalf("restore of %s@cp-1, which names a damaged extent: %v", vm, err)
+		}
+	}
+}
+
+// TestMemoryChainRestores: every other checkpoint of a chain of 30 goes,
+// the store is collected, the daemon restarts (no local copies of
+// memory left): every checkpoint left restores exactly (a RAM-resident
+// file's hash).
+func TestMemoryChainRestores(t *testing.T) {
+	d := startDaemonIn(t, func(string) []string { return []string{"--gc-grace", "1s"} })
+	d.must("create", "chain", "--memory", "256M", "--idle-timeout", "0")
+	sums := map[string]string{}
+	for i := 1; i <= 30; i++ {
+		sums[fmt.Sprintf("cp-%d", i)] = d.must("exec", "chain", "--", "sh", "-c", "head -c 1048576 /dev/urandom > /dev/shm/mark; md5sum /dev/shm/mark")
+		d.must("checkpoint", "chain")
+	}
+	for i := 2; i <= 30; i += 2 {
+		d.must("checkpoint", "rm", "chain", fmt.Sprintf("cp-%d", i))
+		delete(sums, fmt.Sprintf("cp-%d", i))
+	}
+	time.Sleep(1100 * time.Millisecond) // past the grace period of the last pack written
+	var gc api.GCResult
+	if err := json.Unmarshal([]byte(d.must("gc", "--json")), &gc); err != nil {
+		t.Fatal(err)
+	}
+	if gc.Removed == 0 {
+		t.Fatalf("den gc removed nothing after 15 checkpoints went: %+v", gc)
+	}
+	d.kill()
+	d.start()
+	if ents, _ := os.ReadDir(filepath.Join(d.state, "memory", "chain")); len(ents) > 0 {
+		t.Fatalf("local copies of memory outlived the restart: %d", len(ents))
+	}
+	for i := 1; i <= 30; i += 2 {
+		id := fmt.Sprintf("cp-%d", i)
+		d.must("restore", "chain", id, "--no-save")
+		if got := d.must("exec", "chain", "--", "md5sum", "/dev/shm/mark"); got != sums[id] {
+			t.Fatalf("%s restored to %q, want %q", id, got, sums[id])
+		}
+	}
+}
+
+// TestMemoryStoreCrashes kills the daemon in the extent write (a pack
+// synced, its manifest not written), after a manifest was written (the
+// checkpoint not committed), in a reference drop (a checkpoint's
+// deletion), and in a collection (after it chose what goes, and after
+// it removed a pack). After each restart every checkpoint listed
+// verifies and restores, and no extent a snapshot names is missing.
+func TestMemoryStoreCrashes(t *testing.T) {
+	d := startDaemonIn(t, func(string) []string { return []string{"--gc-grace", "1s"} })
+	d.must("create", "box", "--memory", "256M", "--idle-timeout", "0")
+	sums := map[string]string{} // each checkpoint's RAM-resident file's hash
+	mark := func() string {
+		return d.must("exec", "box", "--", "sh", "-c", "head -c 4194304 /dev/urandom > /dev/shm/mark; md5sum /dev/shm/mark")
+	}
+	take := func() {
+		sum := mark()
+		id := strings.TrimSpace(d.must("checkpoint", "box", "--json"))
+		var cp struct {
+			ID string `json:"id"`
+		}
+		if err := json.Unmarshal([]byte(id), &cp); err != nil {
+			t.Fatalf("checkpoint --json: %v: %q", err, id)
+		}
+		sums[cp.ID] = sum
+	}
+	for range 4 {
+		take()
+	}
+	check := func(step string) {
+		t.Helper()
+		if out, err := d.run("checkpoint", "verify", "box", "--all"); err != nil {
+			t.Fatalf("%s: verify: %v: %s%s", step, err, out, stderrOf(err))
+		}
+		for _, cp := range d.checkpoints("box") {
+			want, ok := sums[cp.ID]
+			if !ok {
+				continue // the state a restore saved
+			}
+			d.must("restore", "box", cp.ID, "--no-save")
+			if got := d.must("exec", "box", "--", "md5sum", "/dev/shm/mark"); got != want {
+				t.Fatalf("%s: %s restored to %q, want %q", step, cp.ID, got, want)
+			}
+		}
+		mark()
+	}
+	d.crashAt("memstore-pack-written", "checkpoint", "box")
+	check("a crash after a pack was written")
+	d.crashAt("checkpoint-after-snapshot", "checkpoint", "box")
+	check("a crash after a manifest was written")
+	take()
+	d.crashAt("checkpoint-rm-after-retire", "checkpoint", "rm", "box", "cp-2")
+	check("a crash in a checkpoint's deletion")
+	// A collection that crashes: the checkpoint goes just before it, on
+	// the daemon set to crash (the background collection waits a few
+	// seconds after a deletion; den gc runs at once).
+	crashGC := func(point, id string) {
+		t.Helper()
+		d.kill()
+		d.env = []string{"DEN_CRASHPOINT=" + point}
+		d.start()
+		d.must("checkpoint", "rm", "box", id)
+		delete(sums, id)
+		// A pack no manifest names, as a crash in a checkpoint leaves
+		// one: there is something to remove, whatever the background
+		// collection took already.
+		orphan := d.volumePath("memstore", "packs", fmt.Sprintf("%032x", time.Now().UnixNano()))
+		if err := os.WriteFile(orphan, make([]byte, memstore.ExtentSize), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		old := time.Now().Add(-time.Hour)
+		if err := os.Chtimes(orphan, old, old); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := d.run("gc"); err == nil {
+			t.Fatalf("den gc went through the crash point %s: %q", point, out)
+		}
+		d.waitExit()
+		d.env = nil
+		d.start()
+	}
+	crashGC("memstore-collect-listed", "cp-1")
+	check("a crash in a collection that chose what goes")
+	take()
+	crashGC("memstore-collect-removed", "cp-3")
+	check("a crash in a collection that removed a pack")
+}
+
+// TestCollectRacingCheckpoints: collections with a grace period of a
+// second race four VMs from one base checkpointing at once (their
+// memory shares the base's extents) while older checkpoints go:
+// nothing a checkpoint names is removed.
+func TestCollectRacingCheckpoints(t *testing.T) {
+	d := startDaemonIn(t, func(string) []string { return []string{"--gc-grace", "1s"} })
+	vms := []string{"v1", "v2", "v3", "v4"}
+	for _, vm := range vms {
+		d.must("create", vm, "--memory", "256M", "--idle-timeout", "0")
+	}
+	stop := make(chan struct{})
+	var gcs sync.WaitGroup
+	gcs.Add(1)
+	go func() {
+		defer gcs.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := d.run("gc"); err != nil && !strings.Contains(stderrOf(err), "changed") {
+				t.Errorf("gc: %v", err)
+				return
+			}
+		}
+	}()
+	for round := 1; round <= 3; round++ {
+		var w sync.WaitGroup
+		for _, vm := range vms {
+			w.Add(1)
+			go func() {
+				defer w.Done()
+				if _, err := d.run("exec", vm, "--", "sh", "-c", "head -c 2097152 /dev/urandom > /dev/shm/mark"); err != nil {
+					t.Error(err)
+				}
+				if _, err := d.run("checkpoint", vm); err != nil {
+					t.Error(err)
+				}
+				if round > 1 {
+					if _, err := d.run("checkpoint", "rm", vm, fmt.Sprintf("cp-%d", round-1)); err != nil {
+						t.Error(err)
+					}
+				}
+			}()
+		}
+		w.Wait()
+	}
+	close(stop)
+	gcs.Wait()
+	if t.Failed() {
+		return
+	}
+	time.Sleep(1100 * time.Millisecond)
+	d.must("gc")
+	for _, vm := range vms {
+		if out, err := d.run("checkpoint", "verify", vm, "--all"); err != nil {
+			t.Fatalf("verify %s after the race: %v: %s%s", vm, err, out, stderrOf(err))
+		}
+		want := d.must("exec", vm, "--", "md5sum", "/dev/shm/mark")
+		d.must("restore", vm, "cp-3", "--no-save")
+		if got := d.must("exec", vm, "--", "md5sum", "/dev/shm/mark"); got != want {
+			t.Fatalf("%s restored to %q, want %q", vm, got, want)
+		}
+	}
+}
