@@ -26,6 +26,7 @@ type Lifecycle interface {
 	NetStatus(ctx context.Context, name string) (machine.NetStatus, error)
 	URL(ctx context.Context, name string) (machine.URLSettings, error)
 	StorageUsage(ctx context.Context, owner string) (machine.StorageReport, error)
+	GetSchedule(ctx context.Context, name string) (*machine.Schedule, error)
 
 	// Operations.
 	Create(ctx context.Context, o machine.CreateOptions, progress machine.Progress) (registry.VM, error)
@@ -40,6 +41,7 @@ type Lifecycle interface {
 	Fork(ctx context.Context, src, id, name string, progress machine.Progress) (registry.VM, error)
 	SetEgress(ctx context.Context, name string, p egress.Policy) error
 	SetURL(ctx context.Context, name string, c machine.URLChange) (machine.URLSettings, error)
+	SetSchedule(ctx context.Context, name string, s *machine.Schedule) (*machine.Schedule, error)
 	SleepAll(ctx context.Context, o machine.HostOptions, report func(machine.HostResult)) ([]machine.HostResult, error)
 	WakeAll(ctx context.Context, o machine.HostOptions, report func(machine.HostResult)) ([]machine.HostResult, error)
 	CollectGarbage(ctx context.Context, dryRun bool) (memstore.Collected, error)

@@ -68,6 +68,8 @@ func NewServer(m Lifecycle, keys users.Keys, info api.DaemonInfo, hostKey ssh.Si
 	handle("POST /v1/vms/{name}/egress", s.setEgress)
 	handle("GET /v1/vms/{name}/url", s.getURL)
 	handle("POST /v1/vms/{name}/url", s.setURL)
+	handle("GET /v1/vms/{name}/schedule", s.getSchedule)
+	handle("POST /v1/vms/{name}/schedule", s.setSchedule)
 	handle("POST /v1/host/sleep", s.hostSleep)
 	handle("POST /v1/host/wake", s.hostWake)
 	handle("POST /v1/host/gc", s.collectGarbage)

@@ -77,6 +77,9 @@ type spec struct {
 	// command line): a guest whose disk has another token takes a new
 	// hostname, machine-id and host keys before its services start.
 	Identity string `json:"identity,omitempty"`
+	// Schedule is the VM's checkpoint schedule, if any (schedule.go); a
+	// fork gets none.
+	Schedule *Schedule `json:"schedule,omitempty"`
 }
 
 // newMAC is a new locally administered unicast hardware address.

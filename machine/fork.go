@@ -117,6 +117,7 @@ func (o *op) forkFrom(ctx context.Context, src, id string, progress Progress) (e
 		sp.Net = nil
 	}
 	sp.ForkedFrom = src + "@" + id
+	sp.Schedule = nil // the source's checkpoints are the source's to schedule
 	if err := o.update(ctx, func(v *registry.VM, fsp *spec) error {
 		v.Image, v.CPUs, v.MemoryBytes, v.DiskBytes, v.VMM, v.Accel = srcVM.Image, srcVM.CPUs, srcVM.MemoryBytes, srcVM.DiskBytes, srcVM.VMM, srcVM.Accel
 		*fsp = sp

@@ -180,6 +180,7 @@ type Manager struct {
 	activity  activity
 	host      hostLife
 	gc        collector
+	sched     schedules
 
 	mu        sync.Mutex
 	instances map[string]*instance
@@ -275,6 +276,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	go m.budget.watchPressure()
 	m.activity.startActivitySaver()
 	m.gc.start()
+	m.sched.start()
 	// VMs a host shutdown put to sleep wake in the background.
 	m.host.startBootWake()
 	return m, nil
@@ -350,5 +352,6 @@ func wire(m *Manager) *Manager {
 	m.agents = agents{m}
 	m.activity = activity{m}
 	m.gc = collector{m: m}
+	m.sched = schedules{m: m}
 	return m
 }

@@ -32,7 +32,7 @@ Examples:
 			&cli.BoolFlag{Name: "disk-only", Usage: "freeze filesystems and save the disk only"},
 			&cli.IntFlag{Name: "keep", Usage: "afterwards keep only the newest N checkpoints"},
 		),
-		Subcommands: []*cli.Command{checkpointRmCommand(), checkpointVerifyCommand()},
+		Subcommands: []*cli.Command{checkpointRmCommand(), checkpointVerifyCommand(), checkpointScheduleCommand()},
 		Action: func(c *cli.Context) error {
 			name, err := oneName(c)
 			if err != nil {
