@@ -59,6 +59,12 @@ type GCResult struct {
 	Packs     int      `json:"packs"`
 	Garbage   []string `json:"garbage"`
 	Bytes     int64    `json:"bytes"`
+	// Repacked are packs mostly dead whose live extents (MovedBytes)
+	// went into a new pack; FreedBytes the dead part that went with
+	// them.
+	Repacked  []string `json:"repacked"`
+	Moved     int64    `json:"moved_bytes"`
+	Freed     int64    `json:"freed_bytes"`
 	Young     int      `json:"young"`
 	Removed   int      `json:"removed"`
 	Temporary int      `json:"temporary"`

@@ -35,7 +35,7 @@ func (s *Server) collectGarbage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, api.GCResult{Manifests: got.Manifests, Packs: got.Packs, Garbage: got.Garbage, Bytes: got.Bytes,
-		Young: got.Young, Removed: got.Removed, Temporary: got.Temporary, DryRun: got.DryRun})
+		Repacked: got.Repacked, Moved: got.Moved, Freed: got.Freed, Young: got.Young, Removed: got.Removed, Temporary: got.Temporary, DryRun: got.DryRun})
 }
 
 func usageOf(u memstore.Usage) api.Usage {

@@ -132,35 +132,35 @@ func TestMemorySharedAndDamaged(t *testing.T) {
 
 	// An extent that a@cp-1 and b@cp-1 both name (the base's).
 	ma, mb := d.manifestOf("a", "cp-1"), d.manifestOf("b", "cp-1")
-	type loc struct {
-		pack string
-		at   int64
-	}
-	inB := map[loc]bool{}
+	inB := map[memstore.Digest]bool{}
 	for _, e := range mb.Extents {
-		inB[loc{mb.Packs[e.Pack], e.At}] = true
+		inB[e.Digest] = true
 	}
-	var shared loc
+	var shared memstore.Digest
 	for _, e := range ma.Extents {
-		if l := (loc{ma.Packs[e.Pack], e.At}); inB[l] {
-			shared = l
+		if inB[e.Digest] {
+			shared = e.Digest
 			break
 		}
 	}
-	if shared.pack == "" {
-		t.Fatal("a@cp-1 and b@cp-1 share no extent")
+	store, err := memstore.Open(d.volumePath("memstore"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	pack := d.volumePath("memstore", "packs", shared.pack)
-	f, err := os.OpenFile(pack, os.O_RDWR, 0)
+	name, at, ok := store.Locate(shared)
+	if shared == (memstore.Digest{}) || !ok {
+		t.Fatal("a@cp-1 and b@cp-1 share no extent the store holds")
+	}
+	f, err := os.OpenFile(d.volumePath("memstore", "packs", name), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := []byte{0}
-	if _, err := f.ReadAt(b, shared.at+100); err != nil {
+	if _, err := f.ReadAt(b, at+100); err != nil {
 		t.Fatal(err)
 	}
 	b[0] ^= 0x40
-	if _, err := f.WriteAt(b, shared.at+100); err != nil {
+	if _, err := f.WriteAt(b, at+100); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()

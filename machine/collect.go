@@ -102,7 +102,7 @@ func (c *collector) collect(ctx context.Context, dryRun bool) (memstore.Collecte
 	}
 	got, err := store.Collect(ctx, roots, memstore.CollectOptions{DryRun: dryRun, Grace: c.m.cfg.CollectGrace, Pause: collectPause})
 	if err == nil && !dryRun && (got.Removed > 0 || got.Temporary > 0) {
-		c.m.log.Info("den: memory store collected", "packs_removed", got.Removed, "bytes", got.Bytes, "temporary", got.Temporary)
+		c.m.log.Info("den: memory store collected", "packs_removed", got.Removed, "bytes", got.Bytes+got.Freed, "moved_bytes", got.Moved, "temporary", got.Temporary)
 	}
 	return got, err
 }

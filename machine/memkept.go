@@ -175,21 +175,17 @@ func (g *integrity) verifyStored(ctx context.Context, man *memstore.Manifest) er
 		more = fmt.Sprintf(" (and %d more extents)", len(bad)-1)
 	}
 	err = fmt.Errorf("%w: %w%s", checkpoint.ErrDamaged, bad[0], more)
-	g.markSharers(ctx, bad, err)
+	g.markSharers(bad, err)
 	return err
 }
 
 // markSharers marks damaged every checkpoint whose memory names one of
 // the damaged extents: a damaged extent stored once is damage in every
 // snapshot that shares it.
-func (g *integrity) markSharers(ctx context.Context, bad []memstore.Damage, why error) {
-	type loc struct {
-		pack string
-		at   int64
-	}
-	hit := map[loc]bool{}
+func (g *integrity) markSharers(bad []memstore.Damage, why error) {
+	hit := map[memstore.Digest]bool{}
 	for _, d := range bad {
-		hit[loc{d.Pack, d.At}] = true
+		hit[d.Digest] = true
 	}
 	roots, err := g.m.gc.roots()
 	if err != nil {
@@ -210,7 +206,7 @@ func (g *integrity) markSharers(ctx context.Context, bad []memstore.Damage, why 
 			continue
 		}
 		for _, e := range man.Extents {
-			if hit[loc{man.Packs[e.Pack], e.At}] {
+			if hit[e.Digest] {
 				if merr := g.m.snaps.store().MarkDamaged(vm, cp, "shares a damaged memory extent: "+why.Error()); merr != nil {
 					g.m.log.Warn("den: mark a checkpoint damaged", "vm", vm, "checkpoint", cp, "err", merr)
 				}

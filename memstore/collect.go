@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"lukechampine.com/blake3"
 )
 
 // ErrChanged says that the volume changed under a listing of its
@@ -53,11 +55,11 @@ func FindManifests(dirs ...string) ([]string, error) {
 type CollectOptions struct {
 	// DryRun only says what would go.
 	DryRun bool
-	// Grace keeps unreferenced packs younger than this: a snapshot that
-	// wrote one has not written its manifest yet.
+	// Grace keeps packs younger than this as they are: a snapshot that
+	// wrote one may not have written its manifest yet.
 	Grace time.Duration
-	// Pause is the rest after each removal: the collection's bound on
-	// the volume's work.
+	// Pause is the rest after each pack removed or rewritten: the
+	// collection's bound on the volume's work.
 	Pause time.Duration
 }
 
@@ -65,38 +67,66 @@ type CollectOptions struct {
 // manifest.
 const DefaultGrace = 10 * time.Minute
 
-// Collected says what a collection found and removed.
+// RepackBelow: a pack whose live extents are less than this share of it
+// (and at least repackMin bytes are dead) has them moved into a new pack,
+// and goes.
+const (
+	RepackBelow = 0.5
+	repackMin   = 1 << 20
+	// repackMax bounds one new pack of moved extents.
+	repackMax = 256 << 20
+)
+
+// Collected says what a collection found and did.
 type Collected struct {
-	Manifests int      `json:"manifests"`
-	Packs     int      `json:"packs"`     // packs in the store
-	Garbage   []string `json:"garbage"`   // unreferenced packs old enough to go
-	Bytes     int64    `json:"bytes"`     // their size
-	Young     int      `json:"young"`     // unreferenced packs kept for the grace period
-	Removed   int      `json:"removed"`   // removed (0 on a dry run)
-	Temporary int      `json:"temporary"` // abandoned temporary packs removed
+	Manifests int `json:"manifests"`
+	Packs     int `json:"packs"` // packs in the store
+	// Garbage are the packs that go: none of their extents is named
+	// (or each is named and held by another pack too); Bytes their size.
+	Garbage []string `json:"garbage"`
+	Bytes   int64    `json:"bytes"`
+	// Repacked are the packs mostly dead whose live extents (Moved
+	// bytes) go to a new pack, Freed the dead bytes that go with them.
+	Repacked  []string `json:"repacked"`
+	Moved     int64    `json:"moved_bytes"`
+	Freed     int64    `json:"freed_bytes"`
+	Young     int      `json:"young"`     // packs kept for the grace period
+	Removed   int      `json:"removed"`   // packs removed (0 on a dry run)
+	Temporary int      `json:"temporary"` // abandoned temporary files removed
 	DryRun    bool     `json:"dry_run"`
 }
 
-// Collect removes the packs that no manifest under roots names and that
-// are older than the grace period, and temporary packs a crash left. Which
-// packs go is decided under the store's exclusive lock (no snapshot is
-// between trusting its origin and writing its manifest); they are removed
-// after it, paced: a manifest written since names only packs that were
-// named then or are younger than the grace period. A manifest that cannot
-// be read stops the collection: what it names is unknown.
+// packState is what a collection knows of one pack.
+type packState struct {
+	name    string
+	size    int64
+	young   bool
+	entries []idxEntry
+	live    []idxEntry // the named extents this pack is the holder of
+}
+
+// Collect removes the packs that hold nothing a manifest under roots
+// names, moves the live extents of packs mostly dead into a new pack and
+// removes those, and removes temporary files a crash left; packs younger
+// than the grace period stay as they are. What is done is decided under
+// the store's exclusive lock (no snapshot is between trusting its origin
+// and writing its manifest), and done after it, paced: a manifest
+// written since names only extents that were named then, or that are in
+// packs younger than the grace period. A manifest that cannot be read
+// stops the collection: what it names is unknown.
 func (s *Store) Collect(ctx context.Context, roots []string, o CollectOptions) (Collected, error) {
-	c := Collected{DryRun: o.DryRun, Garbage: []string{}}
 	if o.Grace <= 0 {
 		o.Grace = DefaultGrace
 	}
 	unlock, err := s.lock(ctx, unix.LOCK_EX)
 	if err != nil {
-		return c, fmt.Errorf("collect memory: %w", err)
+		return Collected{}, fmt.Errorf("collect memory: %w", err)
 	}
-	var garbage, tmp []string
+	var c Collected
+	var plan collectPlan
 	for try := 0; ; try++ {
-		c = Collected{DryRun: o.DryRun, Garbage: []string{}}
-		garbage, tmp, err = s.choose(roots, o.Grace, &c)
+		c = Collected{DryRun: o.DryRun, Garbage: []string{}, Repacked: []string{}}
+		plan, err = s.choose(roots, o.Grace, &c)
 		if !errors.Is(err, ErrChanged) || try == 2 {
 			break
 		}
@@ -109,88 +139,217 @@ func (s *Store) Collect(ctx context.Context, roots []string, o CollectOptions) (
 	if o.DryRun {
 		return c, nil
 	}
-	remove := func(p string) bool {
-		err := os.Remove(p)
-		if o.Pause > 0 {
-			_ = sleepCtx(ctx, o.Pause)
-		}
-		return err == nil || errors.Is(err, fs.ErrNotExist)
-	}
-	for _, name := range garbage {
+	rest := func() { _ = sleepCtx(ctx, o.Pause) }
+	for _, group := range plan.repack {
 		if ctx.Err() != nil {
 			break
 		}
-		if remove(s.packPath(name)) {
+		done, err := s.repack(ctx, group)
+		if err != nil {
+			return c, fmt.Errorf("collect memory: %w", err)
+		}
+		plan.garbage = append(plan.garbage, done...)
+		rest()
+	}
+	for _, name := range plan.garbage {
+		if ctx.Err() != nil {
+			break
+		}
+		// The index first: a reader that finds the pack gone reads the
+		// indexes again and must not find it there.
+		err := os.Remove(s.idxPath(name))
+		if err == nil || errors.Is(err, fs.ErrNotExist) {
+			err = os.Remove(s.packPath(name))
+		}
+		if err == nil || errors.Is(err, fs.ErrNotExist) {
 			c.Removed++
 			s.hook("collect-removed")
 		}
+		rest()
 	}
-	for _, p := range tmp {
+	for _, p := range plan.tmp {
 		if ctx.Err() != nil {
 			break
 		}
-		if remove(p) {
+		if err := os.Remove(p); err == nil {
 			c.Temporary++
 		}
 	}
 	return c, ctx.Err()
 }
 
-// choose lists the manifests and the packs and picks the packs to go.
-func (s *Store) choose(roots []string, grace time.Duration, c *Collected) (garbage, tmp []string, err error) {
+// collectPlan is what a collection does.
+type collectPlan struct {
+	garbage []string       // packs to remove
+	repack  [][]*packState // groups of packs whose live extents go into one new pack each
+	tmp     []string       // temporary files to remove
+}
+
+// liveDigests reads every manifest under roots and returns the digests
+// they name.
+func liveDigests(roots []string, c *Collected) (map[Digest]bool, error) {
 	paths, err := FindManifests(roots...)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	live := map[string]bool{}
+	live := map[Digest]bool{}
 	for _, p := range paths {
 		m, err := readManifestFile(p)
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, nil, fmt.Errorf("%s: %w", p, ErrChanged) // removed, or renamed elsewhere
+			return nil, fmt.Errorf("%s: %w", p, ErrChanged) // removed, or renamed elsewhere
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", p, err)
+			return nil, fmt.Errorf("%s: %w", p, err)
 		}
 		c.Manifests++
-		for _, name := range m.Packs {
-			live[name] = true
+		for _, e := range m.Extents {
+			live[e.Digest] = true
 		}
 	}
-	packs, err := os.ReadDir(filepath.Join(s.root, "packs"))
+	return live, nil
+}
+
+// choose lists the manifests and the packs and plans the collection.
+func (s *Store) choose(roots []string, grace time.Duration, c *Collected) (collectPlan, error) {
+	var plan collectPlan
+	live, err := liveDigests(roots, c)
 	if err != nil {
-		return nil, nil, err
+		return plan, err
+	}
+	indexed, bare, err := s.listPacks()
+	if err != nil {
+		return plan, err
 	}
 	old := time.Now().Add(-grace)
-	for _, e := range packs {
-		if !isPackName(e.Name()) {
-			continue
-		}
-		c.Packs++
-		if live[e.Name()] {
-			continue
-		}
-		info, err := e.Info()
+	var packs []*packState
+	for _, name := range indexed {
+		st, err := os.Stat(s.packPath(name))
 		if err != nil {
-			continue // gone meanwhile
-		}
-		if info.ModTime().After(old) {
-			c.Young++
 			continue
 		}
-		garbage = append(garbage, e.Name())
-		c.Garbage = append(c.Garbage, e.Name())
-		c.Bytes += info.Size()
+		pi, err := s.readPackIndex(name)
+		if err != nil {
+			return plan, err
+		}
+		packs = append(packs, &packState{name: name, size: st.Size(), young: st.ModTime().After(old), entries: pi.Extents})
+	}
+	c.Packs = len(packs) + len(bare)
+	// Each named extent is held by one pack: a young one if any (it may
+	// be the only one a new manifest counts on), else the first.
+	sort.SliceStable(packs, func(i, j int) bool { return packs[i].young && !packs[j].young })
+	held := map[Digest]bool{}
+	for _, p := range packs {
+		for _, e := range p.entries {
+			if live[e.Digest] && !held[e.Digest] {
+				held[e.Digest] = true
+				p.live = append(p.live, e)
+			}
+		}
+	}
+	var group []*packState
+	var groupBytes int64
+	for _, p := range packs {
+		var liveBytes int64
+		for _, e := range p.live {
+			liveBytes += e.Len
+		}
+		switch {
+		case p.young:
+			c.Young++
+		case len(p.live) == 0:
+			plan.garbage = append(plan.garbage, p.name)
+			c.Garbage = append(c.Garbage, p.name)
+			c.Bytes += p.size
+		case float64(liveBytes) < RepackBelow*float64(p.size) && p.size-liveBytes >= repackMin:
+			if groupBytes+liveBytes > repackMax && len(group) > 0 {
+				plan.repack = append(plan.repack, group)
+				group, groupBytes = nil, 0
+			}
+			group = append(group, p)
+			groupBytes += liveBytes
+			c.Repacked = append(c.Repacked, p.name)
+			c.Moved += liveBytes
+			c.Freed += p.size - liveBytes
+		}
+	}
+	if len(group) > 0 {
+		plan.repack = append(plan.repack, group)
+	}
+	for _, name := range bare { // a crash between a pack and its index
+		if st, err := os.Stat(s.packPath(name)); err == nil && st.ModTime().Before(old) {
+			plan.garbage = append(plan.garbage, name)
+			c.Garbage = append(c.Garbage, name)
+			c.Bytes += st.Size()
+		}
 	}
 	tmps, err := os.ReadDir(filepath.Join(s.root, "tmp"))
 	if err != nil {
-		return nil, nil, err
+		return plan, err
 	}
 	for _, e := range tmps {
 		if info, err := e.Info(); err == nil && info.ModTime().Before(old) {
-			tmp = append(tmp, filepath.Join(s.root, "tmp", e.Name()))
+			plan.tmp = append(plan.tmp, filepath.Join(s.root, "tmp", e.Name()))
 		}
 	}
-	return garbage, tmp, nil
+	return plan, nil
+}
+
+// repack copies the live extents of a group of packs into one new pack,
+// each checked against its digest, and returns the packs whose extents
+// all moved (to be removed). A pack with a damaged extent is left as it
+// is: its damage stays where verify finds it.
+func (s *Store) repack(ctx context.Context, group []*packState) ([]string, error) {
+	pw, err := s.newPack()
+	if err != nil {
+		return nil, err
+	}
+	defer pw.abort()
+	var done []string
+	buf := make([]byte, ExtentSize)
+	for _, p := range group {
+		ok, err := s.movePack(ctx, pw, p, buf)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			done = append(done, p.name)
+		}
+	}
+	if len(pw.entries) > 0 {
+		if err := pw.commit(); err != nil {
+			return nil, err
+		}
+	}
+	return done, nil
+}
+
+// movePack adds p's live extents to pw; false: one is damaged.
+func (s *Store) movePack(ctx context.Context, pw *packWriter, p *packState, buf []byte) (bool, error) {
+	f, err := os.Open(s.packPath(p.name))
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	for _, e := range p.live {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		if e.Len > int64(len(buf)) {
+			return false, nil
+		}
+		if _, err := f.ReadAt(buf[:e.Len], e.At); err != nil && !errors.Is(err, io.EOF) {
+			return false, err
+		}
+		if Digest(blake3.Sum256(buf[:e.Len])) != e.Digest {
+			return false, nil
+		}
+		if !pw.has(e.Digest) {
+			if err := pw.add(e.Digest, buf[:e.Len]); err != nil {
+				return false, err
+			}
+		}
+	}
+	return true, nil
 }
 
 func readManifestFile(path string) (*Manifest, error) {
@@ -203,8 +362,8 @@ func readManifestFile(path string) (*Manifest, error) {
 
 // Usage is what a group of manifests holds in the store.
 type Usage struct {
-	// Referenced is the data its manifests name, each stored extent
-	// counted once.
+	// Referenced is the data its manifests name, each extent counted
+	// once.
 	Referenced int64 `json:"referenced_bytes"`
 	// Unique is the part no manifest outside the group names: what
 	// deleting the group frees.
@@ -215,9 +374,9 @@ type Usage struct {
 
 // StoreUsage is the store's bytes, and each group's.
 type StoreUsage struct {
-	// Stored is the size of every pack; Live the part of it some
-	// manifest names; Garbage the rest (whole packs no manifest names,
-	// and dead extents inside packs still named).
+	// Stored is the size of every pack; Live the extents some manifest
+	// names, each counted once; Garbage the rest (packs no manifest
+	// names, dead extents in packs still named, extents held twice).
 	Stored  int64            `json:"stored_bytes"`
 	Live    int64            `json:"live_bytes"`
 	Garbage int64            `json:"garbage_bytes"`
@@ -226,16 +385,12 @@ type StoreUsage struct {
 }
 
 // Usage counts, for each group of manifests (by path; a manifest that
-// is gone counts as empty), what it references in the store, what only
-// it references, and the store's total, live and garbage bytes.
+// is gone counts as empty), what it names in the store, what only it
+// names, and the store's total, live and garbage bytes.
 func (s *Store) Usage(ctx context.Context, groups map[string][]string) (StoreUsage, error) {
 	u := StoreUsage{Groups: map[string]Usage{}}
-	type loc struct {
-		pack string
-		at   int64
-	}
-	owners := map[loc]map[string]bool{}
-	size := map[loc]int64{}
+	owners := map[Digest]map[string]bool{}
+	size := map[Digest]int64{}
 	for g, paths := range groups {
 		for _, p := range paths {
 			if err := ctx.Err(); err != nil {
@@ -249,18 +404,17 @@ func (s *Store) Usage(ctx context.Context, groups map[string][]string) (StoreUsa
 				return u, fmt.Errorf("storage usage: %s: %w", p, err)
 			}
 			for _, e := range m.Extents {
-				l := loc{m.Packs[e.Pack], e.At}
-				if owners[l] == nil {
-					owners[l] = map[string]bool{}
+				if owners[e.Digest] == nil {
+					owners[e.Digest] = map[string]bool{}
 				}
-				owners[l][g] = true
-				size[l] = e.Len(m.Size)
+				owners[e.Digest][g] = true
+				size[e.Digest] = e.Len(m.Size)
 			}
 		}
 		u.Groups[g] = Usage{}
 	}
-	for l, gs := range owners {
-		n := size[l]
+	for d, gs := range owners {
+		n := size[d]
 		u.Live += n
 		for g := range gs {
 			gu := u.Groups[g]
@@ -273,14 +427,14 @@ func (s *Store) Usage(ctx context.Context, groups map[string][]string) (StoreUsa
 			u.Groups[g] = gu
 		}
 	}
-	packs, err := os.ReadDir(filepath.Join(s.root, "packs"))
+	indexed, bare, err := s.listPacks()
 	if err != nil {
 		return u, fmt.Errorf("storage usage: %w", err)
 	}
-	for _, e := range packs {
-		if info, err := e.Info(); err == nil && isPackName(e.Name()) {
+	for _, name := range append(indexed, bare...) {
+		if st, err := os.Stat(s.packPath(name)); err == nil {
 			u.Packs++
-			u.Stored += info.Size()
+			u.Stored += st.Size()
 		}
 	}
 	u.Garbage = max(0, u.Stored-u.Live)

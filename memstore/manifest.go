@@ -1,25 +1,30 @@
 // Package memstore keeps snapshots' guest memory by content: extents
 // named by their BLAKE3 digest, packed into immutable files on the volume
 // that the manifests of every checkpoint, suspend slot, warm base and fork
-// share, with unreferenced packs collected.
+// share, with what no manifest names collected.
 //
 // A snapshot's memory is a manifest (ManifestFile, in its VMM directory):
 // the memory's size and, for each ExtentSize piece that holds data, its
-// digest and where in which pack its bytes are. Pieces that are all zeros
-// are not stored. A new snapshot hashes the RAM and stores only the
-// pieces its origin's manifest (the snapshot the RAM last equalled) does
-// not already hold, in one new pack; the rest it names in the packs where
-// they already are. There is no parent chain: a manifest names every
-// piece it needs, so deleting any other snapshot never makes it
-// unrestorable; a pack goes only once no manifest names it (Collect).
+// digest. Pieces that are all zeros are not stored. A new snapshot hashes
+// the RAM and stores only the pieces its origin's manifest (the snapshot
+// the RAM last equalled) does not name, in one new pack; the rest it names
+// by digest. There is no parent chain: a manifest names every piece it
+// needs, so deleting any other snapshot never makes it unrestorable.
+//
+// A pack is its extents back to back (packs/NAME) and an index of them
+// (packs/NAME.idx: digest, offset, length); where a digest is comes from
+// the indexes, never from a manifest, so that the collector may move the
+// live extents of a pack that is mostly dead into a new pack and remove
+// the old one without touching any manifest.
 //
 // Writes are ordered so that a crash leaves at worst an unreferenced
-// pack: a pack is written, synced and renamed into packs/ before the
-// manifest that names it is written. Collect removes only packs that no
-// manifest on the volume names and that are older than a grace period,
-// under the store's exclusive lock; a writer holds the shared lock from
-// the moment it decides to reuse its origin's packs (the origin's
-// manifest still there) until its own manifest is in place.
+// pack: a pack and its index are written and synced before the manifest
+// that names their digests. Collect decides, under the store's exclusive
+// lock, what goes: packs none of whose digests a manifest on the volume
+// names, and live extents of packs mostly dead, to be moved; a writer holds
+// the shared lock from the moment it trusts its origin's manifest (still
+// there) until its own manifest is in place. Packs younger than a grace
+// period are never touched.
 package memstore
 
 import (
@@ -46,7 +51,7 @@ const (
 	ExtentSize = 64 << 10
 	// Algorithm names the digest.
 	Algorithm = "blake3-256"
-	version   = 1
+	version   = 2
 )
 
 // Manifest is a snapshot's memory, by content.
@@ -56,8 +61,6 @@ type Manifest struct {
 	ExtentSize int64  `json:"extent_size"`
 	// Size is the memory's size in bytes (the guest's RAM).
 	Size int64 `json:"size"`
-	// Packs are the packs the extents are in, by name.
-	Packs []string `json:"packs"`
 	// Extents are the pieces that hold data, by increasing Index; every
 	// other piece is zeros.
 	Extents []Extent `json:"extents"`
@@ -67,9 +70,6 @@ type Manifest struct {
 type Extent struct {
 	// Index is the piece's offset in the memory over ExtentSize.
 	Index int64 `json:"i"`
-	// Pack indexes Manifest.Packs; At is the piece's offset in that pack.
-	Pack int   `json:"p"`
-	At   int64 `json:"a"`
 	// Digest is the BLAKE3-256 of the piece's bytes.
 	Digest Digest `json:"d"`
 }
@@ -112,15 +112,10 @@ func (m *Manifest) check() error {
 	}
 	last := int64(-1)
 	for _, e := range m.Extents {
-		if e.Index <= last || e.Off() >= m.Size || e.Pack < 0 || e.Pack >= len(m.Packs) || e.At < 0 {
+		if e.Index <= last || e.Off() >= m.Size {
 			return fmt.Errorf("memory manifest: extent %d out of place", e.Index)
 		}
 		last = e.Index
-	}
-	for _, p := range m.Packs {
-		if !validPack(p) {
-			return fmt.Errorf("memory manifest: pack name %q", p)
-		}
 	}
 	return nil
 }

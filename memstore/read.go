@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"sort"
 	"time"
@@ -19,15 +20,18 @@ var ErrDamaged = errors.New("damaged")
 // Damage names an extent of a manifest that is missing or does not match
 // its digest.
 type Damage struct {
-	Pack   string
-	At     int64 // in the pack
-	Off    int64 // in the memory
 	Digest Digest
+	Off    int64  // in the memory
+	Pack   string // where it was read, if found
+	At     int64
 	Detail string
 }
 
 func (d Damage) Error() string {
-	return fmt.Sprintf("memory at %d MiB (pack %s, offset %d): %s", d.Off>>20, d.Pack, d.At, d.Detail)
+	if d.Pack == "" {
+		return fmt.Sprintf("memory at %d MiB (extent %s): %s", d.Off>>20, d.Digest.String()[:16], d.Detail)
+	}
+	return fmt.Sprintf("memory at %d MiB (extent %s, pack %s at %d): %s", d.Off>>20, d.Digest.String()[:16], d.Pack, d.At, d.Detail)
 }
 
 func (d Damage) Unwrap() error { return ErrDamaged }
@@ -46,102 +50,144 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 const lockPoll = 20 * time.Millisecond
 
-// readRun is a run of a manifest's extents that lie back to back in one
-// pack: read with one call.
+// placed is an extent of a manifest and where it is.
+type placed struct {
+	Extent
+	loc
+}
+
+// readRun is a run of extents that lie back to back in one pack: read
+// with one call.
 type readRun struct {
 	pack string
 	at   int64
-	ext  []Extent
+	ext  []placed
 }
 
-// runs groups m's extents by pack, in the pack's order, into runs of
+const maxRun = 4 << 20
+
+// runs groups extents by pack, in the pack's order, into runs of
 // back-to-back extents of at most maxRun bytes.
-func runs(m *Manifest) []readRun {
-	ext := append([]Extent(nil), m.Extents...)
+func runs(ext []placed) []readRun {
 	sort.Slice(ext, func(i, j int) bool {
-		if ext[i].Pack != ext[j].Pack {
-			return ext[i].Pack < ext[j].Pack
+		if ext[i].pack != ext[j].pack {
+			return ext[i].pack < ext[j].pack
 		}
-		return ext[i].At < ext[j].At
+		return ext[i].at < ext[j].at
 	})
-	const maxRun = 4 << 20
 	var out []readRun
 	for _, e := range ext {
 		if k := len(out); k > 0 {
 			r := &out[k-1]
 			last := r.ext[len(r.ext)-1]
-			if last.Pack == e.Pack && last.At+last.Len(m.Size) == e.At && e.At+e.Len(m.Size)-r.at <= maxRun {
+			if last.pack == e.pack && last.at+last.n == e.at && e.at+e.n-r.at <= maxRun {
 				r.ext = append(r.ext, e)
 				continue
 			}
 		}
-		out = append(out, readRun{pack: m.Packs[e.Pack], at: e.At, ext: []Extent{e}})
+		out = append(out, readRun{pack: e.pack, at: e.at, ext: []placed{e}})
 	}
 	return out
 }
 
+// place finds where each of m's extents is; those found nowhere are
+// Damage, handed to bad.
+func (s *Store) place(m *Manifest, exts []Extent, fresh bool, bad func(Damage) error) ([]placed, error) {
+	out := make([]placed, 0, len(exts))
+	for _, e := range exts {
+		l, ok, err := s.locate(e.Digest, fresh)
+		if err == nil && !ok && !fresh {
+			fresh = true // a pack written since the index was read
+			l, ok, err = s.locate(e.Digest, true)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if !ok || l.n != e.Len(m.Size) {
+			if err := bad(Damage{Digest: e.Digest, Off: e.Off(), Detail: "no pack holds it"}); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		out = append(out, placed{e, l})
+	}
+	return out, nil
+}
+
 // each reads every extent m names from the store, in the packs' order,
 // checks it against its digest and hands it to f (the bytes are f's only
-// during the call). A missing pack or a mismatch is a Damage, handed to
-// bad; each returns the first error of f or bad.
+// during the call). A missing extent or a mismatch is a Damage, handed to
+// bad. A pack gone since the index was read (its live extents moved) is
+// looked up again once.
 func (s *Store) each(ctx context.Context, m *Manifest, f func(e Extent, b []byte) error, bad func(Damage) error) error {
-	buf := make([]byte, 4<<20)
-	var pack *os.File
-	var packName string
-	defer func() {
-		if pack != nil {
-			pack.Close()
-		}
-	}()
-	for _, r := range runs(m) {
-		if err := ctx.Err(); err != nil {
+	pending := m.Extents
+	buf := make([]byte, maxRun)
+	for try := 0; len(pending) > 0; try++ {
+		ext, err := s.place(m, pending, try > 0, bad)
+		if err != nil {
 			return err
 		}
-		if r.pack != packName {
-			if pack != nil {
-				pack.Close()
-				pack = nil
-			}
-			packName = r.pack
-			p, err := os.Open(s.packPath(r.pack))
-			if err == nil {
-				pack = p
-			} else if !errors.Is(err, os.ErrNotExist) {
-				return fmt.Errorf("read memory: %w", err)
-			}
-		}
-		last := r.ext[len(r.ext)-1]
-		n := last.At + last.Len(m.Size) - r.at
-		var got int
-		var rerr error
-		if pack != nil {
-			got, rerr = pack.ReadAt(buf[:n], r.at)
-			if rerr != nil && !errors.Is(rerr, io.EOF) {
-				return fmt.Errorf("read memory: pack %s: %w", r.pack, rerr)
-			}
-		}
-		for _, e := range r.ext {
-			lo, l := e.At-r.at, e.Len(m.Size)
-			dmg := Damage{Pack: r.pack, At: e.At, Off: e.Off(), Digest: e.Digest}
-			switch {
-			case pack == nil:
-				dmg.Detail = "its pack is missing"
-			case int64(got) < lo+l:
-				dmg.Detail = "its pack is too short"
-			case Digest(blake3.Sum256(buf[lo:lo+l])) != e.Digest:
-				dmg.Detail = "does not match its digest"
-			default:
-				if err := f(e, buf[lo:lo+l]); err != nil {
-					return err
-				}
-				continue
-			}
-			if err := bad(dmg); err != nil {
+		pending = nil
+		for _, r := range runs(ext) {
+			if err := ctx.Err(); err != nil {
 				return err
+			}
+			moved, err := s.readRun(r, buf, f, bad)
+			if err != nil {
+				return err
+			}
+			if moved && try == 0 {
+				for _, e := range r.ext {
+					pending = append(pending, e.Extent)
+				}
+			} else if moved {
+				for _, e := range r.ext {
+					if err := bad(Damage{Digest: e.Digest, Off: e.Off(), Pack: r.pack, At: e.at, Detail: "its pack is missing"}); err != nil {
+						return err
+					}
+				}
 			}
 		}
 	}
 	return nil
+}
+
+// readRun reads one run and hands its extents to f, or to bad; moved
+// says the pack is gone.
+func (s *Store) readRun(r readRun, buf []byte, f func(Extent, []byte) error, bad func(Damage) error) (moved bool, err error) {
+	pack, err := os.Open(s.packPath(r.pack))
+	if errors.Is(err, fs.ErrNotExist) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read memory: %w", err)
+	}
+	defer pack.Close()
+	last := r.ext[len(r.ext)-1]
+	n := last.at + last.n - r.at
+	got, rerr := pack.ReadAt(buf[:n], r.at)
+	if rerr != nil && !errors.Is(rerr, io.EOF) {
+		return false, fmt.Errorf("read memory: pack %s: %w", r.pack, rerr)
+	}
+	for _, e := range r.ext {
+		lo, l := e.at-r.at, e.n
+		dmg := Damage{Digest: e.Digest, Off: e.Off(), Pack: r.pack, At: e.at}
+		switch {
+		case int64(got) < lo+l:
+			dmg.Detail = "its pack is too short"
+		case Digest(blake3.Sum256(buf[lo:lo+l])) != e.Digest:
+			dmg.Detail = "does not match its digest"
+		default:
+			if err := f(e.Extent, buf[lo:lo+l]); err != nil {
+				return false, err
+			}
+			continue
+		}
+		if err := bad(dmg); err != nil {
+			return false, err
+		}
+	}
+	return false, nil
 }
 
 // Fill writes the memory m describes into the file at dst, which is made

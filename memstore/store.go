@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"golang.org/x/sys/unix"
 	"lukechampine.com/blake3"
@@ -22,6 +21,7 @@ import (
 // lock is the file whose flock orders writers and the collector.
 type Store struct {
 	root string
+	idx  index
 	// Hook, when set, is called at the named steps of a write and a
 	// collection ("pack-written", "collect-listed", "collect-removed"):
 	// the crash tests' way in.
@@ -94,12 +94,7 @@ func (s *Store) lock(ctx context.Context, how int) (func(), error) {
 // snapshot the RAM last equalled.
 type Origin struct {
 	m     *Manifest
-	where map[Digest]place
-}
-
-type place struct {
-	pack string
-	at   int64
+	names map[Digest]bool
 }
 
 // NewOrigin indexes m's extents by digest.
@@ -107,9 +102,9 @@ func NewOrigin(m *Manifest) *Origin {
 	if m == nil {
 		return nil
 	}
-	o := &Origin{m: m, where: make(map[Digest]place, len(m.Extents))}
+	o := &Origin{m: m, names: make(map[Digest]bool, len(m.Extents))}
 	for _, e := range m.Extents {
-		o.where[e.Digest] = place{m.Packs[e.Pack], e.At}
+		o.names[e.Digest] = true
 	}
 	return o
 }
@@ -121,6 +116,8 @@ func (o *Origin) Manifest() *Manifest {
 	}
 	return o.m
 }
+
+func (o *Origin) has(d Digest) bool { return o != nil && o.names[d] }
 
 // WriteStats says what a write did.
 type WriteStats struct {
@@ -152,17 +149,7 @@ func (s *Store) Write(ctx context.Context, src string, origin *Origin) (*Manifes
 	if err != nil {
 		return nil, st, fmt.Errorf("store memory: %w", err)
 	}
-	m := &Manifest{Version: version, Algorithm: Algorithm, ExtentSize: ExtentSize, Size: size}
-	packs := map[string]int{}
-	packIndex := func(name string) int {
-		i, ok := packs[name]
-		if !ok {
-			i = len(m.Packs)
-			packs[name] = i
-			m.Packs = append(m.Packs, name)
-		}
-		return i
-	}
+	m := &Manifest{Version: version, Algorithm: Algorithm, ExtentSize: ExtentSize, Size: size, Extents: []Extent{}}
 	var pw *packWriter
 	defer func() { pw.abort() }()
 	buf := make([]byte, ExtentSize)
@@ -180,9 +167,9 @@ func (s *Store) Write(ctx context.Context, src string, origin *Origin) (*Manifes
 		}
 		d := Digest(blake3.Sum256(buf[:n]))
 		st.Extents++
-		if p, ok := origin.lookup(d); ok {
+		m.Extents = append(m.Extents, Extent{Index: idx, Digest: d})
+		if origin.has(d) {
 			st.Reused++
-			m.Extents = append(m.Extents, Extent{Index: idx, Pack: packIndex(p.pack), At: p.at, Digest: d})
 			continue
 		}
 		if pw == nil {
@@ -190,35 +177,22 @@ func (s *Store) Write(ctx context.Context, src string, origin *Origin) (*Manifes
 				return nil, st, fmt.Errorf("store memory: %w", err)
 			}
 		}
-		at, err := pw.add(buf[:n])
-		if err != nil {
+		if pw.has(d) {
+			continue // the same bytes twice in this memory
+		}
+		if err := pw.add(d, buf[:n]); err != nil {
 			return nil, st, fmt.Errorf("store memory: %w", err)
 		}
-		m.Extents = append(m.Extents, Extent{Index: idx, Pack: packIndex(pw.name), At: at, Digest: d})
 		st.Written += n
 	}
-	if pw != nil {
+	if pw != nil && len(pw.entries) > 0 {
 		if err := pw.commit(); err != nil {
 			return nil, st, fmt.Errorf("store memory: %w", err)
 		}
 		st.Pack = pw.name
 		s.hook("pack-written")
 	}
-	if m.Packs == nil {
-		m.Packs = []string{}
-	}
-	if m.Extents == nil {
-		m.Extents = []Extent{}
-	}
 	return m, st, nil
-}
-
-func (o *Origin) lookup(d Digest) (place, bool) {
-	if o == nil {
-		return place{}, false
-	}
-	p, ok := o.where[d]
-	return p, ok
 }
 
 // Writer takes the shared lock a snapshot holds while it writes: from
@@ -257,12 +231,15 @@ func allZero(b []byte) bool {
 	return true
 }
 
-// packWriter writes a new pack in tmp/, then renames it into packs/.
+// packWriter writes a new pack and its index in tmp/, then renames both
+// into packs/.
 type packWriter struct {
-	s    *Store
-	name string
-	f    *os.File
-	at   int64
+	s       *Store
+	name    string
+	f       *os.File
+	at      int64
+	entries []idxEntry
+	in      map[Digest]bool
 }
 
 func (s *Store) newPack() (*packWriter, error) {
@@ -274,19 +251,24 @@ func (s *Store) newPack() (*packWriter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &packWriter{s: s, name: name, f: f}, nil
+	return &packWriter{s: s, name: name, f: f, in: map[Digest]bool{}}, nil
 }
 
-func (w *packWriter) add(b []byte) (int64, error) {
-	at := w.at
+func (w *packWriter) has(d Digest) bool { return w.in[d] }
+
+func (w *packWriter) add(d Digest, b []byte) error {
 	if _, err := w.f.Write(b); err != nil {
-		return 0, fmt.Errorf("write pack %s: %w", w.name, err)
+		return fmt.Errorf("write pack %s: %w", w.name, err)
 	}
+	w.entries = append(w.entries, idxEntry{Digest: d, At: w.at, Len: int64(len(b))})
+	w.in[d] = true
 	w.at += int64(len(b))
-	return at, nil
+	return nil
 }
 
-// commit syncs the pack and moves it into packs/.
+// commit syncs the pack, writes its index, and moves both into packs/:
+// the pack first, so that an index never names a pack that is not
+// there.
 func (w *packWriter) commit() error {
 	err := w.f.Sync()
 	if cerr := w.f.Close(); err == nil {
@@ -294,13 +276,25 @@ func (w *packWriter) commit() error {
 	}
 	w.f = nil
 	tmp := filepath.Join(w.s.root, "tmp", w.name)
+	var idx string
+	if err == nil {
+		idx, err = w.s.writeIndex(w.name, w.entries)
+	}
 	if err == nil {
 		err = os.Rename(tmp, w.s.packPath(w.name))
 	}
+	if err == nil {
+		err = os.Rename(idx, w.s.idxPath(w.name))
+	}
 	if err != nil {
 		_ = os.Remove(tmp)
+		if idx != "" {
+			_ = os.Remove(idx)
+		}
+		_ = os.Remove(w.s.packPath(w.name))
 		return fmt.Errorf("write pack %s: %w", w.name, err)
 	}
+	w.s.learn(w.name, w.entries)
 	return nil
 }
 
@@ -312,9 +306,6 @@ func (w *packWriter) abort() {
 	w.f.Close()
 	_ = os.Remove(filepath.Join(w.s.root, "tmp", w.name))
 }
-
-// isPackName is for listings: pack names only, never a temporary file.
-func isPackName(name string) bool { return validPack(name) && !strings.HasPrefix(name, ".") }
 
 // Save stores the memory in the file at src as the snapshot in directory
 // dir (its manifest written there, not synced), sharing what it can with

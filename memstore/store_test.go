@@ -81,8 +81,8 @@ func TestSaveSharesWithItsOrigin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Extents != 7 || st.Reused != 0 || st.Written != 7*ExtentSize || len(m1.Packs) != 1 {
-		t.Fatalf("first save: %+v, packs %v", st, m1.Packs)
+	if st.Extents != 7 || st.Reused != 0 || st.Written != 7*ExtentSize || st.Pack == "" || len(m1.Extents) != 7 {
+		t.Fatalf("first save: %+v", st)
 	}
 	overwrite(t, src, 10)
 	overwrite(t, src, 20) // a hole before
@@ -91,8 +91,8 @@ func TestSaveSharesWithItsOrigin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Extents != 8 || st.Reused != 6 || st.Written != 2*ExtentSize || len(m2.Packs) != 2 {
-		t.Fatalf("second save: %+v, packs %v", st, m2.Packs)
+	if st.Extents != 8 || st.Reused != 6 || st.Written != 2*ExtentSize || len(m2.Extents) != 8 {
+		t.Fatalf("second save: %+v", st)
 	}
 	// Each restores exactly, the first after the second was saved.
 	for _, c := range []struct{ dir, want string }{{b, src}} {
@@ -155,7 +155,7 @@ func TestCollectKeepsWhatIsNamed(t *testing.T) {
 		t.Fatalf("dry run: %+v", dry)
 	}
 	young, err := s.Collect(ctx, []string{snaps}, CollectOptions{Grace: time.Hour})
-	if err != nil || young.Removed != 0 || young.Young != 1 {
+	if err != nil || young.Removed != 0 || young.Young != 4 {
 		t.Fatalf("within the grace period: %+v %v", young, err)
 	}
 	got, err := s.Collect(ctx, []string{snaps}, CollectOptions{Grace: time.Nanosecond})
@@ -201,12 +201,16 @@ func TestDamageIsFoundInEverySnapshotThatSharesIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Flip a byte of extent 5, which both name.
-	pack := s.packPath(ma.Packs[0])
+	name, at, ok := s.Locate(ma.Extents[1].Digest)
+	if !ok || ma.Extents[1].Index != 5 {
+		t.Fatalf("extent 5 is nowhere: %v", ma.Extents)
+	}
+	pack := s.packPath(name)
 	f, _ := os.OpenFile(pack, os.O_RDWR, 0)
 	one := []byte{0}
-	f.ReadAt(one, ExtentSize+7)
+	f.ReadAt(one, at+7)
 	one[0] ^= 1
-	f.WriteAt(one, ExtentSize+7)
+	f.WriteAt(one, at+7)
 	f.Close()
 	for _, m := range []*Manifest{ma, mb} {
 		bad, err := s.Verify(ctx, m)
@@ -218,6 +222,7 @@ func TestDamageIsFoundInEverySnapshotThatSharesIt(t *testing.T) {
 		}
 	}
 	os.Remove(pack)
+	os.Remove(pack + idxSuffix)
 	if bad, _ := s.Verify(ctx, mb); len(bad) != 2 {
 		t.Fatalf("verify with a pack gone: %v", bad)
 	}
@@ -289,5 +294,67 @@ func TestCollectRacingSaves(t *testing.T) {
 		if bad, err := s.Verify(ctx, m); err != nil || len(bad) > 0 {
 			t.Fatalf("%s after the race: %v %v", p, bad, err)
 		}
+	}
+}
+
+// TestRepack: packs mostly dead have their live extents moved into a new
+// pack and go; every snapshot left fills as before, and the store holds
+// about what they name.
+func TestRepack(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _ := Open(filepath.Join(root, "store"))
+	snaps := filepath.Join(root, "snaps")
+	src := filepath.Join(root, "ram")
+	all := make([]int64, 64)
+	for i := range all {
+		all[i] = int64(i)
+	}
+	ram(t, src, 64*ExtentSize, all...) // a first pack of 64 extents
+	first := snapDir(t, snaps, "first")
+	if _, _, err := s.Save(ctx, src, first, ""); err != nil {
+		t.Fatal(err)
+	}
+	// The guest changes 60 of them: the first pack is mostly dead once
+	// the first snapshot goes.
+	for i := range int64(60) {
+		overwrite(t, src, i)
+	}
+	second := snapDir(t, snaps, "second")
+	if _, _, err := s.Save(ctx, src, second, first); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.ReadFile(src)
+	os.RemoveAll(first)
+	m, _ := ReadManifest(second)
+	out := filepath.Join(root, "out")
+	if err := s.Fill(ctx, m, out); err != nil { // s reads the indexes now
+		t.Fatal(err)
+	}
+	before, _ := s.Usage(ctx, map[string][]string{"second": {filepath.Join(second, ManifestFile)}})
+	got, err := s.Collect(ctx, []string{snaps}, CollectOptions{Grace: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Repacked) != 1 || got.Moved != 4*ExtentSize || got.Removed != 1 {
+		t.Fatalf("collect: %+v", got)
+	}
+	after, _ := s.Usage(ctx, map[string][]string{"second": {filepath.Join(second, ManifestFile)}})
+	if after.Stored != after.Live || after.Stored >= before.Stored || after.Live != 64*ExtentSize {
+		t.Fatalf("usage before %+v, after %+v", before, after)
+	}
+	// A store whose index was read before the move finds the extents
+	// where they went.
+	os.Remove(out)
+	if err := s.Fill(ctx, m, out); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(out); !bytes.Equal(b, want) {
+		t.Fatal("the second snapshot changed after the repack")
+	}
+	other, _ := Open(filepath.Join(root, "store"))
+	os.Remove(out)
+	if err := other.Fill(ctx, m, out); err != nil {
+		t.Fatal(err)
 	}
 }

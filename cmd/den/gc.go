@@ -38,13 +38,12 @@ Examples:
 			if c.Bool("json") {
 				return printJSON(c.App.Writer, got)
 			}
-			verb := "removed"
-			n := got.Removed
+			verb, moved := "removed", "moved"
 			if got.DryRun {
-				verb, n = "would remove", len(got.Garbage)
+				verb, moved = "would remove", "would move"
 			}
-			fmt.Fprintf(c.App.Writer, "%s %d of %d packs (%s) that none of %d snapshots names; %d younger than the grace period kept\n",
-				verb, n, got.Packs, size.Format(got.Bytes), got.Manifests, got.Young)
+			fmt.Fprintf(c.App.Writer, "%s %d of %d packs (%s) holding nothing %d snapshots name; %s %s out of %d packs mostly dead, freeing %s; %d packs younger than the grace period left\n",
+				verb, len(got.Garbage), got.Packs, size.Format(got.Bytes), got.Manifests, moved, size.Format(got.Moved), len(got.Repacked), size.Format(got.Freed), got.Young)
 			return nil
 		},
 	}
