@@ -138,6 +138,10 @@ type Pace struct {
 	// Data, when set, tells the holes of a file: their extents are
 	// digested as zeros, not read.
 	Data DataRanges
+	// ReadDir, when set, is the snapshot's directory as read (the same
+	// files through the volume's read-only mount, whose reads leave a
+	// clone's data as it is): the large files are read there.
+	ReadDir string
 }
 
 // hashExtents reads r (size bytes) and returns one digest per extent,
@@ -357,7 +361,11 @@ func Seal(ctx context.Context, dir string, p Pace, localSeal string, local map[s
 			fd, err = digestFile(ctx, l, p)
 		}
 		if err != nil || fd.Size != man.Large[rel] {
-			fd, err = digestFile(ctx, filepath.Join(dir, filepath.FromSlash(rel)), p)
+			from := dir
+			if p.ReadDir != "" {
+				from = p.ReadDir
+			}
+			fd, err = digestFile(ctx, filepath.Join(from, filepath.FromSlash(rel)), p)
 		}
 		if err != nil {
 			return fmt.Errorf("seal snapshot: %w", err)
@@ -466,12 +474,17 @@ type Policy struct {
 	// checked against the digest of zeros, which is what a read of it
 	// returns, without the read.
 	Data DataRanges
+	// ReadDir, when set, is the snapshot's directory as read (Pace's).
+	ReadDir string
 }
 
 // path is where file rel of the snapshot in dir is read.
 func (p Policy) path(dir, rel string) string {
 	if l, ok := p.Local[rel]; ok {
 		return l
+	}
+	if p.ReadDir != "" {
+		dir = p.ReadDir
 	}
 	return filepath.Join(dir, filepath.FromSlash(rel))
 }

@@ -116,6 +116,7 @@ func (g *integrity) sealYield(ctx context.Context) {
 // policy is what verification reads of ref before a VMM restores it.
 func (g *integrity) policy(ref snapshotRef, lazy bool) checkpoint.Policy {
 	p := checkpoint.Policy{Seal: ref.seal, Sealing: g.m.seal.busy(ref.dir), Local: ref.localFiles()}
+	p.ReadDir, _ = g.m.vol.ReadPath(ref.dir) // reads that leave clones as they are
 	switch {
 	case lazy:
 		p.Sample = lazySample
@@ -287,10 +288,12 @@ func (g *integrity) verifyTraced(ctx context.Context, ref snapshotRef, vmmName s
 // it (seals, full verifications), where a checkpoint's disk is gigabytes
 // of holes read through FUSE; a restore's verification reads a sample.
 func (g *integrity) dataRanges(ctx context.Context) checkpoint.DataRanges {
-	root := g.m.vol.Root()
 	return func(path string) ([]sparse.Extent, bool) {
-		rel, err := filepath.Rel(root, path)
-		if err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+		for _, root := range []string{g.m.vol.ReadRoot(), g.m.vol.Root()} {
+			rel, err := filepath.Rel(root, path)
+			if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+				continue
+			}
 			ext, err := g.m.vol.DataRanges(ctx, storage.Path(filepath.ToSlash(rel)))
 			if err != nil {
 				g.m.log.Debug("den: data ranges: reading the file whole", "file", path, "err", err)
@@ -343,6 +346,7 @@ func (g *integrity) sealNow(dir storage.Path, localSeal string, local map[string
 	start := time.Now()
 	pace := g.sealPace()
 	pace.Data = g.dataRanges(ctx)
+	pace.ReadDir, _ = g.m.vol.ReadPath(dir)
 	for try := 1; ; try++ {
 		err := checkpoint.Seal(ctx, host, pace, localSeal, local)
 		if err == nil {

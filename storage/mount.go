@@ -36,6 +36,8 @@ type JuiceFS struct {
 
 	adopted bool // Open found the mount up and took it over
 
+	ro *readOnly // the read-only mount snapshots are read through (readonly.go); nil: none
+
 	dev   atomic.Uint64 // st_dev of the live mount; 0 while it is down
 	stop  chan struct{}
 	done  chan struct{}
@@ -117,6 +119,7 @@ func Open(ctx context.Context, cfg Config) (*JuiceFS, error) {
 			return nil, wrap(err)
 		}
 	}
+	v.ro = v.openReadOnly(ctx)
 	go v.supervise()
 	return v, nil
 }
@@ -425,6 +428,7 @@ func (v *JuiceFS) MountPIDs() (service, supervisor int, err error) {
 func (v *JuiceFS) Unmount(ctx context.Context) error {
 	v.stopSupervising()
 	defer v.Close()
+	v.unmountReadOnly()
 	wrap := func(err error) error { return fmt.Errorf("unmount volume %q: %w", v.cfg.Name, err) }
 	mi, ok, err := findMount(v.cfg.MountPoint)
 	if err != nil {

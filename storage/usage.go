@@ -43,7 +43,7 @@ func renameNoReplace(from, to string) error {
 // Usage sums file lengths and the data each file references: for a file,
 // the slices `juicefs info --raw` lists (holes are not slices).
 func (v *JuiceFS) Usage(ctx context.Context, p Path) (Usage, error) {
-	hp, err := v.live(p)
+	root, hp, err := v.readHost(p)
 	if err != nil {
 		return Usage{}, fmt.Errorf("usage of %s: %w", p, err)
 	}
@@ -70,7 +70,7 @@ func (v *JuiceFS) Usage(ctx context.Context, p Path) (Usage, error) {
 	if err != nil {
 		return Usage{}, fmt.Errorf("usage of %s: %w", p, err)
 	}
-	data, err := v.dataBytes(ctx, files)
+	data, err := v.dataBytes(ctx, root, files)
 	if err != nil {
 		return Usage{}, fmt.Errorf("usage of %s: %w", p, err)
 	}
@@ -83,11 +83,11 @@ func (v *JuiceFS) Usage(ctx context.Context, p Path) (Usage, error) {
 // file). A hole is no slice; zeros written as data are data. Reading a
 // range outside them returns zeros without touching object storage.
 func (v *JuiceFS) DataRanges(ctx context.Context, p Path) ([]sparse.Extent, error) {
-	hp, err := v.live(p)
+	root, hp, err := v.readHost(p)
 	if err != nil {
 		return nil, fmt.Errorf("data ranges of %s: %w", p, err)
 	}
-	info, err := controlSlices(ctx, v.cfg.MountPoint, hp)
+	info, err := controlSlices(ctx, root, hp)
 	if err != nil {
 		return nil, fmt.Errorf("data ranges of %s: %w", p, err)
 	}
@@ -98,10 +98,10 @@ func (v *JuiceFS) DataRanges(ctx context.Context, p Path) ([]sparse.Extent, erro
 // control file (control.go). Without one, it runs `juicefs info --raw`,
 // one process per batch of files, not per file: each start costs tens of
 // milliseconds (a checkpoint's directory has several).
-func (v *JuiceFS) dataBytes(ctx context.Context, files []string) (int64, error) {
+func (v *JuiceFS) dataBytes(ctx context.Context, root string, files []string) (int64, error) {
 	var total int64
 	for _, f := range files {
-		n, err := controlDataBytes(ctx, v.cfg.MountPoint, f)
+		n, err := controlDataBytes(ctx, root, f)
 		if errors.Is(err, errNoControl) {
 			return v.dataBytesCLI(ctx, files)
 		}

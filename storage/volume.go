@@ -46,6 +46,12 @@ type Volume interface {
 	// the rest of it reads as zeros. Only for a file nobody is writing:
 	// writes still buffered are not in it.
 	DataRanges(ctx context.Context, p Path) ([]sparse.Extent, error)
+	// ReadPath is the host path of p for den's own reads of snapshots
+	// (digests, verification): reads there leave the volume's data as it
+	// is (JuiceFS would compact a clone's chunks where they are read);
+	// ReadRoot is the directory such paths are under.
+	ReadPath(p Path) (string, error)
+	ReadRoot() string
 	// Health is nil when the volume answers.
 	Health(ctx context.Context) error
 	// Subscribe delivers the volume's events until the returned func is

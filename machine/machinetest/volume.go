@@ -45,6 +45,12 @@ func NewVolume(dir string) (*Volume, error) {
 // Root is the directory.
 func (v *Volume) Root() string { return v.root }
 
+// ReadPath is Path: a plain directory has no reads that change it.
+func (v *Volume) ReadPath(p storage.Path) (string, error) { return v.Path(p) }
+
+// ReadRoot is Root.
+func (v *Volume) ReadRoot() string { return v.root }
+
 // Path maps p into the directory.
 func (v *Volume) Path(p storage.Path) (string, error) {
 	if err := p.Validate(); err != nil {
