@@ -189,4 +189,3 @@ func pidsOfMount(mp string) []int {
 	}
 	return pids
 }
-
