@@ -11,6 +11,7 @@ import (
 
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/testutil"
+	"github.com/denhq/den/memstore"
 )
 
 // volumePath is a file on the daemon's mounted volume.
@@ -27,30 +28,27 @@ func waitSealed(t *testing.T, dir string) {
 	}
 }
 
-// dataExtent is a 4 MiB extent of a QEMU snapshot's memory, neither the
-// first nor the last, that holds guest data (its memory.map lists the
-// data): the offset of a byte in it, and the extent's number.
-func dataExtent(t *testing.T, dir string) (int64, int) {
+// keptExtent is an extent of the memory the snapshot in dir keeps by
+// content, from the middle of its data: its offset in the memory, the
+// pack that holds it and where, and the start of the line that reports
+// it damaged.
+func (d *daemon) keptExtent(t *testing.T, dir string) (memOff int64, pack string, at int64, want string) {
 	t.Helper()
-	var ext []struct{ Off, Len int64 }
-	data, err := os.ReadFile(filepath.Join(dir, "memory.map"))
-	if err != nil || json.Unmarshal(data, &ext) != nil {
-		t.Fatalf("memory.map of %s: %v", dir, err)
+	m, err := memstore.ReadManifest(dir)
+	if err != nil || len(m.Extents) < 3 {
+		t.Fatalf("memory manifest of %s: %v", dir, err)
 	}
-	st, err := os.Stat(filepath.Join(dir, "memory"))
+	e := m.Extents[len(m.Extents)/2]
+	store, err := memstore.Open(d.volumePath("memstore"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	last := (st.Size() - 1) / (4 << 20)
-	for _, e := range ext {
-		for k := (e.Off + 4<<20 - 1) / (4 << 20); k*(4<<20)+8192 <= e.Off+e.Len; k++ {
-			if k > 0 && k < last {
-				return k*(4<<20) + 4096, int(k)
-			}
-		}
+	name, at, ok := store.Locate(e.Digest)
+	if !ok {
+		t.Fatalf("no pack holds extent %d of %s", e.Index, dir)
 	}
-	t.Fatalf("no data extent in the middle of %s: %+v", dir, ext)
-	return 0, 0
+	return e.Off() + 100, d.volumePath("memstore", "packs", name), at + 100,
+		fmt.Sprintf("memory at %d MiB (extent %s", e.Off()>>20, e.Digest.String()[:16])
 }
 
 type verification struct {
@@ -87,25 +85,30 @@ func TestCorruptedSnapshotsAreRefused(t *testing.T) {
 	// restore touched the VM.
 	d.must("exec", "box", "--", "sh", "-c", "echo after > /root/after")
 
-	memOff, memExt := dataExtent(t, filepath.Join(cpDir, "vmm"))
+	// The memory's extent is in the memory store's pack.
+	memOff, pack, packOff, memWant := d.keptExtent(t, filepath.Join(cpDir, "vmm"))
 	for _, tc := range []struct {
 		name, file string
+		path       string
 		off        int64
 		want       string
 	}{
-		{"device state", "vmm/state", 100, "vmm/state extent 0 (offset 0 MiB) does not match its digest"},
-		{"config", "vmm/config.json", 10, "vmm/config.json extent 0"},
-		{"memory extent", "vmm/memory", memOff, fmt.Sprintf("vmm/memory extent %d (offset %d MiB) does not match its digest", memExt, memExt*4)},
-		{"disk block", "disk", 1<<20 + 512, "disk extent 0 (offset 0 MiB) does not match its digest"},
+		{"device state", "vmm/state", "", 100, "vmm/state extent 0 (offset 0 MiB) does not match its digest"},
+		{"config", "vmm/config.json", "", 10, "vmm/config.json extent 0"},
+		{"memory extent", "vmm/memory", pack, packOff, memWant},
+		{"disk block", "disk", "", 1<<20 + 512, "disk extent 0 (offset 0 MiB) does not match its digest"},
 	} {
 		t.Run("checkpoint "+tc.name, func(t *testing.T) {
-			path := filepath.Join(cpDir, filepath.FromSlash(tc.file))
+			path := tc.path
+			if path == "" {
+				path = filepath.Join(cpDir, filepath.FromSlash(tc.file))
+			}
 			testutil.FlipBytes(t, path, tc.off)
 			defer testutil.FlipBytes(t, path, tc.off)
 			if tc.file == "vmm/memory" {
 				// The restore reads the local copy: damaged too, it is
-				// dropped and the volume's is checked.
-				d.flipLocalMemory(t, "box", "cp-1-", tc.off)
+				// dropped and the store's extents are checked.
+				d.flipLocalMemory(t, "box", "cp-1-", memOff)
 			}
 			_, err := d.run("restore", "box", "cp-1")
 			if err == nil || !strings.Contains(stderrOf(err), `checkpoint cp-1 of "box" is damaged: `+tc.want) {
@@ -145,22 +148,26 @@ func TestCorruptedSnapshotsAreRefused(t *testing.T) {
 	slot := d.volumePath("vms", "box", "suspend")
 	d.must("sleep", "box")
 	waitSealed(t, slot)
-	memOff, memExt = dataExtent(t, slot)
+	memOff, pack, packOff, memWant = d.keptExtent(t, slot)
 	for _, tc := range []struct {
 		name, file string
+		path       string
 		off        int64
 		want       string
 	}{
-		{"device state", "state", 100, "state extent 0 (offset 0 MiB) does not match its digest"},
-		{"config", "config.json", 10, "config.json extent 0"},
-		{"memory extent", "memory", memOff, fmt.Sprintf("memory extent %d (offset %d MiB) does not match its digest", memExt, memExt*4)},
+		{"device state", "state", "", 100, "state extent 0 (offset 0 MiB) does not match its digest"},
+		{"config", "config.json", "", 10, "config.json extent 0"},
+		{"memory extent", "memory", pack, packOff, memWant},
 	} {
 		t.Run("suspend slot "+tc.name, func(t *testing.T) {
-			path := filepath.Join(slot, tc.file)
+			path := tc.path
+			if path == "" {
+				path = filepath.Join(slot, tc.file)
+			}
 			testutil.FlipBytes(t, path, tc.off)
 			defer testutil.FlipBytes(t, path, tc.off)
 			if tc.file == "memory" {
-				d.flipLocalMemory(t, "box", "suspend-", tc.off)
+				d.flipLocalMemory(t, "box", "suspend-", memOff)
 			}
 			_, err := d.run("wake", "box")
 			if err == nil || !strings.Contains(stderrOf(err), `the memory "box" slept with is damaged: `+tc.want) {
@@ -180,7 +187,7 @@ func TestCorruptedSnapshotsAreRefused(t *testing.T) {
 	// volume's.
 	d.must("sleep", "box")
 	waitSealed(t, slot)
-	memOff, _ = dataExtent(t, slot)
+	memOff, _, _, _ = d.keptExtent(t, slot)
 	local := d.flipLocalMemory(t, "box", "suspend-", memOff)
 	if local == "" {
 		t.Fatal("the sleep made no local copy of the memory")

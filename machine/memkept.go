@@ -115,12 +115,19 @@ func (ss *snapshots) fillMemory(ctx context.Context, host, dst string) error {
 	}
 	if err := store.Fill(ctx, man, dst); err != nil {
 		if errors.Is(err, memstore.ErrDamaged) {
-			return fmt.Errorf("%w: %w", checkpoint.ErrDamaged, err)
+			return damaged{err}
 		}
 		return err
 	}
 	return nil
 }
+
+// damaged is damage found in memory kept by content: it reads as
+// checkpoint.ErrDamaged, as damage in a snapshot's own files does.
+type damaged struct{ error }
+
+func (d damaged) Is(target error) bool { return target == checkpoint.ErrDamaged }
+func (d damaged) Unwrap() error        { return d.error }
 
 // memoryDir is the host path of ref's VMM snapshot directory.
 func (r snapshotRef) memoryDir(host string) string {
@@ -141,7 +148,7 @@ func (g *integrity) verifyKept(ctx context.Context, ref *snapshotRef, host strin
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("%w: %w", checkpoint.ErrDamaged, err)
+		return damaged{err}
 	}
 	marked := ref.id != "" && g.m.snaps.store().Damaged(ref.vm, ref.id) != ""
 	if ref.local != "" && !marked {
@@ -174,7 +181,7 @@ func (g *integrity) verifyStored(ctx context.Context, man *memstore.Manifest) er
 	if len(bad) > 1 {
 		more = fmt.Sprintf(" (and %d more extents)", len(bad)-1)
 	}
-	err = fmt.Errorf("%w: %w%s", checkpoint.ErrDamaged, bad[0], more)
+	err = damaged{fmt.Errorf("%w%s", bad[0], more)}
 	g.markSharers(bad, err)
 	return err
 }
@@ -223,9 +230,9 @@ func (g *integrity) keptResult(ctx context.Context, host string) (checkpoint.Fil
 	if errors.Is(err, memstore.ErrNoManifest) {
 		return checkpoint.FileResult{}, nil, false
 	}
-	res := checkpoint.FileResult{File: checkpoint.VMMDir + "/memory (by content)", Status: "ok"}
+	res := checkpoint.FileResult{File: checkpoint.VMMDir + "/memory", Detail: "by content", Status: "ok"}
 	if err != nil {
-		err = fmt.Errorf("%w: %w", checkpoint.ErrDamaged, err)
+		err = damaged{err}
 		res.Status, res.Detail = "damaged", err.Error()
 		return res, err, true
 	}
