@@ -1,6 +1,7 @@
 // Package api is den's HTTP+JSON API over the daemon's unix socket: the
 // wire types and the Go client that the CLI uses and that agent frameworks
-// can import. docs/api.md describes the endpoints.
+// can import. docs/api.md describes the endpoints; openapi.yaml (OpenAPI,
+// in openapi.go) describes them for generating clients.
 package api
 
 import (

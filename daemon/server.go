@@ -46,42 +46,57 @@ type Server struct {
 // NewServer returns the API handler for m.
 func NewServer(m Lifecycle, keys users.Keys, info api.DaemonInfo, hostKey ssh.Signer, log *slog.Logger) *Server {
 	s := &Server{m: m, keys: keys, info: info, hostKey: hostKey, log: log, mux: http.NewServeMux()}
-	handle := func(pattern string, h http.HandlerFunc) { s.mux.HandleFunc(pattern, guard(h)) }
-	handle("GET /v1/info", s.getInfo)
-	handle("GET /v1/vms", s.listVMs)
-	handle("POST /v1/vms", s.createVM)
-	handle("GET /v1/vms/{name}", s.getVM)
-	handle("DELETE /v1/vms/{name}", s.removeVM)
-	handle("GET /v1/vms/{name}/logs", s.logs)
-	handle("POST /v1/vms/{name}/ssh", s.sshUpgrade)
-	handle("GET /v1/vms/{name}/checkpoints", s.listCheckpoints)
-	handle("POST /v1/vms/{name}/checkpoints", s.createCheckpoint)
-	handle("DELETE /v1/vms/{name}/checkpoints/{id}", s.deleteCheckpoint)
-	handle("POST /v1/vms/{name}/checkpoints/verify", s.verifyCheckpoints)
-	handle("POST /v1/vms/{name}/restore", s.restore)
-	handle("POST /v1/vms/{name}/fork", s.fork)
-	handle("POST /v1/vms/{name}/sleep", s.sleep)
-	handle("POST /v1/vms/{name}/wake", s.wake)
-	handle("POST /v1/vms/{name}/resize", s.resize)
-	handle("GET /v1/vms/{name}/trace", s.getTrace)
-	handle("GET /v1/vms/{name}/net", s.getNet)
-	handle("POST /v1/vms/{name}/egress", s.setEgress)
-	handle("GET /v1/vms/{name}/url", s.getURL)
-	handle("POST /v1/vms/{name}/url", s.setURL)
-	handle("GET /v1/vms/{name}/schedule", s.getSchedule)
-	handle("POST /v1/vms/{name}/schedule", s.setSchedule)
-	handle("POST /v1/host/sleep", s.hostSleep)
-	handle("POST /v1/host/wake", s.hostWake)
-	handle("POST /v1/host/gc", s.collectGarbage)
-	handle("GET /v1/storage", s.getStorage)
-	handle("GET /v1/keys", s.listKeys)
-	handle("POST /v1/keys", s.addKey)
-	handle("DELETE /v1/keys", s.removeKey)
-	handle("GET /v1/tokens", s.listTokens)
-	handle("POST /v1/tokens", s.addToken)
-	handle("DELETE /v1/tokens", s.removeToken)
-	handle("GET /v1/audit", s.getAudit)
+	for _, rt := range routes {
+		s.mux.HandleFunc(rt.pattern, guard(func(w http.ResponseWriter, r *http.Request) { rt.handle(s, w, r) }))
+	}
 	return s
+}
+
+// route is one route of the API: its method and path pattern (as
+// http.ServeMux reads it) and its handler.
+type route struct {
+	pattern string
+	handle  func(*Server, http.ResponseWriter, *http.Request)
+}
+
+// routes is the API: NewServer serves each of them, and api/openapi.yaml
+// describes each of them (TestOpenAPIRoutes holds the two together).
+var routes = []route{
+	{"GET /v1/info", (*Server).getInfo},
+	{"GET /v1/openapi.yaml", (*Server).getOpenAPI},
+	{"GET /v1/vms", (*Server).listVMs},
+	{"POST /v1/vms", (*Server).createVM},
+	{"GET /v1/vms/{name}", (*Server).getVM},
+	{"DELETE /v1/vms/{name}", (*Server).removeVM},
+	{"GET /v1/vms/{name}/logs", (*Server).logs},
+	{"POST /v1/vms/{name}/ssh", (*Server).sshUpgrade},
+	{"GET /v1/vms/{name}/checkpoints", (*Server).listCheckpoints},
+	{"POST /v1/vms/{name}/checkpoints", (*Server).createCheckpoint},
+	{"DELETE /v1/vms/{name}/checkpoints/{id}", (*Server).deleteCheckpoint},
+	{"POST /v1/vms/{name}/checkpoints/verify", (*Server).verifyCheckpoints},
+	{"POST /v1/vms/{name}/restore", (*Server).restore},
+	{"POST /v1/vms/{name}/fork", (*Server).fork},
+	{"POST /v1/vms/{name}/sleep", (*Server).sleep},
+	{"POST /v1/vms/{name}/wake", (*Server).wake},
+	{"POST /v1/vms/{name}/resize", (*Server).resize},
+	{"GET /v1/vms/{name}/trace", (*Server).getTrace},
+	{"GET /v1/vms/{name}/net", (*Server).getNet},
+	{"POST /v1/vms/{name}/egress", (*Server).setEgress},
+	{"GET /v1/vms/{name}/url", (*Server).getURL},
+	{"POST /v1/vms/{name}/url", (*Server).setURL},
+	{"GET /v1/vms/{name}/schedule", (*Server).getSchedule},
+	{"POST /v1/vms/{name}/schedule", (*Server).setSchedule},
+	{"POST /v1/host/sleep", (*Server).hostSleep},
+	{"POST /v1/host/wake", (*Server).hostWake},
+	{"POST /v1/host/gc", (*Server).collectGarbage},
+	{"GET /v1/storage", (*Server).getStorage},
+	{"GET /v1/keys", (*Server).listKeys},
+	{"POST /v1/keys", (*Server).addKey},
+	{"DELETE /v1/keys", (*Server).removeKey},
+	{"GET /v1/tokens", (*Server).listTokens},
+	{"POST /v1/tokens", (*Server).addToken},
+	{"DELETE /v1/tokens", (*Server).removeToken},
+	{"GET /v1/audit", (*Server).getAudit},
 }
 
 // ServeHTTP establishes the request's caller from its connection (or its
