@@ -84,13 +84,14 @@ func TestHandlersAgainstAFake(t *testing.T) {
 		"theirs": {Name: "theirs", Owner: "bob", State: registry.StateRunning},
 	}}
 	s := NewServer(f, users.Keys{}, api.DaemonInfo{}, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h := checkOpenAPI(t, s)
 	do := func(method, path, body string) (int, api.ErrorBody, []byte) {
 		t.Helper()
 		r := httptest.NewRequest(method, path, bytes.NewBufferString(body))
 		r.Header.Set("Content-Type", "application/json")
 		r = r.WithContext(withCaller(r.Context(), Caller{User: "alice"}))
 		w := httptest.NewRecorder()
-		s.ServeHTTP(w, r)
+		h.ServeHTTP(w, r)
 		var eb api.ErrorBody
 		_ = json.Unmarshal(w.Body.Bytes(), &eb)
 		return w.Code, eb, w.Body.Bytes()

@@ -117,7 +117,7 @@ func newAPIEnv(t *testing.T) *apiEnv {
 	if s.audit, err = audit.Open(state.Audit(), audit.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	limited := NewHTTPServer(s, nil, log)
+	limited := NewHTTPServer(checkOpenAPI(t, s), nil, log)
 	srv := limited.Server
 	tlsLn, err := listenAPI(Options{APIListen: "127.0.0.1:0"}, state, limited)
 	if err != nil {
