@@ -56,6 +56,10 @@ var wireTypes = map[string]struct {
 	"URLRequest": {URLRequest{}, true}, "HostSleepRequest": {HostSleepRequest{}, true},
 	"HostWakeRequest": {HostWakeRequest{}, true}, "AddKeyRequest": {AddKeyRequest{}, true},
 	"AddTokenRequest": {AddTokenRequest{}, true},
+
+	"Storage": {v: Storage{}}, "Usage": {v: Usage{}}, "VMStorage": {v: VMStorage{}}, "CheckpointStorage": {v: CheckpointStorage{}},
+	"GCResult": {v: GCResult{}}, "Schedule": {v: Schedule{}}, "ScheduleInfo": {v: ScheduleInfo{}},
+	"GCRequest": {GCRequest{}, true}, "ScheduleRequest": {ScheduleRequest{}, true},
 }
 
 // schema is the part of a JSON Schema that TestOpenAPIWireTypes reads.

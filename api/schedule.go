@@ -35,10 +35,10 @@ type Schedule struct {
 	Last  time.Time `json:"last"`
 }
 
-// ScheduleInfo is a VM's schedule (nil: none).
+// ScheduleInfo is a VM's schedule (absent: none).
 type ScheduleInfo struct {
 	Name     string    `json:"name"`
-	Schedule *Schedule `json:"schedule"`
+	Schedule *Schedule `json:"schedule,omitempty"`
 }
 
 // Schedule reads a VM's checkpoint schedule.

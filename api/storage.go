@@ -34,8 +34,10 @@ type Storage struct {
 
 // VMStorage is one VM's memory in the store, and each checkpoint's.
 type VMStorage struct {
-	Name string `json:"name"`
-	Usage
+	Name        string              `json:"name"`
+	Referenced  int64               `json:"referenced_bytes"`
+	Unique      int64               `json:"unique_bytes"`
+	Shared      int64               `json:"shared_bytes"`
 	Checkpoints []CheckpointStorage `json:"checkpoints,omitempty"`
 }
 

@@ -73,6 +73,9 @@ func TestOpenAPITour(t *testing.T) {
 	call("POST", "/v1/vms/box/egress", `{"policy":"deny-all"}`, 400)
 	call("GET", "/v1/vms/box/url", "", 200)
 	call("POST", "/v1/vms/box/url", `{"port":8080,"public":true,"rotate":true}`, 200)
+	call("POST", "/v1/vms/box/schedule", `{"every":"1h","keep":2,"keep_daily":7}`, 200)
+	call("GET", "/v1/vms/box/schedule", "", 200)
+	call("POST", "/v1/vms/box/schedule", `{"off":true}`, 200)
 	call("POST", "/v1/vms/box/checkpoints", `{"comment":"one"}`, 200)
 	call("GET", "/v1/vms/box/checkpoints", "", 200)
 	call("POST", "/v1/vms/box/checkpoints/verify", `{"all":true}`, 200)
@@ -96,6 +99,8 @@ func TestOpenAPITour(t *testing.T) {
 
 	call("POST", "/v1/host/sleep", `{"timeout":"1m"}`, 200)
 	call("POST", "/v1/host/wake", `{"parallel":2}`, 200)
+	call("GET", "/v1/storage", "", 200)
+	call("POST", "/v1/host/gc", `{"dry_run":true}`, 200)
 	call("POST", "/v1/keys", `{"user":"alice","name":"laptop","public_key":"`+pub+`"}`, 201)
 	call("GET", "/v1/keys", "", 200)
 	call("DELETE", "/v1/keys?ref=laptop", "", 200)

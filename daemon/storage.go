@@ -45,7 +45,7 @@ func usageOf(u memstore.Usage) api.Usage {
 func storageOf(rep machine.StorageReport) api.Storage {
 	out := api.Storage{Stored: rep.Stored, Live: rep.Live, Garbage: rep.Garbage, Packs: rep.Packs, Bases: usageOf(rep.Bases), VMs: []api.VMStorage{}}
 	for _, vm := range rep.VMs {
-		v := api.VMStorage{Name: vm.Name, Usage: usageOf(vm.Usage)}
+		v := api.VMStorage{Name: vm.Name, Referenced: vm.Referenced, Unique: vm.Unique, Shared: vm.Shared}
 		for _, cp := range vm.Checkpoints {
 			v.Checkpoints = append(v.Checkpoints, api.CheckpointStorage{ID: cp.ID, Referenced: cp.Referenced, Frees: cp.Frees})
 		}
