@@ -30,6 +30,9 @@ type Storage struct {
 	Packs   int         `json:"packs"`
 	VMs     []VMStorage `json:"vms"`
 	Bases   Usage       `json:"bases"`
+	// Disk is the data every disk file on the volume references (VMs',
+	// checkpoints', images', spares'), each shared piece counted once.
+	Disk int64 `json:"disk_bytes"`
 }
 
 // VMStorage is one VM's memory in the store, and each checkpoint's.
@@ -38,6 +41,9 @@ type VMStorage struct {
 	Referenced  int64               `json:"referenced_bytes"`
 	Unique      int64               `json:"unique_bytes"`
 	Shared      int64               `json:"shared_bytes"`
+	// Disk is what its disks (its own and its checkpoints') reference,
+	// hold alone and share (with forks, its image, each other).
+	Disk        Usage               `json:"disk"`
 	Checkpoints []CheckpointStorage `json:"checkpoints,omitempty"`
 }
 
@@ -47,6 +53,8 @@ type CheckpointStorage struct {
 	ID         string `json:"id"`
 	Referenced int64  `json:"referenced_bytes"`
 	Frees      int64  `json:"frees_bytes"`
+	// DiskFrees is the disk data only this checkpoint holds.
+	DiskFrees int64 `json:"disk_frees_bytes"`
 }
 
 // GCRequest asks for a collection of the memory store.

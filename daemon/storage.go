@@ -43,11 +43,11 @@ func usageOf(u memstore.Usage) api.Usage {
 }
 
 func storageOf(rep machine.StorageReport) api.Storage {
-	out := api.Storage{Stored: rep.Stored, Live: rep.Live, Garbage: rep.Garbage, Packs: rep.Packs, Bases: usageOf(rep.Bases), VMs: []api.VMStorage{}}
+	out := api.Storage{Stored: rep.Stored, Live: rep.Live, Garbage: rep.Garbage, Packs: rep.Packs, Bases: usageOf(rep.Bases), VMs: []api.VMStorage{}, Disk: rep.Disk}
 	for _, vm := range rep.VMs {
-		v := api.VMStorage{Name: vm.Name, Referenced: vm.Referenced, Unique: vm.Unique, Shared: vm.Shared}
+		v := api.VMStorage{Name: vm.Name, Referenced: vm.Referenced, Unique: vm.Unique, Shared: vm.Shared, Disk: usageOf(vm.Disk)}
 		for _, cp := range vm.Checkpoints {
-			v.Checkpoints = append(v.Checkpoints, api.CheckpointStorage{ID: cp.ID, Referenced: cp.Referenced, Frees: cp.Frees})
+			v.Checkpoints = append(v.Checkpoints, api.CheckpointStorage{ID: cp.ID, Referenced: cp.Referenced, Frees: cp.Frees, DiskFrees: cp.DiskFrees})
 		}
 		out.VMs = append(out.VMs, v)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -129,12 +130,18 @@ type StorageReport struct {
 	VMs []VMStorage `json:"vms"`
 	// Bases is the warm bases' memory.
 	Bases memstore.Usage `json:"bases"`
+	// Disk is the data every disk file on the volume references (VMs',
+	// checkpoints', images', spares'), each shared slice counted once.
+	Disk int64 `json:"disk_bytes"`
 }
 
 // VMStorage is one VM's memory in the store.
 type VMStorage struct {
 	Name string `json:"name"`
 	memstore.Usage
+	// Disk is what its disks (its own and its checkpoints') reference,
+	// hold alone and share (with a fork, an image, each other).
+	Disk memstore.Usage `json:"disk"`
 	// Checkpoints: what deleting each would free.
 	Checkpoints []CheckpointStorage `json:"checkpoints,omitempty"`
 }
@@ -144,6 +151,8 @@ type CheckpointStorage struct {
 	ID         string `json:"id"`
 	Referenced int64  `json:"referenced_bytes"`
 	Frees      int64  `json:"frees_bytes"`
+	// DiskFrees is the data only its disk holds.
+	DiskFrees int64 `json:"disk_frees_bytes"`
 }
 
 // StorageUsage reports what the snapshots' memory takes in the memory
@@ -185,11 +194,16 @@ func (m *Manager) StorageUsage(ctx context.Context, owner string) (StorageReport
 	if err != nil {
 		return r, err
 	}
+	disks, err := m.diskUsage(ctx)
+	if err != nil {
+		return r, fmt.Errorf("storage usage: %w", err)
+	}
+	r.Disk = disks.total
 	for _, vm := range vms {
-		s := VMStorage{Name: vm.Name, Usage: u.Groups[vm.Name]}
+		s := VMStorage{Name: vm.Name, Usage: u.Groups[vm.Name], Disk: disks.vms[vm.Name]}
 		for key, cu := range perCP.Groups {
 			if id, ok := strings.CutPrefix(key, vm.Name+"@"); ok && id != "" {
-				s.Checkpoints = append(s.Checkpoints, CheckpointStorage{ID: id, Referenced: cu.Referenced, Frees: cu.Unique})
+				s.Checkpoints = append(s.Checkpoints, CheckpointStorage{ID: id, Referenced: cu.Referenced, Frees: cu.Unique, DiskFrees: disks.checkpoints[key]})
 			}
 		}
 		sort.Slice(s.Checkpoints, func(i, j int) bool { return cpOrder(s.Checkpoints[i].ID) < cpOrder(s.Checkpoints[j].ID) })
@@ -218,4 +232,94 @@ func snapshotOwner(vms, path string) (vm, cp string) {
 func cpOrder(id string) int {
 	n, _ := strconv.Atoi(strings.TrimPrefix(id, "cp-"))
 	return n
+}
+
+// diskData is what the volume's disk files hold: in total, per VM, and
+// what only each checkpoint's disk holds ("vm@id").
+type diskData struct {
+	total       int64
+	vms         map[string]memstore.Usage
+	checkpoints map[string]int64
+}
+
+// diskUsage reads which data slices every disk file on the volume
+// references (through the read-only mount: JuiceFS would compact a
+// clone's chunks where the read-write one looks): a slice one file alone
+// references is what removing that file frees.
+func (m *Manager) diskUsage(ctx context.Context) (diskData, error) {
+	d := diskData{vms: map[string]memstore.Usage{}, checkpoints: map[string]int64{}}
+	type ref struct {
+		vm, cp string
+		bytes  int64
+	}
+	refs := map[uint64][]ref{}
+	for _, top := range []storage.Path{storage.VMsDir(), storage.ImagesDir(), sparesDir} {
+		root, err := m.vol.ReadPath(top)
+		if err != nil {
+			return d, err
+		}
+		err = filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					return nil // gone meanwhile
+				}
+				return err
+			}
+			if e.IsDir() || !isDiskFile(top, e.Name()) {
+				return nil
+			}
+			rel, err := filepath.Rel(root, p)
+			if err != nil {
+				return err
+			}
+			slices, err := m.vol.SliceBytes(ctx, top.Join(strings.Split(filepath.ToSlash(rel), "/")...))
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					return nil
+				}
+				return err
+			}
+			vm, cp := "", ""
+			if top == storage.VMsDir() {
+				vm, cp = snapshotOwner(root, p)
+			}
+			for id, n := range slices {
+				refs[id] = append(refs[id], ref{vm, cp, n})
+			}
+			return nil
+		})
+		if err != nil {
+			return d, err
+		}
+	}
+	for _, rs := range refs {
+		d.total += rs[0].bytes
+		vms := map[string]bool{}
+		for _, r := range rs {
+			vms[r.vm] = true
+		}
+		for vm := range vms {
+			if vm == "" {
+				continue
+			}
+			u := d.vms[vm]
+			u.Referenced += rs[0].bytes
+			if len(vms) == 1 {
+				u.Unique += rs[0].bytes
+			} else {
+				u.Shared += rs[0].bytes
+			}
+			d.vms[vm] = u
+		}
+		if len(rs) == 1 && rs[0].cp != "" {
+			d.checkpoints[rs[0].vm+"@"+rs[0].cp] += rs[0].bytes
+		}
+	}
+	return d, nil
+}
+
+// isDiskFile says whether a file named name under the volume directory
+// top is a disk image: a VM's or checkpoint's disk, an image's, a spare.
+func isDiskFile(top storage.Path, name string) bool {
+	return top == sparesDir || name == "disk" || strings.HasPrefix(name, "disk-")
 }

@@ -190,3 +190,25 @@ func parseInfoData(out []byte) (int64, error) {
 	}
 	return total, sc.Err()
 }
+
+// SliceBytes maps each slice file p references to the bytes of it that
+// the file shows (asked through the read-only mount). Clones share
+// slices: one that no other file references is data that only p holds,
+// freed with it.
+func (v *JuiceFS) SliceBytes(ctx context.Context, p Path) (map[uint64]int64, error) {
+	root, hp, err := v.readHost(p)
+	if err != nil {
+		return nil, fmt.Errorf("slices of %s: %w", p, err)
+	}
+	info, err := controlSlices(ctx, root, hp)
+	if err != nil {
+		return nil, fmt.Errorf("slices of %s: %w", p, err)
+	}
+	out := map[uint64]int64{}
+	for _, c := range info.Chunks {
+		if c.ID != 0 {
+			out[c.ID] += int64(c.Len)
+		}
+	}
+	return out, nil
+}

@@ -52,6 +52,11 @@ type Volume interface {
 	// ReadRoot is the directory such paths are under.
 	ReadPath(p Path) (string, error)
 	ReadRoot() string
+	// SliceBytes maps the data slices file p references to how many of
+	// their bytes it shows: clones share slices, so those no other file
+	// references are what removing p frees. A volume that cannot tell
+	// answers nil.
+	SliceBytes(ctx context.Context, p Path) (map[uint64]int64, error)
 	// Health is nil when the volume answers.
 	Health(ctx context.Context) error
 	// Subscribe delivers the volume's events until the returned func is

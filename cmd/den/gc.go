@@ -42,8 +42,8 @@ Examples:
 			if got.DryRun {
 				verb, moved = "would remove", "would move"
 			}
-			fmt.Fprintf(c.App.Writer, "%s %d of %d packs (%s) holding nothing %d snapshots name; %s %s out of %d packs mostly dead, freeing %s; %d packs younger than the grace period left\n",
-				verb, len(got.Garbage), got.Packs, size.Format(got.Bytes), got.Manifests, moved, size.Format(got.Moved), len(got.Repacked), size.Format(got.Freed), got.Young)
+			fmt.Fprintf(c.App.Writer, "%s %d packs none of %d snapshots names (%s); %s %s out of %d packs mostly dead, freeing %s; %d of %d packs younger than the grace period left as they are\n",
+				verb, len(got.Garbage), got.Manifests, size.Format(got.Bytes), moved, size.Format(got.Moved), len(got.Repacked), size.Format(got.Freed), got.Young, got.Packs)
 			return nil
 		},
 	}

@@ -48,6 +48,9 @@ func (v *Volume) Root() string { return v.root }
 // ReadPath is Path: a plain directory has no reads that change it.
 func (v *Volume) ReadPath(p storage.Path) (string, error) { return v.Path(p) }
 
+// SliceBytes is nil: a plain directory shares no data between files.
+func (v *Volume) SliceBytes(context.Context, storage.Path) (map[uint64]int64, error) { return nil, nil }
+
 // ReadRoot is Root.
 func (v *Volume) ReadRoot() string { return v.root }
 
