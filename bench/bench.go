@@ -283,6 +283,9 @@ type variant struct {
 	// compare: only the memory-size figures (checkpoint, restore, sleep,
 	// wake), to set beside the main run's.
 	compare bool
+	// storage: a comparison variant that takes the idle checkpoint's
+	// storage figure too.
+	storage bool
 }
 
 // variants are the runs for the given VMMs: each VMM as den runs it,
@@ -296,7 +299,8 @@ func variants(vmms []string, quick bool) []variant {
 		out = append(out, variant{name: v, vmm: v},
 			variant{name: v + ", no digests", vmm: v, flags: []string{"--no-digests"}, compare: true})
 		if v == "qemu" {
-			out = append(out, variant{name: "qemu, RAM file on the state dir's disk", vmm: v, flags: []string{"--ram-dir", "{state}/run-ram"}, compare: true})
+			out = append(out, variant{name: "qemu, RAM file on the state dir's disk", vmm: v, flags: []string{"--ram-dir", "{state}/run-ram"}, compare: true},
+				variant{name: "qemu, memory in files of its own (not by content)", vmm: v, flags: []string{"--memory-files"}, compare: true, storage: true})
 		}
 		if quick {
 			continue

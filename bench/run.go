@@ -283,6 +283,13 @@ func (d *daemon) runAll(ctx context.Context, o Options, v variant, accel string)
 			return figs, err
 		}
 	}
+	if !v.compare || v.storage {
+		f, err := d.storageFigures(ctx, o, accel, v.compare, say)
+		figs = append(figs, f...)
+		if err != nil {
+			return figs, err
+		}
+	}
 	return d.hostlife(ctx, o, v, accel, figs, say)
 }
 
