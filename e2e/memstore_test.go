@@ -6,6 +6,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -373,5 +375,110 @@ func TestCollectRacingCheckpoints(t *testing.T) {
 		if got := d.must("exec", vm, "--", "md5sum", "/dev/shm/mark"); got != want {
 			t.Fatalf("%s restored to %q, want %q", vm, got, want)
 		}
+	}
+}
+
+// TestCheckpointSchedule: a schedule takes checkpoints while the VM
+// runs and none while it sleeps, keeps what its retention says (and
+// checkpoints taken by hand), and what it drops is freed by the
+// collection: 32 MiB the guest wrote and then zeroed go with the
+// scheduled checkpoint that held them.
+func TestCheckpointSchedule(t *testing.T) {
+	d := startDaemonIn(t, func(string) []string { return []string{"--gc-grace", "1s"} })
+	d.must("create", "box", "--memory", "256M", "--idle-timeout", "0")
+	d.must("checkpoint", "box", "-m", "by hand") // cp-1
+	d.must("exec", "box", "--", "sh", "-c", "head -c 33554432 /dev/urandom > /dev/shm/big")
+	d.must("checkpoint", "schedule", "box", "--every", "2s", "--keep", "2")
+	type sched struct {
+		Schedule *struct {
+			Taken []string `json:"taken"`
+		} `json:"schedule"`
+	}
+	read := func() []string {
+		var s sched
+		if err := json.Unmarshal([]byte(d.must("checkpoint", "schedule", "box", "--json")), &s); err != nil || s.Schedule == nil {
+			t.Fatalf("schedule: %v %+v", err, s)
+		}
+		return s.Schedule.Taken
+	}
+	newest := func() int {
+		taken := read()
+		if len(taken) == 0 {
+			return 0
+		}
+		n, _ := strconv.Atoi(strings.TrimPrefix(taken[len(taken)-1], "cp-"))
+		return n
+	}
+	if !eventually(3*time.Minute, func() bool { return newest() >= 2 }) {
+		t.Fatalf("no scheduled checkpoint: %v", read())
+	}
+	// The 32 MiB are in cp-2's memory, then zeros.
+	held := d.manifestOf("box", "cp-2")
+	d.must("exec", "box", "--", "sh", "-c", "dd if=/dev/zero of=/dev/shm/big bs=1M count=32 conv=notrunc 2>/dev/null")
+	// Two more after the newest that may have taken the 32 MiB: that one
+	// and all before it are dropped.
+	last := newest() + 3
+	if !eventually(3*time.Minute, func() bool { return newest() >= last }) {
+		t.Fatalf("the schedule took too few checkpoints: %v", read())
+	}
+	taken := read()
+	ids := map[string]bool{}
+	for _, cp := range d.checkpoints("box") {
+		ids[cp.ID] = true
+	}
+	if len(taken) != 2 || !ids["cp-1"] || ids["cp-2"] || len(ids) != 3 {
+		t.Fatalf("the schedule keeps %v; the checkpoints are %v: want cp-1 and the newest 2", taken, ids)
+	}
+	for _, id := range taken {
+		if !ids[id] {
+			t.Fatalf("the schedule keeps %s, which is not listed: %v", id, ids)
+		}
+	}
+
+	// No checkpoint while it sleeps.
+	d.must("sleep", "box")
+	asleep := read()
+	time.Sleep(6 * time.Second) // three intervals: a checkpoint would be due thrice
+	if now := read(); !slices.Equal(now, asleep) {
+		t.Fatalf("checkpoints taken while the vm slept: %v, then %v", asleep, now)
+	}
+
+	// What the retention dropped is freed: the extents only cp-2 named.
+	d.must("gc")
+	live := map[memstore.Digest]bool{}
+	paths, err := memstore.FindManifests(d.volumePath("vms"), d.volumePath("images"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range paths {
+		m, err := memstore.ReadManifest(filepath.Dir(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range m.Extents {
+			live[e.Digest] = true
+		}
+	}
+	store, err := memstore.Open(d.volumePath("memstore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dead, kept int
+	for _, e := range held.Extents {
+		if live[e.Digest] {
+			continue
+		}
+		dead++
+		if _, _, ok := store.Locate(e.Digest); ok {
+			kept++
+		}
+	}
+	t.Logf("cp-2 alone held %d extents (%d MiB); %d still stored after the collection", dead, dead*memstore.ExtentSize/mib, kept)
+	if dead*memstore.ExtentSize < 28*mib || kept > dead/10 {
+		t.Fatalf("cp-2 alone held %d extents; %d of them are still stored after the collection", dead, kept)
+	}
+	d.must("checkpoint", "schedule", "box", "--off")
+	if out := d.must("checkpoint", "schedule", "box"); !strings.Contains(out, "no checkpoint schedule") {
+		t.Fatalf("after --off: %q", out)
 	}
 }
