@@ -482,3 +482,37 @@ func TestCheckpointSchedule(t *testing.T) {
 		t.Fatalf("after --off: %q", out)
 	}
 }
+
+// TestOldLayoutRestores: checkpoints whose memory is a file of its own
+// (a volume from before memory was stored by content) still restore
+// after the daemon stores memory by content, and a checkpoint taken after
+// such a restore is stored by content and restores too.
+func TestOldLayoutRestores(t *testing.T) {
+	d := startDaemonIn(t, func(string) []string { return []string{"--memory-files"} })
+	d.must("create", "box", "--memory", "256M", "--idle-timeout", "0")
+	old := d.must("exec", "box", "--", "sh", "-c", "head -c 1048576 /dev/urandom > /dev/shm/mark; md5sum /dev/shm/mark")
+	d.must("checkpoint", "box") // cp-1, its memory a file
+	if _, err := os.Stat(d.volumePath("vms", "box", "checkpoints", "cp-1", "vmm", "memory")); err != nil {
+		t.Fatalf("--memory-files wrote no memory file: %v", err)
+	}
+	d.kill()
+	d.extraArgs = slices.DeleteFunc(d.extraArgs, func(a string) bool { return a == "--memory-files" })
+	d.start()
+	d.must("restore", "box", "cp-1", "--no-save")
+	if got := d.must("exec", "box", "--", "md5sum", "/dev/shm/mark"); got != old {
+		t.Fatalf("cp-1 (a memory file) restored to %q, want %q", got, old)
+	}
+	sum := d.must("exec", "box", "--", "sh", "-c", "head -c 1048576 /dev/urandom > /dev/shm/mark; md5sum /dev/shm/mark")
+	d.must("checkpoint", "box") // cp-2, by content
+	if _, err := memstore.ReadManifest(d.volumePath("vms", "box", "checkpoints", "cp-2", "vmm")); err != nil {
+		t.Fatalf("cp-2 is not stored by content: %v", err)
+	}
+	d.must("restore", "box", "cp-1", "--no-save")
+	d.must("restore", "box", "cp-2", "--no-save")
+	if got := d.must("exec", "box", "--", "md5sum", "/dev/shm/mark"); got != sum {
+		t.Fatalf("cp-2 restored to %q, want %q", got, sum)
+	}
+	if out, err := d.run("checkpoint", "verify", "box", "--all"); err != nil {
+		t.Fatalf("verify both layouts: %v: %s%s", err, out, stderrOf(err))
+	}
+}
