@@ -43,26 +43,34 @@ const (
 // start runs the background collection until the Manager closes.
 func (c *collector) start() {
 	c.once.Do(func() { c.wake = make(chan struct{}, 1) })
-	c.m.goBackground(func() {
-		ctx, cancel := c.m.lifetime()
+	c.m.every(CollectEvery, c.wake, collectDelay, func(ctx context.Context) {
+		if _, err := c.collect(ctx, false); err != nil && ctx.Err() == nil {
+			c.m.log.Warn("den: collect the memory store", "err", err)
+		}
+	})
+}
+
+// every runs f in the background every interval, and delay after each
+// signal on wake (nil: none), until the Manager closes.
+func (m *Manager) every(interval time.Duration, wake <-chan struct{}, delay time.Duration, f func(ctx context.Context)) {
+	m.goBackground(func() {
+		ctx, cancel := m.lifetime()
 		defer cancel()
-		t := time.NewTicker(CollectEvery)
+		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-			case <-c.wake:
+			case <-wake:
 				select {
 				case <-ctx.Done():
 					return
-				case <-time.After(collectDelay):
+				case <-time.After(delay):
 				}
 			}
-			if _, err := c.collect(ctx, false); err != nil && ctx.Err() == nil {
-				c.m.log.Warn("den: collect the memory store", "err", err)
-			}
+			f(ctx)
 		}
 	})
 }

@@ -93,28 +93,17 @@ type schedules struct {
 // start looks at the schedules every scheduleTick until the Manager
 // closes.
 func (sc *schedules) start() {
-	sc.m.goBackground(func() {
-		ctx, cancel := sc.m.lifetime()
-		defer cancel()
-		t := time.NewTicker(scheduleTick)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if sc.m.hostDown.Load() {
-				continue
-			}
-			vms, err := sc.m.db.ListVMs(ctx, "")
-			if err != nil {
-				continue
-			}
-			for _, vm := range vms {
-				if sp, err := decodeSpec(vm); err == nil && due(vm, sp.Schedule, time.Now()) {
-					sc.run(vm.Name)
-				}
+	sc.m.every(scheduleTick, nil, 0, func(ctx context.Context) {
+		if sc.m.hostDown.Load() {
+			return
+		}
+		vms, err := sc.m.db.ListVMs(ctx, "")
+		if err != nil {
+			return
+		}
+		for _, vm := range vms {
+			if sp, err := decodeSpec(vm); err == nil && due(vm, sp.Schedule, time.Now()) {
+				sc.run(vm.Name)
 			}
 		}
 	})
