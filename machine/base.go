@@ -198,7 +198,7 @@ func (b *bases) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir s
 		return err
 	}
 	if mk := b.m.snaps.keeper(hv); mk != nil {
-		err = b.m.snaps.snapshotKept(ctx, vm.Name, mk, snap, "")
+		err = b.m.snaps.snapshotKept(ctx, vm.Name, mk, snap, "", "")
 	} else {
 		err = hv.Snapshot(ctx, snap)
 	}

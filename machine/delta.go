@@ -61,10 +61,10 @@ func (b *originBox) set(o memOrigin) {
 // written over dir's memory file only with a local copy, a VMM that
 // writes over snapshots and a memory file there (else whole).
 func (ss *snapshots) setOrigin(in *instance, dir storage.Path, local string) {
-	o := memOrigin{dir: dir} // what a snapshot kept by content shares with
+	o := memOrigin{dir: dir, local: local} // what a snapshot kept by content shares with
 	if _, file := deltaVMM(in); file != "" && local != "" {
 		if ino, err := ss.inode(dir.Join(file)); err == nil {
-			o.local, o.ino = local, ino
+			o.ino = ino
 		}
 	}
 	in.origin.set(o)
@@ -104,7 +104,7 @@ func (ss *snapshots) snapshotVMM(ctx context.Context, in *instance, dir storage.
 		return fmt.Errorf("snapshot vm %q: %w", in.name, err)
 	}
 	if mk := ss.keeper(in.hv); mk != nil {
-		return ss.snapshotKept(ctx, in.name, mk, host, ss.originDir(in))
+		return ss.snapshotKept(ctx, in.name, mk, host, ss.originDir(in), in.origin.get().local)
 	}
 	if over {
 		if ds, base := ss.deltaBase(ctx, in, dir); base != "" {
@@ -126,7 +126,7 @@ func (ss *snapshots) deltaBase(ctx context.Context, in *instance, dir storage.Pa
 	if st, err := os.Stat(o.local); err != nil || !st.Mode().IsRegular() {
 		return nil, "" // trimmed from the copies, or dropped
 	}
-	if ino, err := ss.inode(o.dir.Join(name)); err != nil || ino != o.ino {
+	if ino, err := ss.inode(o.dir.Join(name)); err != nil || o.ino == 0 || ino != o.ino {
 		ss.m.log.Debug("den: snapshot memory written whole: its origin is gone or replaced", "vm", in.name, "err", err)
 		return nil, ""
 	}

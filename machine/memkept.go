@@ -69,8 +69,10 @@ func (ss *snapshots) keeper(hv vmm.Hypervisor) vmm.MemoryKeeper {
 
 // snapshotKept writes the paused VM's snapshot into host (a directory
 // on the volume) with its memory kept by content, sharing with the
-// snapshot in the directory origin ("" for none).
-func (ss *snapshots) snapshotKept(ctx context.Context, name string, mk vmm.MemoryKeeper, host, origin string) error {
+// snapshot in the directory origin ("" for none), of whose memory
+// originCopy is a local copy ("" for none): the extents the RAM holds as
+// the copy does are known by their digests there, not hashed again.
+func (ss *snapshots) snapshotKept(ctx context.Context, name string, mk vmm.MemoryKeeper, host, origin, originCopy string) error {
 	if err := mk.SnapshotDevices(ctx, host); err != nil {
 		return err
 	}
@@ -79,7 +81,7 @@ func (ss *snapshots) snapshotKept(ctx context.Context, name string, mk vmm.Memor
 		return fmt.Errorf("snapshot vm %q: memory store: %w", name, err)
 	}
 	end := phase.Begin(ctx, "store the memory by content")
-	_, st, err := store.Save(ctx, mk.RAMFile(), host, origin)
+	_, st, err := store.Save(ctx, mk.RAMFile(), host, origin, originCopy)
 	end()
 	if err != nil {
 		return fmt.Errorf("snapshot vm %q: %w", name, err)

@@ -7,7 +7,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"runtime"
 	"sort"
+	"sync"
 	"time"
 
 	"lukechampine.com/blake3"
@@ -239,18 +241,34 @@ func VerifyCopy(ctx context.Context, m *Manifest, path string) error {
 	if st, err := f.Stat(); err != nil || st.Size() != m.Size {
 		return fmt.Errorf("local memory copy %s: not %d bytes: %w", path, m.Size, ErrDamaged)
 	}
-	buf := make([]byte, ExtentSize)
-	for _, e := range m.Extents {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		l := e.Len(m.Size)
-		if _, err := f.ReadAt(buf[:l], e.Off()); err != nil && !errors.Is(err, io.EOF) {
-			return err
-		}
-		if Digest(blake3.Sum256(buf[:l])) != e.Digest {
-			return Damage{Off: e.Off(), Digest: e.Digest, Detail: "the local copy does not match its digest"}
-		}
+	// On every core: a restore waits for this (64 KiB BLAKE3s run at
+	// 0.5-0.8 GB/s per core here).
+	workers := min(runtime.NumCPU(), 4)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, ExtentSize)
+			for i := w; i < len(m.Extents); i += workers {
+				e := m.Extents[i]
+				if err := ctx.Err(); err != nil {
+					errs[w] = err
+					return
+				}
+				l := e.Len(m.Size)
+				if _, err := f.ReadAt(buf[:l], e.Off()); err != nil && !errors.Is(err, io.EOF) {
+					errs[w] = err
+					return
+				}
+				if Digest(blake3.Sum256(buf[:l])) != e.Digest {
+					errs[w] = Damage{Off: e.Off(), Digest: e.Digest, Detail: "the local copy does not match its digest"}
+					return
+				}
+			}
+		}()
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
