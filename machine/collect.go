@@ -175,8 +175,8 @@ func (m *Manager) StorageUsage(ctx context.Context, owner string) (StorageReport
 	if err != nil {
 		return r, fmt.Errorf("storage usage: %w", err)
 	}
-	paths, err := memstore.FindManifests(roots...)
-	if err != nil && !errors.Is(err, memstore.ErrChanged) {
+	paths, err := memstore.FindAllManifests(roots...)
+	if err != nil {
 		return r, fmt.Errorf("storage usage: %w", err)
 	}
 	byVM, byCP := map[string][]string{}, map[string][]string{}

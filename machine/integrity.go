@@ -346,8 +346,8 @@ func (g *integrity) sealNow(dir storage.Path, localSeal string, local map[string
 	start := time.Now()
 	pace := g.sealPace()
 	pace.Data = g.dataRanges(ctx)
-	pace.ReadDir, _ = g.m.vol.ReadPath(dir)
 	for try := 1; ; try++ {
+		pace.ReadDir, _ = g.m.vol.ReadPath(dir) // the read-only mount may have gone since the last try
 		err := checkpoint.Seal(ctx, host, pace, localSeal, local)
 		if err == nil {
 			g.m.log.Debug("den: snapshot digested", "dir", string(dir), "took", time.Since(start))

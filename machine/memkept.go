@@ -200,9 +200,9 @@ func (g *integrity) markSharers(bad []memstore.Damage, why error) {
 	if err != nil {
 		return
 	}
-	paths, err := memstore.FindManifests(roots...)
-	if err != nil && !errors.Is(err, memstore.ErrChanged) {
-		g.m.log.Warn("den: find the snapshots that share a damaged extent", "err", err)
+	paths, err := memstore.FindAllManifests(roots...)
+	if err != nil {
+		g.m.log.Warn("den: find the snapshots that share a damaged extent: only the one verified is marked", "err", err)
 		return
 	}
 	for _, p := range paths {

@@ -158,23 +158,38 @@ func (m *Manager) scheduledCheckpoint(ctx context.Context, name string) (err err
 	if !due(o.vm, s, now) {
 		return nil
 	}
-	taken := append([]Scheduled(nil), s.Taken...)
+	// What the schedule took and is still there (one deleted by hand
+	// no longer counts).
+	var taken []Scheduled
+	for _, t := range s.Taken {
+		if _, err := m.db.GetCheckpoint(ctx, name, t.ID); !errors.Is(err, registry.ErrNotFound) {
+			taken = append(taken, t)
+		}
+	}
 	cp, cerr := o.checkpoint(ctx, CheckpointOptions{Comment: "scheduled", DiskOnly: s.DiskOnly}, nil)
 	if cerr == nil {
 		taken = append(taken, Scheduled{ID: cp.ID, At: cp.CreatedAt})
 	}
 	keep, drop := retain(taken, s.Keep, s.KeepDaily)
+	at := map[string]time.Time{}
+	for _, t := range taken {
+		at[t.ID] = t.At
+	}
 	for _, id := range drop {
 		rec, gerr := m.db.GetCheckpoint(ctx, name, id)
 		if errors.Is(gerr, registry.ErrNotFound) {
-			continue // deleted by hand
+			continue // deleted meanwhile
 		}
-		if gerr == nil && id != o.spec.Restoring {
+		switch {
+		case gerr != nil:
+		case id == o.spec.Restoring:
+			gerr = fmt.Errorf("a restore to it is to be finished first")
+		default:
 			gerr = o.dropCheckpoint(ctx, rec)
 		}
-		if gerr != nil {
+		if gerr != nil { // kept, and dropped at a later turn
 			m.log.Warn("den: scheduled checkpoint retention", "vm", name, "checkpoint", id, "err", gerr)
-			keep = append(keep, Scheduled{ID: id, At: rec.CreatedAt})
+			keep = append(keep, Scheduled{ID: id, At: at[id]})
 		}
 	}
 	sort.Slice(keep, func(i, j int) bool { return keep[i].At.Before(keep[j].At) })

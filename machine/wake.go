@@ -60,5 +60,6 @@ func (ss *snapshots) dropRunSlot(ctx context.Context, name string, cause error) 
 	if err := ss.m.vol.Remove(ctx, storage.SuspendDir(name)); err != nil {
 		ss.m.log.Warn("den: remove the suspend slot of a wake that failed after the guest ran", "vm", name, "err", err)
 	}
+	ss.m.gc.poke()
 	ss.m.procs.recordStopped(ctx, name, "wake failed after the guest ran ("+cause.Error()+"); it boots from its disk when next used")
 }

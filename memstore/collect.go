@@ -100,6 +100,7 @@ type Collected struct {
 type packState struct {
 	name    string
 	size    int64
+	mtime   time.Time
 	young   bool
 	entries []idxEntry
 	live    []idxEntry // the named extents this pack is the holder of
@@ -118,6 +119,16 @@ func (s *Store) Collect(ctx context.Context, roots []string, o CollectOptions) (
 	if o.Grace <= 0 {
 		o.Grace = DefaultGrace
 	}
+	// One collection at a time on the volume, from decision to the last
+	// removal: two hosts' collections, each deciding which copy of an
+	// extent to keep, could otherwise remove both.
+	unlockC, err := s.lockFile(ctx, "collect.lock", unix.LOCK_EX)
+	if err != nil {
+		return Collected{}, fmt.Errorf("collect memory: %w", err)
+	}
+	defer unlockC()
+	cc := s.newCollectCache()
+	cc.warm(roots)
 	unlock, err := s.lock(ctx, unix.LOCK_EX)
 	if err != nil {
 		return Collected{}, fmt.Errorf("collect memory: %w", err)
@@ -126,7 +137,7 @@ func (s *Store) Collect(ctx context.Context, roots []string, o CollectOptions) (
 	var plan collectPlan
 	for try := 0; ; try++ {
 		c = Collected{DryRun: o.DryRun, Garbage: []string{}, Repacked: []string{}}
-		plan, err = s.choose(roots, o.Grace, &c)
+		plan, err = s.choose(cc, roots, o.Grace, &c)
 		if !errors.Is(err, ErrChanged) || try == 2 {
 			break
 		}
@@ -162,6 +173,7 @@ func (s *Store) Collect(ctx context.Context, roots []string, o CollectOptions) (
 			err = os.Remove(s.packPath(name))
 		}
 		if err == nil || errors.Is(err, fs.ErrNotExist) {
+			s.forget(name)
 			c.Removed++
 			s.hook("collect-removed")
 		}
@@ -187,14 +199,14 @@ type collectPlan struct {
 
 // liveDigests reads every manifest under roots and returns the digests
 // they name.
-func liveDigests(roots []string, c *Collected) (map[Digest]bool, error) {
+func (cc *collectCache) liveDigests(roots []string, c *Collected) (map[Digest]bool, error) {
 	paths, err := FindManifests(roots...)
 	if err != nil {
 		return nil, err
 	}
 	live := map[Digest]bool{}
 	for _, p := range paths {
-		m, err := readManifestFile(p)
+		ds, err := cc.manifest(p)
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("%s: %w", p, ErrChanged) // removed, or renamed elsewhere
 		}
@@ -202,18 +214,96 @@ func liveDigests(roots []string, c *Collected) (map[Digest]bool, error) {
 			return nil, fmt.Errorf("%s: %w", p, err)
 		}
 		c.Manifests++
-		for _, e := range m.Extents {
-			live[e.Digest] = true
+		for _, d := range ds {
+			live[d] = true
 		}
 	}
 	return live, nil
 }
 
-// choose lists the manifests and the packs and plans the collection.
-func (s *Store) choose(roots []string, grace time.Duration, c *Collected) (collectPlan, error) {
-	var plan collectPlan
-	live, err := liveDigests(roots, c)
+// collectCache keeps what a collection read before it took the store's
+// lock: the manifests (by path, while the file is the same: inode, size
+// and time) and the packs' indexes (a pack never changes). Under the
+// lock, which holds every snapshot's write, it reads only what changed.
+type collectCache struct {
+	s         *Store
+	manifests map[string]cachedManifest
+	indexes   map[string]*packIndex
+}
+
+type cachedManifest struct {
+	ino, size uint64
+	mtime     int64
+	digests   []Digest
+}
+
+func (s *Store) newCollectCache() *collectCache {
+	return &collectCache{s: s, manifests: map[string]cachedManifest{}, indexes: map[string]*packIndex{}}
+}
+
+// manifest is the digests the manifest at path names.
+func (cc *collectCache) manifest(path string) ([]Digest, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, fs.ErrNotExist
+		}
+		return nil, err
+	}
+	if m, ok := cc.manifests[path]; ok && m.ino == st.Ino && m.size == uint64(st.Size) && m.mtime == st.Mtim.Nano() {
+		return m.digests, nil
+	}
+	m, err := readManifestFile(path)
 	if err != nil {
+		return nil, err
+	}
+	ds := make([]Digest, len(m.Extents))
+	for i, e := range m.Extents {
+		ds[i] = e.Digest
+	}
+	cc.manifests[path] = cachedManifest{ino: st.Ino, size: uint64(st.Size), mtime: st.Mtim.Nano(), digests: ds}
+	return ds, nil
+}
+
+// index is pack name's index.
+func (cc *collectCache) index(name string) (*packIndex, error) {
+	if pi, ok := cc.indexes[name]; ok {
+		return pi, nil
+	}
+	pi, err := cc.s.readPackIndex(name)
+	if err == nil {
+		cc.indexes[name] = pi
+	}
+	return pi, err
+}
+
+// warm reads, without the lock, what the collection will read under it.
+func (cc *collectCache) warm(roots []string) {
+	if paths, err := FindManifests(roots...); err == nil {
+		for _, p := range paths {
+			_, _ = cc.manifest(p)
+		}
+	}
+	if packs, _, err := cc.s.listPacks(); err == nil {
+		for _, name := range packs {
+			_, _ = cc.index(name)
+		}
+	}
+}
+
+// choose lists the manifests and the packs and plans the collection.
+func (s *Store) choose(cc *collectCache, roots []string, grace time.Duration, c *Collected) (collectPlan, error) {
+	var plan collectPlan
+	if err := s.sameDevice(roots); err != nil {
+		return plan, err
+	}
+	live, err := cc.liveDigests(roots, c)
+	if err != nil {
+		return plan, err
+	}
+	// A root that was not the volume's while it was walked (its mount
+	// went, and came back) read as empty: every pack would be garbage.
+	if err := s.sameDevice(roots); err != nil {
 		return plan, err
 	}
 	indexed, bare, err := s.listPacks()
@@ -227,16 +317,17 @@ func (s *Store) choose(roots []string, grace time.Duration, c *Collected) (colle
 		if err != nil {
 			continue
 		}
-		pi, err := s.readPackIndex(name)
+		pi, err := cc.index(name)
 		if err != nil {
 			return plan, err
 		}
-		packs = append(packs, &packState{name: name, size: st.Size(), young: st.ModTime().After(old), entries: pi.Extents})
+		packs = append(packs, &packState{name: name, size: st.Size(), mtime: st.ModTime(), young: st.ModTime().After(old), entries: pi.Extents})
 	}
 	c.Packs = len(packs) + len(bare)
-	// Each named extent is held by one pack: a young one if any (it may
-	// be the only one a new manifest counts on), else the first.
-	sort.SliceStable(packs, func(i, j int) bool { return packs[i].young && !packs[j].young })
+	// Each named extent is held by one pack, the newest that has it: a
+	// young one if any (it may be the one a new manifest counts on), and
+	// a copy written again after another was found damaged.
+	sort.SliceStable(packs, func(i, j int) bool { return packs[i].mtime.After(packs[j].mtime) })
 	held := map[Digest]bool{}
 	for _, p := range packs {
 		for _, e := range p.entries {
@@ -439,4 +530,39 @@ func (s *Store) Usage(ctx context.Context, groups map[string][]string) (StoreUsa
 	}
 	u.Garbage = max(0, u.Stored-u.Live)
 	return u, nil
+}
+
+// sameDevice checks that each root (or, for one not made yet, its
+// parent) is on the store's file system: a volume whose mount went leaves
+// its empty mount point, whose listing names nothing.
+func (s *Store) sameDevice(roots []string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(s.root, &st); err != nil {
+		return err
+	}
+	for _, r := range roots {
+		var rs unix.Stat_t
+		err := unix.Stat(r, &rs)
+		if errors.Is(err, unix.ENOENT) {
+			err = unix.Stat(filepath.Dir(r), &rs)
+		}
+		if err != nil {
+			return fmt.Errorf("snapshots at %s: %w", r, err)
+		}
+		if rs.Dev != st.Dev {
+			return fmt.Errorf("snapshots at %s are not on the memory store's volume: its mount went", r)
+		}
+	}
+	return nil
+}
+
+// FindAllManifests is FindManifests, again while the snapshots change
+// under it (at most three times).
+func FindAllManifests(dirs ...string) ([]string, error) {
+	for try := 0; ; try++ {
+		paths, err := FindManifests(dirs...)
+		if !errors.Is(err, ErrChanged) || try == 2 {
+			return paths, err
+		}
+	}
 }

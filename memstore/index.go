@@ -34,12 +34,13 @@ type loc struct {
 	at, n int64
 }
 
-// index maps digests to the packs that hold them, from the packs' index
-// files; it is read again when a digest is not in it, or a pack it names
-// is gone (the collector moved its live extents).
+// index maps digests to the packs that hold them (a digest may be in
+// several: moved by the collector, or written again after its first copy
+// was found damaged), from the packs' index files; it is read again when
+// a digest is not in it, or a pack it names is gone.
 type index struct {
 	mu     sync.Mutex
-	where  map[Digest]loc
+	where  map[Digest][]loc
 	loaded bool
 }
 
@@ -89,7 +90,7 @@ func (s *Store) reload() error {
 	if err != nil {
 		return err
 	}
-	where := map[Digest]loc{}
+	where := map[Digest][]loc{}
 	for _, name := range packs {
 		pi, err := s.readPackIndex(name)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -99,7 +100,7 @@ func (s *Store) reload() error {
 			return err
 		}
 		for _, e := range pi.Extents {
-			where[e.Digest] = loc{name, e.At, e.Len}
+			where[e.Digest] = append(where[e.Digest], loc{name, e.At, e.Len})
 		}
 	}
 	s.idx.mu.Lock()
@@ -108,21 +109,27 @@ func (s *Store) reload() error {
 	return nil
 }
 
-// locate says where the extent with digest d is; fresh reads the packs'
-// indexes again first.
-func (s *Store) locate(d Digest, fresh bool) (loc, bool, error) {
+// loadIndex reads the packs' indexes unless they were read already.
+func (s *Store) loadIndex() error {
 	s.idx.mu.Lock()
 	loaded := s.idx.loaded
 	s.idx.mu.Unlock()
-	if fresh || !loaded {
-		if err := s.reload(); err != nil {
-			return loc{}, false, err
-		}
+	if loaded {
+		return nil
 	}
+	return s.reload()
+}
+
+// pick is a place of digest d, n bytes long, that skip does not name.
+func (s *Store) pick(d Digest, n int64, skip map[loc]bool) (loc, bool) {
 	s.idx.mu.Lock()
 	defer s.idx.mu.Unlock()
-	l, ok := s.idx.where[d]
-	return l, ok, nil
+	for _, l := range s.idx.where[d] {
+		if l.n == n && !skip[l] {
+			return l, true
+		}
+	}
+	return loc{}, false
 }
 
 // learn adds a pack just written to the index.
@@ -133,18 +140,41 @@ func (s *Store) learn(name string, entries []idxEntry) {
 		return // the first lookup reads every index
 	}
 	for _, e := range entries {
-		s.idx.where[e.Digest] = loc{name, e.At, e.Len}
+		s.idx.where[e.Digest] = append(s.idx.where[e.Digest], loc{name, e.At, e.Len})
+	}
+}
+
+// forget drops a removed pack from the index.
+func (s *Store) forget(name string) {
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
+	for d, ls := range s.idx.where {
+		kept := ls[:0]
+		for _, l := range ls {
+			if l.pack != name {
+				kept = append(kept, l)
+			}
+		}
+		if len(kept) == 0 {
+			delete(s.idx.where, d)
+		} else {
+			s.idx.where[d] = kept
+		}
 	}
 }
 
 // Locate says which pack holds the extent with digest d, and where in
 // it (for tests and tools).
 func (s *Store) Locate(d Digest) (pack string, at int64, ok bool) {
-	l, ok, err := s.locate(d, true)
-	if err != nil || !ok {
+	if err := s.reload(); err != nil {
 		return "", 0, false
 	}
-	return l.pack, l.at, true
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
+	if ls := s.idx.where[d]; len(ls) > 0 {
+		return ls[0].pack, ls[0].at, true
+	}
+	return "", 0, false
 }
 
 // writeIndex writes pack name's index into tmp/, synced, and returns

@@ -92,104 +92,122 @@ func runs(ext []placed) []readRun {
 	return out
 }
 
-// place finds where each of m's extents is; those found nowhere are
-// Damage, handed to bad.
-func (s *Store) place(m *Manifest, exts []Extent, fresh bool, bad func(Damage) error) ([]placed, error) {
-	out := make([]placed, 0, len(exts))
-	for _, e := range exts {
-		l, ok, err := s.locate(e.Digest, fresh)
-		if err == nil && !ok && !fresh {
-			fresh = true // a pack written since the index was read
-			l, ok, err = s.locate(e.Digest, true)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if !ok || l.n != e.Len(m.Size) {
-			if err := bad(Damage{Digest: e.Digest, Off: e.Off(), Detail: "no pack holds it"}); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		out = append(out, placed{e, l})
+// place finds where each of exts is, skipping the places skip names (a
+// copy found missing or damaged): the indexes are read again once when
+// fresh or when an extent is found nowhere. It returns those found, and
+// those found nowhere.
+func (s *Store) place(m *Manifest, exts []Extent, skip map[loc]bool, fresh bool) (found []placed, missing []Extent, err error) {
+	if fresh {
+		err = s.reload()
+	} else {
+		err = s.loadIndex()
 	}
-	return out, nil
+	if err != nil {
+		return nil, nil, err
+	}
+	for {
+		missing = nil
+		for _, e := range exts {
+			if l, ok := s.pick(e.Digest, e.Len(m.Size), skip); ok {
+				found = append(found, placed{e, l})
+			} else {
+				missing = append(missing, e)
+			}
+		}
+		if len(missing) == 0 || fresh {
+			return found, missing, nil
+		}
+		if err := s.reload(); err != nil { // a pack written since the indexes were read
+			return nil, nil, err
+		}
+		fresh, exts = true, missing
+	}
 }
 
 // each reads every extent m names from the store, in the packs' order,
 // checks it against its digest and hands it to f (the bytes are f's only
-// during the call). A missing extent or a mismatch is a Damage, handed to
-// bad. A pack gone since the index was read (its live extents moved) is
-// looked up again once.
+// during the call). A copy that is missing or does not match sends the
+// extent to another copy (the indexes read again); an extent no copy of
+// which is whole is a Damage, handed to bad.
 func (s *Store) each(ctx context.Context, m *Manifest, f func(e Extent, b []byte) error, bad func(Damage) error) error {
 	pending := m.Extents
+	skip := map[loc]bool{}
+	failed := map[Digest]Damage{} // each digest's last copy that failed
 	buf := make([]byte, maxRun)
 	for try := 0; len(pending) > 0; try++ {
-		ext, err := s.place(m, pending, try > 0, bad)
+		found, missing, err := s.place(m, pending, skip, try > 0)
 		if err != nil {
 			return err
 		}
+		for _, e := range missing {
+			d, ok := failed[e.Digest]
+			if !ok {
+				d = Damage{Digest: e.Digest, Detail: "no pack holds it"}
+			}
+			d.Off = e.Off()
+			if err := bad(d); err != nil {
+				return err
+			}
+		}
 		pending = nil
-		for _, r := range runs(ext) {
+		for _, r := range runs(found) {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			moved, err := s.readRun(r, buf, f, bad)
+			err := s.readRun(r, buf, f, func(e placed, detail string) {
+				if detail != packMissing {
+					s.markDamaged(e.Digest)
+				}
+				skip[e.loc] = true
+				failed[e.Digest] = Damage{Digest: e.Digest, Pack: r.pack, At: e.at, Detail: detail}
+				pending = append(pending, e.Extent)
+			})
 			if err != nil {
 				return err
-			}
-			if moved && try == 0 {
-				for _, e := range r.ext {
-					pending = append(pending, e.Extent)
-				}
-			} else if moved {
-				for _, e := range r.ext {
-					if err := bad(Damage{Digest: e.Digest, Off: e.Off(), Pack: r.pack, At: e.at, Detail: "its pack is missing"}); err != nil {
-						return err
-					}
-				}
 			}
 		}
 	}
 	return nil
 }
 
-// readRun reads one run and hands its extents to f, or to bad; moved
-// says the pack is gone.
-func (s *Store) readRun(r readRun, buf []byte, f func(Extent, []byte) error, bad func(Damage) error) (moved bool, err error) {
+// packMissing: the collector moved the extent and removed its pack.
+const packMissing = "its pack is missing"
+
+// readRun reads one run and hands its extents to f; those it cannot (the
+// pack is gone, or too short, or they do not match their digests) to
+// retry, with why.
+func (s *Store) readRun(r readRun, buf []byte, f func(Extent, []byte) error, retry func(e placed, detail string)) error {
 	pack, err := os.Open(s.packPath(r.pack))
 	if errors.Is(err, fs.ErrNotExist) {
-		return true, nil
+		for _, e := range r.ext {
+			retry(e, packMissing)
+		}
+		return nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("read memory: %w", err)
+		return fmt.Errorf("read memory: %w", err)
 	}
 	defer pack.Close()
 	last := r.ext[len(r.ext)-1]
 	n := last.at + last.n - r.at
 	got, rerr := pack.ReadAt(buf[:n], r.at)
 	if rerr != nil && !errors.Is(rerr, io.EOF) {
-		return false, fmt.Errorf("read memory: pack %s: %w", r.pack, rerr)
+		return fmt.Errorf("read memory: pack %s: %w", r.pack, rerr)
 	}
 	for _, e := range r.ext {
 		lo, l := e.at-r.at, e.n
-		dmg := Damage{Digest: e.Digest, Off: e.Off(), Pack: r.pack, At: e.at}
 		switch {
 		case int64(got) < lo+l:
-			dmg.Detail = "its pack is too short"
+			retry(e, "its pack is too short")
 		case Digest(blake3.Sum256(buf[lo:lo+l])) != e.Digest:
-			dmg.Detail = "does not match its digest"
+			retry(e, "does not match its digest")
 		default:
 			if err := f(e.Extent, buf[lo:lo+l]); err != nil {
-				return false, err
+				return err
 			}
-			continue
-		}
-		if err := bad(dmg); err != nil {
-			return false, err
 		}
 	}
-	return false, nil
+	return nil
 }
 
 // Fill writes the memory m describes into the file at dst, which is made

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"golang.org/x/sys/unix"
 	"lukechampine.com/blake3"
@@ -23,6 +24,12 @@ import (
 type Store struct {
 	root string
 	idx  index
+
+	// damaged are digests a copy of which was read and did not match:
+	// a new snapshot writes them again rather than name the copies it
+	// would share.
+	dmu     sync.Mutex
+	damaged map[Digest]bool
 	// Hook, when set, is called at the named steps of a write and a
 	// collection ("pack-written", "collect-listed", "collect-removed"):
 	// the crash tests' way in.
@@ -43,6 +50,22 @@ func (s *Store) hook(step string) {
 	if s.Hook != nil {
 		s.Hook(step)
 	}
+}
+
+// markDamaged records that a copy of d did not match.
+func (s *Store) markDamaged(d Digest) {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	if s.damaged == nil {
+		s.damaged = map[Digest]bool{}
+	}
+	s.damaged[d] = true
+}
+
+func (s *Store) isDamaged(d Digest) bool {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	return s.damaged[d]
 }
 
 // Root is the store's directory.
@@ -71,7 +94,12 @@ func newPackName() (string, error) {
 // func is called. The lock is a flock on the volume, so it orders every
 // host that mounts it.
 func (s *Store) lock(ctx context.Context, how int) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(s.root, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	return s.lockFile(ctx, "lock", how)
+}
+
+// lockFile takes the flock of the store's file name.
+func (s *Store) lockFile(ctx context.Context, name string, how int) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(s.root, name), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("memory store lock: %w", err)
 	}
@@ -195,7 +223,7 @@ func (s *Store) Write(ctx context.Context, src string, origin *Origin) (*Manifes
 		}
 		st.Extents++
 		m.Extents = append(m.Extents, Extent{Index: idx, Digest: d})
-		if origin.has(d) {
+		if origin.has(d) && !s.isDamaged(d) {
 			st.Reused++
 			continue
 		}

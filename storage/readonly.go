@@ -31,6 +31,7 @@ import (
 type readOnly struct {
 	point, cache, log string
 	proc              *mountProc // nil: adopted from a previous daemon
+	dev               uint64     // st_dev of the mount
 	up                atomic.Bool
 }
 
@@ -65,6 +66,7 @@ func (v *JuiceFS) openReadOnly(ctx context.Context) *readOnly {
 	if mi, ok, err := findMount(r.point); err == nil && ok && mi.FSType == "fuse.juicefs" {
 		var p prober
 		if name, err := p.run(ctx, r.point, v.opts.timeout); err == nil && name == v.cfg.Name {
+			r.dev = mi.Dev
 			r.up.Store(true)
 			return r
 		}
@@ -101,11 +103,13 @@ func (v *JuiceFS) openReadOnly(ctx context.Context) *readOnly {
 			return fail(ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
-		if mi, ok, err := findMount(r.point); err != nil || !ok || mi.FSType != "fuse.juicefs" {
+		mi, ok, err := findMount(r.point)
+		if err != nil || !ok || mi.FSType != "fuse.juicefs" {
 			continue
 		}
 		var pr prober
 		if _, err := pr.run(ctx, r.point, v.opts.timeout); err == nil {
+			r.dev = mi.Dev
 			r.up.Store(true)
 			return r
 		}
@@ -119,7 +123,15 @@ func (v *JuiceFS) openReadOnly(ctx context.Context) *readOnly {
 // up, else the volume's own.
 func (v *JuiceFS) readRoot() string {
 	if r := v.ro; r != nil && r.up.Load() {
-		return r.point
+		// Still the mount it was (an adopted one's process is not ours
+		// to watch): a stat, which a dead FUSE mount fails at once.
+		var st unix.Stat_t
+		if err := unix.Stat(r.point, &st); err == nil && st.Dev == r.dev {
+			return r.point
+		}
+		if r.up.Swap(false) {
+			slog.Warn("storage: the read-only mount is gone: snapshots are read through the volume's own", "volume", v.cfg.Name, "mount", r.point)
+		}
 	}
 	return v.cfg.MountPoint
 }
