@@ -370,3 +370,48 @@ func TestRepack(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDamagedCopyWrittenAgain: once a copy of an extent is found
+// damaged, the next snapshot writes the extent again from the RAM, a
+// restore reads that copy, and the collection keeps it.
+func TestDamagedCopyWrittenAgain(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _ := Open(filepath.Join(root, "store"))
+	snaps := filepath.Join(root, "snaps")
+	src := filepath.Join(root, "ram")
+	ram(t, src, 8*ExtentSize, 1, 2, 3)
+	a := snapDir(t, snaps, "a")
+	ma, _, err := s.Save(ctx, src, a, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, at, _ := s.Locate(ma.Extents[0].Digest)
+	f, _ := os.OpenFile(s.packPath(name), os.O_RDWR, 0)
+	f.WriteAt([]byte{0xff, 0xee}, at+10)
+	f.Close()
+	if bad, err := s.Verify(ctx, ma); err != nil || len(bad) != 1 {
+		t.Fatalf("verify: %v %v", bad, err)
+	}
+	b := snapDir(t, snaps, "b")
+	mb, st, err := s.Save(ctx, src, b, a, "")
+	if err != nil || st.Reused != 2 || st.Written != ExtentSize {
+		t.Fatalf("the snapshot after the damage: %+v %v", st, err)
+	}
+	out := filepath.Join(root, "out")
+	if err := s.Fill(ctx, mb, out); err != nil {
+		t.Fatalf("fill past the damaged copy: %v", err)
+	}
+	want, _ := os.ReadFile(src)
+	if got, _ := os.ReadFile(out); !bytes.Equal(got, want) {
+		t.Fatal("filled memory differs")
+	}
+	os.RemoveAll(a)
+	if _, err := s.Collect(ctx, []string{snaps}, CollectOptions{Grace: time.Nanosecond}); err != nil {
+		t.Fatal(err)
+	}
+	other, _ := Open(filepath.Join(root, "store"))
+	if bad, err := other.Verify(ctx, mb); err != nil || len(bad) != 0 {
+		t.Fatalf("after the collection: %v %v", bad, err)
+	}
+}
