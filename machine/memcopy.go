@@ -42,6 +42,36 @@ type memCopies struct {
 	dir    string
 	budget int64 // bytes of disk; 0: no copies
 	mu     sync.Mutex
+
+	smu  sync.Mutex
+	sums map[uint64]memstore.CopySums // each copy's own sums, by inode (memkept.go)
+}
+
+// setSums records the sums of the copy at path, made as it was.
+func (c *memCopies) setSums(path string, sums memstore.CopySums) {
+	var st syscall.Stat_t
+	if syscall.Stat(path, &st) != nil {
+		return
+	}
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	if c.sums == nil {
+		c.sums = map[uint64]memstore.CopySums{}
+	}
+	c.sums[st.Ino] = sums
+}
+
+// sumsOf are the sums the copy at path was made with, nil if unknown
+// (an inode reused by another copy has other sums: the check fails, and
+// the copy is then checked extent by extent).
+func (c *memCopies) sumsOf(path string) memstore.CopySums {
+	var st syscall.Stat_t
+	if c == nil || syscall.Stat(path, &st) != nil {
+		return nil
+	}
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	return c.sums[st.Ino]
 }
 
 // suspendKey and checkpointKey name the local copy of a suspend slot's or
@@ -118,6 +148,12 @@ func (ss *snapshots) startMemCopy(name string) *memCopyJob {
 		if j.err = sparse.CopyCache(ram, j.tmp); j.err != nil {
 			_ = os.Remove(j.tmp)
 			ss.m.log.Debug("den: local memory copy", "vm", name, "err", j.err)
+			return
+		}
+		// Its own sums, while the VM is still paused: a wake from it
+		// checks them rather than hash every extent.
+		if sums, err := memstore.SumCopy(context.Background(), j.tmp); err == nil {
+			c.setSums(j.tmp, sums)
 		}
 	}()
 	return j
@@ -331,6 +367,9 @@ func (ss *snapshots) copyBaseMemory(ref snapshotRef, key string) error {
 	}
 	err = fill(tmp)
 	if err == nil {
+		if sums, serr := memstore.SumCopy(context.Background(), tmp); serr == nil {
+			c.setSums(tmp, sums) // the inode goes with the rename
+		}
 		err = os.Rename(tmp, filepath.Join(c.dir, baseCopies, key))
 	}
 	if err != nil {

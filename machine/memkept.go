@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"github.com/denhq/den/memstore"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/vmm"
+	"github.com/denhq/den/vmm/qemu"
 )
 
 // Memory kept by content. A VMM whose guest RAM is a file on the host
@@ -80,8 +82,12 @@ func (ss *snapshots) snapshotKept(ctx context.Context, name string, mk vmm.Memor
 	if err != nil {
 		return fmt.Errorf("snapshot vm %q: memory store: %w", name, err)
 	}
+	so := memstore.SaveOptions{Origin: origin, OriginCopy: originCopy}
+	if data, err := os.ReadFile(filepath.Join(host, qemu.MemoryMapFile)); err == nil {
+		_ = json.Unmarshal(data, &so.Ranges) // the RAM's data ranges the VMM just read (nil: asked again)
+	}
 	end := phase.Begin(ctx, "store the memory by content")
-	_, st, err := store.Save(ctx, mk.RAMFile(), host, origin, originCopy)
+	_, st, err := store.Save(ctx, mk.RAMFile(), host, so)
 	end()
 	if err != nil {
 		return fmt.Errorf("snapshot vm %q: %w", name, err)
@@ -154,6 +160,9 @@ func (g *integrity) verifyKept(ctx context.Context, ref *snapshotRef, host strin
 	}
 	marked := ref.id != "" && g.m.snaps.store().Damaged(ref.vm, ref.id) != ""
 	if ref.local != "" && !marked {
+		if sums := g.m.snaps.memc.sumsOf(ref.local); sums != nil && memstore.CheckCopy(ctx, man, ref.local, sums) {
+			return nil // as it was made, from the RAM the manifest was made from
+		}
 		err := memstore.VerifyCopy(ctx, man, ref.local)
 		if err == nil || ctx.Err() != nil {
 			return err

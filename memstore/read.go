@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"lukechampine.com/blake3"
+
+	"github.com/denhq/den/internal/sparse"
 )
 
 // ErrDamaged is wrapped by every error that reports an extent not
@@ -289,4 +291,82 @@ func VerifyCopy(ctx context.Context, m *Manifest, path string) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// regionSize is the piece a local copy's own sums cover: BLAKE3 runs
+// several times faster over 4 MiB than over 64 KiB here.
+const regionSize = 4 << 20
+
+// CopySums are the digests of a local copy's 4 MiB regions that hold
+// data, by region: made when the copy is (from the same paused RAM as the
+// snapshot's manifest), they show later that it has not changed, at a
+// fraction of a check of every extent against the manifest.
+type CopySums map[int64]Digest
+
+// SumCopy makes the sums of the local copy at path.
+func SumCopy(ctx context.Context, path string) (CopySums, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	ranges, _, err := sparse.DataRanges(path)
+	if err != nil {
+		return nil, err
+	}
+	sums := CopySums{}
+	buf := make([]byte, regionSize)
+	for _, r := range ranges {
+		for i := r.Off / regionSize; i*regionSize < r.Off+r.Len; i++ {
+			if _, done := sums[i]; done {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			n := min(regionSize, st.Size()-i*regionSize)
+			if _, err := f.ReadAt(buf[:n], i*regionSize); err != nil && !errors.Is(err, io.EOF) {
+				return nil, err
+			}
+			sums[i] = Digest(blake3.Sum256(buf[:n]))
+		}
+	}
+	return sums, nil
+}
+
+// CheckCopy says whether the local copy at path still has the sums it was
+// made with, and the size of m's memory.
+func CheckCopy(ctx context.Context, m *Manifest, path string, sums CopySums) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || st.Size() != m.Size {
+		return false
+	}
+	// Every extent m names must be in a summed region.
+	for _, e := range m.Extents {
+		if _, ok := sums[e.Off()/regionSize]; !ok {
+			return false
+		}
+	}
+	buf := make([]byte, regionSize)
+	for i, d := range sums {
+		if ctx.Err() != nil {
+			return false
+		}
+		n := min(regionSize, m.Size-i*regionSize)
+		if _, err := f.ReadAt(buf[:n], i*regionSize); err != nil && !errors.Is(err, io.EOF) {
+			return false
+		}
+		if Digest(blake3.Sum256(buf[:n])) != d {
+			return false
+		}
+	}
+	return true
 }

@@ -185,7 +185,7 @@ type WriteStats struct {
 // pack, synced and in packs/ when Write returns. The caller must hold the
 // shared lock (Writer) from before it chose the origin until the manifest
 // is written, and must write the manifest only after Write returns.
-func (s *Store) Write(ctx context.Context, src string, origin *Origin) (*Manifest, WriteStats, error) {
+func (s *Store) Write(ctx context.Context, src string, origin *Origin, ranges []sparse.Extent) (*Manifest, WriteStats, error) {
 	var st WriteStats
 	f, err := os.Open(src)
 	if err != nil {
@@ -197,9 +197,10 @@ func (s *Store) Write(ctx context.Context, src string, origin *Origin) (*Manifes
 		return nil, st, fmt.Errorf("store memory: %w", err)
 	}
 	size := fi.Size()
-	ranges, _, err := sparse.DataRanges(src)
-	if err != nil {
-		return nil, st, fmt.Errorf("store memory: %w", err)
+	if ranges == nil {
+		if ranges, _, err = sparse.DataRanges(src); err != nil {
+			return nil, st, fmt.Errorf("store memory: %w", err)
+		}
 	}
 	m := &Manifest{Version: version, Algorithm: Algorithm, ExtentSize: ExtentSize, Size: size, Extents: []Extent{}}
 	var pw *packWriter
@@ -362,24 +363,36 @@ func (w *packWriter) abort() {
 	_ = os.Remove(filepath.Join(w.s.root, "tmp", w.name))
 }
 
+// SaveOptions say what a snapshot's memory may share.
+type SaveOptions struct {
+	// Origin is the directory of the snapshot the RAM last equalled (""
+	// for none: a snapshot whose manifest is gone, or another layout's,
+	// shares nothing).
+	Origin string
+	// OriginCopy is a local copy of the origin's memory ("" for none; one
+	// of another size is not used): an extent the RAM holds as the copy
+	// does is known by the origin's digest, not hashed again.
+	OriginCopy string
+	// Ranges are the RAM file's data ranges when the caller knows them
+	// (nil: asked of its file system).
+	Ranges []sparse.Extent
+}
+
 // Save stores the memory in the file at src as the snapshot in directory
 // dir (its manifest written there, not synced), sharing what it can with
-// the snapshot in directory origin ("" for none: a snapshot whose
-// manifest is gone, or another layout's, shares nothing), of whose memory
-// originCopy is a local copy ("" for none; one of another size is not
-// used). It holds the shared lock throughout, so a collection sees either
-// the origin's manifest or this one.
-func (s *Store) Save(ctx context.Context, src, dir, origin, originCopy string) (*Manifest, WriteStats, error) {
+// the origin. It holds the shared lock throughout, so a collection sees
+// either the origin's manifest or this one.
+func (s *Store) Save(ctx context.Context, src, dir string, so SaveOptions) (*Manifest, WriteStats, error) {
 	unlock, err := s.Writer(ctx)
 	if err != nil {
 		return nil, WriteStats{}, err
 	}
 	defer unlock()
 	var o *Origin
-	if origin != "" {
-		if om, err := ReadManifest(origin); err == nil {
+	if so.Origin != "" {
+		if om, err := ReadManifest(so.Origin); err == nil {
 			o = NewOrigin(om)
-			if c, err := os.Open(originCopy); err == nil {
+			if c, err := os.Open(so.OriginCopy); err == nil {
 				if st, err := c.Stat(); err == nil && st.Size() == om.Size {
 					o.copy = c
 				}
@@ -387,7 +400,7 @@ func (s *Store) Save(ctx context.Context, src, dir, origin, originCopy string) (
 			}
 		}
 	}
-	m, st, err := s.Write(ctx, src, o)
+	m, st, err := s.Write(ctx, src, o, so.Ranges)
 	if err != nil {
 		return nil, st, err
 	}

@@ -78,7 +78,7 @@ func TestSaveSharesWithItsOrigin(t *testing.T) {
 	src := filepath.Join(root, "ram")
 	ram(t, src, 64*ExtentSize, 0, 1, 2, 10, 11, 40, 63)
 	a := snapDir(t, root, "a")
-	m1, st, err := s.Save(ctx, src, a, "", "")
+	m1, st, err := s.Save(ctx, src, a, SaveOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestSaveSharesWithItsOrigin(t *testing.T) {
 	overwrite(t, src, 10)
 	overwrite(t, src, 20) // a hole before
 	b := snapDir(t, root, "b")
-	m2, st, err := s.Save(ctx, src, b, a, "")
+	m2, st, err := s.Save(ctx, src, b, SaveOptions{Origin: a})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestSaveSharesWithItsOrigin(t *testing.T) {
 	// With the origin's local copy, the unchanged extents are compared,
 	// not hashed: the same manifest.
 	b2 := snapDir(t, root, "b2")
-	m2c, st, err := s.Save(ctx, src, b2, a, copyA)
+	m2c, st, err := s.Save(ctx, src, b2, SaveOptions{Origin: a, OriginCopy: copyA})
 	if err != nil || st.Reused != 6 || !slices.Equal(m2c.Extents, m2.Extents) {
 		t.Fatalf("save with the origin's copy: %+v %v", st, err)
 	}
@@ -120,7 +120,7 @@ func TestSaveSharesWithItsOrigin(t *testing.T) {
 	}
 	// An origin whose manifest is gone shares nothing.
 	c := snapDir(t, root, "c")
-	if _, st, err = s.Save(ctx, src, c, filepath.Join(root, "gone"), ""); err != nil || st.Reused != 0 {
+	if _, st, err = s.Save(ctx, src, c, SaveOptions{Origin: filepath.Join(root, "gone")}); err != nil || st.Reused != 0 {
 		t.Fatalf("save with a gone origin: %+v %v", st, err)
 	}
 }
@@ -139,7 +139,7 @@ func TestCollectKeepsWhatIsNamed(t *testing.T) {
 		if i > 0 {
 			origin = dirs[i-1]
 		}
-		if _, _, err := s.Save(ctx, src, d, origin, ""); err != nil {
+		if _, _, err := s.Save(ctx, src, d, SaveOptions{Origin: origin}); err != nil {
 			t.Fatal(err)
 		}
 		dirs = append(dirs, d)
@@ -203,12 +203,12 @@ func TestDamageIsFoundInEverySnapshotThatSharesIt(t *testing.T) {
 	src := filepath.Join(root, "ram")
 	ram(t, src, 16*ExtentSize, 0, 5, 9)
 	a, b := snapDir(t, root, "a"), snapDir(t, root, "b")
-	ma, _, err := s.Save(ctx, src, a, "", "")
+	ma, _, err := s.Save(ctx, src, a, SaveOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	overwrite(t, src, 9)
-	mb, _, err := s.Save(ctx, src, b, a, "")
+	mb, _, err := s.Save(ctx, src, b, SaveOptions{Origin: a})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +250,7 @@ func TestCollectRacingSaves(t *testing.T) {
 	base := filepath.Join(root, "base")
 	ram(t, base, 32*ExtentSize, 0, 1, 2, 3, 4, 5, 6, 7)
 	bdir := snapDir(t, snaps, "base")
-	if _, _, err := s.Save(ctx, base, bdir, "", ""); err != nil {
+	if _, _, err := s.Save(ctx, base, bdir, SaveOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	stop := make(chan struct{})
@@ -283,7 +283,7 @@ func TestCollectRacingSaves(t *testing.T) {
 			for i := range 10 {
 				overwrite(t, src, int64(i%8))
 				d := snapDir(t, snaps, filepath.Join(string(rune('a'+v)), string(rune('0'+i))))
-				if _, _, err := s.Save(ctx, src, d, origin, ""); err != nil {
+				if _, _, err := s.Save(ctx, src, d, SaveOptions{Origin: origin}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -324,7 +324,7 @@ func TestRepack(t *testing.T) {
 	}
 	ram(t, src, 64*ExtentSize, all...) // a first pack of 64 extents
 	first := snapDir(t, snaps, "first")
-	if _, _, err := s.Save(ctx, src, first, "", ""); err != nil {
+	if _, _, err := s.Save(ctx, src, first, SaveOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// The guest changes 60 of them: the first pack is mostly dead once
@@ -333,7 +333,7 @@ func TestRepack(t *testing.T) {
 		overwrite(t, src, i)
 	}
 	second := snapDir(t, snaps, "second")
-	if _, _, err := s.Save(ctx, src, second, first, ""); err != nil {
+	if _, _, err := s.Save(ctx, src, second, SaveOptions{Origin: first}); err != nil {
 		t.Fatal(err)
 	}
 	want, _ := os.ReadFile(src)
@@ -382,7 +382,7 @@ func TestDamagedCopyWrittenAgain(t *testing.T) {
 	src := filepath.Join(root, "ram")
 	ram(t, src, 8*ExtentSize, 1, 2, 3)
 	a := snapDir(t, snaps, "a")
-	ma, _, err := s.Save(ctx, src, a, "", "")
+	ma, _, err := s.Save(ctx, src, a, SaveOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -394,7 +394,7 @@ func TestDamagedCopyWrittenAgain(t *testing.T) {
 		t.Fatalf("verify: %v %v", bad, err)
 	}
 	b := snapDir(t, snaps, "b")
-	mb, st, err := s.Save(ctx, src, b, a, "")
+	mb, st, err := s.Save(ctx, src, b, SaveOptions{Origin: a})
 	if err != nil || st.Reused != 2 || st.Written != ExtentSize {
 		t.Fatalf("the snapshot after the damage: %+v %v", st, err)
 	}
