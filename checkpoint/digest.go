@@ -474,16 +474,18 @@ type Policy struct {
 	// checked against the digest of zeros, which is what a read of it
 	// returns, without the read.
 	Data DataRanges
-	// ReadDir, when set, is the snapshot's directory as read (Pace's).
+	// ReadDir, when set, is the snapshot's directory as its large files
+	// are read (Pace's); small ones, written once, are read in dir.
 	ReadDir string
 }
 
-// path is where file rel of the snapshot in dir is read.
-func (p Policy) path(dir, rel string) string {
+// path is where file rel of the snapshot in dir is read (large: a file
+// of over SmallFile bytes).
+func (p Policy) path(dir, rel string, large bool) string {
 	if l, ok := p.Local[rel]; ok {
 		return l
 	}
-	if p.ReadDir != "" {
+	if p.ReadDir != "" && large {
 		dir = p.ReadDir
 	}
 	return filepath.Join(dir, filepath.FromSlash(rel))
@@ -543,7 +545,7 @@ func Verify(ctx context.Context, dir string, p Policy) ([]FileResult, error) {
 	}
 	for _, rel := range sortedKeys(man.Large) {
 		res := FileResult{File: rel, Size: man.Large[rel], Status: "unsealed", Detail: "its digests are not written yet"}
-		st, err := os.Stat(p.path(dir, rel))
+		st, err := os.Stat(p.path(dir, rel, true))
 		switch {
 		case err != nil && !errors.Is(err, os.ErrNotExist):
 			return out, err
@@ -570,7 +572,7 @@ func verifyFile(ctx context.Context, dir, rel string, fd FileDigest, p Policy) (
 		}
 		return res, e
 	}
-	f, err := os.Open(p.path(dir, rel))
+	f, err := os.Open(p.path(dir, rel, fd.Size > SmallFile))
 	if errors.Is(err, os.ErrNotExist) {
 		return damaged(&DamageError{File: rel, Extent: -1, Detail: "is missing"})
 	}
@@ -592,7 +594,7 @@ func verifyFile(ctx context.Context, dir, rel string, fd FileDigest, p Policy) (
 	}
 	var data dataMap
 	if fd.Size > SmallFile {
-		data = mapData(p.Data, p.path(dir, rel))
+		data = mapData(p.Data, p.path(dir, rel, true))
 	}
 	for _, i := range idx {
 		off := int64(i) * ExtentSize

@@ -145,7 +145,9 @@ func (g *integrity) verify(ctx context.Context, ref snapshotRef, vmmName string)
 	if err != nil {
 		return err
 	}
+	end := phase.Begin(ctx, "verify: the snapshot's files")
 	_, err = checkpoint.Verify(ctx, host, g.policy(ref, g.lazyRestore(vmmName)))
+	end()
 	var dmg *checkpoint.DamageError
 	if ref.local != "" && errors.As(err, &dmg) && dmg.File == ref.memoryRel() {
 		// The local copy is damaged, not the snapshot: it goes, and
@@ -156,9 +158,11 @@ func (g *integrity) verify(ctx context.Context, ref snapshotRef, vmmName string)
 		_, err = checkpoint.Verify(ctx, host, g.policy(ref, g.lazyRestore(vmmName)))
 	}
 	if err == nil || errors.Is(err, checkpoint.ErrUnsealed) {
+		end := phase.Begin(ctx, "verify: the memory kept by content")
 		if kerr := g.verifyKept(ctx, &ref, host); kerr != nil {
 			err = kerr
 		}
+		end()
 	}
 	if errors.Is(err, checkpoint.ErrUnsealed) {
 		g.m.log.Info("den: restoring a snapshot without digests", "snapshot", ref.what)

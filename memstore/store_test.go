@@ -415,3 +415,30 @@ func TestDamagedCopyWrittenAgain(t *testing.T) {
 		t.Fatalf("after the collection: %v %v", bad, err)
 	}
 }
+
+// TestCopySums: a local copy checks against the sums it was made with,
+// and not once a byte of it changed.
+func TestCopySums(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _ := Open(filepath.Join(root, "store"))
+	src := filepath.Join(root, "ram")
+	ram(t, src, 200*ExtentSize, 0, 70, 130, 199)
+	m, _, err := s.Save(ctx, src, snapDir(t, root, "a"), SaveOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sums, err := SumCopy(ctx, src)
+	if err != nil || !CheckCopy(ctx, m, src, sums) {
+		t.Fatalf("a copy as it was made: %v", err)
+	}
+	f, _ := os.OpenFile(src, os.O_RDWR, 0)
+	f.WriteAt([]byte{1}, 130*ExtentSize+5)
+	f.Close()
+	if CheckCopy(ctx, m, src, sums) {
+		t.Fatal("a changed copy checked against its sums")
+	}
+	if err := VerifyCopy(ctx, m, src); !errors.Is(err, ErrDamaged) {
+		t.Fatalf("verify of the changed copy: %v", err)
+	}
+}
