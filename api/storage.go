@@ -37,10 +37,10 @@ type Storage struct {
 
 // VMStorage is one VM's memory in the store, and each checkpoint's.
 type VMStorage struct {
-	Name        string              `json:"name"`
-	Referenced  int64               `json:"referenced_bytes"`
-	Unique      int64               `json:"unique_bytes"`
-	Shared      int64               `json:"shared_bytes"`
+	Name       string `json:"name"`
+	Referenced int64  `json:"referenced_bytes"`
+	Unique     int64  `json:"unique_bytes"`
+	Shared     int64  `json:"shared_bytes"`
 	// Disk is what its disks (its own and its checkpoints') reference,
 	// hold alone and share (with forks, its image, each other).
 	Disk        Usage               `json:"disk"`
