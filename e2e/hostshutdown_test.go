@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/denhq/den/checkpoint"
-	"github.com/denhq/den/internal/testutil"
 )
 
 // refusedLine is what den says to work asked of it once a host shutdown
@@ -132,8 +131,8 @@ func TestBootWakeRefusesDamagedMemory(t *testing.T) {
 	if !checkpoint.Sealed(slot) {
 		t.Fatal("the shutdown returned before the digests of the memory it wrote")
 	}
-	off, mem, packOff, want := d.keptExtent(t, slot)
-	testutil.FlipBytes(t, mem, packOff)
+	off, flip, want := d.keptExtent(t, slot)
+	flip()
 	d.flipLocalMemory(t, "box", "suspend-", off)
 
 	d.reboot(t)
@@ -153,7 +152,7 @@ func TestBootWakeRefusesDamagedMemory(t *testing.T) {
 		t.Fatalf("exec into the damaged vm: %v", err)
 	}
 	// Whole again, it wakes with its process.
-	testutil.FlipBytes(t, mem, packOff)
+	flip()
 	if out := d.must("exec", "box", "--", "sh", "-c", checkWork); out != "v1\nalive\n" {
 		t.Fatalf("box with its memory whole again: %q", out)
 	}

@@ -163,6 +163,27 @@ func (s *Store) forget(name string) {
 	}
 }
 
+// Place is where a copy of an extent is: its pack, and its offset there.
+type Place struct {
+	Pack string
+	At   int64
+}
+
+// Places are every copy of the extent with digest d (for tests and
+// tools).
+func (s *Store) Places(d Digest) []Place {
+	if err := s.reload(); err != nil {
+		return nil
+	}
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
+	var out []Place
+	for _, l := range s.idx.where[d] {
+		out = append(out, Place{l.pack, l.at})
+	}
+	return out
+}
+
 // Locate says which pack holds the extent with digest d, and where in
 // it (for tests and tools).
 func (s *Store) Locate(d Digest) (pack string, at int64, ok bool) {
