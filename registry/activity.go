@@ -13,7 +13,7 @@ import (
 // wrote unless it sets the field itself). ErrNotFound when there is no
 // such VM.
 func (d *DB) TouchVM(ctx context.Context, name string, t time.Time) error {
-	res, err := d.db.ExecContext(ctx, `UPDATE vms SET last_active = MAX(last_active, ?) WHERE name = ?`, t.UnixMilli(), name)
+	res, err := d.db.ExecContext(ctx, `UPDATE vms SET last_active = CASE WHEN last_active > ? THEN last_active ELSE ? END WHERE name = ?`, t.UnixMilli(), t.UnixMilli(), name)
 	if err != nil {
 		return fmt.Errorf("record last activity of vm %q: %w", name, err)
 	}

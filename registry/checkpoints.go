@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/denhq/den/checkpoint"
@@ -38,14 +37,12 @@ func (d *DB) NextCheckpointSeq(ctx context.Context, vm string) (int, error) {
 
 // lastCheckpointSeq is the highest sequence number a checkpoint of vm
 // was recorded with (0: none ever was).
-func lastCheckpointSeq(ctx context.Context, q interface {
-	QueryRowContext(context.Context, string, ...any) *sql.Row
-}, vm string) (int, error) {
-	var n int
-	err := q.QueryRowContext(ctx, `SELECT MAX(
+func lastCheckpointSeq(ctx context.Context, q queryRower, vm string) (int, error) {
+	var recorded, held int
+	err := q.QueryRowContext(ctx, `SELECT
 		COALESCE((SELECT last FROM checkpoint_seqs WHERE vm = ?), 0),
-		COALESCE((SELECT MAX(seq) FROM checkpoints WHERE vm = ?), 0))`, vm, vm).Scan(&n)
-	return n, err
+		COALESCE((SELECT MAX(seq) FROM checkpoints WHERE vm = ?), 0)`, vm, vm).Scan(&recorded, &held)
+	return max(recorded, held), err
 }
 
 // AddCheckpoint records a checkpoint, and its sequence number as its VM
@@ -55,11 +52,14 @@ func (d *DB) AddCheckpoint(ctx context.Context, c Checkpoint) error {
 	if err := checkCheckpoint(c); err != nil {
 		return err
 	}
-	tx, err := d.db.BeginTx(ctx, nil)
+	tx, err := d.db.BeginTx(ctx)
 	if err != nil {
 		return fmt.Errorf("record checkpoint %s of %q: %w", c.ID, c.VM, err)
 	}
 	defer tx.Rollback()
+	if err := tx.Lock(ctx, "den.checkpoints."+c.VM); err != nil {
+		return fmt.Errorf("record checkpoint %s of %q: %w", c.ID, c.VM, err)
+	}
 	last, err := lastCheckpointSeq(ctx, tx, c.VM)
 	if err != nil {
 		return fmt.Errorf("record checkpoint %s of %q: %w", c.ID, c.VM, err)
@@ -70,7 +70,7 @@ func (d *DB) AddCheckpoint(ctx context.Context, c Checkpoint) error {
 	_, err = tx.ExecContext(ctx, `INSERT INTO checkpoints (`+cpColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?)`,
 		c.VM, c.ID, c.Seq, c.Parent, c.Kind, c.Comment, c.CreatedAt.UnixMilli(), c.MemoryBytes, c.DiskBytes, c.VMM, c.Seal)
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint") {
+		if _, ok := d.db.d.unique(err); ok {
 			return fmt.Errorf("checkpoint %s of %q: %w", c.ID, c.VM, ErrExists)
 		}
 		return fmt.Errorf("record checkpoint %s of %q: %w", c.ID, c.VM, err)
@@ -125,11 +125,14 @@ func (d *DB) ListCheckpoints(ctx context.Context, vm string) ([]Checkpoint, erro
 // DeleteCheckpoint removes a checkpoint's row; its children take its
 // parent, so the lineage stays connected. Its id is not handed out again.
 func (d *DB) DeleteCheckpoint(ctx context.Context, vm, id string) error {
-	tx, err := d.db.BeginTx(ctx, nil)
+	tx, err := d.db.BeginTx(ctx)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
+	if err := tx.Lock(ctx, "den.checkpoints."+vm); err != nil {
+		return err
+	}
 	c, err := scanCheckpoint(tx.QueryRowContext(ctx, `SELECT `+cpColumns+` FROM checkpoints WHERE vm = ? AND id = ?`, vm, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("checkpoint %q of vm %q: %w", id, vm, ErrNotFound)

@@ -3,7 +3,6 @@ package registry
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -39,10 +38,11 @@ func newVM(t *testing.T, db *DB, name string) {
 // the VM with all its checkpoints, does not give its id out again; a
 // checkpoint is never recorded under an id handed out before, nor as its
 // own parent.
-func TestCheckpointIDsNeverReused(t *testing.T) {
+func TestCheckpointIDsNeverReused(t *testing.T) { eachBackend(t, testCheckpointIDsNeverReused) }
+
+func testCheckpointIDsNeverReused(t *testing.T, open func() (*DB, error)) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "den.db")
-	db, err := Open(path)
+	db, err := open()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestCheckpointIDsNeverReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	db.Close()
-	if db, err = Open(path); err != nil {
+	if db, err = open(); err != nil {
 		t.Fatal(err)
 	}
 	newVM(t, db, "box")

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 )
 
@@ -26,7 +25,7 @@ type Key struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-const keyColumns = `fingerprint, user, name, public_key, created_at`
+const keyColumns = `fingerprint, "user", name, public_key, created_at`
 
 func scanKey(s scanner) (Key, error) {
 	var k Key
@@ -48,7 +47,7 @@ func (d *DB) AddKey(ctx context.Context, k Key) error {
 	_, err := d.db.ExecContext(ctx, `INSERT INTO keys (`+keyColumns+`) VALUES (?,?,?,?,?)`,
 		k.Fingerprint, k.User, k.Name, k.PublicKey, k.CreatedAt.UnixMilli())
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint") {
+		if _, ok := d.db.d.unique(err); ok {
 			return fmt.Errorf("key %s: %w", k.Fingerprint, ErrExists)
 		}
 		return fmt.Errorf("record key %s: %w", k.Fingerprint, err)
@@ -77,7 +76,7 @@ func (d *DB) RemoveKey(ctx context.Context, user, ref string) (Key, error) {
 // ErrNotFound when no user has it.
 func (d *DB) UserForKey(ctx context.Context, fingerprint string) (string, error) {
 	var user string
-	err := d.db.QueryRowContext(ctx, `SELECT user FROM keys WHERE fingerprint = ?`, fingerprint).Scan(&user)
+	err := d.db.QueryRowContext(ctx, `SELECT "user" FROM keys WHERE fingerprint = ?`, fingerprint).Scan(&user)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", fmt.Errorf("key %s: %w", fingerprint, ErrNotFound)
 	}

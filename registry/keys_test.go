@@ -3,13 +3,14 @@ package registry
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"testing"
 )
 
-func TestKeys(t *testing.T) {
+func TestKeys(t *testing.T) { eachBackend(t, testKeys) }
+
+func testKeys(t *testing.T, open func() (*DB, error)) {
 	ctx := context.Background()
-	db, err := Open(filepath.Join(t.TempDir(), "den.db"))
+	db, err := open()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ func oldDatabase(t *testing.T, steps int, rows ...string) string {
 		t.Fatal(err)
 	}
 	defer raw.Close()
-	for _, q := range append(append(schema[:steps:steps], fmt.Sprintf("PRAGMA user_version = %d", steps)), rows...) {
+	for _, q := range append(append(sqliteSchema[:steps:steps], fmt.Sprintf("PRAGMA user_version = %d", steps)), rows...) {
 		if _, err := raw.Exec(q); err != nil {
 			t.Fatalf("old database: %v\n%s", err, q)
 		}

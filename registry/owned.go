@@ -33,14 +33,14 @@ func collect[T any](rows *sql.Rows, scan func(scanner) (T, error)) ([]T, error) 
 
 // list returns the rows ordered by user, then date; of one user when
 // user is set.
-func (o owned[T]) list(ctx context.Context, db *sql.DB, user string) ([]T, error) {
+func (o owned[T]) list(ctx context.Context, db *conn, user string) ([]T, error) {
 	q := `SELECT ` + o.columns + ` FROM ` + o.table
 	var args []any
 	if user != "" {
-		q += ` WHERE user = ?`
+		q += ` WHERE "user" = ?`
 		args = append(args, user)
 	}
-	rows, err := db.QueryContext(ctx, q+` ORDER BY user, created_at, `+o.idColumn, args...)
+	rows, err := db.QueryContext(ctx, q+` ORDER BY "user", created_at, `+o.idColumn, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list %ss: %w", o.what, err)
 	}
@@ -54,9 +54,9 @@ func (o owned[T]) list(ctx context.Context, db *sql.DB, user string) ([]T, error
 // remove deletes the row whose id or name is ref (of user only, when
 // user is set) and returns it: ErrNotFound when none matches,
 // ErrAmbiguous when a name matches several.
-func (o owned[T]) remove(ctx context.Context, db *sql.DB, user, ref string) (T, error) {
+func (o owned[T]) remove(ctx context.Context, db *conn, user, ref string) (T, error) {
 	var zero T
-	tx, err := db.BeginTx(ctx, nil)
+	tx, err := db.BeginTx(ctx)
 	if err != nil {
 		return zero, fmt.Errorf("remove %s %q: %w", o.what, ref, err)
 	}
@@ -64,7 +64,7 @@ func (o owned[T]) remove(ctx context.Context, db *sql.DB, user, ref string) (T, 
 	q := `SELECT ` + o.columns + ` FROM ` + o.table + ` WHERE (` + o.idColumn + ` = ? OR name = ?)`
 	args := []any{ref, ref}
 	if user != "" {
-		q += ` AND user = ?`
+		q += ` AND "user" = ?`
 		args = append(args, user)
 	}
 	rows, err := tx.QueryContext(ctx, q, args...)

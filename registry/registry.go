@@ -1,5 +1,6 @@
-// Package registry keeps den's durable record of its VMs in a local SQLite
-// database (pure Go, so den stays a static binary).
+// Package registry keeps den's durable record of its VMs: in a local
+// SQLite database (pure Go, so den stays a static binary) on one host, or
+// in PostgreSQL shared by the hosts of a cluster.
 package registry
 
 import (
@@ -9,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
@@ -25,13 +25,13 @@ var (
 	ErrStale = errors.New("record changed meanwhile")
 )
 
-// DB is den's state database.
+// DB is den's state database, SQLite or PostgreSQL.
 type DB struct {
-	db *sql.DB
+	db *conn
 }
 
-// schema is applied in order; PRAGMA user_version records how far.
-var schema = []string{
+// sqliteSchema is applied in order; PRAGMA user_version records how far.
+var sqliteSchema = []string{
 	`CREATE TABLE vms (
 		name         TEXT PRIMARY KEY,
 		owner        TEXT NOT NULL,
@@ -101,8 +101,8 @@ var schema = []string{
 	`INSERT INTO checkpoint_seqs (vm, last) SELECT vm, MAX(seq) FROM checkpoints GROUP BY vm`,
 }
 
-// Open opens (creating if needed) the database at path and brings its
-// schema up to date.
+// Open opens (creating if needed) the SQLite database at path and brings
+// its schema up to date.
 func Open(path string) (*DB, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("open state db: %w", err)
@@ -113,25 +113,28 @@ func Open(path string) (*DB, error) {
 		return nil, fmt.Errorf("open state db %s: %w", path, err)
 	}
 	db.SetMaxOpenConns(1) // one writer; SQLite serialises anyway
-	d := &DB{db: db}
-	if err := d.migrate(); err != nil {
+	d := &DB{db: &conn{db: db, d: sqliteDialect}}
+	if err := d.migrateSQLite(); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open state db %s: %w", path, err)
 	}
 	return d, nil
 }
 
-func (d *DB) migrate() error {
+func (d *DB) migrateSQLite() error {
 	var v int
-	if err := d.db.QueryRow("PRAGMA user_version").Scan(&v); err != nil {
+	if err := d.db.db.QueryRow("PRAGMA user_version").Scan(&v); err != nil {
 		return err
 	}
-	for i := v; i < len(schema); i++ {
-		tx, err := d.db.Begin()
+	if v > len(sqliteSchema) {
+		return fmt.Errorf("schema version %d is newer than this den knows (%d): run a newer den", v, len(sqliteSchema))
+	}
+	for i := v; i < len(sqliteSchema); i++ {
+		tx, err := d.db.db.Begin()
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(schema[i]); err != nil {
+		if _, err := tx.Exec(sqliteSchema[i]); err != nil {
 			tx.Rollback()
 			return fmt.Errorf("schema step %d: %w", i+1, err)
 		}
@@ -146,8 +149,12 @@ func (d *DB) migrate() error {
 	return nil
 }
 
+// Backend names the database den keeps its record in: sqlite or
+// postgres.
+func (d *DB) Backend() string { return d.db.d.name }
+
 // Close closes the database.
-func (d *DB) Close() error { return d.db.Close() }
+func (d *DB) Close() error { return d.db.db.Close() }
 
 const vmColumns = `name, owner, image, cpus, memory_bytes, disk_bytes, state, reason, vmm, accel, idle_timeout_ms, created_at, last_active, spec_json, generation, wake_on_boot`
 
@@ -176,7 +183,7 @@ func (d *DB) CreateVM(ctx context.Context, vm VM) error {
 		vm.VMM, vm.Accel, vm.IdleTimeout.Milliseconds(), vm.CreatedAt.UnixMilli(), vm.LastActive.UnixMilli(), specOrEmpty(vm.SpecJSON),
 		vm.WakeOnBoot)
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint") {
+		if _, ok := d.db.d.unique(err); ok {
 			return fmt.Errorf("vm %q: %w", vm.Name, ErrExists)
 		}
 		return fmt.Errorf("record vm %q: %w", vm.Name, err)
@@ -240,12 +247,12 @@ func (d *DB) UpdateVMIf(ctx context.Context, name string, gen int64, f func(*VM)
 }
 
 func (d *DB) update(ctx context.Context, name string, gen int64, f func(*VM) error) (VM, error) {
-	tx, err := d.db.BeginTx(ctx, nil)
+	tx, err := d.db.BeginTx(ctx)
 	if err != nil {
 		return VM{}, fmt.Errorf("update vm %q: %w", name, err)
 	}
 	defer tx.Rollback()
-	vm, err := scanVM(tx.QueryRowContext(ctx, `SELECT `+vmColumns+` FROM vms WHERE name = ?`, name))
+	vm, err := scanVM(tx.QueryRowContext(ctx, `SELECT `+vmColumns+` FROM vms WHERE name = ?`+d.db.d.forUpdate, name))
 	if errors.Is(err, sql.ErrNoRows) {
 		return VM{}, fmt.Errorf("vm %q: %w", name, ErrNotFound)
 	}

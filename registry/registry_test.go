@@ -3,15 +3,15 @@ package registry
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 )
 
-func TestVMRecordLifecycle(t *testing.T) {
+func TestVMRecordLifecycle(t *testing.T) { eachBackend(t, testVMRecordLifecycle) }
+
+func testVMRecordLifecycle(t *testing.T, open func() (*DB, error)) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "den.db")
-	db, err := Open(path)
+	db, err := open()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func TestVMRecordLifecycle(t *testing.T) {
 	db.Close()
 
 	// Reopen: the record survived, schema not reapplied.
-	db, err = Open(path)
+	db, err = open()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ type Token struct {
 	LastUsed time.Time `json:"last_used,omitzero"`
 }
 
-const tokenColumns = `id, user, name, admin, hash, created_at, last_used`
+const tokenColumns = `id, "user", name, admin, hash, created_at, last_used`
 
 func scanToken(s scanner) (Token, error) {
 	var t Token
@@ -61,11 +61,12 @@ func (d *DB) AddToken(ctx context.Context, t Token) error {
 	_, err := d.db.ExecContext(ctx, `INSERT INTO tokens (`+tokenColumns+`) VALUES (?,?,?,?,?,?,?)`,
 		t.ID, t.User, t.Name, t.Admin, t.Hash, t.CreatedAt.UnixMilli(), millis(t.LastUsed))
 	if err != nil {
-		msg := err.Error()
-		switch {
-		case strings.Contains(msg, "UNIQUE constraint") && strings.Contains(msg, "tokens.name"):
-			return fmt.Errorf("token name %q of %q: %w", t.Name, t.User, ErrExists)
-		case strings.Contains(msg, "UNIQUE constraint"):
+		// The unique constraint on (user, name) is SQLite's "tokens.user,
+		// tokens.name", PostgreSQL's "tokens_user_name".
+		if constraint, ok := d.db.d.unique(err); ok {
+			if strings.Contains(constraint, "name") {
+				return fmt.Errorf("token name %q of %q: %w", t.Name, t.User, ErrExists)
+			}
 			return fmt.Errorf("token %s: %w", t.ID, ErrExists)
 		}
 		return fmt.Errorf("record token %s: %w", t.ID, err)
@@ -106,7 +107,7 @@ func (d *DB) TokenByHash(ctx context.Context, hash string) (Token, error) {
 // TouchToken raises the token's last use to t (never lowers it);
 // ErrNotFound when there is no token of that id.
 func (d *DB) TouchToken(ctx context.Context, id string, t time.Time) error {
-	res, err := d.db.ExecContext(ctx, `UPDATE tokens SET last_used = max(last_used, ?) WHERE id = ?`, millis(t), id)
+	res, err := d.db.ExecContext(ctx, `UPDATE tokens SET last_used = CASE WHEN last_used > ? THEN last_used ELSE ? END WHERE id = ?`, millis(t), millis(t), id)
 	if err != nil {
 		return fmt.Errorf("touch token %s: %w", id, err)
 	}

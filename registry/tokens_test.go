@@ -3,7 +3,6 @@ package registry
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,9 +12,11 @@ import (
 
 func hashOf(c byte) string { return strings.Repeat(string(c), 64) }
 
-func TestTokens(t *testing.T) {
+func TestTokens(t *testing.T) { eachBackend(t, testTokens) }
+
+func testTokens(t *testing.T, open func() (*DB, error)) {
 	ctx := context.Background()
-	db, err := Open(filepath.Join(t.TempDir(), "den.db"))
+	db, err := open()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +115,7 @@ func TestTokens(t *testing.T) {
 func TestTokensMigration(t *testing.T) {
 	ctx := context.Background()
 	const before = 6 // schema steps before tokens
-	if !strings.Contains(schema[before], "CREATE TABLE tokens") {
+	if !strings.Contains(sqliteSchema[before], "CREATE TABLE tokens") {
 		t.Fatalf("schema step %d is not the tokens table", before+1)
 	}
 	path := oldDatabase(t, before,

@@ -3,7 +3,6 @@ package registry
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,9 +13,11 @@ import (
 // TestRefusesInvalid: the registry is the last line of defence: a VM,
 // checkpoint or key with a bad name, owner, image, id or an over-long
 // string is refused, and nothing is stored.
-func TestRefusesInvalid(t *testing.T) {
+func TestRefusesInvalid(t *testing.T) { eachBackend(t, testRefusesInvalid) }
+
+func testRefusesInvalid(t *testing.T, open func() (*DB, error)) {
 	ctx := context.Background()
-	db, err := Open(filepath.Join(t.TempDir(), "den.db"))
+	db, err := open()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,9 +99,11 @@ func TestRefusesInvalid(t *testing.T) {
 // TestTouchVM: last activity is raised, never lowered, with no new
 // generation (an operation's compare-and-set stays good), and an update
 // keeps it.
-func TestTouchVM(t *testing.T) {
+func TestTouchVM(t *testing.T) { eachBackend(t, testTouchVM) }
+
+func testTouchVM(t *testing.T, open func() (*DB, error)) {
 	ctx := context.Background()
-	db, err := Open(filepath.Join(t.TempDir(), "den.db"))
+	db, err := open()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,16 +2,17 @@ package registry
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 )
 
 // TestWakeOnBootRule: the mark survives the sleep it was set for and
 // writes that keep the state, and any other state change clears it.
-func TestWakeOnBootRule(t *testing.T) {
+func TestWakeOnBootRule(t *testing.T) { eachBackend(t, testWakeOnBootRule) }
+
+func testWakeOnBootRule(t *testing.T, open func() (*DB, error)) {
 	ctx := context.Background()
-	db, err := Open(filepath.Join(t.TempDir(), "den.db"))
+	db, err := open()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/denhq/den/internal/pgtest"
 	"golang.org/x/sys/unix"
 )
 
@@ -47,9 +48,9 @@ func TestBenchStorage(t *testing.T) {
 			cfg.Secrets = Secrets{AccessKey: m.user, SecretKey: m.password}
 			cfg.Writeback = shape == "minio-writeback"
 			if shape == "minio-postgres" {
-				pg := startPostgres(t)
+				pg := pgtest.Start(t)
 				cfg.MetaURL = pg.URL
-				cfg.Secrets.MetaPassword = pg.Password
+				cfg.Secrets.MetaPassword = pgtest.Password
 			}
 		}
 		v := openVolume(t, cfg)

@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -166,104 +165,6 @@ func (m *minioServer) Stop() {
 		<-m.exited
 	}
 	m.cmd = nil
-}
-
-// postgresServer is a real PostgreSQL (the machine's) on a loopback port.
-type postgresServer struct {
-	URL      string // without the password
-	Password string
-}
-
-func startPostgres(t *testing.T) *postgresServer {
-	t.Helper()
-	var bindir string
-	for _, d := range []string{os.Getenv("DEN_PG_BINDIR"), "/usr/lib/postgresql/15/bin", "/usr/local/bin"} {
-		if d != "" {
-			if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
-				bindir = d
-				break
-			}
-		}
-	}
-	if bindir == "" {
-		t.Fatal("PostgreSQL not found (initdb): apt-get install postgresql, or set DEN_PG_BINDIR")
-	}
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		t.Fatalf("PostgreSQL refuses to run as root and there is no postgres user: %v", err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	base, err := os.MkdirTemp("", "den-pg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	if err := os.Chmod(base, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(base, uid, gid); err != nil {
-		t.Fatal(err)
-	}
-	pw := "den-pg-secret"
-	pwfile := filepath.Join(base, "pw")
-	if err := os.WriteFile(pwfile, []byte(pw+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	os.Chown(pwfile, uid, gid)
-	asPG := func(name string, args ...string) *exec.Cmd {
-		c := exec.Command(filepath.Join(bindir, name), args...)
-		c.Dir = base
-		c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		return c
-	}
-	data := filepath.Join(base, "data")
-	if out, err := asPG("initdb", "-D", data, "-U", "postgres", "--auth=scram-sha-256", "--pwfile="+pwfile, "--no-sync").CombinedOutput(); err != nil {
-		t.Fatalf("initdb: %v\n%s", err, out)
-	}
-	port := freePort(t)
-	srv := asPG("postgres", "-D", data, "-k", base, "-p", strconv.Itoa(port), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off")
-	logf, _ := os.Create(filepath.Join(base, "pg.log"))
-	srv.Stdout, srv.Stderr = logf, logf
-	exited, err := startLocked(srv)
-	if err != nil {
-		t.Fatalf("start postgres: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = srv.Process.Signal(syscall.SIGINT)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = syscall.Kill(-srv.Process.Pid, syscall.SIGKILL)
-			<-exited
-		}
-		logf.Close()
-	})
-	isready := filepath.Join(bindir, "pg_isready")
-	if _, err := os.Stat(isready); err != nil {
-		isready = "pg_isready"
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		out, err := exec.Command(isready, "-h", "127.0.0.1", "-p", strconv.Itoa(port)).CombinedOutput()
-		if err == nil {
-			break
-		}
-		select {
-		case <-exited:
-			b, _ := os.ReadFile(filepath.Join(base, "pg.log"))
-			t.Fatalf("postgres exited at start:\n%s", b)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("postgres not ready after 30s: %s", out)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return &postgresServer{
-		URL:      fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
-		Password: pw,
-	}
 }
 
 // openVolume opens a volume with fast supervision for tests and unmounts it

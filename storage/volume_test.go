@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/denhq/den/internal/pgtest"
 	"github.com/denhq/den/internal/sparse"
 )
 
@@ -157,9 +158,9 @@ func TestMinIOVolume(t *testing.T) {
 func TestSharedVolume(t *testing.T) {
 	needIntegration(t)
 	m := startMinIO(t)
-	pg := startPostgres(t)
+	pg := pgtest.Start(t)
 	secrets := t.TempDir() + "/secrets.json"
-	if err := os.WriteFile(secrets, []byte(`{"access_key":"`+m.user+`","secret_key":"`+m.password+`","meta_password":"`+pg.Password+`"}`), 0o600); err != nil {
+	if err := os.WriteFile(secrets, []byte(`{"access_key":"`+m.user+`","secret_key":"`+m.password+`","meta_password":"`+pgtest.Password+`"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	conf := t.TempDir() + "/storage.json"
@@ -179,7 +180,7 @@ func TestSharedVolume(t *testing.T) {
 	}
 	for _, pid := range []int{svc, sup} {
 		b, _ := os.ReadFile("/proc/" + itoa(pid) + "/cmdline")
-		for _, secret := range []string{pg.Password, m.password} {
+		for _, secret := range []string{pgtest.Password, m.password} {
 			if containsBytes(b, secret) {
 				t.Fatalf("a secret is on the command line of pid %d: %q", pid, b)
 			}

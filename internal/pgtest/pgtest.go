@@ -1,0 +1,318 @@
+// Package pgtest runs a real PostgreSQL (the machine's own) on a loopback
+// port for tests, and hands out a fresh database per test.
+package pgtest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+)
+
+// Password is every test server's superuser password.
+const Password = "den-pg-secret"
+
+// Server is a PostgreSQL server running for tests.
+type Server struct {
+	// URL reaches the "postgres" database as the superuser, without the
+	// password (Password).
+	URL string
+	// Port is the loopback port the server listens on.
+	Port int
+
+	base   string
+	bindir string
+	cmd    *exec.Cmd
+	exited <-chan struct{}
+	logf   *os.File
+	dbs    atomic.Int64
+}
+
+// BinDir finds PostgreSQL's programs: DEN_PG_BINDIR, else Debian's.
+func BinDir() (string, error) {
+	dirs := []string{os.Getenv("DEN_PG_BINDIR")}
+	if m, _ := filepath.Glob("/usr/lib/postgresql/*/bin"); len(m) > 0 {
+		dirs = append(dirs, m[len(m)-1])
+	}
+	dirs = append(dirs, "/usr/local/bin")
+	for _, d := range dirs {
+		if d == "" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			return d, nil
+		}
+	}
+	return "", errors.New("PostgreSQL not found (initdb): apt-get install postgresql, or set DEN_PG_BINDIR")
+}
+
+// Start starts a server that the test's cleanup stops.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	s, err := start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+var shared struct {
+	sync.Mutex
+	s   *Server
+	err error
+}
+
+// Shared returns the test binary's one server, started at its first use;
+// TestMain stops it with StopShared.
+func Shared(t testing.TB) *Server {
+	t.Helper()
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.s == nil && shared.err == nil {
+		shared.s, shared.err = start()
+	}
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.s
+}
+
+// StopShared stops the server Shared started, if any.
+func StopShared() {
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.s != nil {
+		shared.s.Stop()
+		shared.s = nil
+	}
+}
+
+// DSN is the URL of database db with the password in it.
+func (s *Server) DSN(db string) string {
+	return fmt.Sprintf("postgres://postgres:%s@127.0.0.1:%d/%s?sslmode=disable", Password, s.Port, db)
+}
+
+// NewDatabase creates an empty database of its own for the test, dropped
+// when the test ends, and returns its URL with the password.
+func (s *Server) NewDatabase(t testing.TB) string {
+	t.Helper()
+	name := fmt.Sprintf("t%d_%d", os.Getpid(), s.dbs.Add(1))
+	if err := s.exec(context.Background(), "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("create test database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = s.exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	})
+	return s.DSN(name)
+}
+
+func (s *Server) exec(ctx context.Context, q string) error {
+	db, err := sql.Open("pgx", s.DSN("postgres"))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.ExecContext(ctx, q)
+	return err
+}
+
+// Stop stops the server (SIGINT, then SIGKILL after 15 s) and removes
+// its files.
+func (s *Server) Stop() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-s.exited:
+	case <-time.After(15 * time.Second):
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		<-s.exited
+	}
+	s.cmd = nil
+	s.logf.Close()
+	os.RemoveAll(s.base)
+}
+
+// Restart stops the server and starts it again on the same port and
+// data, as an operator's restart does; it returns once it answers.
+func (s *Server) Restart() error {
+	_ = s.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-s.exited:
+	case <-time.After(15 * time.Second):
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		<-s.exited
+	}
+	return s.run()
+}
+
+// Log returns what the server logged.
+func (s *Server) Log() string {
+	b, _ := os.ReadFile(filepath.Join(s.base, "pg.log"))
+	return string(b)
+}
+
+func start() (*Server, error) {
+	bindir, err := BinDir()
+	if err != nil {
+		return nil, err
+	}
+	base, err := os.MkdirTemp("", "den-pg-")
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{base: base, bindir: bindir}
+	if err := s.init(); err != nil {
+		os.RemoveAll(base)
+		return nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		os.RemoveAll(base)
+		return nil, err
+	}
+	s.Port = l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	s.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.Port)
+	if err := s.run(); err != nil {
+		os.RemoveAll(base)
+		return nil, err
+	}
+	return s, nil
+}
+
+// cred is the user PostgreSQL runs as: postgres when the test runs as
+// root (PostgreSQL refuses root), else the test's own user.
+func (s *Server) cred() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("PostgreSQL refuses to run as root and there is no postgres user: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+func (s *Server) command(name string, args ...string) (*exec.Cmd, error) {
+	cred, err := s.cred()
+	if err != nil {
+		return nil, err
+	}
+	c := exec.Command(filepath.Join(s.bindir, name), args...)
+	c.Dir = s.base
+	c.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	return c, nil
+}
+
+func (s *Server) init() error {
+	cred, err := s.cred()
+	if err != nil {
+		return err
+	}
+	if err := os.Chmod(s.base, 0o755); err != nil {
+		return err
+	}
+	pwfile := filepath.Join(s.base, "pw")
+	if err := os.WriteFile(pwfile, []byte(Password+"\n"), 0o600); err != nil {
+		return err
+	}
+	if cred != nil {
+		for _, p := range []string{s.base, pwfile} {
+			if err := os.Chown(p, int(cred.Uid), int(cred.Gid)); err != nil {
+				return err
+			}
+		}
+	}
+	c, err := s.command("initdb", "-D", filepath.Join(s.base, "data"), "-U", "postgres", "--auth=scram-sha-256", "--pwfile="+pwfile, "--no-sync")
+	if err != nil {
+		return err
+	}
+	if out, err := c.CombinedOutput(); err != nil {
+		return fmt.Errorf("initdb: %w\n%s", err, out)
+	}
+	return nil
+}
+
+func (s *Server) run() error {
+	c, err := s.command("postgres", "-D", filepath.Join(s.base, "data"), "-k", s.base, "-p", strconv.Itoa(s.Port),
+		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=300")
+	if err != nil {
+		return err
+	}
+	if s.logf == nil {
+		if s.logf, err = os.OpenFile(filepath.Join(s.base, "pg.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
+			return err
+		}
+	}
+	c.Stdout, c.Stderr = s.logf, s.logf
+	exited, err := startLocked(c)
+	if err != nil {
+		return fmt.Errorf("start postgres: %w", err)
+	}
+	s.cmd, s.exited = c, exited
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for {
+		err := s.exec(ctx, "SELECT 1")
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("postgres exited at start:\n%s", s.Log())
+		case <-ctx.Done():
+			return fmt.Errorf("postgres not ready after 60s: %v\n%s", err, lastLines(s.Log(), 20))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// startLocked starts cmd from a goroutine locked to its OS thread, which
+// then waits for the process: Pdeathsig fires when the thread that forked
+// exits, so the server dies with the test binary, and only then. The
+// returned channel is closed when the process has exited.
+func startLocked(cmd *exec.Cmd) (<-chan struct{}, error) {
+	started := make(chan error, 1)
+	exited := make(chan struct{})
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		err := cmd.Start()
+		started <- err
+		if err != nil {
+			return
+		}
+		cmd.Wait()
+		close(exited)
+	}()
+	return exited, <-started
+}
