@@ -41,6 +41,7 @@ image: build
 ## and both at once on 2 cores once stalled a guest past its 4 min boot.
 test: deps build image
 	$(GO) test -p 1 -count=1 -timeout 60m ./...
+	DEN_TEST_REGISTRY=postgres $(GO) test -count=1 -timeout 20m ./machine/
 
 ## test-unit: the tests that need neither root nor images
 test-unit:

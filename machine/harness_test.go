@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/image"
+	"github.com/denhq/den/internal/pgtest"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/machine/machinetest"
 	"github.com/denhq/den/registry"
@@ -30,6 +31,39 @@ type env struct {
 	state  machine.StateDir
 	images image.Dir
 	cfg    machine.Config
+	reg    registry.Store // the Manager's registry, open across restarts
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	pgtest.StopShared()
+	os.Exit(code)
+}
+
+// newRegistry opens the registry a test's Manager uses: SQLite in the
+// state dir, or, with DEN_TEST_REGISTRY=postgres, a fresh database of the
+// test's own on a real PostgreSQL (make test runs the package both ways).
+// It is closed when the test ends, after the Manager.
+func newRegistry(t *testing.T, state machine.StateDir) registry.Store {
+	t.Helper()
+	var db registry.Store
+	var err error
+	switch b := os.Getenv("DEN_TEST_REGISTRY"); b {
+	case "", "sqlite":
+		if err := os.MkdirAll(state.Path(), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		db, err = registry.Open(state.DB())
+	case "postgres":
+		db, err = registry.OpenPostgres(context.Background(), pgtest.Shared(t).NewDatabase(t))
+	default:
+		t.Fatalf("DEN_TEST_REGISTRY=%q: want sqlite or postgres", b)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
 }
 
 // imageSize is the fake image's root disk: VMs made with this disk size
@@ -67,8 +101,10 @@ func newEnvWith(t *testing.T, tweak func(*machine.Config)) *env {
 	}
 	drv := machinetest.NewDriver()
 	e := &env{t: t, drv: drv, vol: vol, state: machine.StateDir(filepath.Join(dir, "state")), images: images}
+	e.reg = newRegistry(t, e.state)
 	e.cfg = machine.Config{
-		State: e.state, Volume: vol, Images: images, DefaultImage: image.Minimal, VMM: machinetest.Name,
+		Registry: e.reg,
+		State:    e.state, Volume: vol, Images: images, DefaultImage: image.Minimal, VMM: machinetest.Name,
 		Drivers:     map[string]vmm.Driver{machinetest.Name: drv},
 		BootTimeout: 20 * time.Second, LockWait: 20 * time.Second, DrainTimeout: 20 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),

@@ -117,17 +117,13 @@ func TestShutdownSleepsAllAndBootWakes(t *testing.T) {
 	if err := e.m.Close(); err != nil {
 		t.Fatal(err)
 	}
-	db, err := registry.Open(e.state.DB())
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := e.reg
 	now := time.Now().UTC()
 	for n, ago := range map[string]time.Duration{"a": 3 * time.Hour, "b": time.Hour, "c": 2 * time.Hour, "d": time.Minute} {
 		if _, err := db.UpdateVM(ctx, n, func(v *registry.VM) error { v.LastActive = now.Add(-ago); return nil }); err != nil {
 			t.Fatal(err)
 		}
 	}
-	db.Close()
 	var mu sync.Mutex
 	var order []string
 	e.drv.Hook = func(op, rd string) {

@@ -279,12 +279,7 @@ func (g gatedStore) CreateVM(ctx context.Context, vm registry.VM) error {
 func TestShutdownSleepsACreateInFlight(t *testing.T) {
 	reserve := newGate("create", "late")
 	e := newEnvWith(t, func(c *machine.Config) {
-		db, err := registry.Open(filepath.Join(t.TempDir(), "den.db"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		c.Registry = gatedStore{Store: db, create: func(name string) { reserve.hook("create", "/"+name) }}
+		c.Registry = gatedStore{Store: c.Registry, create: func(name string) { reserve.hook("create", "/"+name) }}
 	})
 	ctx := ctxT(t)
 	e.create("r")

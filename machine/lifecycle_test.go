@@ -842,15 +842,8 @@ func TestRestartStopsPrelaunchedVMMs(t *testing.T) {
 // TestRemoveWithCorruptSpec: a VM whose recorded spec does not decode can
 // still be removed (every other operation refuses it, saying so).
 func TestRemoveWithCorruptSpec(t *testing.T) {
-	var db *registry.DB
-	e := newEnvWith(t, func(c *machine.Config) {
-		var err error
-		if db, err = registry.Open(filepath.Join(t.TempDir(), "den.db")); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		c.Registry = db
-	})
+	e := newEnv(t)
+	db := e.reg
 	ctx := ctxT(t)
 	e.create("bad")
 	if _, err := db.UpdateVM(ctx, "bad", func(v *registry.VM) error {

@@ -42,15 +42,7 @@ func (r *failingWakeRegistry) UpdateVMIf(ctx context.Context, name string, gen i
 func TestWakeCommitFailure(t *testing.T) {
 	var db *failingWakeRegistry
 	e := newEnvWith(t, func(c *machine.Config) {
-		if err := os.MkdirAll(string(c.State), 0o700); err != nil {
-			t.Fatal(err)
-		}
-		r, err := registry.Open(c.State.DB())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { r.Close() }) // after the Manager's Close
-		db = &failingWakeRegistry{Store: r}
+		db = &failingWakeRegistry{Store: c.Registry}
 		c.Registry = db
 	})
 	ctx := ctxT(t)

@@ -103,9 +103,11 @@ func StopShared() {
 	}
 }
 
-// DSN is the URL of database db with the password in it.
+// DSN is the URL of database db with the password in it, through the
+// server's unix socket: it reaches the server from network namespaces
+// too, whose loopback may be down.
 func (s *Server) DSN(db string) string {
-	return fmt.Sprintf("postgres://postgres:%s@127.0.0.1:%d/%s?sslmode=disable", Password, s.Port, db)
+	return fmt.Sprintf("postgres://postgres:%s@/%s?host=%s&port=%d&sslmode=disable", Password, db, s.base, s.Port)
 }
 
 // NewDatabase creates an empty database of its own for the test, dropped
