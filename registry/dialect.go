@@ -23,6 +23,10 @@ type dialect struct {
 	// lock takes a transaction-scoped lock on key (PostgreSQL's advisory
 	// locks); nil where transactions are serialised already.
 	lock func(ctx context.Context, tx *txn, key string) error
+	// now is an SQL expression of the database's clock, in Unix
+	// milliseconds: leases and heartbeats are judged by this one clock,
+	// never by the hosts' own.
+	now string
 	// unique tells whether err is a unique violation, and of which
 	// constraint: SQLite's "table.column" list, PostgreSQL's name.
 	unique func(err error) (string, bool)
@@ -30,6 +34,7 @@ type dialect struct {
 
 var sqliteDialect = dialect{
 	name: "sqlite",
+	now:  `CAST(unixepoch('subsec') * 1000 AS INTEGER)`,
 	unique: func(err error) (string, bool) {
 		if err == nil {
 			return "", false
@@ -46,6 +51,7 @@ var sqliteDialect = dialect{
 var postgresDialect = dialect{
 	name:      "postgres",
 	numbered:  true,
+	now:       `(extract(epoch from clock_timestamp()) * 1000)::bigint`,
 	forUpdate: " FOR UPDATE",
 	lock: func(ctx context.Context, tx *txn, key string) error {
 		_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended(?, 0))`, key)

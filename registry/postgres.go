@@ -66,6 +66,28 @@ var postgresSchema = []string{
 		vm   TEXT PRIMARY KEY,
 		last INTEGER NOT NULL
 	)`,
+	`CREATE TABLE hosts (
+		name          TEXT PRIMARY KEY,
+		address       TEXT NOT NULL DEFAULT '',
+		version       TEXT NOT NULL DEFAULT '',
+		vmm           TEXT NOT NULL DEFAULT '',
+		cpu_model     TEXT NOT NULL DEFAULT '',
+		cpus          INTEGER NOT NULL DEFAULT 0,
+		memory_budget BIGINT NOT NULL DEFAULT 0,
+		memory_free   BIGINT NOT NULL DEFAULT 0,
+		running       INTEGER NOT NULL DEFAULT 0,
+		sleeping      INTEGER NOT NULL DEFAULT 0,
+		draining      BOOLEAN NOT NULL DEFAULT false,
+		started_at    BIGINT NOT NULL DEFAULT 0,
+		heartbeat_at  BIGINT NOT NULL DEFAULT 0
+	);
+	CREATE TABLE leases (
+		vm         TEXT PRIMARY KEY,
+		host       TEXT NOT NULL DEFAULT '',
+		generation BIGINT NOT NULL DEFAULT 0,
+		expires_at BIGINT NOT NULL DEFAULT 0
+	);
+	CREATE INDEX leases_host ON leases (host)`,
 }
 
 // postgresMigrationLock is the advisory lock key under which a daemon

@@ -99,6 +99,30 @@ var sqliteSchema = []string{
 		last INTEGER NOT NULL
 	)`,
 	`INSERT INTO checkpoint_seqs (vm, last) SELECT vm, MAX(seq) FROM checkpoints GROUP BY vm`,
+	// hosts are the daemons sharing this record (HostStore).
+	`CREATE TABLE hosts (
+		name          TEXT PRIMARY KEY,
+		address       TEXT NOT NULL DEFAULT '',
+		version       TEXT NOT NULL DEFAULT '',
+		vmm           TEXT NOT NULL DEFAULT '',
+		cpu_model     TEXT NOT NULL DEFAULT '',
+		cpus          INTEGER NOT NULL DEFAULT 0,
+		memory_budget INTEGER NOT NULL DEFAULT 0,
+		memory_free   INTEGER NOT NULL DEFAULT 0,
+		running       INTEGER NOT NULL DEFAULT 0,
+		sleeping      INTEGER NOT NULL DEFAULT 0,
+		draining      INTEGER NOT NULL DEFAULT 0,
+		started_at    INTEGER NOT NULL DEFAULT 0,
+		heartbeat_at  INTEGER NOT NULL DEFAULT 0
+	)`,
+	// leases say which host may run a VM, until when, at which
+	// generation (LeaseStore); rows outlive their VMs.
+	`CREATE TABLE leases (
+		vm         TEXT PRIMARY KEY,
+		host       TEXT NOT NULL DEFAULT '',
+		generation INTEGER NOT NULL DEFAULT 0,
+		expires_at INTEGER NOT NULL DEFAULT 0
+	)`,
 }
 
 // Open opens (creating if needed) the SQLite database at path and brings

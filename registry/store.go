@@ -9,15 +9,16 @@ import (
 const DefaultOwner = "default"
 
 // Store is den's durable record: VMs, their checkpoints' catalog,
-// users' keys and API tokens. *DB (SQLite, one host) is the one implementation today;
-// a PostgreSQL store shared by several hosts implements the same
-// interface, where UpdateVMIf's generation becomes the owning host's
-// fencing token.
+// users' keys, API tokens, and the hosts sharing the record with the
+// leases that say which host may run a VM. *DB implements it on SQLite
+// (one host) and on PostgreSQL (hosts of a cluster share one database).
 type Store interface {
 	VMStore
 	CheckpointStore
 	KeyStore
 	TokenStore
+	HostStore
+	LeaseStore
 	Close() error
 }
 

@@ -82,3 +82,10 @@ func checkToken(t Token) error {
 
 // hexSHA256 is a SHA-256 digest in lower-case hex.
 var hexSHA256 = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+func checkHostName(name string) error {
+	if err := validate.HostName(name); err != nil {
+		return fmt.Errorf("record host: %w", err)
+	}
+	return nil
+}

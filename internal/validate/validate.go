@@ -33,6 +33,7 @@ const (
 	MaxTokenName    = 64  // an API token's name
 	MaxTokenRef     = 64  // an API token's id or name, to remove it
 	MaxDuration     = 64  // a duration such as an idle timeout
+	MaxHostName     = 64  // a cluster host's name
 	// QuoteMax bounds how much of a refused value an error quotes.
 	QuoteMax = 64
 )
@@ -53,6 +54,7 @@ var (
 	cpRE     = regexp.MustCompile(`^cp-[1-9][0-9]{0,19}$`)
 	tokIDRE  = regexp.MustCompile(`^tok_[0-9a-f]{8}$`)
 	tokRE    = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._@-]{0,63}$`)
+	hostRE   = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9.-]{0,62}[a-zA-Z0-9])?$`)
 )
 
 // reserved VM names mean something else to the SSH gateway ("den"), or
@@ -87,6 +89,15 @@ func User(user string) error {
 func Image(name string) error {
 	if !imageRE.MatchString(name) {
 		return fmt.Errorf("bad image name %s: use 1-%d letters, digits, '.', '_' or '-' (e.g. debian, minimal): %w", Quote(name), MaxImage, ErrInvalid)
+	}
+	return nil
+}
+
+// HostName checks a host's name in a cluster: 1 to 64 letters, digits,
+// '.' and '-', starting and ending with a letter or digit (a hostname).
+func HostName(name string) error {
+	if !hostRE.MatchString(name) {
+		return fmt.Errorf("bad host name %s: use 1-%d letters, digits, '.' and '-', starting and ending with a letter or digit: %w", Quote(name), MaxHostName, ErrInvalid)
 	}
 	return nil
 }

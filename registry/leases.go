@@ -1,0 +1,189 @@
+package registry
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+var (
+	// ErrLeased is wrapped when another host holds a VM's lease.
+	ErrLeased = errors.New("held by another host")
+	// ErrLeaseLost is wrapped when a host renews or releases a lease it
+	// no longer holds: it expired, or another host took the VM over.
+	ErrLeaseLost = errors.New("lease lost")
+)
+
+// Lease is a host's right to run a VM until Expires, by the database's
+// clock. Generation grows every time the lease changes hands (or is taken
+// again after it lapsed): it is the fencing token that a host's writes
+// carry, so that a host which lost the lease cannot write over newer
+// state. A VM's lease row outlives the VM, so a VM made again under the
+// same name goes on from the generation the old one reached.
+type Lease struct {
+	VM         string    `json:"vm"`
+	Host       string    `json:"host"` // "" : nobody holds it
+	Generation int64     `json:"generation"`
+	Expires    time.Time `json:"expires"`
+	// Now is the database's clock when the lease was read or written.
+	Now time.Time `json:"now"`
+}
+
+// Held reports whether the lease is held at its Now.
+func (l Lease) Held() bool { return l.Host != "" && l.Now.Before(l.Expires) }
+
+// LeaseStore keeps the VMs' leases.
+type LeaseStore interface {
+	// AcquireLease gives host the VM's lease for ttl: when nobody holds
+	// it, when host holds it already (same generation), or when the
+	// holder's lease expired at least grace ago (a new generation). It
+	// wraps ErrLeased otherwise.
+	AcquireLease(ctx context.Context, vm, host string, ttl, grace time.Duration) (Lease, error)
+	// RenewLeases extends every unexpired lease host holds to ttl from
+	// now and returns them; a lease that expired meanwhile is not
+	// renewed (its host must have stopped the VM by then).
+	RenewLeases(ctx context.Context, host string, ttl time.Duration) ([]Lease, error)
+	// ReleaseLease gives up l; ErrLeaseLost when l is no longer held as
+	// it was (by its host, at its generation).
+	ReleaseLease(ctx context.Context, l Lease) error
+	// GetLease returns the VM's lease (Host "" when none was ever
+	// taken).
+	GetLease(ctx context.Context, vm string) (Lease, error)
+	// ExpiredLeases returns the leases whose holder let them expire at
+	// least grace ago: VMs whose host is presumed dead.
+	ExpiredLeases(ctx context.Context, grace time.Duration) ([]Lease, error)
+}
+
+var _ LeaseStore = (*DB)(nil)
+
+const leaseColumns = `vm, host, generation, expires_at`
+
+func scanLease(s scanner) (Lease, error) {
+	var l Lease
+	var exp int64
+	err := s.Scan(&l.VM, &l.Host, &l.Generation, &exp)
+	l.Expires = time.UnixMilli(exp).UTC()
+	return l, err
+}
+
+func (d *DB) dbNow(ctx context.Context, q queryRower) (int64, error) {
+	var now int64
+	err := q.QueryRowContext(ctx, `SELECT `+d.db.d.now).Scan(&now)
+	return now, err
+}
+
+// AcquireLease implements LeaseStore.
+func (d *DB) AcquireLease(ctx context.Context, vm, host string, ttl, grace time.Duration) (Lease, error) {
+	if err := checkHostName(host); err != nil {
+		return Lease{}, err
+	}
+	tx, err := d.db.BeginTx(ctx)
+	if err != nil {
+		return Lease{}, fmt.Errorf("lease of vm %q: %w", vm, err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `INSERT INTO leases (vm) VALUES (?) ON CONFLICT (vm) DO NOTHING`, vm); err != nil {
+		return Lease{}, fmt.Errorf("lease of vm %q: %w", vm, err)
+	}
+	l, err := scanLease(tx.QueryRowContext(ctx, `SELECT `+leaseColumns+` FROM leases WHERE vm = ?`+d.db.d.forUpdate, vm))
+	if err != nil {
+		return Lease{}, fmt.Errorf("lease of vm %q: %w", vm, err)
+	}
+	now, err := d.dbNow(ctx, tx)
+	if err != nil {
+		return Lease{}, fmt.Errorf("lease of vm %q: %w", vm, err)
+	}
+	exp := l.Expires.UnixMilli()
+	switch {
+	case l.Host == host && now < exp:
+		// Held by this host already: the same generation, extended.
+	case l.Host == "" || (l.Host == host && now >= exp) || now >= exp+grace.Milliseconds():
+		l.Generation++
+	default:
+		return Lease{}, fmt.Errorf("vm %q is %w %q until %s (%s from now)", vm, ErrLeased, l.Host,
+			l.Expires.Format(time.RFC3339), time.Duration(exp+grace.Milliseconds()-now)*time.Millisecond)
+	}
+	l.Host, l.Expires, l.Now = host, time.UnixMilli(now+ttl.Milliseconds()).UTC(), time.UnixMilli(now).UTC()
+	if _, err := tx.ExecContext(ctx, `UPDATE leases SET host = ?, generation = ?, expires_at = ? WHERE vm = ?`,
+		host, l.Generation, l.Expires.UnixMilli(), vm); err != nil {
+		return Lease{}, fmt.Errorf("lease of vm %q: %w", vm, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return Lease{}, fmt.Errorf("lease of vm %q: %w", vm, err)
+	}
+	return l, nil
+}
+
+// RenewLeases implements LeaseStore.
+func (d *DB) RenewLeases(ctx context.Context, host string, ttl time.Duration) ([]Lease, error) {
+	now := d.db.d.now
+	rows, err := d.db.QueryContext(ctx, `UPDATE leases SET expires_at = `+now+` + ? WHERE host = ? AND expires_at > `+now+`
+		RETURNING `+leaseColumns+`, `+now, ttl.Milliseconds(), host)
+	if err != nil {
+		return nil, fmt.Errorf("renew leases of host %q: %w", host, err)
+	}
+	out, err := collect(rows, func(s scanner) (Lease, error) {
+		var l Lease
+		var exp, at int64
+		err := s.Scan(&l.VM, &l.Host, &l.Generation, &exp, &at)
+		l.Expires, l.Now = time.UnixMilli(exp).UTC(), time.UnixMilli(at).UTC()
+		return l, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("renew leases of host %q: %w", host, err)
+	}
+	return out, nil
+}
+
+// ReleaseLease implements LeaseStore.
+func (d *DB) ReleaseLease(ctx context.Context, l Lease) error {
+	res, err := d.db.ExecContext(ctx, `UPDATE leases SET host = '', expires_at = 0 WHERE vm = ? AND host = ? AND generation = ?`,
+		l.VM, l.Host, l.Generation)
+	if err != nil {
+		return fmt.Errorf("release lease of vm %q: %w", l.VM, err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("release lease of vm %q (host %q, generation %d): %w", l.VM, l.Host, l.Generation, ErrLeaseLost)
+	}
+	return nil
+}
+
+// GetLease implements LeaseStore.
+func (d *DB) GetLease(ctx context.Context, vm string) (Lease, error) {
+	now, err := d.dbNow(ctx, d.db)
+	if err != nil {
+		return Lease{}, fmt.Errorf("lease of vm %q: %w", vm, err)
+	}
+	l, err := scanLease(d.db.QueryRowContext(ctx, `SELECT `+leaseColumns+` FROM leases WHERE vm = ?`, vm))
+	if errors.Is(err, sql.ErrNoRows) {
+		l, err = Lease{VM: vm}, nil
+	}
+	if err != nil {
+		return Lease{}, fmt.Errorf("lease of vm %q: %w", vm, err)
+	}
+	l.Now = time.UnixMilli(now).UTC()
+	return l, nil
+}
+
+// ExpiredLeases implements LeaseStore.
+func (d *DB) ExpiredLeases(ctx context.Context, grace time.Duration) ([]Lease, error) {
+	now, err := d.dbNow(ctx, d.db)
+	if err != nil {
+		return nil, fmt.Errorf("expired leases: %w", err)
+	}
+	rows, err := d.db.QueryContext(ctx, `SELECT `+leaseColumns+` FROM leases WHERE host <> '' AND expires_at + ? <= ? ORDER BY vm`,
+		grace.Milliseconds(), now)
+	if err != nil {
+		return nil, fmt.Errorf("expired leases: %w", err)
+	}
+	out, err := collect(rows, scanLease)
+	if err != nil {
+		return nil, fmt.Errorf("expired leases: %w", err)
+	}
+	for i := range out {
+		out[i].Now = time.UnixMilli(now).UTC()
+	}
+	return out, nil
+}
