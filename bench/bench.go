@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/denhq/den/internal/hostinfo"
 	"github.com/denhq/den/vmm"
 )
 
@@ -172,14 +173,7 @@ func timed(f func() error) (time.Duration, error) {
 // machineInfo reads the host's description.
 func machineInfo(kvm string) Machine {
 	m := Machine{KVM: kvm}
-	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(data), "\n") {
-			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-				m.CPU = strings.TrimSpace(v)
-				m.Cores++
-			}
-		}
-	}
+	m.CPU, m.Cores = hostinfo.CPU()
 	if data, err := os.ReadFile("/proc/meminfo"); err == nil {
 		m.Memory = strings.TrimSpace(strings.TrimPrefix(strings.SplitN(string(data), "\n", 2)[0], "MemTotal:"))
 	}

@@ -33,6 +33,12 @@ type Options struct {
 	// VolumeConfig is a storage config file (JSON); empty uses the
 	// embedded volume under the state dir.
 	VolumeConfig string
+	// HostName is this host's name in the registry's host records
+	// (default: the machine's hostname).
+	HostName string
+	// Lease is how long a heartbeat keeps the host alive (default
+	// DefaultLease).
+	Lease time.Duration
 	// Images is the guest image directory.
 	Images image.Dir
 	// DefaultImage is the root filesystem of VMs created without one.
@@ -180,6 +186,17 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	undo.push(func() { _ = m.Close() })
+	if o.HostName == "" {
+		o.HostName = defaultHostName()
+	}
+	if o.Lease <= 0 {
+		o.Lease = DefaultLease
+	}
+	beat, err := startHeart(ctx, db, m, hostSelf(o.HostName, o.Version, m.VMMName()), o.Lease, o.Logger)
+	if err != nil {
+		return fmt.Errorf("daemon: host record: %w", err)
+	}
+	undo.push(beat.close)
 
 	hostKey, err := agent.LoadOrCreateHostKey(state.GatewayKey())
 	if err != nil {
@@ -210,6 +227,7 @@ func Run(ctx context.Context, o Options) error {
 	apiSrv := NewServer(m, keys, info, hostKey, o.Logger)
 	apiSrv.web = web
 	apiSrv.audit = auditLog
+	apiSrv.hosts = &hostsView{store: db, self: o.HostName, lease: o.Lease}
 	apiSrv.tokens = users.Tokens{Store: db}
 	apiSrv.bearer = tokenCaller(apiSrv.tokens)
 	if o.AdminGroup == "" {

@@ -100,6 +100,7 @@ func TestOpenAPITour(t *testing.T) {
 	call("POST", "/v1/host/sleep", `{"timeout":"1m"}`, 200)
 	call("POST", "/v1/host/wake", `{"parallel":2}`, 200)
 	call("GET", "/v1/storage", "", 200)
+	call("GET", "/v1/hosts", "", 200)
 	call("POST", "/v1/host/gc", `{"dry_run":true}`, 200)
 	call("POST", "/v1/keys", `{"user":"alice","name":"laptop","public_key":"`+pub+`"}`, 201)
 	call("GET", "/v1/keys", "", 200)

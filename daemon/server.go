@@ -41,6 +41,7 @@ type Server struct {
 	tokens users.Tokens
 	held   tokenConns // connections each bearer token holds open
 	audit  *audit.Log // nil: none
+	hosts  *hostsView // the registry's host records (nil: none)
 }
 
 // NewServer returns the API handler for m.
@@ -90,6 +91,7 @@ var routes = []route{
 	{"POST /v1/host/wake", (*Server).hostWake},
 	{"POST /v1/host/gc", (*Server).collectGarbage},
 	{"GET /v1/storage", (*Server).getStorage},
+	{"GET /v1/hosts", (*Server).listHosts},
 	{"GET /v1/keys", (*Server).listKeys},
 	{"POST /v1/keys", (*Server).addKey},
 	{"DELETE /v1/keys", (*Server).removeKey},

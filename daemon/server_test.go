@@ -114,6 +114,12 @@ func newAPIEnv(t *testing.T) *apiEnv {
 	s := NewServer(m, users.Keys{Store: db}, api.DaemonInfo{VMM: machinetest.Name}, hostKey, log)
 	s.tokens = users.Tokens{Store: db}
 	s.bearer = tokenCaller(s.tokens)
+	beat, err := startHeart(ctx, db, m, hostSelf("test-host", "dev", machinetest.Name), DefaultLease, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(beat.close)
+	s.hosts = &hostsView{store: db, self: "test-host", lease: DefaultLease}
 	if s.audit, err = audit.Open(state.Audit(), audit.Options{}); err != nil {
 		t.Fatal(err)
 	}
@@ -367,4 +373,43 @@ func events(t *testing.T, data []byte) []api.Event {
 		t.Fatal("an empty stream")
 	}
 	return evs
+}
+
+// TestHostsList: the daemon records itself with what it holds, and
+// lists itself alive, marked as the host that answered.
+func TestHostsList(t *testing.T) {
+	e := newAPIEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	if _, err := e.client.CreateVM(ctx, api.CreateRequest{Name: "h1", MemoryBytes: 128 << 20, DiskBytes: imageSize, IdleTimeout: "0", Cold: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The record counts the VM from the next heartbeat on.
+	if err := e.srv.hosts.store.Heartbeat(ctx, registry.Host{Name: "other-host", StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(testTimeout)
+	for {
+		l, err := e.client.Hosts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(l.Hosts) != 2 || l.Registry != "sqlite" || l.LeaseMS != DefaultLease.Milliseconds() {
+			t.Fatalf("hosts: %+v", l)
+		}
+		h := l.Hosts[1]
+		if h.Name != "test-host" || !h.This || !h.Alive || h.VMM != machinetest.Name || h.CPUs < 1 || h.Version != "dev" {
+			t.Fatalf("this host: %+v", h)
+		}
+		if l.Hosts[0].This {
+			t.Fatalf("another host marked as this one: %+v", l.Hosts[0])
+		}
+		if h.Running == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the host record never counted the running vm: %+v", h)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -1,0 +1,54 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"time"
+)
+
+// Host is a daemon that keeps its record in den's registry (GET
+// /v1/hosts): one on a single host, every host of a cluster.
+type Host struct {
+	Name    string `json:"name"`
+	Address string `json:"address,omitempty"`
+	Version string `json:"version"`
+	VMM     string `json:"vmm"`
+	// CPUModel is the host CPU's model name; CPUs its count.
+	CPUModel string `json:"cpu_model"`
+	CPUs     int    `json:"cpus"`
+	// MemoryBudgetBytes is the guest memory the host commits at most (-1:
+	// no budget); MemoryFreeBytes what is left of it.
+	MemoryBudgetBytes int64 `json:"memory_budget_bytes"`
+	MemoryFreeBytes   int64 `json:"memory_free_bytes"`
+	// Running and Sleeping count its VMs at its last heartbeat.
+	Running  int  `json:"running"`
+	Sleeping int  `json:"sleeping"`
+	Draining bool `json:"draining,omitempty"`
+	// StartedAt is when its daemon started; Heartbeat its last
+	// heartbeat, by the registry database's clock.
+	StartedAt time.Time `json:"started_at"`
+	Heartbeat time.Time `json:"heartbeat"`
+	// HeartbeatAgeMS is how long ago that was, by the same clock; Alive
+	// says whether that is within the lease (HostList.LeaseMS).
+	HeartbeatAgeMS int64 `json:"heartbeat_age_ms"`
+	Alive          bool  `json:"alive"`
+	// This marks the host that answered.
+	This bool `json:"this,omitempty"`
+}
+
+// HostList is the hosts sharing the registry (GET /v1/hosts).
+type HostList struct {
+	Hosts []Host `json:"hosts"`
+	// Registry is the registry's backend: sqlite or postgres.
+	Registry string `json:"registry"`
+	// LeaseMS is the lease: a host whose heartbeat is older is not
+	// alive.
+	LeaseMS int64 `json:"lease_ms"`
+}
+
+// Hosts lists the hosts sharing the daemon's registry.
+func (c *Client) Hosts(ctx context.Context) (HostList, error) {
+	var l HostList
+	err := c.do(ctx, http.MethodGet, "/v1/hosts", nil, &l)
+	return l, err
+}

@@ -1,0 +1,151 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/denhq/den/api"
+	"github.com/denhq/den/internal/hostinfo"
+	"github.com/denhq/den/internal/validate"
+	"github.com/denhq/den/machine"
+	"github.com/denhq/den/registry"
+)
+
+// DefaultLease is how long a host's heartbeat keeps it alive: it beats
+// every third of that.
+const DefaultLease = 10 * time.Second
+
+// defaultHostName is this machine's hostname as a den host name
+// ("localhost" where it has none den takes).
+func defaultHostName() string {
+	name, err := os.Hostname()
+	if err != nil || validate.HostName(name) != nil {
+		return "localhost"
+	}
+	return strings.ToLower(name)
+}
+
+// heart keeps this host's record in the registry fresh: what it is and
+// what it holds, every third of the lease.
+type heart struct {
+	store registry.Store
+	m     *machine.Manager
+	self  registry.Host // the fields that do not change
+	lease time.Duration
+	log   *slog.Logger
+
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// startHeart records the host at once (a start fails when it cannot) and
+// then beats until stopped.
+func startHeart(ctx context.Context, store registry.Store, m *machine.Manager, self registry.Host, lease time.Duration, log *slog.Logger) (*heart, error) {
+	h := &heart{store: store, m: m, self: self, lease: lease, log: log, done: make(chan struct{})}
+	if err := h.beat(ctx); err != nil {
+		return nil, err
+	}
+	bctx, stop := context.WithCancel(context.Background())
+	h.stop = stop
+	go h.run(bctx)
+	return h, nil
+}
+
+func (h *heart) run(ctx context.Context) {
+	defer close(h.done)
+	t := time.NewTicker(h.lease / 3)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		bctx, cancel := context.WithTimeout(ctx, h.lease/3)
+		err := h.beat(bctx)
+		cancel()
+		switch {
+		case err != nil && !failing && ctx.Err() == nil:
+			h.log.Warn("den: heartbeat failed", "host", h.self.Name, "err", err)
+			failing = true
+		case err == nil && failing:
+			h.log.Info("den: heartbeat recorded again", "host", h.self.Name)
+			failing = false
+		}
+	}
+}
+
+// beat records the host with its counts now.
+func (h *heart) beat(ctx context.Context) error {
+	rec := h.self
+	mem := h.m.Memory(ctx)
+	rec.MemoryBudgetBytes, rec.MemoryFreeBytes = mem.Budget, mem.Free
+	if mem.Budget < 0 {
+		rec.MemoryBudgetBytes, rec.MemoryFreeBytes = -1, -1
+	}
+	vms, err := h.store.ListVMs(ctx, "")
+	if err != nil {
+		return err
+	}
+	for _, vm := range vms {
+		switch vm.State {
+		case registry.StateRunning:
+			rec.Running++
+		case registry.StateSleeping:
+			rec.Sleeping++
+		}
+	}
+	return h.store.Heartbeat(ctx, rec)
+}
+
+func (h *heart) close() {
+	if h.stop != nil {
+		h.stop()
+		<-h.done
+	}
+}
+
+// hostSelf describes this host for its record.
+func hostSelf(name, version, vmm string) registry.Host {
+	model, cpus := hostinfo.CPU()
+	return registry.Host{Name: name, Version: version, VMM: vmm, CPUModel: model, CPUs: cpus, StartedAt: time.Now().UTC()}
+}
+
+// hostsView answers GET /v1/hosts from the registry.
+type hostsView struct {
+	store registry.Store
+	self  string
+	lease time.Duration
+}
+
+// listHosts answers the hosts that share the registry, with their
+// liveness by the registry's clock.
+func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) {
+	if s.hosts == nil {
+		writeError(w, errors.New("this daemon keeps no host records"))
+		return
+	}
+	hosts, now, err := s.hosts.store.ListHosts(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := api.HostList{Hosts: []api.Host{}, LeaseMS: s.hosts.lease.Milliseconds()}
+	if b, ok := s.hosts.store.(interface{ Backend() string }); ok {
+		out.Registry = b.Backend()
+	}
+	for _, h := range hosts {
+		age := now.Sub(h.Heartbeat)
+		out.Hosts = append(out.Hosts, api.Host{Name: h.Name, Address: h.Address, Version: h.Version, VMM: h.VMM,
+			CPUModel: h.CPUModel, CPUs: h.CPUs, MemoryBudgetBytes: h.MemoryBudgetBytes, MemoryFreeBytes: h.MemoryFreeBytes,
+			Running: h.Running, Sleeping: h.Sleeping, Draining: h.Draining, StartedAt: h.StartedAt, Heartbeat: h.Heartbeat,
+			HeartbeatAgeMS: age.Milliseconds(), Alive: age < s.hosts.lease, This: h.Name == s.hosts.self})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
