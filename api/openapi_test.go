@@ -57,6 +57,7 @@ var wireTypes = map[string]struct {
 	"HostWakeRequest": {HostWakeRequest{}, true}, "AddKeyRequest": {AddKeyRequest{}, true},
 	"AddTokenRequest": {AddTokenRequest{}, true},
 
+	"HostList": {v: HostList{}}, "Host": {v: Host{}},
 	"Storage": {v: Storage{}}, "Usage": {v: Usage{}}, "VMStorage": {v: VMStorage{}}, "CheckpointStorage": {v: CheckpointStorage{}},
 	"GCResult": {v: GCResult{}}, "Schedule": {v: Schedule{}}, "ScheduleInfo": {v: ScheduleInfo{}},
 	"GCRequest": {GCRequest{}, true}, "ScheduleRequest": {ScheduleRequest{}, true},

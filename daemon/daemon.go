@@ -19,7 +19,6 @@ import (
 	"github.com/denhq/den/idle"
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/machine"
-	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/users"
 )
@@ -33,8 +32,12 @@ type Options struct {
 	// VolumeConfig is a storage config file (JSON); empty uses the
 	// embedded volume under the state dir.
 	VolumeConfig string
+	// ClusterConfig is a cluster config file (cluster.Config): the
+	// registry is the cluster's PostgreSQL database and the volume its
+	// shared one. Empty: one host, with SQLite and VolumeConfig's volume.
+	ClusterConfig string
 	// HostName is this host's name in the registry's host records
-	// (default: the machine's hostname).
+	// (default: the machine's hostname; a cluster config's host).
 	HostName string
 	// Lease is how long a heartbeat keeps the host alive (default
 	// DefaultLease).
@@ -136,6 +139,11 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	vcfg := storage.Config{StateDir: state.VolumeState()}
+	db, clusterHost, err := openRegistry(ctx, &o, state, &vcfg)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	undo.push(func() { _ = db.Close() }) // after the manager's Close
 	if o.VolumeConfig != "" {
 		c, err := storage.LoadConfig(o.VolumeConfig)
 		if err != nil {
@@ -162,11 +170,6 @@ func Run(ctx context.Context, o Options) error {
 		})
 	}
 
-	db, err := registry.Open(state.DB())
-	if err != nil {
-		return fmt.Errorf("daemon: %w", err)
-	}
-	undo.push(func() { _ = db.Close() }) // after the manager's Close
 	if mounted, err := storage.IsMountPoint(state.RAM()); err == nil && !mounted {
 		// The Manager may mount a tmpfs for guest RAM.
 		undo.push(func() {
@@ -177,8 +180,14 @@ func Run(ctx context.Context, o Options) error {
 			}
 		})
 	}
+	var agentKey string
+	if clusterHost != nil {
+		if agentKey, err = clusterAgentKey(ctx, vol); err != nil {
+			return fmt.Errorf("daemon: %w", err)
+		}
+	}
 	m, err = machine.New(ctx, machine.Config{
-		State: state, Volume: vol, Registry: db, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
+		State: state, Volume: vol, Registry: db, AgentKey: agentKey, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
 		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, MemoryFiles: o.MemoryFiles, CollectGrace: o.CollectGrace, RAMDir: o.RAMDir, MemoryCopies: o.MemoryCopies,
 		Memory: o.Memory, Network: o.Network, VMUser: o.VMUser,
 	})
@@ -192,7 +201,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.Lease <= 0 {
 		o.Lease = DefaultLease
 	}
-	beat, err := startHeart(ctx, db, m, hostSelf(o.HostName, o.Version, m.VMMName()), o.Lease, o.Logger)
+	beat, err := startHeart(ctx, db, m, hostSelf(o.HostName, o.Version, m.VMMName()), o.Lease, clusterHost, o.Logger)
 	if err != nil {
 		return fmt.Errorf("daemon: host record: %w", err)
 	}
@@ -268,6 +277,9 @@ func Run(ctx context.Context, o Options) error {
 	case <-ctx.Done():
 	case err := <-errc:
 		return fmt.Errorf("daemon: serve: %w", err)
+	case <-beat.lost:
+		_ = srv.Close()
+		return fmt.Errorf("daemon: %w", beat.lostErr)
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -275,6 +287,10 @@ func Run(ctx context.Context, o Options) error {
 	_ = os.Remove(o.Socket)
 	// Operations in flight finish or roll back before anything closes.
 	_ = m.Close()
+	beat.close()
+	if clusterHost != nil {
+		clusterHost.leave(db, m.Running())
+	}
 	// Running VMs keep the volume mounted (their disks are on it) and the
 	// next daemon adopts both; with none, the volume is unmounted cleanly.
 	if n := m.Running(); n > 0 {

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/fence"
 	"github.com/denhq/den/internal/hostinfo"
 	"github.com/denhq/den/internal/validate"
 	"github.com/denhq/den/machine"
@@ -38,6 +40,13 @@ type heart struct {
 	self  registry.Host // the fields that do not change
 	lease time.Duration
 	log   *slog.Logger
+	// cluster is what this host of a cluster holds (nil: one host, no
+	// lease); every beat renews its lease and pushes its fence. lost is
+	// closed, with lostErr set, when a renewal finds the lease gone:
+	// another host took over.
+	cluster *clusterHost
+	lost    chan struct{}
+	lostErr error
 
 	stop context.CancelFunc
 	done chan struct{}
@@ -45,8 +54,10 @@ type heart struct {
 
 // startHeart records the host at once (a start fails when it cannot) and
 // then beats until stopped.
-func startHeart(ctx context.Context, store registry.Store, m *machine.Manager, self registry.Host, lease time.Duration, log *slog.Logger) (*heart, error) {
-	h := &heart{store: store, m: m, self: self, lease: lease, log: log, done: make(chan struct{})}
+func startHeart(ctx context.Context, store registry.Store, m *machine.Manager, self registry.Host, lease time.Duration,
+	cluster *clusterHost, log *slog.Logger) (*heart, error) {
+	h := &heart{store: store, m: m, self: self, lease: lease, log: log, cluster: cluster,
+		lost: make(chan struct{}), done: make(chan struct{})}
 	if err := h.beat(ctx); err != nil {
 		return nil, err
 	}
@@ -70,6 +81,11 @@ func (h *heart) run(ctx context.Context) {
 		bctx, cancel := context.WithTimeout(ctx, h.lease/3)
 		err := h.beat(bctx)
 		cancel()
+		if errors.Is(err, registry.ErrLeaseLost) {
+			h.lostErr = err
+			close(h.lost)
+			return
+		}
 		switch {
 		case err != nil && !failing && ctx.Err() == nil:
 			h.log.Warn("den: heartbeat failed", "host", h.self.Name, "err", err)
@@ -81,8 +97,33 @@ func (h *heart) run(ctx context.Context) {
 	}
 }
 
-// beat records the host with its counts now.
+// beat renews the host's leases and records the host with its counts
+// now. It wraps registry.ErrLeaseLost when the cluster lease is gone.
 func (h *heart) beat(ctx context.Context) error {
+	if c := h.cluster; c != nil {
+		t0 := fence.Now()
+		renewed, err := h.store.RenewLeases(ctx, h.self.Name, h.lease)
+		if err != nil {
+			return err
+		}
+		held := false
+		for _, l := range renewed {
+			if l.VM == c.lease.VM && l.Generation == c.lease.Generation {
+				held = true
+			}
+		}
+		if !held {
+			cur, _ := h.store.GetLease(ctx, c.lease.VM)
+			return fmt.Errorf("cluster: this host (%s) lost the cluster lease of generation %d: now host %q holds generation %d: %w",
+				h.self.Name, c.lease.Generation, cur.Host, cur.Generation, registry.ErrLeaseLost)
+		}
+		if err := c.push(t0); err != nil {
+			return err
+		}
+		if err := c.guard(); err != nil {
+			return err
+		}
+	}
 	rec := h.self
 	mem := h.m.Memory(ctx)
 	rec.MemoryBudgetBytes, rec.MemoryFreeBytes = mem.Budget, mem.Free

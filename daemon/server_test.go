@@ -114,7 +114,7 @@ func newAPIEnv(t *testing.T) *apiEnv {
 	s := NewServer(m, users.Keys{Store: db}, api.DaemonInfo{VMM: machinetest.Name}, hostKey, log)
 	s.tokens = users.Tokens{Store: db}
 	s.bearer = tokenCaller(s.tokens)
-	beat, err := startHeart(ctx, db, m, hostSelf("test-host", "dev", machinetest.Name), DefaultLease, log)
+	beat, err := startHeart(ctx, db, m, hostSelf("test-host", "dev", machinetest.Name), DefaultLease, nil, log)
 	if err != nil {
 		t.Fatal(err)
 	}

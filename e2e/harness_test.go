@@ -217,10 +217,12 @@ func (d *daemon) teardown() {
 	}
 }
 
-// killUnder SIGKILLs QEMU processes whose command line mentions dir.
+// killUnder SIGKILLs QEMU processes and fence guards whose command line
+// mentions dir.
 func killUnder(dir string) {
 	for _, pid := range pidsWhere(func(cmdline []byte) bool {
-		return bytes.Contains(cmdline, []byte("qemu")) && bytes.Contains(cmdline, []byte(dir))
+		return (bytes.Contains(cmdline, []byte("qemu")) || bytes.Contains(cmdline, []byte("\x00fence\x00"))) &&
+			bytes.Contains(cmdline, []byte(dir))
 	}) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}

@@ -95,6 +95,10 @@ type Config struct {
 	// Registry is den's record; nil opens the SQLite one in State (and
 	// Close closes it).
 	Registry registry.Store
+	// AgentKey is the private key file den reaches guest agents with
+	// (made when missing); empty: the state dir's own (StateDir.HostKey).
+	// The hosts of a cluster share one, on the volume.
+	AgentKey string
 	// Drivers replaces the VMM drivers found on the host (tests).
 	Drivers map[string]vmm.Driver
 	// Memory is the memory budget and the pressure watcher (see
@@ -233,7 +237,11 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 			db.Close()
 		}
 	}
-	signer, err := agent.LoadOrCreateHostKey(cfg.State.HostKey())
+	keyPath := cfg.AgentKey
+	if keyPath == "" {
+		keyPath = cfg.State.HostKey()
+	}
+	signer, err := agent.LoadOrCreateHostKey(keyPath)
 	if err != nil {
 		closeDB()
 		return nil, err

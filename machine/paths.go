@@ -54,3 +54,13 @@ func (s StateDir) RAM() string { return filepath.Join(string(s), "ram") }
 
 // VolumeState is where the storage volume keeps its local state.
 func (s StateDir) VolumeState() string { return filepath.Join(string(s), "juicefs") }
+
+// Fence is the fence file of a cluster host: the deadline until which
+// its VMMs may run without a lease renewal (package fence).
+func (s StateDir) Fence() string { return filepath.Join(string(s), "fence.json") }
+
+// FenceLock is held by the fence guard of this state dir.
+func (s StateDir) FenceLock() string { return filepath.Join(string(s), "fence.lock") }
+
+// FenceLog is the fence guard's log.
+func (s StateDir) FenceLog() string { return filepath.Join(string(s), "fence.log") }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -17,9 +19,10 @@ type dialect struct {
 	name string
 	// numbered: placeholders are $1, $2, ... (PostgreSQL), not ?.
 	numbered bool
-	// forUpdate locks the rows a SELECT reads until the transaction
-	// ends (PostgreSQL; SQLite has one writer at a time anyway).
-	forUpdate string
+	// forUpdate and forShare lock the rows a SELECT reads until the
+	// transaction ends (PostgreSQL; SQLite has one writer at a time
+	// anyway).
+	forUpdate, forShare string
 	// lock takes a transaction-scoped lock on key (PostgreSQL's advisory
 	// locks); nil where transactions are serialised already.
 	lock func(ctx context.Context, tx *txn, key string) error
@@ -53,6 +56,7 @@ var postgresDialect = dialect{
 	numbered:  true,
 	now:       `(extract(epoch from clock_timestamp()) * 1000)::bigint`,
 	forUpdate: " FOR UPDATE",
+	forShare:  " FOR SHARE",
 	lock: func(ctx context.Context, tx *txn, key string) error {
 		_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended(?, 0))`, key)
 		return err
@@ -86,14 +90,36 @@ func (d dialect) rebind(q string) string {
 	return b.String()
 }
 
-// conn is the database in one dialect.
+// conn is the database in one dialect. A fenced conn (fence set and
+// holding a lease) commits a write only while that lease is held: its
+// host's, at its generation, unexpired by the database's clock.
 type conn struct {
-	db *sql.DB
-	d  dialect
+	db    *sql.DB
+	d     dialect
+	fence *atomic.Pointer[Lease]
+}
+
+func (c *conn) fenced() *Lease {
+	if c.fence == nil {
+		return nil
+	}
+	return c.fence.Load()
 }
 
 func (c *conn) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	return c.db.ExecContext(ctx, c.d.rebind(q), args...)
+	if c.fenced() == nil {
+		return c.db.ExecContext(ctx, c.d.rebind(q), args...)
+	}
+	tx, err := c.BeginTx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	return res, tx.Commit()
 }
 
 func (c *conn) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
@@ -109,13 +135,15 @@ func (c *conn) BeginTx(ctx context.Context) (*txn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &txn{tx: tx, d: c.d}, nil
+	return &txn{tx: tx, d: c.d, ctx: ctx, fence: c.fenced()}, nil
 }
 
-// txn is a transaction in one dialect.
+// txn is a transaction in one dialect; with a fence, Commit checks it.
 type txn struct {
-	tx *sql.Tx
-	d  dialect
+	tx    *sql.Tx
+	d     dialect
+	ctx   context.Context
+	fence *Lease
 }
 
 func (t *txn) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
@@ -138,7 +166,24 @@ func (t *txn) Lock(ctx context.Context, key string) error {
 	return t.d.lock(ctx, t, key)
 }
 
-func (t *txn) Commit() error   { return t.tx.Commit() }
+// Commit commits; a fenced transaction only while its lease is held,
+// which it holds shared until the commit: a takeover (AcquireLease locks
+// the row for update) waits for it, so a write that passed the check is
+// in before the lease changes hands.
+func (t *txn) Commit() error {
+	if l := t.fence; l != nil {
+		var gen int64
+		err := t.QueryRowContext(t.ctx, `SELECT generation FROM leases WHERE vm = ? AND host = ? AND generation = ? AND expires_at > `+
+			t.d.now+t.d.forShare, l.VM, l.Host, l.Generation).Scan(&gen)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("host %q's lease %q of generation %d is no longer held: the write is refused: %w", l.Host, l.VM, l.Generation, ErrLeaseLost)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return t.tx.Commit()
+}
 func (t *txn) Rollback() error { return t.tx.Rollback() }
 
 // queryRower is a conn or a txn.

@@ -62,8 +62,8 @@ func (d *DB) Heartbeat(ctx context.Context, h Host) error {
 	if err := checkHostName(h.Name); err != nil {
 		return err
 	}
-	now := d.db.d.now
-	_, err := d.db.ExecContext(ctx, `INSERT INTO hosts (`+hostColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,`+now+`)
+	now := d.meta.d.now
+	_, err := d.meta.ExecContext(ctx, `INSERT INTO hosts (`+hostColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,`+now+`)
 		ON CONFLICT (name) DO UPDATE SET address = excluded.address, version = excluded.version, vmm = excluded.vmm,
 		cpu_model = excluded.cpu_model, cpus = excluded.cpus, memory_budget = excluded.memory_budget,
 		memory_free = excluded.memory_free, running = excluded.running, sleeping = excluded.sleeping,
@@ -79,10 +79,10 @@ func (d *DB) Heartbeat(ctx context.Context, h Host) error {
 // ListHosts implements HostStore.
 func (d *DB) ListHosts(ctx context.Context) ([]Host, time.Time, error) {
 	var now int64
-	if err := d.db.QueryRowContext(ctx, `SELECT `+d.db.d.now).Scan(&now); err != nil {
+	if err := d.meta.QueryRowContext(ctx, `SELECT `+d.meta.d.now).Scan(&now); err != nil {
 		return nil, time.Time{}, fmt.Errorf("list hosts: %w", err)
 	}
-	rows, err := d.db.QueryContext(ctx, `SELECT `+hostColumns+` FROM hosts ORDER BY name`)
+	rows, err := d.meta.QueryContext(ctx, `SELECT `+hostColumns+` FROM hosts ORDER BY name`)
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("list hosts: %w", err)
 	}
@@ -95,14 +95,14 @@ func (d *DB) ListHosts(ctx context.Context) ([]Host, time.Time, error) {
 
 // SetDraining implements HostStore.
 func (d *DB) SetDraining(ctx context.Context, name string, draining bool) (Host, error) {
-	res, err := d.db.ExecContext(ctx, `UPDATE hosts SET draining = ? WHERE name = ?`, draining, name)
+	res, err := d.meta.ExecContext(ctx, `UPDATE hosts SET draining = ? WHERE name = ?`, draining, name)
 	if err != nil {
 		return Host{}, fmt.Errorf("drain host %q: %w", name, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return Host{}, fmt.Errorf("host %q: %w", name, ErrNotFound)
 	}
-	h, err := scanHost(d.db.QueryRowContext(ctx, `SELECT `+hostColumns+` FROM hosts WHERE name = ?`, name))
+	h, err := scanHost(d.meta.QueryRowContext(ctx, `SELECT `+hostColumns+` FROM hosts WHERE name = ?`, name))
 	if err != nil {
 		return Host{}, fmt.Errorf("drain host %q: %w", name, err)
 	}

@@ -70,7 +70,7 @@ func scanLease(s scanner) (Lease, error) {
 
 func (d *DB) dbNow(ctx context.Context, q queryRower) (int64, error) {
 	var now int64
-	err := q.QueryRowContext(ctx, `SELECT `+d.db.d.now).Scan(&now)
+	err := q.QueryRowContext(ctx, `SELECT `+d.meta.d.now).Scan(&now)
 	return now, err
 }
 
@@ -79,7 +79,7 @@ func (d *DB) AcquireLease(ctx context.Context, vm, host string, ttl, grace time.
 	if err := checkHostName(host); err != nil {
 		return Lease{}, err
 	}
-	tx, err := d.db.BeginTx(ctx)
+	tx, err := d.meta.BeginTx(ctx)
 	if err != nil {
 		return Lease{}, fmt.Errorf("lease of vm %q: %w", vm, err)
 	}
@@ -87,7 +87,7 @@ func (d *DB) AcquireLease(ctx context.Context, vm, host string, ttl, grace time.
 	if _, err := tx.ExecContext(ctx, `INSERT INTO leases (vm) VALUES (?) ON CONFLICT (vm) DO NOTHING`, vm); err != nil {
 		return Lease{}, fmt.Errorf("lease of vm %q: %w", vm, err)
 	}
-	l, err := scanLease(tx.QueryRowContext(ctx, `SELECT `+leaseColumns+` FROM leases WHERE vm = ?`+d.db.d.forUpdate, vm))
+	l, err := scanLease(tx.QueryRowContext(ctx, `SELECT `+leaseColumns+` FROM leases WHERE vm = ?`+d.meta.d.forUpdate, vm))
 	if err != nil {
 		return Lease{}, fmt.Errorf("lease of vm %q: %w", vm, err)
 	}
@@ -118,8 +118,8 @@ func (d *DB) AcquireLease(ctx context.Context, vm, host string, ttl, grace time.
 
 // RenewLeases implements LeaseStore.
 func (d *DB) RenewLeases(ctx context.Context, host string, ttl time.Duration) ([]Lease, error) {
-	now := d.db.d.now
-	rows, err := d.db.QueryContext(ctx, `UPDATE leases SET expires_at = `+now+` + ? WHERE host = ? AND expires_at > `+now+`
+	now := d.meta.d.now
+	rows, err := d.meta.QueryContext(ctx, `UPDATE leases SET expires_at = `+now+` + ? WHERE host = ? AND expires_at > `+now+`
 		RETURNING `+leaseColumns+`, `+now, ttl.Milliseconds(), host)
 	if err != nil {
 		return nil, fmt.Errorf("renew leases of host %q: %w", host, err)
@@ -139,7 +139,7 @@ func (d *DB) RenewLeases(ctx context.Context, host string, ttl time.Duration) ([
 
 // ReleaseLease implements LeaseStore.
 func (d *DB) ReleaseLease(ctx context.Context, l Lease) error {
-	res, err := d.db.ExecContext(ctx, `UPDATE leases SET host = '', expires_at = 0 WHERE vm = ? AND host = ? AND generation = ?`,
+	res, err := d.meta.ExecContext(ctx, `UPDATE leases SET host = '', expires_at = 0 WHERE vm = ? AND host = ? AND generation = ?`,
 		l.VM, l.Host, l.Generation)
 	if err != nil {
 		return fmt.Errorf("release lease of vm %q: %w", l.VM, err)
@@ -156,7 +156,7 @@ func (d *DB) GetLease(ctx context.Context, vm string) (Lease, error) {
 	if err != nil {
 		return Lease{}, fmt.Errorf("lease of vm %q: %w", vm, err)
 	}
-	l, err := scanLease(d.db.QueryRowContext(ctx, `SELECT `+leaseColumns+` FROM leases WHERE vm = ?`, vm))
+	l, err := scanLease(d.meta.QueryRowContext(ctx, `SELECT `+leaseColumns+` FROM leases WHERE vm = ?`, vm))
 	if errors.Is(err, sql.ErrNoRows) {
 		l, err = Lease{VM: vm}, nil
 	}
@@ -173,7 +173,7 @@ func (d *DB) ExpiredLeases(ctx context.Context, grace time.Duration) ([]Lease, e
 	if err != nil {
 		return nil, fmt.Errorf("expired leases: %w", err)
 	}
-	rows, err := d.db.QueryContext(ctx, `SELECT `+leaseColumns+` FROM leases WHERE host <> '' AND expires_at + ? <= ? ORDER BY vm`,
+	rows, err := d.meta.QueryContext(ctx, `SELECT `+leaseColumns+` FROM leases WHERE host <> '' AND expires_at + ? <= ? ORDER BY vm`,
 		grace.Milliseconds(), now)
 	if err != nil {
 		return nil, fmt.Errorf("expired leases: %w", err)

@@ -224,3 +224,78 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestFencedWrites: a store fenced by a host's lease writes the record
+// only while that lease is held; once another host took it over, every
+// write is refused, while heartbeats and lease calls go on.
+func TestFencedWrites(t *testing.T) { eachBackend(t, testFencedWrites) }
+
+func testFencedWrites(t *testing.T, open func() (*DB, error)) {
+	ctx := context.Background()
+	a, err := open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	const ttl, grace = 300 * time.Millisecond, 300 * time.Millisecond
+	la, err := a.AcquireLease(ctx, "@cluster", "host-a", ttl, grace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Fence(la)
+	newVM(t, a, "box")
+	addCP(t, a, "box", "")
+	if _, err := a.UpdateVM(ctx, "box", func(v *VM) error { v.Reason = "a"; return nil }); err != nil {
+		t.Fatalf("a write under a held lease: %v", err)
+	}
+	waitFor(t, "host-a's lease to lapse past the grace", func() bool {
+		exp, err := b.ExpiredLeases(ctx, grace)
+		return err == nil && len(exp) == 1
+	})
+	lb, err := b.AcquireLease(ctx, "@cluster", "host-b", time.Hour, grace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Fence(lb)
+	if _, err := b.UpdateVM(ctx, "box", func(v *VM) error { v.Reason = "b"; return nil }); err != nil {
+		t.Fatalf("host-b's write after the takeover: %v", err)
+	}
+	writes := map[string]func() error{
+		"update": func() error {
+			_, err := a.UpdateVM(ctx, "box", func(v *VM) error { v.Reason = "late"; return nil })
+			return err
+		},
+		"touch": func() error { return a.TouchVM(ctx, "box", time.Now().Add(time.Hour)) },
+		"create": func() error {
+			return a.CreateVM(ctx, VM{Name: "late", Owner: "a", Image: "minimal", CPUs: 1, State: StateRunning})
+		},
+		"checkpoint": func() error {
+			return a.AddCheckpoint(ctx, Checkpoint{VM: "box", ID: "cp-9", Seq: 9, Kind: "memory+disk", CreatedAt: time.Now()})
+		},
+		"delete checkpoint": func() error { return a.DeleteCheckpoint(ctx, "box", "cp-1") },
+		"delete":            func() error { return a.DeleteVM(ctx, "box") },
+		"key": func() error {
+			return a.AddKey(ctx, Key{Fingerprint: "SHA256:zz", User: "a", PublicKey: "ssh-ed25519 AAAA"})
+		},
+	}
+	for what, write := range writes {
+		if err := write(); !errors.Is(err, ErrLeaseLost) {
+			t.Errorf("host-a's %s after losing its lease: %v, want %v", what, err, ErrLeaseLost)
+		}
+	}
+	vm, err := b.GetVM(ctx, "box")
+	if err != nil || vm.Reason != "b" {
+		t.Fatalf("the record after host-a's late writes: %+v %v", vm, err)
+	}
+	if cps, _ := b.ListCheckpoints(ctx, "box"); len(cps) != 1 {
+		t.Fatalf("checkpoints after host-a's late writes: %+v", cps)
+	}
+	if err := a.Heartbeat(ctx, Host{Name: "host-a"}); err != nil {
+		t.Fatalf("host-a's heartbeat: %v", err)
+	}
+}

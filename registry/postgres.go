@@ -104,7 +104,7 @@ func OpenPostgres(ctx context.Context, url string) (*DB, error) {
 	}
 	db.SetMaxOpenConns(16)
 	db.SetConnMaxIdleTime(5 * time.Minute)
-	d := &DB{db: &conn{db: db, d: postgresDialect}}
+	d := newDB(db, postgresDialect)
 	if err := d.migratePostgres(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open postgres registry: %w", err)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
@@ -27,8 +28,21 @@ var (
 
 // DB is den's state database, SQLite or PostgreSQL.
 type DB struct {
-	db *conn
+	db *conn // the record: VMs, checkpoints, keys, tokens (fenced in a cluster)
+	// meta is the hosts' records and leases, never fenced: a host renews
+	// its lease, and records its heartbeat, through it.
+	meta *conn
 }
+
+func newDB(db *sql.DB, d dialect) *DB {
+	return &DB{db: &conn{db: db, d: d, fence: &atomic.Pointer[Lease]{}}, meta: &conn{db: db, d: d}}
+}
+
+// Fence makes every later write of the record (VMs, checkpoints, keys,
+// tokens) commit only while l is held by its host at its generation: a
+// host of a cluster that lost its lease cannot write over what the host
+// that took over wrote.
+func (d *DB) Fence(l Lease) { d.db.fence.Store(&l) }
 
 // sqliteSchema is applied in order; PRAGMA user_version records how far.
 var sqliteSchema = []string{
@@ -137,7 +151,7 @@ func Open(path string) (*DB, error) {
 		return nil, fmt.Errorf("open state db %s: %w", path, err)
 	}
 	db.SetMaxOpenConns(1) // one writer; SQLite serialises anyway
-	d := &DB{db: &conn{db: db, d: sqliteDialect}}
+	d := newDB(db, sqliteDialect)
 	if err := d.migrateSQLite(); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open state db %s: %w", path, err)

@@ -20,6 +20,7 @@ type Path string
 //	vms/NAME/checkpoints/ID/...     a checkpoint: disk clone, memory snapshot
 //	vms/NAME/suspend/...            the sleep slot, a checkpoint of its own
 //	memstore/packs/...              snapshots' memory by content (package memstore)
+//	cluster/agent_ed25519           the key a cluster's hosts reach guest agents with
 const (
 	imagesDir      = "images"
 	vmsDir         = "vms"
@@ -27,7 +28,15 @@ const (
 	checkpointsDir = "checkpoints"
 	suspendDir     = "suspend"
 	memstoreDir    = "memstore"
+	clusterDir     = "cluster"
 )
+
+// ClusterDir holds what the hosts of a cluster share beside VMs.
+func ClusterDir() Path { return Path(clusterDir) }
+
+// AgentKey is the private key every host of a cluster reaches the VMs'
+// guest agents with: a VM booted or woken on any host lets it in.
+func AgentKey() Path { return join(clusterDir, "agent_ed25519") }
 
 // MemoryStoreDir is the store of snapshots' memory by content.
 func MemoryStoreDir() Path { return Path(memstoreDir) }

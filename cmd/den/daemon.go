@@ -23,7 +23,7 @@ func daemonCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "daemon",
 		Usage:     "run the den daemon in the foreground (root)",
-		UsageText: "den daemon [--state-dir DIR] [--socket PATH] [--volume-config FILE] [--images DIR] [--ssh-listen ADDR|off]",
+		UsageText: "den daemon [--state-dir DIR] [--socket PATH] [--volume-config FILE | --cluster FILE] [--images DIR] [--ssh-listen ADDR|off]",
 		Description: `Serves the API on a unix socket every local user may use (the daemon
 learns each caller's uid from the connection: root and --admin-group members
 administer, anyone else has their own VMs), the SSH gateway on --ssh-listen
@@ -41,11 +41,13 @@ Examples:
    den daemon --http-listen 127.0.0.1:8081    # VM URLs: den url box
    den daemon --api-listen 0.0.0.0:7443       # the API over TLS: den tokens add laptop
    den daemon --egress-default allow:github.com,pypi.org
-   den daemon --netns den                     # TAPs, NAT and listeners in netns "den" (ip netns add den)`,
+   den daemon --netns den                     # TAPs, NAT and listeners in netns "den" (ip netns add den)
+   den daemon --cluster /etc/den/cluster.json # the registry in PostgreSQL, the volume shared (docs/cluster.md)`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "state-dir", Value: "/var/lib/den", Usage: "den's local state"},
 			&cli.StringFlag{Name: "socket", Value: api.DefaultSocket, EnvVars: []string{"DEN_SOCKET"}, Usage: "API unix socket"},
 			&cli.StringFlag{Name: "volume-config", Usage: "storage config (JSON); default: embedded JuiceFS volume under the state dir"},
+			&cli.StringFlag{Name: "cluster", Usage: "cluster config (JSON, docs/cluster.md): the registry in PostgreSQL and the volume shared with other hosts"},
 			&cli.StringFlag{Name: "images", EnvVars: []string{image.EnvDir}, Usage: "guest image directory (make image)"},
 			&cli.StringFlag{Name: "default-image", Value: image.Debian, Usage: "root filesystem for VMs created without --image"},
 			&cli.StringFlag{Name: "vmm", Usage: "force a VMM: qemu or cloud-hypervisor (default: choose)"},
@@ -125,7 +127,7 @@ Examples:
 			ctx, cancel := withSignals(c)
 			defer cancel()
 			return daemon.Run(ctx, daemon.Options{
-				StateDir: c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"),
+				StateDir: c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"), ClusterConfig: c.String("cluster"),
 				Images: imgs, DefaultImage: c.String("default-image"), VMM: c.String("vmm"), Version: version, Logger: log,
 				IdleCheck: c.Duration("idle-check"), QEMUStreamRAM: c.Bool("qemu-stream-ram"), RestoreCopy: c.Bool("restore-copy"), NoDigests: c.Bool("no-digests"),
 				MemoryFiles: c.Bool("memory-files"), CollectGrace: c.Duration("gc-grace"), RAMDir: c.String("ram-dir"), SSHListen: c.String("ssh-listen"),

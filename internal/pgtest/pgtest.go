@@ -110,20 +110,33 @@ func (s *Server) DSN(db string) string {
 	return fmt.Sprintf("postgres://postgres:%s@/%s?host=%s&port=%d&sslmode=disable", Password, db, s.base, s.Port)
 }
 
+// TCPURL is the URL of database db over loopback TCP, without the
+// password (as a config file names it; the password goes in a secrets
+// file).
+func (s *Server) TCPURL(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.Port, db)
+}
+
 // NewDatabase creates an empty database of its own for the test, dropped
 // when the test ends, and returns its URL with the password.
 func (s *Server) NewDatabase(t testing.TB) string {
 	t.Helper()
-	name := fmt.Sprintf("t%d_%d", os.Getpid(), s.dbs.Add(1))
+	return s.DSN(s.CreateDatabase(t, fmt.Sprintf("t%d_%d", os.Getpid(), s.dbs.Add(1))))
+}
+
+// CreateDatabase creates database name, dropped when the test ends, and
+// returns its name.
+func (s *Server) CreateDatabase(t testing.TB, name string) string {
+	t.Helper()
 	if err := s.exec(context.Background(), "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("create test database: %v", err)
+		t.Fatalf("create test database %s: %v", name, err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		_ = s.exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 	})
-	return s.DSN(name)
+	return name
 }
 
 func (s *Server) exec(ctx context.Context, q string) error {

@@ -1,0 +1,158 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"github.com/denhq/den/cluster"
+	"github.com/denhq/den/fence"
+	"github.com/denhq/den/machine"
+	"github.com/denhq/den/registry"
+	"github.com/denhq/den/storage"
+)
+
+// ClusterLease names the lease the live host of a cluster holds: den runs
+// VMs on one live host of a cluster at a time, and this lease says which.
+// A VM name never begins with '@'.
+const ClusterLease = "@cluster"
+
+// openRegistry opens the daemon's registry: the cluster's PostgreSQL
+// database when o names a cluster config (and then the cluster's volume
+// config replaces vcfg), else SQLite in the state dir. With a cluster it
+// takes the cluster's lease, or refuses the start while another host
+// holds it.
+func openRegistry(ctx context.Context, o *Options, state machine.StateDir, vcfg *storage.Config) (*registry.DB, *clusterHost, error) {
+	if o.ClusterConfig == "" {
+		db, err := registry.Open(state.DB())
+		return db, nil, err
+	}
+	if o.VolumeConfig != "" {
+		return nil, nil, errors.New("cluster: the cluster config names the volume: give --cluster or --volume-config, not both")
+	}
+	cc, err := cluster.Load(o.ClusterConfig, defaultHostName(), vcfg.StateDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	*vcfg = cc.Volume
+	o.HostName, o.Lease = cc.Host, time.Duration(cc.Lease)
+	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	db, err := registry.OpenPostgres(octx, cc.RegistryDSN())
+	if err != nil {
+		return nil, nil, fmt.Errorf("cluster: %w", err)
+	}
+	den, err := os.Executable()
+	if err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("cluster: %w", err)
+	}
+	t0 := fence.Now()
+	l, err := db.AcquireLease(octx, ClusterLease, o.HostName, o.Lease, o.Lease/2)
+	if err != nil {
+		db.Close()
+		if errors.Is(err, registry.ErrLeased) {
+			return nil, nil, fmt.Errorf("cluster: another host is the live host of this cluster (den runs VMs on one live host at a time for now): %w", err)
+		}
+		return nil, nil, fmt.Errorf("cluster: %w", err)
+	}
+	db.Fence(l) // from now on the record is written only while the lease is held
+	c := &clusterHost{lease: l, ttl: o.Lease, state: state, den: den, log: o.Logger}
+	if err := c.push(t0); err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("cluster: %w", err)
+	}
+	if err := c.guard(); err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("cluster: %w", err)
+	}
+	return db, c, nil
+}
+
+// clusterHost is what a host of a cluster holds: the cluster's lease,
+// and the fence that stops its VMMs if it cannot renew it in time.
+type clusterHost struct {
+	lease registry.Lease
+	ttl   time.Duration
+	state machine.StateDir
+	den   string // this program, to start the fence guard
+	log   *slog.Logger
+}
+
+// push tells the fence guard the VMMs may run until half the lease after
+// t0, when the renewal that succeeded began.
+func (c *clusterHost) push(t0 int64) error {
+	return fence.Push(c.state.Fence(), c.lease.Host, t0+int64(c.ttl/2))
+}
+
+// guard starts the fence guard unless one runs, and waits (bounded) until
+// it holds its lock: no VMM starts unguarded.
+func (c *clusterHost) guard() error {
+	if fence.Running(c.state.FenceLock()) {
+		return nil
+	}
+	logf, err := os.OpenFile(c.state.FenceLog(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("start fence guard: %w", err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(c.den, "fence", "--state-dir", c.state.Path())
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // it outlives the daemon
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start fence guard: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.After(10 * time.Second)
+	for !fence.Running(c.state.FenceLock()) {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("start fence guard: it exited: %v (see %s)", err, c.state.FenceLog())
+		case <-deadline:
+			return errors.New("start fence guard: it did not take its lock within 10s")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	c.log.Info("den: fence guard running", "pid", cmd.Process.Pid, "log", c.state.FenceLog())
+	return nil
+}
+
+// leave gives the cluster's lease back and lifts the fence, when no VM
+// runs here; with VMs running both stay, and the fence stops them unless
+// a daemon renews the lease in time.
+func (c *clusterHost) leave(store registry.LeaseStore, running int) {
+	if running > 0 {
+		c.log.Warn("den: stopping with VMs running: the fence guard stops them unless a daemon renews this host's lease within half of it",
+			"running", running, "lease", c.ttl)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := store.ReleaseLease(ctx, c.lease); err != nil {
+		c.log.Warn("den: release the cluster lease", "err", err)
+		return
+	}
+	if err := fence.Lift(c.state.Fence()); err != nil {
+		c.log.Warn("den: lift the fence", "err", err)
+	}
+}
+
+// clusterAgentKey is the path of the agent key the cluster's hosts share
+// on the volume: a guest made or last booted on one host lets every host
+// in.
+func clusterAgentKey(ctx context.Context, vol storage.Volume) (string, error) {
+	if err := vol.MkdirAll(ctx, storage.ClusterDir()); err != nil {
+		return "", fmt.Errorf("cluster: agent key: %w", err)
+	}
+	p, err := vol.Path(storage.AgentKey())
+	if err != nil {
+		return "", fmt.Errorf("cluster: agent key: %w", err)
+	}
+	return p, nil
+}
