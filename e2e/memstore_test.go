@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -42,6 +43,41 @@ func (d *daemon) objectBytes() int64 {
 		return same
 	})
 	return last
+}
+
+// waitPacksOlder waits until every file in the memory store's packs
+// directory was last written more than grace ago (the daemon's
+// --gc-grace): a collection then keeps no pack for its grace period.
+// The daemon reads the same files' times on the same clock.
+func (d *daemon) waitPacksOlder(grace time.Duration) {
+	d.t.Helper()
+	dir := d.volumePath("memstore", "packs")
+	var young string
+	old := func() bool {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			young = err.Error()
+			return false
+		}
+		for _, e := range ents {
+			info, err := e.Info()
+			if errors.Is(err, fs.ErrNotExist) {
+				continue // collected meanwhile
+			}
+			if err != nil {
+				young = err.Error()
+				return false
+			}
+			if age := time.Since(info.ModTime()); age <= grace {
+				young = fmt.Sprintf("%s is %v old", e.Name(), age)
+				return false
+			}
+		}
+		return true
+	}
+	if !eventually(30*time.Second+grace, old) {
+		d.t.Fatalf("the memory store's packs are not all older than %v after %v: %s", grace, 30*time.Second+grace, young)
+	}
 }
 
 func (d *daemon) storage() api.Storage {
@@ -203,7 +239,7 @@ func TestMemoryChainRestores(t *testing.T) {
 		d.must("checkpoint", "rm", "chain", fmt.Sprintf("cp-%d", i))
 		delete(sums, fmt.Sprintf("cp-%d", i))
 	}
-	time.Sleep(1100 * time.Millisecond) // past the grace period of the last pack written
+	d.waitPacksOlder(time.Second) // past the grace period of the last pack written
 	var gc api.GCResult
 	if err := json.Unmarshal([]byte(d.must("gc", "--json")), &gc); err != nil {
 		t.Fatal(err)
@@ -364,7 +400,7 @@ func TestCollectRacingCheckpoints(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	time.Sleep(1100 * time.Millisecond)
+	d.waitPacksOlder(time.Second)
 	d.must("gc")
 	for _, vm := range vms {
 		if out, err := d.run("checkpoint", "verify", vm, "--all"); err != nil {

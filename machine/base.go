@@ -211,7 +211,7 @@ func (b *bases) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir s
 // baseImage makes sure the image's root disk is on the volume (imported
 // once per image build) and returns its volume path and size.
 func (b *bases) baseImage(ctx context.Context, name string, progress Progress) (storage.Path, int64, error) {
-	art, err := b.m.rootFS(name)
+	art, err := b.rootFS(name)
 	if err != nil {
 		return "", 0, err
 	}
@@ -265,17 +265,17 @@ const kindRootFS = "rootfs"
 // filesystems (not found): kernels, the initramfs and other files of
 // the directory are not images.
 func (b *bases) checkImage(name string) error {
-	_, err := b.m.rootFS(name)
+	_, err := b.rootFS(name)
 	return err
 }
 
 // rootFS is the manifest entry of the named root filesystem, checked as
 // checkImage says.
-func (m *Manager) rootFS(name string) (image.Artifact, error) {
+func (b *bases) rootFS(name string) (image.Artifact, error) {
 	if err := ValidateImage(name); err != nil {
 		return image.Artifact{}, err
 	}
-	man, err := m.cfg.Images.Manifest()
+	man, err := b.m.cfg.Images.Manifest()
 	if err != nil {
 		return image.Artifact{}, fmt.Errorf("image %q: %w (build images with `make image`)", name, err)
 	}

@@ -34,11 +34,12 @@ func (o *op) reserve(ctx context.Context, vm registry.VM) error {
 	return o.read(rec)
 }
 
-// nameFree refuses a name a VM has. Create and fork check it under the
-// name's lock before they take anything for the new VM (a lease, a
-// checkpoint of the source), so that a refusal has nothing to undo.
-func (m *Manager) nameFree(ctx context.Context, name string) error {
-	_, err := m.db.GetVM(ctx, name)
+// nameFree refuses a name a VM has in db. Create and fork check it
+// under the name's lock before they take anything for the new VM (a
+// lease, a checkpoint of the source), so that a refusal has nothing to
+// undo.
+func nameFree(ctx context.Context, db registry.Store, name string) error {
+	_, err := db.GetVM(ctx, name)
 	switch {
 	case err == nil:
 		return errNameTaken
@@ -79,7 +80,7 @@ func (o *op) bringUp(ctx context.Context, from bringUpFrom, progress Progress) e
 	progress("cloning the disk of " + from.what)
 	// The clone runs while the memory is read in; it is over before this
 	// returns (and a rollback removes the VM's files), whatever happens.
-	cloned := m.meanwhile(ctx, "", "bringup-after-clone", func() error {
+	cloned := meanwhile(ctx, "", "bringup-after-clone", func() error {
 		if from.spare && m.snaps.spares.take(ctx, spareFor(from.disk), storage.VMDisk(vm.Name)) {
 			return nil
 		}

@@ -43,36 +43,36 @@ const (
 // start runs the background collection until the Manager closes.
 func (c *collector) start() {
 	c.once.Do(func() { c.wake = make(chan struct{}, 1) })
-	c.m.every(CollectEvery, c.wake, collectDelay, func(ctx context.Context) {
-		if _, err := c.collect(ctx, false); err != nil && ctx.Err() == nil {
-			c.m.log.Warn("den: collect the memory store", "err", err)
-		}
+	c.m.inBackground(func(ctx context.Context) {
+		every(ctx, CollectEvery, c.wake, collectDelay, func(ctx context.Context) {
+			if _, err := c.collect(ctx, false); err != nil && ctx.Err() == nil {
+				c.m.log.Warn("den: collect the memory store", "err", err)
+			}
+		})
 	})
 }
 
-// every runs f in the background every interval, and delay after each
-// signal on wake (nil: none), until the Manager closes.
-func (m *Manager) every(interval time.Duration, wake <-chan struct{}, delay time.Duration, f func(ctx context.Context)) {
-	m.goBackground(func() {
-		ctx, cancel := m.lifetime()
-		defer cancel()
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
+// every runs f every interval, and delay after each signal on wake (nil:
+// none), until ctx ends. The collection and the schedules run in it,
+// each in the background (Manager.inBackground: until the Manager
+// closes).
+func every(ctx context.Context, interval time.Duration, wake <-chan struct{}, delay time.Duration, f func(ctx context.Context)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-wake:
 			select {
 			case <-ctx.Done():
 				return
-			case <-t.C:
-			case <-wake:
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(delay):
-				}
+			case <-time.After(delay):
 			}
-			f(ctx)
 		}
-	})
+		f(ctx)
+	}
 }
 
 // poke asks for a collection soon: something that named extents went.
@@ -202,7 +202,7 @@ func (m *Manager) StorageUsage(ctx context.Context, owner string) (StorageReport
 	if err != nil {
 		return r, err
 	}
-	disks, err := m.diskUsage(ctx)
+	disks, err := m.gc.diskUsage(ctx)
 	if err != nil {
 		return r, fmt.Errorf("storage usage: %w", err)
 	}
@@ -254,7 +254,7 @@ type diskData struct {
 // references (through the read-only mount: JuiceFS would compact a
 // clone's chunks where the read-write one looks): a slice one file alone
 // references is what removing that file frees.
-func (m *Manager) diskUsage(ctx context.Context) (diskData, error) {
+func (c *collector) diskUsage(ctx context.Context) (diskData, error) {
 	d := diskData{vms: map[string]memstore.Usage{}, checkpoints: map[string]int64{}}
 	type ref struct {
 		vm, cp string
@@ -262,7 +262,7 @@ func (m *Manager) diskUsage(ctx context.Context) (diskData, error) {
 	}
 	refs := map[uint64][]ref{}
 	for _, top := range []storage.Path{storage.VMsDir(), storage.ImagesDir(), sparesDir} {
-		root, err := m.vol.ReadPath(top)
+		root, err := c.m.vol.ReadPath(top)
 		if err != nil {
 			return d, err
 		}
@@ -280,7 +280,7 @@ func (m *Manager) diskUsage(ctx context.Context) (diskData, error) {
 			if err != nil {
 				return err
 			}
-			slices, err := m.vol.SliceBytes(ctx, top.Join(strings.Split(filepath.ToSlash(rel), "/")...))
+			slices, err := c.m.vol.SliceBytes(ctx, top.Join(strings.Split(filepath.ToSlash(rel), "/")...))
 			if err != nil {
 				if errors.Is(err, fs.ErrNotExist) {
 					return nil

@@ -49,20 +49,23 @@ type confinement struct {
 	groups map[string]cgroup.Group // by VM (runtime) name
 }
 
-// setupConfine finds or makes the VMM user and the host's cgroups;
-// either missing is a warning. A state dir the VMM user cannot reach is
-// an error: every VM would fail to start.
-func (m *Manager) setupConfine() error {
-	overhead := max(m.adm.overhead, DefaultCgroupOverhead)
-	if m.kvm.Accelerator() == "tcg" {
+// newConfinement finds or makes the VMM user (cfg.VMUser) and the
+// host's cgroups; either missing is a warning. A state dir the VMM user
+// cannot reach is an error: every VM would fail to start. ramDir is
+// where guest RAM files go, overhead the memory budget's per-VMM
+// overhead and accel the accelerator VMMs run under.
+func newConfinement(cfg Config, ramDir string, overhead int64, accel string) (*confinement, error) {
+	log := cfg.Logger
+	overhead = max(overhead, DefaultCgroupOverhead)
+	if accel == "tcg" {
 		overhead += qemu.TCGCacheMiB << 20
 	}
-	m.conf = &confinement{groups: map[string]cgroup.Group{}, prefix: netID(m.state), overhead: overhead, log: m.log}
-	if m.cfg.Drivers != nil || m.cfg.VMUser == "-" {
-		m.conf.why = "confinement off (test drivers or VMUser \"-\")"
-		return nil
+	c := &confinement{groups: map[string]cgroup.Group{}, prefix: netID(cfg.State), overhead: overhead, log: log}
+	if cfg.Drivers != nil || cfg.VMUser == "-" {
+		c.why = "confinement off (test drivers or VMUser \"-\")"
+		return c, nil
 	}
-	name := m.cfg.VMUser
+	name := cfg.VMUser
 	if name == "" {
 		name = vmm.DefaultUser
 	}
@@ -70,31 +73,31 @@ func (m *Manager) setupConfine() error {
 	u, made, err := vmm.EnsureUser(name)
 	switch {
 	case err != nil:
-		m.log.Warn("den: VMMs run as root: their user could not be made", "user", name, "err", err)
+		log.Warn("den: VMMs run as root: their user could not be made", "user", name, "err", err)
 		whys = append(whys, "VMMs run as root: "+err.Error())
 	case made:
-		m.log.Info("den: made the user VMMs run as", "user", name, "uid", u.UID)
+		log.Info("den: made the user VMMs run as", "user", name, "uid", u.UID)
 	}
-	m.conf.user = u
+	c.user = u
 	h, err := cgroup.Detect()
 	if err != nil {
-		m.log.Warn("den: VMMs run without cgroups of their own", "err", err)
+		log.Warn("den: VMMs run without cgroups of their own", "err", err)
 		whys = append(whys, err.Error())
 	}
-	m.conf.cgs = h
+	c.cgs = h
 	if u != nil {
-		if err := m.openPaths(); err != nil {
-			return err
+		if err := openPaths(cfg.State, ramDir, u, log); err != nil {
+			return nil, err
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		if err := network.GuardVMMUser(ctx, u.UID); err != nil {
-			m.log.Warn("den: guests under QEMU's user-mode network can reach host services on loopback", "err", err)
+			log.Warn("den: guests under QEMU's user-mode network can reach host services on loopback", "err", err)
 			whys = append(whys, err.Error())
 		}
 	}
-	m.conf.why = strings.Join(whys, "; ")
-	return nil
+	c.why = strings.Join(whys, "; ")
+	return c, nil
 }
 
 // VMMGuard reports whether the VMM user's packets to the host's own
@@ -108,25 +111,25 @@ func (m *Manager) VMMGuard(ctx context.Context) (bool, error) {
 }
 
 // openPaths lets the VMM user through (search, not list) the
-// directories above its run dirs and RAM files, and keeps the state
-// database from it.
-func (m *Manager) openPaths() error {
-	run := filepath.Dir(m.state.Run("x").Path())
-	for _, d := range []string{m.state.Path(), run, m.ram.dir} {
+// directories above its run dirs and RAM files (in ramDir), and keeps
+// the state database from it.
+func openPaths(state StateDir, ramDir string, user *vmm.User, log *slog.Logger) error {
+	run := filepath.Dir(state.Run("x").Path())
+	for _, d := range []string{state.Path(), run, ramDir} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
-			m.log.Warn("den: vmm user: directory", "dir", d, "err", err)
+			log.Warn("den: vmm user: directory", "dir", d, "err", err)
 			continue
 		}
 		if err := os.Chmod(d, 0o711); err != nil {
-			m.log.Warn("den: vmm user: directory", "dir", d, "err", err)
+			log.Warn("den: vmm user: directory", "dir", d, "err", err)
 		}
 	}
-	if err := passThrough(m.state, m.conf.user.Name); err != nil {
+	if err := passThrough(state, user.Name); err != nil {
 		return err
 	}
-	for _, f := range []string{m.state.DB(), m.state.DB() + "-wal", m.state.DB() + "-shm"} {
+	for _, f := range []string{state.DB(), state.DB() + "-wal", state.DB() + "-shm"} {
 		if err := os.Chmod(f, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
-			m.log.Warn("den: state database mode", "err", err)
+			log.Warn("den: state database mode", "err", err)
 		}
 	}
 	return nil

@@ -212,7 +212,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		return registry.VM{}, err
 	}
 	defer func() { op.end(err) }()
-	if err := m.nameFree(ctx, o.Name); err != nil {
+	if err := nameFree(ctx, m.db, o.Name); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
 

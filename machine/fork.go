@@ -49,7 +49,7 @@ func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progr
 	}
 	defer func() { fo.end(err) }()
 	// A name a VM has is refused before anything is taken for it.
-	if err := m.nameFree(ctx, name); err != nil {
+	if err := nameFree(ctx, m.db, name); err != nil {
 		return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
 	}
 	// The name is taken first, with the source's record as it is now;

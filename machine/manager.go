@@ -258,7 +258,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		closeDB()
 		return nil, err
 	}
-	m.setupRAM()
+	m.ram.setup(cfg.RAMDir, m.state, m.drivers, m.log)
 	budget := cfg.MemoryCopies
 	if budget == 0 {
 		budget = DefaultMemoryCopies
@@ -268,7 +268,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("local memory copies: %w", err)
 	}
 	m.snaps.spares.dropAll(ctx) // one may be half made
-	if err := m.setupConfine(); err != nil {
+	if m.conf, err = newConfinement(m.cfg, m.ram.dir, m.adm.overhead, m.kvm.Accelerator()); err != nil {
 		closeDB()
 		return nil, err
 	}

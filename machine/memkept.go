@@ -2,7 +2,6 @@ package machine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -14,7 +13,6 @@ import (
 	"github.com/denhq/den/memstore"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/vmm"
-	"github.com/denhq/den/vmm/qemu"
 )
 
 // Memory kept by content. A VMM whose guest RAM is a file on the host
@@ -83,8 +81,8 @@ func (ss *snapshots) snapshotKept(ctx context.Context, name string, mk vmm.Memor
 		return fmt.Errorf("snapshot vm %q: memory store: %w", name, err)
 	}
 	so := memstore.SaveOptions{Origin: origin, OriginCopy: originCopy}
-	if data, err := os.ReadFile(filepath.Join(host, qemu.MemoryMapFile)); err == nil {
-		_ = json.Unmarshal(data, &so.Ranges) // the RAM's data ranges the VMM just read (nil: asked again)
+	if ext, err := mk.MemoryRanges(host); err == nil {
+		so.Ranges = ext // the RAM's data ranges the VMM just read (nil: asked again)
 	}
 	end := phase.Begin(ctx, "store the memory by content")
 	_, st, err := store.Save(ctx, mk.RAMFile(), host, so)

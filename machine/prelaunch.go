@@ -48,7 +48,8 @@ type prelaunched struct {
 // (spec sp) to a memory checkpoint will take, when vm's driver
 // prelaunches and the restore stages both the memory (ram) and the disk
 // (disk); nil otherwise. pred is the VM's running instance, nil if none.
-func (m *Manager) prelaunch(ctx context.Context, vm registry.VM, sp spec, pred *instance, ram *stagedRAM, disk *stagedDisk) *prelaunched {
+func (l *launcher) prelaunch(ctx context.Context, vm registry.VM, sp spec, pred *instance, ram *stagedRAM, disk *stagedDisk) *prelaunched {
+	m := l.m
 	d, _ := m.drivers[vm.VMM].(vmm.PrelaunchDriver)
 	if d == nil || ram == nil || disk == nil {
 		return nil

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/registry"
+	"github.com/denhq/den/vmm"
 	"golang.org/x/sys/unix"
 )
 
@@ -32,42 +33,42 @@ type guestRAM struct {
 	frees inFlight // RAM files being freed (discard)
 }
 
-// setupRAM decides where guest RAM files go, once the drivers are known:
-// Config.RAMDir as given, else a tmpfs at StateDir.RAM() (mounted unless
-// it is one already), else /dev/shm, else, with a warning, the state
-// dir's filesystem.
-func (m *Manager) setupRAM() {
+// setup decides where guest RAM files go, once the drivers are known:
+// dir (Config.RAMDir) as given, else a tmpfs at state.RAM() (mounted
+// unless it is one already), else /dev/shm, else, with a warning, the
+// state dir's filesystem.
+func (r *guestRAM) setup(dir string, state StateDir, drivers map[string]vmm.Driver, log *slog.Logger) {
 	needed := false
-	for _, d := range m.drivers {
+	for _, d := range drivers {
 		needed = needed || d.Capabilities().RAMFile
 	}
 	switch {
-	case m.cfg.RAMDir != "":
-		m.ram.dir = m.cfg.RAMDir
-		m.ram.where = describeRAM(m.ram.dir)
+	case dir != "":
+		r.dir = dir
+		r.where = describeRAM(r.dir)
 		return
 	case !needed:
-		m.ram.dir = m.state.RAM()
-		m.ram.where = "in the VMM's own memory"
+		r.dir = state.RAM()
+		r.where = "in the VMM's own memory"
 		return
 	}
-	dir := m.state.RAM()
-	err := mountTmpfs(dir)
+	own := state.RAM()
+	err := mountTmpfs(own)
 	if err == nil {
-		m.ram.dir, m.ram.where = dir, describeRAM(dir)
+		r.dir, r.where = own, describeRAM(own)
 		return
 	}
 	if isTmpfs("/dev/shm") {
 		h := fnv.New32a()
-		h.Write([]byte(m.state.Path()))
-		m.ram.dir = filepath.Join("/dev/shm", fmt.Sprintf("den-%08x", h.Sum32()))
-		m.ram.where = describeRAM(m.ram.dir)
-		m.log.Warn("den: guest RAM in /dev/shm: no tmpfs of den's own", "err", err)
+		h.Write([]byte(state.Path()))
+		r.dir = filepath.Join("/dev/shm", fmt.Sprintf("den-%08x", h.Sum32()))
+		r.where = describeRAM(r.dir)
+		log.Warn("den: guest RAM in /dev/shm: no tmpfs of den's own", "err", err)
 		return
 	}
-	m.ram.dir = filepath.Join(m.state.Path(), "run-ram")
-	m.ram.where = "a file on the state dir's disk (" + m.ram.dir + "): every dirty guest page becomes host writeback"
-	m.log.Warn("den: guest RAM on the state dir's disk: no tmpfs could be mounted and /dev/shm is not one", "err", err)
+	r.dir = filepath.Join(state.Path(), "run-ram")
+	r.where = "a file on the state dir's disk (" + r.dir + "): every dirty guest page becomes host writeback"
+	log.Warn("den: guest RAM on the state dir's disk: no tmpfs could be mounted and /dev/shm is not one", "err", err)
 }
 
 // file is the file backing a VM's guest RAM.

@@ -56,7 +56,7 @@ func (o *op) restore(ctx context.Context, id string, opts RestoreOptions, progre
 	o.undo.always("give back the staged disk", staged.drop)
 	in := o.instance()
 	if ram != nil {
-		ram.pre = m.prelaunch(ctx, vm, o.spec, in, ram, staged)
+		ram.pre = m.launch.prelaunch(ctx, vm, o.spec, in, ram, staged)
 		o.undo.always("stop the prelaunched vmm", ram.pre.drop) // before the staged disk's drop
 	}
 	// A damaged checkpoint is refused before anything changes. Its
@@ -151,7 +151,7 @@ func restoreStage(vm string) storage.Path { return storage.VMDir(vm).Join("disk-
 func (ss *snapshots) stageDisk(ctx context.Context, cp registry.Checkpoint) *stagedDisk {
 	vm, id := cp.VM, cp.ID
 	st := &stagedDisk{m: ss.m, vm: vm, id: id, spare: checkpointSpare(cp), path: restoreStage(vm)}
-	st.wait = ss.m.meanwhile(ctx, "", "", func() error {
+	st.wait = meanwhile(ctx, "", "", func() error {
 		if err := ss.m.vol.Remove(ctx, st.path); err != nil {
 			return err
 		}
@@ -207,7 +207,7 @@ func (o *op) finishRestore(ctx context.Context, cp registry.Checkpoint, staged *
 	// spare disk (spares.go) or a clone of its disk, goes over the VM's
 	// while the memory is read in; it is in place before this returns,
 	// whatever happens.
-	cloned := m.meanwhile(ctx, "", "restore-after-disk", func() error {
+	cloned := meanwhile(ctx, "", "restore-after-disk", func() error {
 		ram.prelaunched().waitHeld() // a VMM prelaunched on the staged disk opens it first
 		if err := staged.putInPlace(ctx, name); err == nil {
 			return nil
@@ -230,7 +230,7 @@ func (o *op) finishRestore(ctx context.Context, cp registry.Checkpoint, staged *
 	// the restore is over (a crash before leaves it to the next try; no
 	// wake uses it, the VM being recorded as restoring).
 	m.snaps.memc.drop(name, "suspend-")
-	retired := m.meanwhile(ctx, "volume: retire the suspend slot", "", func() error {
+	retired := meanwhile(ctx, "volume: retire the suspend slot", "", func() error {
 		return m.snaps.retireSuspend(ctx, name)
 	})
 	defer retired()

@@ -93,20 +93,25 @@ type schedules struct {
 // start looks at the schedules every scheduleTick until the Manager
 // closes.
 func (sc *schedules) start() {
-	sc.m.every(scheduleTick, nil, 0, func(ctx context.Context) {
-		if sc.m.hostDown.Load() {
-			return
-		}
-		vms, err := sc.m.db.ListVMs(ctx, "")
-		if err != nil {
-			return
-		}
-		for _, vm := range vms {
-			if sp, err := decodeSpec(vm); err == nil && due(vm, sp.Schedule, time.Now()) {
-				sc.run(vm.Name)
-			}
-		}
+	sc.m.inBackground(func(ctx context.Context) {
+		every(ctx, scheduleTick, nil, 0, sc.look)
 	})
+}
+
+// look takes, in the background, the checkpoints that are due.
+func (sc *schedules) look(ctx context.Context) {
+	if sc.m.hostDown.Load() {
+		return
+	}
+	vms, err := sc.m.db.ListVMs(ctx, "")
+	if err != nil {
+		return
+	}
+	for _, vm := range vms {
+		if sp, err := decodeSpec(vm); err == nil && due(vm, sp.Schedule, time.Now()) {
+			sc.run(vm.Name)
+		}
+	}
 }
 
 // due says whether vm's schedule wants a checkpoint at now: it runs, and
@@ -136,7 +141,7 @@ func (sc *schedules) run(name string) {
 		}()
 		ctx, cancel := sc.m.lifetime()
 		defer cancel()
-		if err := sc.m.scheduledCheckpoint(ctx, name); err != nil && ctx.Err() == nil {
+		if err := sc.checkpoint(ctx, name); err != nil && ctx.Err() == nil {
 			sc.m.log.Warn("den: scheduled checkpoint", "vm", name, "err", err)
 		}
 	}) {
@@ -146,9 +151,10 @@ func (sc *schedules) run(name string) {
 	}
 }
 
-// scheduledCheckpoint takes the VM's scheduled checkpoint, if it is
-// still due under the VM's lock, and applies the schedule's retention.
-func (m *Manager) scheduledCheckpoint(ctx context.Context, name string) (err error) {
+// checkpoint takes the VM's scheduled checkpoint, if it is still due
+// under the VM's lock, and applies the schedule's retention.
+func (sc *schedules) checkpoint(ctx context.Context, name string) (err error) {
+	m := sc.m
 	o, err := m.begin(ctx, name, "scheduled checkpoint")
 	if err != nil {
 		return err

@@ -58,7 +58,7 @@ func (ss *snapshots) stageRAM(ctx context.Context, vm registry.VM, cp registry.C
 		_ = os.RemoveAll(st.dir)
 		return nil
 	}
-	st.wait = ss.m.meanwhile(ctx, "stage the memory from its local copy (beside the verification and the stop)", "", wait)
+	st.wait = meanwhile(ctx, "stage the memory from its local copy (beside the verification and the stop)", "", wait)
 	return st
 }
 

@@ -15,16 +15,15 @@ type usageCache struct {
 	by map[string]int64
 }
 
-// diskUsed is the data the VM's disk holds: measured now when measure
+// used is the data the VM's disk on vol holds: measured now when measure
 // says so (and remembered), else the last figure (0 when never measured).
-func (m *Manager) diskUsed(ctx context.Context, name string, measure bool) int64 {
-	c := &m.usage
+func (c *usageCache) used(ctx context.Context, vol storage.Volume, name string, measure bool) int64 {
 	if !measure {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return c.by[name]
 	}
-	u, err := m.vol.Usage(ctx, storage.VMDisk(name))
+	u, err := vol.Usage(ctx, storage.VMDisk(name))
 	if err != nil {
 		return 0
 	}
@@ -37,9 +36,9 @@ func (m *Manager) diskUsed(ctx context.Context, name string, measure bool) int64
 	return u.Data
 }
 
-// forgetUsage drops a removed VM's figure.
-func (m *Manager) forgetUsage(name string) {
-	m.usage.mu.Lock()
-	delete(m.usage.by, name)
-	m.usage.mu.Unlock()
+// forget drops a removed VM's figure.
+func (c *usageCache) forget(name string) {
+	c.mu.Lock()
+	delete(c.by, name)
+	c.mu.Unlock()
 }

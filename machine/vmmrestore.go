@@ -218,7 +218,7 @@ var errGuestRan = errors.New("the restored guest ran")
 // traced as step (unless "": op traces its own steps), with crash point
 // after (if any) once it succeeded, and returns the wait for it: called
 // any number of times, it returns the operation's error once it is over.
-func (m *Manager) meanwhile(ctx context.Context, step, after string, op func() error) func() error {
+func meanwhile(ctx context.Context, step, after string, op func() error) func() error {
 	done := make(chan struct{})
 	var err error
 	go func() {

@@ -95,7 +95,7 @@ func (m *Manager) status(ctx context.Context, vm registry.VM, measure bool) Stat
 	if sp, err := decodeSpec(vm); err == nil {
 		st.Net, st.IP, st.Egress = m.net.summary(vm, sp)
 	}
-	st.DiskUsed = m.diskUsed(ctx, vm.Name, measure)
+	st.DiskUsed = m.usage.used(ctx, m.vol, vm.Name, measure)
 	if vm.State == registry.StateRunning && in != nil && alive(in) {
 		st.PID = in.hv.PID()
 		st.Cgroup = m.conf.status(vm.Name)
@@ -133,7 +133,7 @@ func (m *Manager) Remove(ctx context.Context, name string, force bool) (err erro
 		m.procs.stopInstance(ctx, in, how)
 	}
 	m.procs.destroy(ctx, name)
-	m.forgetUsage(name)
+	m.usage.forget(name)
 	m.snaps.memc.drop(name, "")
 	m.snaps.spares.dropVM(ctx, name)
 	_ = os.RemoveAll(m.state.Run(name).Path())

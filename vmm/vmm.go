@@ -14,6 +14,8 @@ import (
 	"net"
 	"os"
 	"time"
+
+	"github.com/denhq/den/internal/sparse"
 )
 
 // Hypervisor runs and controls the VMM process of one VM.
@@ -118,6 +120,11 @@ type MemoryKeeper interface {
 	// RAMFile is the file the guest's RAM is in ("" when it is in none:
 	// SnapshotDevices would not do).
 	RAMFile() string
+	// MemoryRanges are the data ranges of RAMFile that the
+	// SnapshotDevices into dir found (and recorded there, in the VMM's
+	// own layout): the caller stores those and need not look for the
+	// RAM's holes again. An error when dir has none recorded.
+	MemoryRanges(dir string) ([]sparse.Extent, error)
 }
 
 // Capabilities says what a driver can do on this host.

@@ -35,6 +35,12 @@ func TestGuestSnapshotDevices(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(snap, "memory")); !os.IsNotExist(err) {
 		t.Fatalf("a snapshot without its memory has a memory file: %v", err)
 	}
+	if ext, err := v.MemoryRanges(snap); err != nil || len(ext) == 0 {
+		t.Fatalf("the RAM's data ranges the snapshot found: %v %v", ext, err)
+	}
+	if _, err := v.MemoryRanges(e.dir); err == nil {
+		t.Fatal("the memory ranges of a directory with no snapshot: no error")
+	}
 	kept := filepath.Join(e.dir, "kept")
 	if err := sparse.CopyCache(v.RAMFile(), kept); err != nil {
 		t.Fatal(err)

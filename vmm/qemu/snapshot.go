@@ -81,6 +81,20 @@ func (v *VMM) RAMFile() string {
 	return v.ramFile()
 }
 
+// MemoryRanges are the RAM file's data ranges the snapshot in dir
+// recorded in its map (vmm.MemoryKeeper): those SnapshotDevices found.
+func (v *VMM) MemoryRanges(dir string) ([]sparse.Extent, error) {
+	data, err := os.ReadFile(filepath.Join(dir, snapExtent))
+	if err != nil {
+		return nil, fmt.Errorf("memory ranges: %w", err)
+	}
+	var ext []sparse.Extent
+	if err := json.Unmarshal(data, &ext); err != nil {
+		return nil, fmt.Errorf("memory ranges: corrupt %s: %w", snapExtent, err)
+	}
+	return ext, nil
+}
+
 // DeltaMemoryFile is the memory file SnapshotOver writes over; "" when
 // the RAM goes into the state stream (Options.StreamRAM).
 func (v *VMM) DeltaMemoryFile() string {
