@@ -201,11 +201,19 @@ func (t *tools) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in WriteF
 	defer fs.Close()
 	flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
 	if in.Append {
-		flags = os.O_WRONLY | os.O_CREATE | os.O_APPEND
+		// Not O_APPEND: SFTP writes at offsets, and the agent's server
+		// writes at the one sent. The end is where the client starts.
+		flags = os.O_WRONLY | os.O_CREATE
 	}
 	f, err := fs.OpenFile(in.Path, flags)
 	if err != nil {
 		return nil, WriteFileOutput{}, fmt.Errorf("write %s in %s: %w", in.Path, in.Name, err)
+	}
+	if in.Append {
+		if _, err := f.Seek(0, io.SeekEnd); err != nil {
+			f.Close()
+			return nil, WriteFileOutput{}, fmt.Errorf("write %s in %s: %w", in.Path, in.Name, err)
+		}
 	}
 	_, werr := f.Write(data)
 	cerr := f.Close()

@@ -37,6 +37,7 @@ type CreateInput struct {
 	Disk        string `json:"disk,omitempty" jsonschema:"disk size, e.g. 20G (default 4G, or the image's disk when larger)"`
 	IdleTimeout string `json:"idle_timeout,omitempty" jsonschema:"sleep after this long idle, e.g. 10m; 0 never (default 10m)"`
 	Egress      string `json:"egress,omitempty" jsonschema:"egress policy: allow-all, deny-all or allow:LIST of CIDRs and domain names (default: the daemon's)"`
+	Cold        bool   `json:"cold,omitempty" jsonschema:"boot instead of restoring the image's warm snapshot (slower)"`
 }
 
 // CheckpointInput asks for a checkpoint.
@@ -134,7 +135,7 @@ func (t *tools) create(ctx context.Context, req *mcp.CallToolRequest, in CreateI
 // createRequest is create's API request, its arguments checked by the
 // rules the CLI's den create checks them by.
 func createRequest(in CreateInput) (api.CreateRequest, error) {
-	r := api.CreateRequest{Name: in.Name, Image: in.Image, CPUs: in.CPUs, IdleTimeout: in.IdleTimeout, Egress: in.Egress}
+	r := api.CreateRequest{Name: in.Name, Image: in.Image, CPUs: in.CPUs, IdleTimeout: in.IdleTimeout, Egress: in.Egress, Cold: in.Cold}
 	if err := validate.VMName(in.Name); err != nil {
 		return r, err
 	}
