@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -22,11 +23,16 @@ import (
 // mcpSession is an MCP client session with the server at endpoint,
 // through hc.
 func mcpSession(t *testing.T, endpoint string, hc *http.Client) *mcp.ClientSession {
+	return mcpSessionWith(t, endpoint, hc, nil)
+}
+
+// mcpSessionWith is mcpSession with the client's options.
+func mcpSessionWith(t *testing.T, endpoint string, hc *http.Client, opts *mcp.ClientOptions) *mcp.ClientSession {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	tr := &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: hc, MaxRetries: -1}
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "den-test"}, nil).Connect(ctx, tr, nil)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "den-test"}, opts).Connect(ctx, tr, nil)
 	if err != nil {
 		t.Fatalf("mcp connect %s: %v", endpoint, err)
 	}
@@ -106,8 +112,34 @@ func TestMCPOverHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	endpoint := "https://" + e.tlsLn.addr + "/v1/mcp"
-	as := mcpSession(t, endpoint, e.tlsHTTP(atok.Secret))
+	var stepsMu sync.Mutex
+	var steps []string
+	as := mcpSessionWith(t, endpoint, e.tlsHTTP(atok.Secret), &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			stepsMu.Lock()
+			defer stepsMu.Unlock()
+			steps = append(steps, req.Params.Message)
+		},
+	})
 	bs := mcpSession(t, endpoint, e.tlsHTTP(btok.Secret))
+
+	// A create, its steps sent as progress when asked for.
+	params := &mcp.CallToolParams{Name: "create", Arguments: map[string]any{"name": "amore", "memory": "128M", "disk": "8M", "idle_timeout": "0", "cold": true}}
+	params.SetProgressToken("create-amore")
+	if res, err := as.CallTool(ctx, params); err != nil || res.IsError {
+		t.Fatalf("create over mcp: %v %+v", err, res)
+	}
+	stepsMu.Lock()
+	if len(steps) == 0 || steps[0] == "" {
+		t.Errorf("create's progress: %q", steps)
+	}
+	stepsMu.Unlock()
+	if vm, err := alice.GetVM(ctx, "amore"); err != nil || vm.Owner != "alice" || vm.State != "running" {
+		t.Fatalf("the vm made over mcp: %+v %v", vm, err)
+	}
+	if err := alice.RemoveVM(ctx, "amore", true); err != nil {
+		t.Fatal(err)
+	}
 
 	var list struct{ VMs []api.VM }
 	if isErr, text := call(t, as, "list", nil, &list); isErr || len(list.VMs) != 1 || list.VMs[0].Name != "abox" {
@@ -117,6 +149,10 @@ func TestMCPOverHTTP(t *testing.T) {
 	isErr, text := call(t, as, "exec", map[string]any{"name": "abox", "command": "echo hi; echo oops >&2; printf %s \"$GREETING\"; exit 3", "env": []string{"GREETING=hello"}}, &ex)
 	if isErr || ex.ExitStatus != 3 || ex.Stdout != "hi\nhello" || ex.Stderr != "oops\n" || ex.Truncated {
 		t.Fatalf("alice's exec: %s", text)
+	}
+	isErr, text = call(t, as, "exec", map[string]any{"name": "abox", "command": "tr a-z A-Z", "stdin": "quiet\n"}, &ex)
+	if isErr || ex.ExitStatus != 0 || ex.Stdout != "QUIET\n" {
+		t.Fatalf("exec with stdin: %s", text)
 	}
 	isErr, text = call(t, as, "exec", map[string]any{"name": "abox", "command": "seq 1 10000", "max_output_bytes": 10}, &ex)
 	if isErr || ex.ExitStatus != 0 || ex.Stdout != "1\n2\n3\n4\n5\n" || !ex.Truncated || ex.StdoutBytes != 48894 {
