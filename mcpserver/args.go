@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -138,13 +139,19 @@ func encode(data []byte) (content, encoding string) {
 }
 
 // capped keeps the first max bytes written to it and counts them all.
+// It may be read while written: a command killed at its timeout leaves
+// its session's copies running for a moment after Exec returns.
 type capped struct {
-	max   int
+	max int
+
+	mu    sync.Mutex
 	buf   []byte
 	total int64
 }
 
 func (c *capped) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.total += int64(len(p))
 	if room := c.max - len(c.buf); room > 0 {
 		c.buf = append(c.buf, p[:min(room, len(p))]...)
@@ -152,9 +159,11 @@ func (c *capped) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// text is what was kept, as valid UTF-8 (a cut rune, or bytes that are
-// not UTF-8, become U+FFFD).
-func (c *capped) text() string { return strings.ToValidUTF8(string(c.buf), "\uFFFD") }
-
-// truncated says whether more was written than kept.
-func (c *capped) truncated() bool { return c.total > int64(len(c.buf)) }
+// result is what was kept, as valid UTF-8 (a cut rune, or bytes that are
+// not UTF-8, become U+FFFD), how much was written, and whether that was
+// more than was kept.
+func (c *capped) result() (text string, total int64, truncated bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.ToValidUTF8(string(c.buf), "\uFFFD"), c.total, c.total > int64(len(c.buf))
+}

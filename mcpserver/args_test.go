@@ -161,15 +161,13 @@ func TestCapped(t *testing.T) {
 	c := &capped{max: 5}
 	c.Write([]byte("abcd"))
 	c.Write([]byte("é-and-more")) // é is 2 bytes: cut after its first
-	if c.total != 4+int64(len("é-and-more")) || !c.truncated() {
-		t.Errorf("total %d, truncated %v", c.total, c.truncated())
-	}
-	if got := c.text(); got != "abcd\uFFFD" {
-		t.Errorf("text %q", got)
+	text, total, cut := c.result()
+	if text != "abcd\uFFFD" || total != 4+int64(len("é-and-more")) || !cut {
+		t.Errorf("over the cap: %q, total %d, truncated %v", text, total, cut)
 	}
 	small := &capped{max: 10}
 	small.Write([]byte("ok"))
-	if small.truncated() || small.text() != "ok" {
-		t.Errorf("under the cap: %q truncated %v", small.text(), small.truncated())
+	if text, total, cut := small.result(); text != "ok" || total != 2 || cut {
+		t.Errorf("under the cap: %q, total %d, truncated %v", text, total, cut)
 	}
 }

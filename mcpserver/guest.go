@@ -108,8 +108,11 @@ func (t *tools) exec(ctx context.Context, _ *mcp.CallToolRequest, in ExecInput) 
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	status, err := g.Exec(cctx, req)
-	out := ExecOutput{ExitStatus: status, Stdout: stdout.text(), Stderr: stderr.text(),
-		StdoutBytes: stdout.total, StderrBytes: stderr.total, Truncated: stdout.truncated() || stderr.truncated()}
+	out := ExecOutput{ExitStatus: status}
+	var cutOut, cutErr bool
+	out.Stdout, out.StdoutBytes, cutOut = stdout.result()
+	out.Stderr, out.StderrBytes, cutErr = stderr.result()
+	out.Truncated = cutOut || cutErr
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 			out.TimedOut = true
