@@ -108,7 +108,8 @@ func (tt tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // one real guest and a fork of it. Over streamable HTTP with alice's
 // token it creates a VM, runs commands (exit status, output, timeout),
 // writes and reads a file, checkpoints and reads the checkpoint tree;
-// bob's token neither sees nor touches that VM. Then a real `den mcp`
+// bob's token neither sees nor touches that VM; alice's key reaches it
+// through the SSH gateway's `den@host mcp`. Then a real `den mcp`
 // process (stdio, the daemon's socket, as root) restores the checkpoint,
 // forks it, puts the VM to sleep and wakes it, and gives its URL.
 func TestMCP(t *testing.T) {
@@ -186,6 +187,27 @@ func TestMCP(t *testing.T) {
 		t.Error("bob read alice's checkpoint tree")
 	}
 	alice.exec("mbox", "echo after the checkpoint > /root/notes.txt")
+
+	// alice again, on stdio through the SSH gateway, with her key.
+	g := newGW(t, d)
+	key := g.key("alice")
+	d.must("keys", "add", "--user", "den-mcp-alice", key+".pub")
+	gctx, gcancel := context.WithCancel(context.Background())
+	t.Cleanup(gcancel)
+	gcs, err := mcp.NewClient(&mcp.Implementation{Name: "den-e2e"}, nil).Connect(ctx,
+		&mcp.CommandTransport{Command: g.sshCmd(gctx, key, "den@127.0.0.1", "mcp")}, nil)
+	if err != nil {
+		t.Fatalf("ssh den@ mcp: %v", err)
+	}
+	t.Cleanup(func() { gcs.Close() })
+	viaSSH := mcpCaller{t, gcs}
+	viaSSH.must("list", nil, &list)
+	if len(list.VMs) != 1 || list.VMs[0].Name != "mbox" {
+		t.Errorf("alice's list through the gateway: %+v", list.VMs)
+	}
+	if out := viaSSH.exec("mbox", "cat /root/notes.txt"); out != "after the checkpoint\n" {
+		t.Errorf("through the gateway: %q", out)
+	}
 
 	// A real den mcp process on stdio, as root (an admin: every VM).
 	cmd := exec.Command(d.den, "mcp")

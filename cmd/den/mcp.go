@@ -14,7 +14,7 @@ func mcpCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "mcp",
 		Usage:     "serve your VMs to an AI agent as Model Context Protocol tools, over stdin and stdout",
-		UsageText: "den mcp [--socket PATH | --url https://HOST:PORT --token T [--ca F]]",
+		UsageText: "den mcp [--socket PATH | --url https://HOST:PORT --token T [--ca F]]\n   ssh -p 2222 den@HOST mcp",
 		Description: `An MCP client (Claude Desktop, Claude Code, an agent framework) starts den mcp
 and speaks JSON-RPC to it on stdin and stdout. Every tool call is a den API call
 as you (the socket's user, or the token's with --url): the agent sees and
@@ -25,14 +25,17 @@ stderr in the result, capped; killed at its timeout), read_file, write_file,
 checkpoint, checkpoints, restore, fork, sleep, wake, url. Resources: each VM's
 checkpoint tree, den://vms/NAME/checkpoints.
 
-The daemon serves the same tools over streamable HTTP at /v1/mcp on its TLS
-API listener (den daemon --api-listen), behind a bearer token (den tokens
-add). docs/mcp.md has both set up.
+Through the SSH gateway, ssh -p 2222 den@HOST mcp is the same server, as the
+key's user, for clients on another machine. The daemon also serves the tools
+over streamable HTTP at /v1/mcp on its TLS API listener (den daemon
+--api-listen), behind a bearer token (den tokens add). docs/mcp.md has each
+set up.
 
 Examples:
    den mcp                                   # what an MCP client runs
    claude mcp add den -- den mcp             # Claude Code
    den mcp --url https://den.example.org:8443 --token "$DEN_TOKEN"
+   ssh -p 2222 den@den.example.org mcp       # from another machine, with your key
 
    # Claude Desktop (claude_desktop_config.json) or any client's JSON:
    {"mcpServers": {"den": {"command": "den", "args": ["mcp"]}}}`,
