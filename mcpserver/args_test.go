@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -169,5 +170,17 @@ func TestCapped(t *testing.T) {
 	small.Write([]byte("ok"))
 	if text, total, cut := small.result(); text != "ok" || total != 2 || cut {
 		t.Errorf("under the cap: %q, total %d, truncated %v", text, total, cut)
+	}
+}
+
+// TestQuiet: the SDK's Info lines are dropped from the daemon's log, its
+// warnings kept, with their attributes.
+func TestQuiet(t *testing.T) {
+	var buf strings.Builder
+	l := quiet(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	l.Info("server session connected")
+	l.With("component", "mcp").Warn("rejecting request")
+	if out := buf.String(); strings.Contains(out, "connected") || !strings.Contains(out, "rejecting request") || !strings.Contains(out, "component=mcp") {
+		t.Errorf("log: %q", out)
 	}
 }

@@ -36,7 +36,7 @@ func New(cl *api.Client, log *slog.Logger) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "den", Title: "den: long-lived microVMs", Version: Version},
 		&mcp.ServerOptions{
 			Instructions: instructions,
-			Logger:       log,
+			Logger:       quiet(log),
 			SchemaCache:  schemas,
 		})
 	t := &tools{api: cl}
@@ -64,7 +64,7 @@ func HTTPHandler(clientOf func(*http.Request) *api.Client, done func(*api.Client
 	h := mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
 		cl, _ := r.Context().Value(clientKey{}).(*api.Client)
 		return New(cl, log)
-	}, &mcp.StreamableHTTPOptions{Stateless: true, Logger: log})
+	}, &mcp.StreamableHTTPOptions{Stateless: true, Logger: quiet(log)})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cl := clientOf(r)
 		if done != nil {
@@ -73,3 +73,25 @@ func HTTPHandler(clientOf func(*http.Request) *api.Client, done func(*api.Client
 		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), clientKey{}, cl)))
 	})
 }
+
+// quiet is log without the SDK's Info lines (a session connected,
+// initialized, ended: several per HTTP request); warnings and errors pass.
+func quiet(log *slog.Logger) *slog.Logger {
+	if log == nil {
+		log = slog.Default()
+	}
+	return slog.New(warnings{log.Handler()})
+}
+
+// warnings passes on records of level Warn and above.
+type warnings struct{ slog.Handler }
+
+func (w warnings) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && w.Handler.Enabled(ctx, l)
+}
+
+func (w warnings) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return warnings{w.Handler.WithAttrs(attrs)}
+}
+
+func (w warnings) WithGroup(name string) slog.Handler { return warnings{w.Handler.WithGroup(name)} }
