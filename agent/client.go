@@ -139,6 +139,18 @@ func Dial(ctx context.Context, conn net.Conn, signer ssh.Signer, opts ...DialOpt
 	return c, nil
 }
 
+// FromSSH wraps an SSH connection to a guest agent that was made
+// elsewhere (the daemon's relay: api.Client.SSH), so that Exec, Shell and
+// SFTP run over it as over one Dial made. Close closes sc.
+func FromSSH(sc *ssh.Client) *Client {
+	c := &Client{ssh: sc, version: string(sc.ServerVersion()), done: make(chan struct{})}
+	go func() {
+		sc.Wait()
+		close(c.done)
+	}()
+	return c
+}
+
 func (c *Client) keepalive(interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()

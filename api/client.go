@@ -101,6 +101,11 @@ func NewDialClient(where string, dial func(ctx context.Context) (net.Conn, error
 	return c
 }
 
+// CloseIdle closes the client's idle connections to the daemon: a
+// client made for one request (the daemon's MCP handler makes one per
+// request) leaves none open after it.
+func (c *Client) CloseIdle() { c.http.CloseIdleConnections() }
+
 // Socket is the daemon this client uses: its socket, or its URL.
 func (c *Client) Socket() string { return c.where }
 

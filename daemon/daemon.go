@@ -239,6 +239,7 @@ func Run(ctx context.Context, o Options) error {
 	apiSrv.hosts = &hostsView{store: db, self: o.HostName, lease: o.Lease}
 	apiSrv.tokens = users.Tokens{Store: db}
 	apiSrv.bearer = tokenCaller(apiSrv.tokens)
+	apiSrv.inproc = inproc
 	if o.AdminGroup == "" {
 		o.AdminGroup = DefaultAdminGroup
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/crypto/ssh"
 )
 
@@ -96,6 +97,14 @@ func TestOpenAPITour(t *testing.T) {
 		t.Fatalf("ssh: %v", err)
 	}
 	sc.Close()
+
+	mcpReq, _ := http.NewRequest("POST", "http://den/v1/mcp", nil)
+	_, pattern = e.srv.mux.Handler(mcpReq)
+	called[pattern] = true
+	ms := mcpSession(t, "http://den/v1/mcp", hc)
+	if res, err := ms.CallTool(ctx, &mcp.CallToolParams{Name: "info", Arguments: map[string]any{"name": "box"}}); err != nil || res.IsError {
+		t.Fatalf("mcp: info box: %v %v", err, res)
+	}
 
 	call("POST", "/v1/host/sleep", `{"timeout":"1m"}`, 200)
 	call("POST", "/v1/host/wake", `{"parallel":2}`, 200)

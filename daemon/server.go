@@ -20,6 +20,7 @@ import (
 	"github.com/denhq/den/audit"
 	"github.com/denhq/den/egress"
 	"github.com/denhq/den/machine"
+	"github.com/denhq/den/mcpserver"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/users"
 )
@@ -42,11 +43,16 @@ type Server struct {
 	held   tokenConns // connections each bearer token holds open
 	audit  *audit.Log // nil: none
 	hosts  *hostsView // the registry's host records (nil: none)
+	// inproc makes the connections the MCP handler's calls take, as its
+	// request's caller (nil: no MCP).
+	inproc *inProcess
+	mcp    http.Handler
 }
 
 // NewServer returns the API handler for m.
 func NewServer(m Lifecycle, keys users.Keys, info api.DaemonInfo, hostKey ssh.Signer, log *slog.Logger) *Server {
 	s := &Server{m: m, keys: keys, info: info, hostKey: hostKey, log: log, mux: http.NewServeMux()}
+	s.mcp = mcpserver.HTTPHandler(s.mcpClient, (*api.Client).CloseIdle, log)
 	for _, rt := range routes {
 		s.mux.HandleFunc(rt.pattern, guard(func(w http.ResponseWriter, r *http.Request) { rt.handle(s, w, r) }))
 	}
@@ -99,6 +105,7 @@ var routes = []route{
 	{"POST /v1/tokens", (*Server).addToken},
 	{"DELETE /v1/tokens", (*Server).removeToken},
 	{"GET /v1/audit", (*Server).getAudit},
+	{"POST /v1/mcp", (*Server).serveMCP},
 }
 
 // ServeHTTP establishes the request's caller from its connection (or its

@@ -130,6 +130,7 @@ func newAPIEnv(t *testing.T) *apiEnv {
 		t.Fatal(err)
 	}
 	inproc := newInProcess()
+	s.inproc = inproc
 	go func() { _ = srv.Serve(ln) }()
 	go func() { _ = srv.Serve(inproc) }()
 	go func() { _ = srv.Serve(tlsLn.ln) }()

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -29,11 +30,13 @@ const (
 	MaxComment      = 4 << 10 // a checkpoint's comment
 	MaxKeyName      = 128     // a key's name (default: its comment)
 	MaxPublicKey    = 16 << 10
-	MaxKeyRef       = 128 // a key's fingerprint or name, to remove it
-	MaxTokenName    = 64  // an API token's name
-	MaxTokenRef     = 64  // an API token's id or name, to remove it
-	MaxDuration     = 64  // a duration such as an idle timeout
-	MaxHostName     = 64  // a cluster host's name
+	MaxKeyRef       = 128         // a key's fingerprint or name, to remove it
+	MaxTokenName    = 64          // an API token's name
+	MaxTokenRef     = 64          // an API token's id or name, to remove it
+	MaxDuration     = 64          // a duration such as an idle timeout
+	MaxHostName     = 64          // a cluster host's name
+	MaxGuestPath    = 4095        // a file's path in a guest (Linux's PATH_MAX, its NUL excluded)
+	MaxEnvEntry     = 128<<10 - 1 // KEY=VALUE for a guest command (one argument: agent.MaxCommandLine)
 	// QuoteMax bounds how much of a refused value an error quotes.
 	QuoteMax = 64
 )
@@ -182,6 +185,25 @@ func TokenRef(s string) error {
 // Duration checks the length of a duration as sent (its form is
 // time.ParseDuration's to check).
 func Duration(what, s string) error { return text(what, s, MaxDuration) }
+
+// GuestPath checks a file's path in a guest, as sent to read or write
+// it: UTF-8 of 1 to MaxGuestPath bytes, without NUL (relative paths are
+// the guest user's home's).
+func GuestPath(p string) error {
+	if p == "" {
+		return fmt.Errorf("missing path: %w", ErrInvalid)
+	}
+	return text("path", p, MaxGuestPath)
+}
+
+// EnvEntry checks an environment entry for a command in a guest:
+// KEY=VALUE, KEY not empty.
+func EnvEntry(kv string) error {
+	if i := strings.IndexByte(kv, '='); i <= 0 {
+		return fmt.Errorf("bad environment entry %s: use KEY=VALUE: %w", Quote(kv), ErrInvalid)
+	}
+	return text("environment entry", kv, MaxEnvEntry)
+}
 
 // text checks a free string: at most max bytes of UTF-8, without NUL.
 func text(what, s string, max int) error {
