@@ -52,13 +52,19 @@ type heart struct {
 	done chan struct{}
 }
 
-// startHeart records the host at once (a start fails when it cannot) and
-// then beats until stopped.
+// startHeart renews the host's leases and records the host at once (a
+// start fails when it cannot), then goes on until stopped: the leases
+// every tenth of the lease (so that a failed renewal or two, a
+// PostgreSQL restart say, leave time before the fence's deadline at half
+// the lease), the record every third.
 func startHeart(ctx context.Context, store registry.Store, m *machine.Manager, self registry.Host, lease time.Duration,
 	cluster *clusterHost, log *slog.Logger) (*heart, error) {
 	h := &heart{store: store, m: m, self: self, lease: lease, log: log, cluster: cluster,
 		lost: make(chan struct{}), done: make(chan struct{})}
-	if err := h.beat(ctx); err != nil {
+	if err := h.renew(ctx); err != nil {
+		return nil, err
+	}
+	if err := h.record(ctx); err != nil {
 		return nil, err
 	}
 	bctx, stop := context.WithCancel(context.Background())
@@ -69,17 +75,27 @@ func startHeart(ctx context.Context, store registry.Store, m *machine.Manager, s
 
 func (h *heart) run(ctx context.Context) {
 	defer close(h.done)
-	t := time.NewTicker(h.lease / 3)
+	tick := h.lease / 3
+	if h.cluster != nil {
+		tick = h.lease / 10
+	}
+	t := time.NewTicker(tick)
 	defer t.Stop()
-	failing := false
+	recorded := time.Now()
+	var failing error
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		bctx, cancel := context.WithTimeout(ctx, h.lease/3)
-		err := h.beat(bctx)
+		bctx, cancel := context.WithTimeout(ctx, tick)
+		err := h.renew(bctx)
+		if err == nil && time.Since(recorded) >= h.lease/3 {
+			if err = h.record(bctx); err == nil {
+				recorded = time.Now()
+			}
+		}
 		cancel()
 		if errors.Is(err, registry.ErrLeaseLost) {
 			h.lostErr = err
@@ -87,43 +103,48 @@ func (h *heart) run(ctx context.Context) {
 			return
 		}
 		switch {
-		case err != nil && !failing && ctx.Err() == nil:
+		case err != nil && failing == nil && ctx.Err() == nil:
 			h.log.Warn("den: heartbeat failed", "host", h.self.Name, "err", err)
-			failing = true
-		case err == nil && failing:
+			failing = err
+		case err == nil && failing != nil:
 			h.log.Info("den: heartbeat recorded again", "host", h.self.Name)
-			failing = false
+			failing = nil
 		}
 	}
 }
 
-// beat renews the host's leases and records the host with its counts
-// now. It wraps registry.ErrLeaseLost when the cluster lease is gone.
-func (h *heart) beat(ctx context.Context) error {
-	if c := h.cluster; c != nil {
-		t0 := fence.Now()
-		renewed, err := h.store.RenewLeases(ctx, h.self.Name, h.lease)
-		if err != nil {
-			return err
-		}
-		held := false
-		for _, l := range renewed {
-			if l.VM == c.lease.VM && l.Generation == c.lease.Generation {
-				held = true
-			}
-		}
-		if !held {
-			cur, _ := h.store.GetLease(ctx, c.lease.VM)
-			return fmt.Errorf("cluster: this host (%s) lost the cluster lease of generation %d: now host %q holds generation %d: %w",
-				h.self.Name, c.lease.Generation, cur.Host, cur.Generation, registry.ErrLeaseLost)
-		}
-		if err := c.push(t0); err != nil {
-			return err
-		}
-		if err := c.guard(); err != nil {
-			return err
+// renew renews the cluster lease (nothing to do on one host) and pushes
+// the fence's deadline. It wraps registry.ErrLeaseLost when the lease is
+// gone.
+func (h *heart) renew(ctx context.Context) error {
+	c := h.cluster
+	if c == nil {
+		return nil
+	}
+	t0 := fence.Now()
+	renewed, err := h.store.RenewLeases(ctx, h.self.Name, h.lease)
+	if err != nil {
+		return err
+	}
+	held := false
+	for _, l := range renewed {
+		if l.VM == c.lease.VM && l.Generation == c.lease.Generation {
+			held = true
 		}
 	}
+	if !held {
+		cur, _ := h.store.GetLease(ctx, c.lease.VM)
+		return fmt.Errorf("cluster: this host (%s) lost the cluster lease of generation %d: now host %q holds generation %d: %w",
+			h.self.Name, c.lease.Generation, cur.Host, cur.Generation, registry.ErrLeaseLost)
+	}
+	if err := c.push(t0); err != nil {
+		return err
+	}
+	return c.guard()
+}
+
+// record records the host with its counts now.
+func (h *heart) record(ctx context.Context) error {
 	rec := h.self
 	mem := h.m.Memory(ctx)
 	rec.MemoryBudgetBytes, rec.MemoryFreeBytes = mem.Budget, mem.Free
