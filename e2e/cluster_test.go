@@ -21,14 +21,14 @@ import (
 // PostgreSQL (den's registry and the volume's metadata, each in a
 // database of its own) and a real MinIO (the volume's data).
 type clusterEnv struct {
-	t     *testing.T
+	t     testing.TB
 	pg    *pgtest.Server
 	minio *minio
 	dir   string
 	lease time.Duration
 }
 
-func newClusterEnv(t *testing.T, lease time.Duration) *clusterEnv {
+func newClusterEnv(t testing.TB, lease time.Duration) *clusterEnv {
 	c := &clusterEnv{t: t, pg: pgtest.Start(t), minio: startMinio(t), dir: t.TempDir(), lease: lease}
 	c.pg.CreateDatabase(t, "den")
 	c.pg.CreateDatabase(t, "den_volume")
@@ -64,13 +64,38 @@ func (c *clusterEnv) config(host string) string {
 
 // host starts a daemon of the cluster.
 func (c *clusterEnv) host(name string) *daemon {
-	d := startDaemonIn(c.t, func(string) []string { return []string{"--cluster", c.config(name)} })
-	c.t.Cleanup(func() { // the shared volume's mounts, whatever teardown found
-		for _, m := range []string{"mnt-ro", "mnt"} {
-			_ = syscall.Unmount(filepath.Join(d.state, "juicefs", m), syscall.MNT_DETACH)
-		}
-	})
-	return d
+	return startDaemonIn(c.t, c.setup(name))
+}
+
+// setup is the daemon setup of host name: its cluster config, and the
+// unmount of the shared volume when the test ends, whatever teardown
+// found.
+func (c *clusterEnv) setup(name string) func(dir string) []string {
+	return func(dir string) []string {
+		c.t.Cleanup(func() {
+			for _, m := range []string{"mnt-ro", "mnt"} {
+				_ = syscall.Unmount(filepath.Join(dir, "state", "juicefs", m), syscall.MNT_DETACH)
+			}
+		})
+		return []string{"--cluster", c.config(name)}
+	}
+}
+
+// registrySetup is the daemon setup of a test that did not ask for one:
+// none, or with DEN_E2E_REGISTRY=postgres a one-host cluster of its own
+// (a real PostgreSQL and MinIO), so that the tests make test runs that
+// way too exercise the PostgreSQL registry and the shared volume. Its
+// lease is long: crash tests restart the daemon well within half of it.
+func registrySetup(t testing.TB) func(dir string) []string {
+	switch r := os.Getenv("DEN_E2E_REGISTRY"); r {
+	case "", "sqlite":
+		return nil
+	case "postgres":
+		return newClusterEnv(t, time.Minute).setup("e2e-host")
+	default:
+		t.Fatalf("DEN_E2E_REGISTRY=%q: want sqlite or postgres", r)
+		return nil
+	}
 }
 
 // registry opens den's record as the hosts do.

@@ -82,7 +82,7 @@ type daemon struct {
 
 // startDaemon starts a daemon on a fresh state dir (short path: unix
 // sockets live under it) and waits until its socket answers.
-func startDaemon(t testing.TB) *daemon { return startDaemonIn(t, nil) }
+func startDaemon(t testing.TB) *daemon { return startDaemonIn(t, registrySetup(t)) }
 
 // startDaemonIn is startDaemon with setup run on the test's directory
 // (which will hold the state dir) first: a test mounts a small

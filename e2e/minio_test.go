@@ -14,7 +14,7 @@ import (
 
 // minio is a MinIO server on 127.0.0.1 for a test.
 type minio struct {
-	t    *testing.T
+	t    testing.TB
 	bin  string
 	dir  string
 	addr string
@@ -26,7 +26,7 @@ const (
 	minioPassword = "den-e2e-secret-0123"
 )
 
-func startMinio(t *testing.T) *minio {
+func startMinio(t testing.TB) *minio {
 	t.Helper()
 	bin := filepath.Join(repoRoot(t), "bin", "minio")
 	if _, err := os.Stat(bin); err != nil {
