@@ -134,6 +134,10 @@ func (h *heart) renew(ctx context.Context) error {
 	}
 	if !held {
 		cur, _ := h.store.GetLease(ctx, c.lease.VM)
+		if cur.Host == c.lease.Host && cur.Generation == c.lease.Generation {
+			return fmt.Errorf("cluster: this host (%s) lost the cluster lease of generation %d: it expired at %s, unrenewed for longer than the lease (%s): %w",
+				h.self.Name, c.lease.Generation, cur.Expires.Format(time.RFC3339), h.lease, registry.ErrLeaseLost)
+		}
 		return fmt.Errorf("cluster: this host (%s) lost the cluster lease of generation %d: now host %q holds generation %d: %w",
 			h.self.Name, c.lease.Generation, cur.Host, cur.Generation, registry.ErrLeaseLost)
 	}
