@@ -155,13 +155,7 @@ func (s *Server) Stop() {
 	if s.cmd == nil {
 		return
 	}
-	_ = s.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case <-s.exited:
-	case <-time.After(15 * time.Second):
-		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-		<-s.exited
-	}
+	s.halt()
 	s.cmd = nil
 	s.logf.Close()
 	os.RemoveAll(s.base)
@@ -170,6 +164,13 @@ func (s *Server) Stop() {
 // Restart stops the server and starts it again on the same port and
 // data, as an operator's restart does; it returns once it answers.
 func (s *Server) Restart() error {
+	s.halt()
+	return s.run()
+}
+
+// halt stops the server process: a fast shutdown (SIGINT), then SIGKILL
+// after 15 s.
+func (s *Server) halt() {
 	_ = s.cmd.Process.Signal(syscall.SIGINT)
 	select {
 	case <-s.exited:
@@ -177,7 +178,6 @@ func (s *Server) Restart() error {
 		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 		<-s.exited
 	}
-	return s.run()
 }
 
 // Log returns what the server logged.
