@@ -22,7 +22,7 @@ import (
 const DefaultLease = 10 * time.Second
 
 // MinLease is the shortest lease a cluster may use: a host renews every
-// third of it.
+// tenth of it.
 const MinLease = 3 * time.Second
 
 // Config is a cluster config file (JSON):
@@ -171,6 +171,9 @@ func (c Config) Check() error {
 	}
 	if c.Volume.MetaURL == "" || strings.HasPrefix(c.Volume.MetaURL, "sqlite3:") {
 		return errors.New("cluster config: the volume keeps its metadata on this host: a cluster's volume needs meta_url, a PostgreSQL database every host reaches")
+	}
+	if c.Volume.Writeback {
+		return errors.New("cluster config: the volume's writeback keeps acknowledged writes in this host's cache: a host that dies loses them to the host that takes over; turn writeback off")
 	}
 	meta, err := postgresURL("volume meta_url", c.Volume.MetaURL)
 	if err != nil {

@@ -59,6 +59,7 @@ func TestCheck(t *testing.T) {
 		{`{"lease": "1s", "registry": "postgres://den@db/den", ` + good + `}`, "shorter than"},
 		{`{"lease": "soon", "registry": "postgres://den@db/den", ` + good + `}`, "invalid duration"},
 		{`{"registry": "postgres://den@db/den", "extra": 1, ` + good + `}`, "unknown field"},
+		{`{"registry": "postgres://den@db/den", "volume": {"meta_url": "postgres://den@db/den_volume", "writeback": true, "s3": {"endpoint": "http://s3:9000", "bucket": "b"}, "secrets_file": "vs.json"}}`, "turn writeback off"},
 		{`{"registry": "postgres://den@db/den", "secrets_file": "` + loose + `", ` + good + `}`, "lets others read it"},
 	} {
 		p := write(t, dir, "c.json", tc.cfg, 0o600)

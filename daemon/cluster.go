@@ -2,16 +2,20 @@ package daemon
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/denhq/den/cluster"
 	"github.com/denhq/den/fence"
+	"github.com/denhq/den/internal/atomicfile"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
@@ -26,9 +30,12 @@ const ClusterLease = "@cluster"
 // database when o names a cluster config (and then the cluster's volume
 // config replaces vcfg), else SQLite in the state dir. With a cluster it
 // takes the cluster's lease, or refuses the start while another host
-// holds it.
+// holds it, and starts the fence guard.
 func openRegistry(ctx context.Context, o *Options, state machine.StateDir, vcfg *storage.Config) (*registry.DB, *clusterHost, error) {
 	if o.ClusterConfig == "" {
+		if _, ok, _ := fence.Passed(state.Fence()); ok {
+			return nil, nil, fmt.Errorf("this state dir is a cluster host's (%s holds its fence deadline): start it with --cluster, or remove that file once its VMs are stopped", state.Fence())
+		}
 		db, err := registry.Open(state.DB())
 		return db, nil, err
 	}
@@ -39,25 +46,31 @@ func openRegistry(ctx context.Context, o *Options, state machine.StateDir, vcfg 
 	if err != nil {
 		return nil, nil, err
 	}
+	if cc.Host == "localhost" {
+		return nil, nil, errors.New("cluster: this machine's hostname does not name it in a cluster: give \"host\" in the cluster config")
+	}
 	*vcfg = cc.Volume
-	o.HostName, o.Lease = cc.Host, time.Duration(cc.Lease)
+	o.HostName, o.HostAddress, o.Lease = cc.Host, cc.Address, time.Duration(cc.Lease)
+	instance, err := loadInstance(state.Instance())
+	if err != nil {
+		return nil, nil, fmt.Errorf("cluster: %w", err)
+	}
+	den, err := os.Executable()
+	if err != nil {
+		return nil, nil, fmt.Errorf("cluster: %w", err)
+	}
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	db, err := registry.OpenPostgres(octx, cc.RegistryDSN())
 	if err != nil {
 		return nil, nil, fmt.Errorf("cluster: %w", err)
 	}
-	den, err := os.Executable()
-	if err != nil {
-		db.Close()
-		return nil, nil, fmt.Errorf("cluster: %w", err)
-	}
 	t0 := fence.Now()
-	l, err := db.AcquireLease(octx, ClusterLease, o.HostName, o.Lease, o.Lease/2)
+	l, err := db.AcquireLease(octx, ClusterLease, o.HostName, instance, o.Lease, o.Lease/2)
 	if err != nil {
 		db.Close()
 		if errors.Is(err, registry.ErrLeased) {
-			return nil, nil, fmt.Errorf("cluster: another host is the live host of this cluster (den runs VMs on one live host at a time for now): %w", err)
+			return nil, nil, fmt.Errorf("cluster: another daemon is the live host of this cluster (den runs VMs on one live host at a time for now): %w", err)
 		}
 		return nil, nil, fmt.Errorf("cluster: %w", err)
 	}
@@ -72,6 +85,23 @@ func openRegistry(ctx context.Context, o *Options, state machine.StateDir, vcfg 
 		return nil, nil, fmt.Errorf("cluster: %w", err)
 	}
 	return db, c, nil
+}
+
+// loadInstance reads this state dir's daemon instance id, made once: it
+// tells apart daemons that give the same host name.
+func loadInstance(path string) (string, error) {
+	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) == 32 {
+		return strings.TrimSpace(string(b)), nil
+	}
+	var id [16]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return "", err
+	}
+	s := hex.EncodeToString(id[:])
+	if err := atomicfile.Replace(path, []byte(s+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("instance id: %w", err)
+	}
+	return s, nil
 }
 
 // clusterHost is what a host of a cluster holds: the cluster's lease,
@@ -123,13 +153,24 @@ func (c *clusterHost) guard() error {
 	return nil
 }
 
-// leave gives the cluster's lease back and lifts the fence, when no VM
-// runs here; with VMs running both stay, and the fence stops them unless
-// a daemon renews the lease in time.
-func (c *clusterHost) leave(store registry.LeaseStore, running int) {
-	if running > 0 {
+// fenceNow stops this host's VMMs at once, and has the guard stop any an
+// operation in flight starts: the lease is lost.
+func (c *clusterHost) fenceNow() {
+	if err := fence.Push(c.state.Fence(), c.lease.Host, fence.Now()-1); err != nil {
+		c.log.Error("den: fence: push a passed deadline", "err", err)
+	}
+	if killed, err := fence.KillVMMs(c.state.Runs()); len(killed) > 0 || err != nil {
+		c.log.Warn("den: the cluster lease is lost: VMMs killed", "vms", killed, "err", err)
+	}
+}
+
+// leave gives the cluster's lease back and lifts the fence, when no VMM
+// of this host runs; with VMMs running both stay, and the fence stops
+// them unless a daemon renews the lease in time.
+func (c *clusterHost) leave(store registry.LeaseStore) {
+	if running, err := fence.Live(c.state.Runs()); len(running) > 0 || err != nil {
 		c.log.Warn("den: stopping with VMs running: the fence guard stops them unless a daemon renews this host's lease within half of it",
-			"running", running, "lease", c.ttl)
+			"running", running, "lease", c.ttl, "err", err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

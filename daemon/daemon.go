@@ -37,8 +37,9 @@ type Options struct {
 	// shared one. Empty: one host, with SQLite and VolumeConfig's volume.
 	ClusterConfig string
 	// HostName is this host's name in the registry's host records
-	// (default: the machine's hostname; a cluster config's host).
-	HostName string
+	// (default: the machine's hostname; a cluster config's host), and
+	// HostAddress where other hosts reach it (a cluster config's).
+	HostName, HostAddress string
 	// Lease is how long a heartbeat keeps the host alive (default
 	// DefaultLease).
 	Lease time.Duration
@@ -144,6 +145,28 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	undo.push(func() { _ = db.Close() }) // after the manager's Close
+	if o.HostName == "" {
+		o.HostName = defaultHostName()
+	}
+	if o.Lease <= 0 {
+		o.Lease = DefaultLease
+	}
+	if clusterHost != nil {
+		// A refused start gives the lease back, so that a host that
+		// cannot start does not keep the others out.
+		undo.push(func() {
+			if refused {
+				clusterHost.leave(db)
+			}
+		})
+	}
+	// The lease is renewed from now on: the start may take longer than
+	// the fence's deadline.
+	beat, err := startHeart(ctx, db, o.Lease, clusterHost, o.Logger)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	undo.push(beat.close)
 	if o.VolumeConfig != "" {
 		c, err := storage.LoadConfig(o.VolumeConfig)
 		if err != nil {
@@ -195,17 +218,9 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	undo.push(func() { _ = m.Close() })
-	if o.HostName == "" {
-		o.HostName = defaultHostName()
-	}
-	if o.Lease <= 0 {
-		o.Lease = DefaultLease
-	}
-	beat, err := startHeart(ctx, db, m, hostSelf(o.HostName, o.Version, m.VMMName()), o.Lease, clusterHost, o.Logger)
-	if err != nil {
+	if err := beat.attach(ctx, m, hostSelf(o.HostName, o.HostAddress, o.Version, m.VMMName())); err != nil {
 		return fmt.Errorf("daemon: host record: %w", err)
 	}
-	undo.push(beat.close)
 
 	hostKey, err := agent.LoadOrCreateHostKey(state.GatewayKey())
 	if err != nil {
@@ -290,7 +305,7 @@ func Run(ctx context.Context, o Options) error {
 	_ = m.Close()
 	beat.close()
 	if clusterHost != nil {
-		clusterHost.leave(db, m.Running())
+		clusterHost.leave(db)
 	}
 	// Running VMs keep the volume mounted (their disks are on it) and the
 	// next daemon adopts both; with none, the volume is unmounted cleanly.

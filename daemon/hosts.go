@@ -8,9 +8,11 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/cluster"
 	"github.com/denhq/den/fence"
 	"github.com/denhq/den/internal/hostinfo"
 	"github.com/denhq/den/internal/validate"
@@ -18,9 +20,8 @@ import (
 	"github.com/denhq/den/registry"
 )
 
-// DefaultLease is how long a host's heartbeat keeps it alive: it beats
-// every third of that.
-const DefaultLease = 10 * time.Second
+// DefaultLease is how long a host's heartbeat keeps it alive.
+const DefaultLease = cluster.DefaultLease
 
 // defaultHostName is this machine's hostname as a den host name
 // ("localhost" where it has none den takes).
@@ -32,45 +33,55 @@ func defaultHostName() string {
 	return strings.ToLower(name)
 }
 
-// heart keeps this host's record in the registry fresh: what it is and
-// what it holds, every third of the lease.
+// heart renews this host's cluster lease, from the start of the daemon
+// on, every tenth of the lease (so that a failed renewal or two, a
+// PostgreSQL restart say, leave time before the fence's deadline at half
+// the lease), and, once a Manager is attached, records the host in the
+// registry every third.
 type heart struct {
 	store registry.Store
-	m     *machine.Manager
-	self  registry.Host // the fields that do not change
 	lease time.Duration
 	log   *slog.Logger
 	// cluster is what this host of a cluster holds (nil: one host, no
-	// lease); every beat renews its lease and pushes its fence. lost is
-	// closed, with lostErr set, when a renewal finds the lease gone:
-	// another host took over.
+	// lease). lost is closed, with lostErr set, when a renewal finds the
+	// lease gone: another host took over, or it lapsed.
 	cluster *clusterHost
 	lost    chan struct{}
 	lostErr error
+	// rec is what the host records (nil until attach).
+	rec atomic.Pointer[recorder]
 
 	stop context.CancelFunc
 	done chan struct{}
 }
 
-// startHeart renews the host's leases and records the host at once (a
-// start fails when it cannot), then goes on until stopped: the leases
-// every tenth of the lease (so that a failed renewal or two, a
-// PostgreSQL restart say, leave time before the fence's deadline at half
-// the lease), the record every third.
-func startHeart(ctx context.Context, store registry.Store, m *machine.Manager, self registry.Host, lease time.Duration,
-	cluster *clusterHost, log *slog.Logger) (*heart, error) {
-	h := &heart{store: store, m: m, self: self, lease: lease, log: log, cluster: cluster,
-		lost: make(chan struct{}), done: make(chan struct{})}
+// recorder is what a host's record is made of.
+type recorder struct {
+	m    *machine.Manager
+	self registry.Host // the fields that do not change
+}
+
+// startHeart renews the cluster lease at once (a start fails when it
+// cannot) and goes on until stopped.
+func startHeart(ctx context.Context, store registry.Store, lease time.Duration, cluster *clusterHost, log *slog.Logger) (*heart, error) {
+	h := &heart{store: store, lease: lease, log: log, cluster: cluster, lost: make(chan struct{}), done: make(chan struct{})}
 	if err := h.renew(ctx); err != nil {
-		return nil, err
-	}
-	if err := h.record(ctx); err != nil {
 		return nil, err
 	}
 	bctx, stop := context.WithCancel(context.Background())
 	h.stop = stop
 	go h.run(bctx)
 	return h, nil
+}
+
+// attach records the host, now and from then on, with m's counts.
+func (h *heart) attach(ctx context.Context, m *machine.Manager, self registry.Host) error {
+	r := &recorder{m: m, self: self}
+	if err := r.record(ctx, h.store); err != nil {
+		return err
+	}
+	h.rec.Store(r)
+	return nil
 }
 
 func (h *heart) run(ctx context.Context) {
@@ -89,25 +100,28 @@ func (h *heart) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		bctx, cancel := context.WithTimeout(ctx, tick)
-		err := h.renew(bctx)
-		if err == nil && time.Since(recorded) >= h.lease/3 {
-			if err = h.record(bctx); err == nil {
+		rctx, cancel := context.WithTimeout(ctx, h.lease/4)
+		err := h.renew(rctx)
+		cancel()
+		if r := h.rec.Load(); err == nil && r != nil && time.Since(recorded) >= h.lease/3 {
+			rctx, cancel := context.WithTimeout(ctx, h.lease)
+			if err = r.record(rctx, h.store); err == nil {
 				recorded = time.Now()
 			}
+			cancel()
 		}
-		cancel()
 		if errors.Is(err, registry.ErrLeaseLost) {
+			h.cluster.fenceNow()
 			h.lostErr = err
 			close(h.lost)
 			return
 		}
 		switch {
 		case err != nil && failing == nil && ctx.Err() == nil:
-			h.log.Warn("den: heartbeat failed", "host", h.self.Name, "err", err)
+			h.log.Warn("den: heartbeat failed", "err", err)
 			failing = err
 		case err == nil && failing != nil:
-			h.log.Info("den: heartbeat recorded again", "host", h.self.Name)
+			h.log.Info("den: heartbeat recorded again")
 			failing = nil
 		}
 	}
@@ -122,7 +136,7 @@ func (h *heart) renew(ctx context.Context) error {
 		return nil
 	}
 	t0 := fence.Now()
-	renewed, err := h.store.RenewLeases(ctx, h.self.Name, h.lease)
+	renewed, err := h.store.RenewLeases(ctx, c.lease.Host, c.lease.Instance, h.lease)
 	if err != nil {
 		return err
 	}
@@ -134,12 +148,12 @@ func (h *heart) renew(ctx context.Context) error {
 	}
 	if !held {
 		cur, _ := h.store.GetLease(ctx, c.lease.VM)
-		if cur.Host == c.lease.Host && cur.Generation == c.lease.Generation {
+		if cur.Host == c.lease.Host && cur.Instance == c.lease.Instance && cur.Generation == c.lease.Generation {
 			return fmt.Errorf("cluster: this host (%s) lost the cluster lease of generation %d: it expired at %s, unrenewed for longer than the lease (%s): %w",
-				h.self.Name, c.lease.Generation, cur.Expires.Format(time.RFC3339), h.lease, registry.ErrLeaseLost)
+				c.lease.Host, c.lease.Generation, cur.Expires.Format(time.RFC3339), h.lease, registry.ErrLeaseLost)
 		}
 		return fmt.Errorf("cluster: this host (%s) lost the cluster lease of generation %d: now host %q holds generation %d: %w",
-			h.self.Name, c.lease.Generation, cur.Host, cur.Generation, registry.ErrLeaseLost)
+			c.lease.Host, c.lease.Generation, cur.Host, cur.Generation, registry.ErrLeaseLost)
 	}
 	if err := c.push(t0); err != nil {
 		return err
@@ -148,14 +162,14 @@ func (h *heart) renew(ctx context.Context) error {
 }
 
 // record records the host with its counts now.
-func (h *heart) record(ctx context.Context) error {
-	rec := h.self
-	mem := h.m.Memory(ctx)
+func (r *recorder) record(ctx context.Context, store registry.Store) error {
+	rec := r.self
+	mem := r.m.Memory(ctx)
 	rec.MemoryBudgetBytes, rec.MemoryFreeBytes = mem.Budget, mem.Free
 	if mem.Budget < 0 {
 		rec.MemoryBudgetBytes, rec.MemoryFreeBytes = -1, -1
 	}
-	vms, err := h.store.ListVMs(ctx, "")
+	vms, err := store.ListVMs(ctx, "")
 	if err != nil {
 		return err
 	}
@@ -167,7 +181,7 @@ func (h *heart) record(ctx context.Context) error {
 			rec.Sleeping++
 		}
 	}
-	return h.store.Heartbeat(ctx, rec)
+	return store.Heartbeat(ctx, rec)
 }
 
 func (h *heart) close() {
@@ -178,9 +192,9 @@ func (h *heart) close() {
 }
 
 // hostSelf describes this host for its record.
-func hostSelf(name, version, vmm string) registry.Host {
+func hostSelf(name, address, version, vmm string) registry.Host {
 	model, cpus := hostinfo.CPU()
-	return registry.Host{Name: name, Version: version, VMM: vmm, CPUModel: model, CPUs: cpus, StartedAt: time.Now().UTC()}
+	return registry.Host{Name: name, Address: address, Version: version, VMM: vmm, CPUModel: model, CPUs: cpus, StartedAt: time.Now().UTC()}
 }
 
 // hostsView answers GET /v1/hosts from the registry.

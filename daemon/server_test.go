@@ -114,11 +114,14 @@ func newAPIEnv(t *testing.T) *apiEnv {
 	s := NewServer(m, users.Keys{Store: db}, api.DaemonInfo{VMM: machinetest.Name}, hostKey, log)
 	s.tokens = users.Tokens{Store: db}
 	s.bearer = tokenCaller(s.tokens)
-	beat, err := startHeart(ctx, db, m, hostSelf("test-host", "dev", machinetest.Name), DefaultLease, nil, log)
+	beat, err := startHeart(ctx, db, DefaultLease, nil, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(beat.close)
+	if err := beat.attach(ctx, m, hostSelf("test-host", "", "dev", machinetest.Name)); err != nil {
+		t.Fatal(err)
+	}
 	s.hosts = &hostsView{store: db, self: "test-host", lease: DefaultLease}
 	if s.audit, err = audit.Open(state.Audit(), audit.Options{}); err != nil {
 		t.Fatal(err)

@@ -173,7 +173,7 @@ func TestClusterFence(t *testing.T) {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, den, "daemon", "--state-dir", bstate, "--socket", filepath.Join(bstate, "den.sock"),
 		"--images", images.Path(), "--ssh-listen", "off", "--net", "user", "--vmm-user", "-", "--cluster", c.config("host-b")).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "another host is the live host of this cluster") ||
+	if err == nil || !strings.Contains(string(out), "another daemon is the live host of this cluster") ||
 		!strings.Contains(string(out), `"host-a"`) {
 		t.Fatalf("a second live host: %v\n%s", err, out)
 	}

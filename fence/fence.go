@@ -17,7 +17,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -87,27 +89,68 @@ func Passed(file string) (passed, ok bool, err error) {
 	return d.BootID != bootID() || Now() >= d.At, true, nil
 }
 
-// KillVMMs kills every live VMM whose run dir is under runs, and returns
-// the run dirs of those it killed.
-func KillVMMs(runs string) ([]string, error) {
+// live adopts every live VMM whose run dir is under runs, by run dir
+// name.
+func live(runs string) (map[string]*vmm.Process, error) {
 	ents, err := os.ReadDir(runs)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	var killed []string
-	var errs []error
+	out := map[string]*vmm.Process{}
 	for _, e := range ents {
 		rd := vmm.RunDir(filepath.Join(runs, e.Name()))
-		p, err := vmm.AdoptProcess(rd.PIDFile())
-		if err != nil {
-			continue // none runs there (or not the one recorded)
+		if p, err := vmm.AdoptProcess(rd.PIDFile()); err == nil {
+			out[rd.Name()] = p
 		}
-		if err := p.Kill(); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		killed = append(killed, rd.Name())
 	}
+	return out, nil
+}
+
+// Live lists the run dirs under runs whose VMM runs.
+func Live(runs string) ([]string, error) {
+	ents, err := os.ReadDir(runs)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	var names []string
+	for _, e := range ents {
+		if vmm.Recorded(vmm.RunDir(filepath.Join(runs, e.Name())).PIDFile()) {
+			names = append(names, e.Name())
+		}
+	}
+	return names, nil
+}
+
+// KillVMMs kills every live VMM whose run dir is under runs, all at once,
+// and returns the run dirs of those it killed once they are gone (or
+// after a bounded wait).
+func KillVMMs(runs string) ([]string, error) {
+	procs, err := live(runs)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		mu     sync.Mutex
+		killed []string
+		errs   []error
+		wg     sync.WaitGroup
+	)
+	for name, p := range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := p.Kill()
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			killed = append(killed, name)
+		}()
+	}
+	wg.Wait()
+	slices.Sort(killed)
 	return killed, errors.Join(errs...)
 }
 
@@ -133,11 +176,20 @@ func (g *Guard) Run(ctx context.Context) error {
 		return fmt.Errorf("fence guard: %w", err)
 	}
 	defer lf.Close()
-	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		if errors.Is(err, unix.EWOULDBLOCK) {
+	// Running probes the lock for a moment: a guard starting then tries
+	// again, for a second, before it takes the holder for another guard.
+	for try := 0; ; try++ {
+		err := unix.Flock(int(lf.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			return fmt.Errorf("fence guard: lock %s: %w", g.Lock, err)
+		}
+		if try == 20 {
 			return ErrRunning
 		}
-		return fmt.Errorf("fence guard: lock %s: %w", g.Lock, err)
+		time.Sleep(50 * time.Millisecond)
 	}
 	every := g.Every
 	if every <= 0 {
@@ -149,10 +201,9 @@ func (g *Guard) Run(ctx context.Context) error {
 		passed, ok, err := Passed(g.File)
 		switch {
 		case err != nil:
-			g.Log.Warn("fence guard: read deadline", "err", err)
-		case !ok:
-			g.Log.Info("fence guard: the deadline was lifted; exiting")
-			return nil
+			// A deadline that cannot be read protects nothing.
+			g.Log.Warn("fence guard: read deadline: taken as passed", "err", err)
+			fallthrough
 		case passed:
 			killed, err := KillVMMs(g.Runs)
 			if len(killed) > 0 {
@@ -161,6 +212,9 @@ func (g *Guard) Run(ctx context.Context) error {
 			if err != nil {
 				g.Log.Error("fence guard: kill VMMs", "err", err)
 			}
+		case !ok:
+			g.Log.Info("fence guard: the deadline was lifted; exiting")
+			return nil
 		}
 		select {
 		case <-ctx.Done():

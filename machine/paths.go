@@ -64,3 +64,7 @@ func (s StateDir) FenceLock() string { return filepath.Join(string(s), "fence.lo
 
 // FenceLog is the fence guard's log.
 func (s StateDir) FenceLog() string { return filepath.Join(string(s), "fence.log") }
+
+// Instance is this state dir's daemon instance id (a cluster tells apart
+// daemons that give the same host name by it).
+func (s StateDir) Instance() string { return filepath.Join(string(s), "instance") }

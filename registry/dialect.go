@@ -173,8 +173,8 @@ func (t *txn) Lock(ctx context.Context, key string) error {
 func (t *txn) Commit() error {
 	if l := t.fence; l != nil {
 		var gen int64
-		err := t.QueryRowContext(t.ctx, `SELECT generation FROM leases WHERE vm = ? AND host = ? AND generation = ? AND expires_at > `+
-			t.d.now+t.d.forShare, l.VM, l.Host, l.Generation).Scan(&gen)
+		err := t.QueryRowContext(t.ctx, `SELECT generation FROM leases WHERE vm = ? AND host = ? AND instance = ? AND generation = ? AND expires_at > `+
+			t.d.now+t.d.forShare, l.VM, l.Host, l.Instance, l.Generation).Scan(&gen)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("host %q's lease %q of generation %d is no longer held: the write is refused: %w", l.Host, l.VM, l.Generation, ErrLeaseLost)
 		}

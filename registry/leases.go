@@ -23,8 +23,11 @@ var (
 // state. A VM's lease row outlives the VM, so a VM made again under the
 // same name goes on from the generation the old one reached.
 type Lease struct {
-	VM         string    `json:"vm"`
-	Host       string    `json:"host"` // "" : nobody holds it
+	VM   string `json:"vm"`
+	Host string `json:"host"` // "" : nobody holds it
+	// Instance tells apart daemons that give the same host name: the
+	// holder's random id, kept in its state dir.
+	Instance   string    `json:"instance"`
 	Generation int64     `json:"generation"`
 	Expires    time.Time `json:"expires"`
 	// Now is the database's clock when the lease was read or written.
@@ -36,17 +39,19 @@ func (l Lease) Held() bool { return l.Host != "" && l.Now.Before(l.Expires) }
 
 // LeaseStore keeps the VMs' leases.
 type LeaseStore interface {
-	// AcquireLease gives host the VM's lease for ttl: when nobody holds
-	// it, when host holds it already (same generation), or when the
-	// holder's lease expired at least grace ago (a new generation). It
-	// wraps ErrLeased otherwise.
-	AcquireLease(ctx context.Context, vm, host string, ttl, grace time.Duration) (Lease, error)
-	// RenewLeases extends every unexpired lease host holds to ttl from
-	// now and returns them; a lease that expired meanwhile is not
-	// renewed (its host must have stopped the VM by then).
-	RenewLeases(ctx context.Context, host string, ttl time.Duration) ([]Lease, error)
+	// AcquireLease gives the daemon instance of host the VM's lease for
+	// ttl: when nobody holds it, when that daemon holds it already (same
+	// generation), or when the holder's lease expired at least grace ago
+	// (a new generation). It wraps ErrLeased otherwise, for another
+	// daemon of the same host name too.
+	AcquireLease(ctx context.Context, vm, host, instance string, ttl, grace time.Duration) (Lease, error)
+	// RenewLeases extends every unexpired lease the daemon instance of
+	// host holds to ttl from now and returns them; a lease that expired
+	// meanwhile is not renewed (its host must have stopped the VM by
+	// then).
+	RenewLeases(ctx context.Context, host, instance string, ttl time.Duration) ([]Lease, error)
 	// ReleaseLease gives up l; ErrLeaseLost when l is no longer held as
-	// it was (by its host, at its generation).
+	// it was (by its host and instance, at its generation).
 	ReleaseLease(ctx context.Context, l Lease) error
 	// GetLease returns the VM's lease (Host "" when none was ever
 	// taken).
@@ -58,12 +63,12 @@ type LeaseStore interface {
 
 var _ LeaseStore = (*DB)(nil)
 
-const leaseColumns = `vm, host, generation, expires_at`
+const leaseColumns = `vm, host, instance, generation, expires_at`
 
 func scanLease(s scanner) (Lease, error) {
 	var l Lease
 	var exp int64
-	err := s.Scan(&l.VM, &l.Host, &l.Generation, &exp)
+	err := s.Scan(&l.VM, &l.Host, &l.Instance, &l.Generation, &exp)
 	l.Expires = time.UnixMilli(exp).UTC()
 	return l, err
 }
@@ -75,7 +80,7 @@ func (d *DB) dbNow(ctx context.Context, q queryRower) (int64, error) {
 }
 
 // AcquireLease implements LeaseStore.
-func (d *DB) AcquireLease(ctx context.Context, vm, host string, ttl, grace time.Duration) (Lease, error) {
+func (d *DB) AcquireLease(ctx context.Context, vm, host, instance string, ttl, grace time.Duration) (Lease, error) {
 	if err := checkHostName(host); err != nil {
 		return Lease{}, err
 	}
@@ -96,18 +101,22 @@ func (d *DB) AcquireLease(ctx context.Context, vm, host string, ttl, grace time.
 		return Lease{}, fmt.Errorf("lease of vm %q: %w", vm, err)
 	}
 	exp := l.Expires.UnixMilli()
+	mine := l.Host == host && l.Instance == instance
 	switch {
-	case l.Host == host && now < exp:
-		// Held by this host already: the same generation, extended.
-	case l.Host == "" || (l.Host == host && now >= exp) || now >= exp+grace.Milliseconds():
+	case mine && now < exp:
+		// Held by this daemon already: the same generation, extended.
+	case l.Host == "" || (mine && now >= exp) || now >= exp+grace.Milliseconds():
 		l.Generation++
+	case l.Host == host:
+		return Lease{}, fmt.Errorf("lease %q is %w: another daemon named %q (instance %s) holds it until %s: give each host a name of its own",
+			vm, ErrLeased, host, l.Instance, l.Expires.Format(time.RFC3339))
 	default:
-		return Lease{}, fmt.Errorf("vm %q is %w %q until %s (%s from now)", vm, ErrLeased, l.Host,
+		return Lease{}, fmt.Errorf("lease %q is %w %q until %s (%s from now, with the grace)", vm, ErrLeased, l.Host,
 			l.Expires.Format(time.RFC3339), time.Duration(exp+grace.Milliseconds()-now)*time.Millisecond)
 	}
-	l.Host, l.Expires, l.Now = host, time.UnixMilli(now+ttl.Milliseconds()).UTC(), time.UnixMilli(now).UTC()
-	if _, err := tx.ExecContext(ctx, `UPDATE leases SET host = ?, generation = ?, expires_at = ? WHERE vm = ?`,
-		host, l.Generation, l.Expires.UnixMilli(), vm); err != nil {
+	l.Host, l.Instance, l.Expires, l.Now = host, instance, time.UnixMilli(now+ttl.Milliseconds()).UTC(), time.UnixMilli(now).UTC()
+	if _, err := tx.ExecContext(ctx, `UPDATE leases SET host = ?, instance = ?, generation = ?, expires_at = ? WHERE vm = ?`,
+		host, instance, l.Generation, l.Expires.UnixMilli(), vm); err != nil {
 		return Lease{}, fmt.Errorf("lease of vm %q: %w", vm, err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -117,17 +126,17 @@ func (d *DB) AcquireLease(ctx context.Context, vm, host string, ttl, grace time.
 }
 
 // RenewLeases implements LeaseStore.
-func (d *DB) RenewLeases(ctx context.Context, host string, ttl time.Duration) ([]Lease, error) {
+func (d *DB) RenewLeases(ctx context.Context, host, instance string, ttl time.Duration) ([]Lease, error) {
 	now := d.meta.d.now
-	rows, err := d.meta.QueryContext(ctx, `UPDATE leases SET expires_at = `+now+` + ? WHERE host = ? AND expires_at > `+now+`
-		RETURNING `+leaseColumns+`, `+now, ttl.Milliseconds(), host)
+	rows, err := d.meta.QueryContext(ctx, `UPDATE leases SET expires_at = `+now+` + ? WHERE host = ? AND instance = ? AND expires_at > `+now+`
+		RETURNING `+leaseColumns+`, `+now, ttl.Milliseconds(), host, instance)
 	if err != nil {
 		return nil, fmt.Errorf("renew leases of host %q: %w", host, err)
 	}
 	out, err := collect(rows, func(s scanner) (Lease, error) {
 		var l Lease
 		var exp, at int64
-		err := s.Scan(&l.VM, &l.Host, &l.Generation, &exp, &at)
+		err := s.Scan(&l.VM, &l.Host, &l.Instance, &l.Generation, &exp, &at)
 		l.Expires, l.Now = time.UnixMilli(exp).UTC(), time.UnixMilli(at).UTC()
 		return l, err
 	})
@@ -139,8 +148,8 @@ func (d *DB) RenewLeases(ctx context.Context, host string, ttl time.Duration) ([
 
 // ReleaseLease implements LeaseStore.
 func (d *DB) ReleaseLease(ctx context.Context, l Lease) error {
-	res, err := d.meta.ExecContext(ctx, `UPDATE leases SET host = '', expires_at = 0 WHERE vm = ? AND host = ? AND generation = ?`,
-		l.VM, l.Host, l.Generation)
+	res, err := d.meta.ExecContext(ctx, `UPDATE leases SET host = '', instance = '', expires_at = 0 WHERE vm = ? AND host = ? AND instance = ? AND generation = ?`,
+		l.VM, l.Host, l.Instance, l.Generation)
 	if err != nil {
 		return fmt.Errorf("release lease of vm %q: %w", l.VM, err)
 	}

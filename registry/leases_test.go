@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,34 +28,41 @@ func testLeases(t *testing.T, open func() (*DB, error)) {
 	if l, err := db.GetLease(ctx, "box"); err != nil || l.Host != "" || l.Held() {
 		t.Fatalf("a lease never taken: %+v %v", l, err)
 	}
-	a, err := db.AcquireLease(ctx, "box", "host-a", long, long)
+	a, err := db.AcquireLease(ctx, "box", "host-a", "inst", long, long)
 	if err != nil || a.Generation != 1 || !a.Held() {
 		t.Fatalf("first acquire: %+v %v", a, err)
 	}
-	if _, err := db.AcquireLease(ctx, "box", "host-b", long, 0); !errors.Is(err, ErrLeased) {
+	if _, err := db.AcquireLease(ctx, "box", "host-b", "inst", long, 0); !errors.Is(err, ErrLeased) {
 		t.Fatalf("another host took a held lease: %v", err)
 	}
-	if again, err := db.AcquireLease(ctx, "box", "host-a", long, long); err != nil || again.Generation != a.Generation {
+	if _, err := db.AcquireLease(ctx, "box", "host-a", "other-daemon", long, 0); !errors.Is(err, ErrLeased) ||
+		!strings.Contains(err.Error(), "another daemon named") {
+		t.Fatalf("another daemon of the same host name took a held lease: %v", err)
+	}
+	if got, _ := db.RenewLeases(ctx, "host-a", "other-daemon", long); len(got) != 0 {
+		t.Fatalf("another daemon of the same host name renewed its lease: %+v", got)
+	}
+	if again, err := db.AcquireLease(ctx, "box", "host-a", "inst", long, long); err != nil || again.Generation != a.Generation {
 		t.Fatalf("the holder acquires again: %+v %v, want generation %d", again, err, a.Generation)
 	}
-	if _, err := db.AcquireLease(ctx, "box", "bad host", long, long); !errors.Is(err, validate.ErrInvalid) {
+	if _, err := db.AcquireLease(ctx, "box", "bad host", "inst", long, long); !errors.Is(err, validate.ErrInvalid) {
 		t.Fatalf("a bad host name: %v", err)
 	}
-	renewed, err := db.RenewLeases(ctx, "host-a", long)
+	renewed, err := db.RenewLeases(ctx, "host-a", "inst", long)
 	if err != nil || len(renewed) != 1 || renewed[0].VM != "box" || renewed[0].Generation != a.Generation {
 		t.Fatalf("renew: %+v %v", renewed, err)
 	}
 	if err := db.ReleaseLease(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	b, err := db.AcquireLease(ctx, "box", "host-b", long, long)
+	b, err := db.AcquireLease(ctx, "box", "host-b", "inst", long, long)
 	if err != nil || b.Generation != a.Generation+1 {
 		t.Fatalf("acquire after a release: %+v %v, want generation %d", b, err, a.Generation+1)
 	}
 	if err := db.ReleaseLease(ctx, a); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("a stale release: %v", err)
 	}
-	if got, _ := db.RenewLeases(ctx, "host-a", long); len(got) != 0 {
+	if got, _ := db.RenewLeases(ctx, "host-a", "inst", long); len(got) != 0 {
 		t.Fatalf("host-a renewed leases it lost: %+v", got)
 	}
 	if err := db.ReleaseLease(ctx, b); err != nil {
@@ -63,8 +71,10 @@ func testLeases(t *testing.T, open func() (*DB, error)) {
 
 	// Expiry, by the database's clock: first past the TTL, then past
 	// the grace.
-	const ttl, grace = 300 * time.Millisecond, 600 * time.Millisecond
-	c, err := db.AcquireLease(ctx, "box", "host-c", ttl, grace)
+	// (The grace is long enough for the checks within it on a loaded
+	// machine.)
+	const ttl, grace = 300 * time.Millisecond, 3 * time.Second
+	c, err := db.AcquireLease(ctx, "box", "host-c", "inst", ttl, grace)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,10 +82,10 @@ func testLeases(t *testing.T, open func() (*DB, error)) {
 		l, err := db.GetLease(ctx, "box")
 		return err == nil && !l.Held()
 	})
-	if got, _ := db.RenewLeases(ctx, "host-c", long); len(got) != 0 {
+	if got, _ := db.RenewLeases(ctx, "host-c", "inst", long); len(got) != 0 {
 		t.Fatalf("an expired lease was renewed: %+v", got)
 	}
-	if _, err := db.AcquireLease(ctx, "box", "host-d", long, long); !errors.Is(err, ErrLeased) {
+	if _, err := db.AcquireLease(ctx, "box", "host-d", "inst", long, long); !errors.Is(err, ErrLeased) {
 		t.Fatalf("taken over within the grace: %v", err)
 	}
 	if exp, err := db.ExpiredLeases(ctx, 0); err != nil || len(exp) != 1 || exp[0].Host != "host-c" {
@@ -85,7 +95,7 @@ func testLeases(t *testing.T, open func() (*DB, error)) {
 		exp, err := db.ExpiredLeases(ctx, grace)
 		return err == nil && len(exp) == 1
 	})
-	d, err := db.AcquireLease(ctx, "box", "host-d", long, grace)
+	d, err := db.AcquireLease(ctx, "box", "host-d", "inst", long, grace)
 	if err != nil || d.Generation != c.Generation+1 {
 		t.Fatalf("takeover after the grace: %+v %v, want generation %d", d, err, c.Generation+1)
 	}
@@ -97,7 +107,7 @@ func testLeases(t *testing.T, open func() (*DB, error)) {
 	}
 	// A host taking back its own lapsed lease gets a new generation too:
 	// it stopped the VM when the lease lapsed.
-	e, err := db.AcquireLease(ctx, "other", "host-e", ttl, long)
+	e, err := db.AcquireLease(ctx, "other", "host-e", "inst", ttl, long)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +115,7 @@ func testLeases(t *testing.T, open func() (*DB, error)) {
 		l, err := db.GetLease(ctx, "other")
 		return err == nil && !l.Held()
 	})
-	if e2, err := db.AcquireLease(ctx, "other", "host-e", long, long); err != nil || e2.Generation != e.Generation+1 {
+	if e2, err := db.AcquireLease(ctx, "other", "host-e", "inst", long, long); err != nil || e2.Generation != e.Generation+1 {
 		t.Fatalf("the holder takes back its lapsed lease: %+v %v, want generation %d", e2, err, e.Generation+1)
 	}
 }
@@ -134,7 +144,7 @@ func TestPostgresLeaseRace(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				got[i], errs[i] = db.AcquireLease(ctx, "box", "host-"+string(rune('a'+i)), time.Hour, time.Hour)
+				got[i], errs[i] = db.AcquireLease(ctx, "box", "host-"+string(rune('a'+i)), "inst", time.Hour, time.Hour)
 			}()
 		}
 		wg.Wait()
@@ -242,8 +252,9 @@ func testFencedWrites(t *testing.T, open func() (*DB, error)) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	const ttl, grace = 300 * time.Millisecond, 300 * time.Millisecond
-	la, err := a.AcquireLease(ctx, "@cluster", "host-a", ttl, grace)
+	// host-a's lease is long enough for its writes on a loaded machine.
+	const ttl, grace = 3 * time.Second, 300 * time.Millisecond
+	la, err := a.AcquireLease(ctx, "@cluster", "host-a", "inst", ttl, grace)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +268,7 @@ func testFencedWrites(t *testing.T, open func() (*DB, error)) {
 		exp, err := b.ExpiredLeases(ctx, grace)
 		return err == nil && len(exp) == 1
 	})
-	lb, err := b.AcquireLease(ctx, "@cluster", "host-b", time.Hour, grace)
+	lb, err := b.AcquireLease(ctx, "@cluster", "host-b", "inst", time.Hour, grace)
 	if err != nil {
 		t.Fatal(err)
 	}

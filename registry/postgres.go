@@ -6,7 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // postgresSchema is applied in order; den_schema records how far. Its
@@ -84,6 +85,7 @@ var postgresSchema = []string{
 	CREATE TABLE leases (
 		vm         TEXT PRIMARY KEY,
 		host       TEXT NOT NULL DEFAULT '',
+		instance   TEXT NOT NULL DEFAULT '',
 		generation BIGINT NOT NULL DEFAULT 0,
 		expires_at BIGINT NOT NULL DEFAULT 0
 	);
@@ -98,10 +100,15 @@ const postgresMigrationLock = 0x64656e // "den"
 // URL or a key=value string) and brings its schema up to date. Several
 // hosts may open the same database: they share one record.
 func OpenPostgres(ctx context.Context, url string) (*DB, error) {
-	db, err := sql.Open("pgx", url)
+	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("open postgres registry: %w", err)
 	}
+	// A host frozen inside a transaction must not hold its row locks
+	// (and so a takeover) for long: the server ends such a session.
+	cfg.RuntimeParams["idle_in_transaction_session_timeout"] = "5000"
+	cfg.RuntimeParams["lock_timeout"] = "15000"
+	db := stdlib.OpenDB(*cfg)
 	db.SetMaxOpenConns(16)
 	db.SetConnMaxIdleTime(5 * time.Minute)
 	d := newDB(db, postgresDialect)

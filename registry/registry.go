@@ -134,6 +134,7 @@ var sqliteSchema = []string{
 	`CREATE TABLE leases (
 		vm         TEXT PRIMARY KEY,
 		host       TEXT NOT NULL DEFAULT '',
+		instance   TEXT NOT NULL DEFAULT '',
 		generation INTEGER NOT NULL DEFAULT 0,
 		expires_at INTEGER NOT NULL DEFAULT 0
 	)`,

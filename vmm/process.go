@@ -263,6 +263,21 @@ func (p *Process) signal(sig unix.Signal) error {
 	return unix.PidfdSendSignal(p.pidfd, sig, nil, 0)
 }
 
+// Recorded reports whether the VMM process recorded in pidFile runs (the
+// same process: its start time matches), without adopting it.
+func Recorded(pidFile string) bool {
+	data, err := os.ReadFile(pidFile)
+	if err != nil {
+		return false
+	}
+	var rec pidRecord
+	if err := json.Unmarshal(data, &rec); err != nil || rec.PID <= 0 {
+		return false
+	}
+	st, err := processStartTime(rec.PID)
+	return err == nil && (rec.StartTime == 0 || st == rec.StartTime)
+}
+
 // processStartTime reads the start time (field 22 of /proc/PID/stat, in
 // clock ticks since boot) that tells a process apart from a later one
 // with the same PID.

@@ -128,7 +128,9 @@ func (s *Server) NewDatabase(t testing.TB) string {
 // returns its name.
 func (s *Server) CreateDatabase(t testing.TB, name string) string {
 	t.Helper()
-	if err := s.exec(context.Background(), "CREATE DATABASE "+name); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.exec(ctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatalf("create test database %s: %v", name, err)
 	}
 	t.Cleanup(func() {
