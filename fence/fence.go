@@ -191,6 +191,11 @@ func (g *Guard) Run(ctx context.Context) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// The kernel's OOM killer passes the guard over: it is what keeps
+	// VMMs from outliving their lease.
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0); err != nil {
+		g.Log.Warn("fence guard: oom_score_adj", "err", err)
+	}
 	every := g.Every
 	if every <= 0 {
 		every = 100 * time.Millisecond

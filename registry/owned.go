@@ -89,8 +89,13 @@ func (o owned[T]) remove(ctx context.Context, db *conn, user, ref string) (T, er
 	default:
 		return zero, fmt.Errorf("%s name %q matches %d %ss, remove one by its %s: %w", o.what, ref, len(found), o.what, o.idWhat, ErrAmbiguous)
 	}
-	if _, err := tx.ExecContext(ctx, `DELETE FROM `+o.table+` WHERE `+o.idColumn+` = ?`, o.id(found[0])); err != nil {
+	res, err := tx.ExecContext(ctx, `DELETE FROM `+o.table+` WHERE `+o.idColumn+` = ?`, o.id(found[0]))
+	if err != nil {
 		return zero, fmt.Errorf("remove %s %q: %w", o.what, ref, err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		// Removed meanwhile, by another host.
+		return zero, fmt.Errorf("no %s %q: %w", o.what, ref, ErrNotFound)
 	}
 	if err := tx.Commit(); err != nil {
 		return zero, fmt.Errorf("remove %s %q: %w", o.what, ref, err)

@@ -112,8 +112,13 @@ func OpenPostgres(ctx context.Context, url string) (*DB, error) {
 	db.SetMaxOpenConns(16)
 	db.SetConnMaxIdleTime(5 * time.Minute)
 	d := newDB(db, postgresDialect)
+	// Lease renewals and heartbeats get connections of their own: a
+	// busy record never starves them.
+	meta := stdlib.OpenDB(*cfg)
+	meta.SetMaxOpenConns(2)
+	d.meta = &conn{db: meta, d: postgresDialect}
 	if err := d.migratePostgres(ctx); err != nil {
-		db.Close()
+		d.Close()
 		return nil, fmt.Errorf("open postgres registry: %w", err)
 	}
 	return d, nil

@@ -193,7 +193,13 @@ func (d *DB) migrateSQLite() error {
 func (d *DB) Backend() string { return d.db.d.name }
 
 // Close closes the database.
-func (d *DB) Close() error { return d.db.db.Close() }
+func (d *DB) Close() error {
+	err := d.db.db.Close()
+	if d.meta.db != d.db.db {
+		err = errors.Join(err, d.meta.db.Close())
+	}
+	return err
+}
 
 const vmColumns = `name, owner, image, cpus, memory_bytes, disk_bytes, state, reason, vmm, accel, idle_timeout_ms, created_at, last_active, spec_json, generation, wake_on_boot`
 
