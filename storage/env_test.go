@@ -10,13 +10,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/denhq/den/internal/testutil"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"golang.org/x/sys/unix"
@@ -118,7 +118,7 @@ func (m *minioServer) Start() {
 		"MINIO_BROWSER=off", "MINIO_UPDATE=off", "MINIO_CI_CD=1")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	exited, err := startLocked(cmd)
+	exited, err := testutil.StartLocked(cmd)
 	if err != nil {
 		t.Fatalf("start minio: %v", err)
 	}
@@ -272,23 +272,3 @@ func waitEvent(t *testing.T, ch <-chan Event, kind EventKind, within time.Durati
 func itoa(n int) string { return strconv.Itoa(n) }
 
 func containsBytes(b []byte, s string) bool { return strings.Contains(string(b), s) }
-
-// startLocked starts cmd from a goroutine locked to its OS thread, which
-// then waits for the process: Pdeathsig fires when the thread that forked
-// exits, so the server dies with the test binary, and only then. The
-// returned channel is closed when the process has exited.
-func startLocked(cmd *exec.Cmd) (<-chan struct{}, error) {
-	started := make(chan error, 1)
-	exited := make(chan struct{})
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		err := cmd.Start()
-		started <- err
-		if err != nil {
-			return
-		}
-		cmd.Wait()
-		close(exited)
-	}()
-	return exited, <-started
-}

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/denhq/den/internal/testutil"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 )
 
@@ -284,7 +284,7 @@ func (s *Server) run() error {
 		}
 	}
 	c.Stdout, c.Stderr = s.logf, s.logf
-	exited, err := startLocked(c)
+	exited, err := testutil.StartLocked(c)
 	if err != nil {
 		return fmt.Errorf("start postgres: %w", err)
 	}
@@ -312,24 +312,4 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-// startLocked starts cmd from a goroutine locked to its OS thread, which
-// then waits for the process: Pdeathsig fires when the thread that forked
-// exits, so the server dies with the test binary, and only then. The
-// returned channel is closed when the process has exited.
-func startLocked(cmd *exec.Cmd) (<-chan struct{}, error) {
-	started := make(chan error, 1)
-	exited := make(chan struct{})
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		err := cmd.Start()
-		started <- err
-		if err != nil {
-			return
-		}
-		cmd.Wait()
-		close(exited)
-	}()
-	return exited, <-started
 }

@@ -1,6 +1,7 @@
 // Package testutil holds what den's tests share: a log sink that
 // goroutines may write together, fresh SSH keys, bounded waits, damage
-// to a file, and the skip of a test that needs root.
+// to a file, the skip of a test that needs root, and servers that die
+// with the test binary.
 package testutil
 
 import (
@@ -8,6 +9,8 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"os"
+	"os/exec"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -98,4 +101,24 @@ func NeedRoot(t testing.TB, why string) {
 	if os.Geteuid() != 0 {
 		t.Skipf("needs root: %s", why)
 	}
+}
+
+// StartLocked starts cmd from a goroutine locked to its OS thread, which
+// then waits for the process: Pdeathsig fires when the thread that forked
+// exits, so the server dies with the test binary, and only then. The
+// returned channel is closed when the process has exited.
+func StartLocked(cmd *exec.Cmd) (<-chan struct{}, error) {
+	started := make(chan error, 1)
+	exited := make(chan struct{})
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		err := cmd.Start()
+		started <- err
+		if err != nil {
+			return
+		}
+		cmd.Wait()
+		close(exited)
+	}()
+	return exited, <-started
 }
