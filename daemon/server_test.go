@@ -25,6 +25,7 @@ import (
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/audit"
 	"github.com/denhq/den/image"
+	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/machine/machinetest"
 	"github.com/denhq/den/registry"
@@ -392,8 +393,8 @@ func TestHostsList(t *testing.T) {
 	if err := e.srv.hosts.store.Heartbeat(ctx, registry.Host{Name: "other-host", StartedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(testTimeout)
-	for {
+	var h api.Host
+	if !poll.Until(testTimeout, func() bool {
 		l, err := e.client.Hosts(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -401,19 +402,15 @@ func TestHostsList(t *testing.T) {
 		if len(l.Hosts) != 2 || l.Registry != "sqlite" || l.LeaseMS != DefaultLease.Milliseconds() {
 			t.Fatalf("hosts: %+v", l)
 		}
-		h := l.Hosts[1]
+		h = l.Hosts[1]
 		if h.Name != "test-host" || !h.This || !h.Alive || h.VMM != machinetest.Name || h.CPUs < 1 || h.Version != "dev" {
 			t.Fatalf("this host: %+v", h)
 		}
 		if l.Hosts[0].This {
 			t.Fatalf("another host marked as this one: %+v", l.Hosts[0])
 		}
-		if h.Running == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the host record never counted the running vm: %+v", h)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return h.Running == 1
+	}) {
+		t.Fatalf("the host record never counted the running vm: %+v", h)
 	}
 }

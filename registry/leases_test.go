@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/internal/pgtest"
+	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/internal/validate"
 )
 
@@ -226,12 +227,8 @@ func testHosts(t *testing.T, open func() (*DB, error)) {
 // waitFor waits until cond holds, for at most 30 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !poll.Until(30*time.Second, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 
