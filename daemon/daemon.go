@@ -251,7 +251,7 @@ func Run(ctx context.Context, o Options) error {
 	apiSrv := NewServer(m, keys, info, hostKey, o.Logger)
 	apiSrv.web = web
 	apiSrv.audit = auditLog
-	apiSrv.hosts = &hostsView{store: db, self: o.HostName, lease: o.Lease}
+	apiSrv.hosts = &hostsView{store: db, backend: db.Backend(), self: o.HostName, lease: o.Lease}
 	apiSrv.tokens = users.Tokens{Store: db}
 	apiSrv.bearer = tokenCaller(apiSrv.tokens)
 	apiSrv.inproc = inproc

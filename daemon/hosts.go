@@ -199,9 +199,10 @@ func hostSelf(name, address, version, vmm string) registry.Host {
 
 // hostsView answers GET /v1/hosts from the registry.
 type hostsView struct {
-	store registry.Store
-	self  string
-	lease time.Duration
+	store   registry.HostStore
+	backend string // the registry's: sqlite or postgres
+	self    string
+	lease   time.Duration
 }
 
 // listHosts answers the hosts that share the registry, with their
@@ -216,10 +217,7 @@ func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := api.HostList{Hosts: []api.Host{}, LeaseMS: s.hosts.lease.Milliseconds()}
-	if b, ok := s.hosts.store.(interface{ Backend() string }); ok {
-		out.Registry = b.Backend()
-	}
+	out := api.HostList{Hosts: []api.Host{}, Registry: s.hosts.backend, LeaseMS: s.hosts.lease.Milliseconds()}
 	for _, h := range hosts {
 		age := now.Sub(h.Heartbeat)
 		out.Hosts = append(out.Hosts, api.Host{Name: h.Name, Address: h.Address, Version: h.Version, VMM: h.VMM,

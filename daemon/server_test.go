@@ -123,7 +123,7 @@ func newAPIEnv(t *testing.T) *apiEnv {
 	if err := beat.attach(ctx, m, hostSelf("test-host", "", "dev", machinetest.Name)); err != nil {
 		t.Fatal(err)
 	}
-	s.hosts = &hostsView{store: db, self: "test-host", lease: DefaultLease}
+	s.hosts = &hostsView{store: db, backend: db.Backend(), self: "test-host", lease: DefaultLease}
 	if s.audit, err = audit.Open(state.Audit(), audit.Options{}); err != nil {
 		t.Fatal(err)
 	}
