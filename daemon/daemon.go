@@ -210,7 +210,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 	m, err = machine.New(ctx, machine.Config{
-		State: state, Volume: vol, Registry: db, AgentKey: agentKey, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
+		State: state, HostName: o.HostName, Volume: vol, Registry: db, AgentKey: agentKey, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
 		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, MemoryFiles: o.MemoryFiles, CollectGrace: o.CollectGrace, RAMDir: o.RAMDir, MemoryCopies: o.MemoryCopies,
 		Memory: o.Memory, Network: o.Network, VMUser: o.VMUser,
 	})

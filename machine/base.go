@@ -33,8 +33,9 @@ type baseMeta struct {
 }
 
 // baseKey names a warm base: everything the snapshot depends on (image,
-// kernel and initramfs builds, sizes, VMM and accelerator, and the key
-// the guest agent was told to accept).
+// kernel and initramfs builds, sizes, VMM and accelerator, what of the
+// host a restore needs, and the key the guest agent was told to
+// accept).
 func (b *bases) baseKey(vm registry.VM, sp spec) (string, error) {
 	man, err := b.m.cfg.Images.Manifest()
 	if err != nil {
@@ -46,6 +47,9 @@ func (b *bases) baseKey(vm registry.VM, sp spec) (string, error) {
 	// create grows nothing (a resize of the guest's filesystem costs more
 	// than the restore).
 	fmt.Fprintf(h, "disk=%d\n", vm.DiskBytes)
+	// Hosts that cannot restore each other's snapshots (compat.go) make
+	// warm bases of their own.
+	fmt.Fprintf(h, "host=%s\n", b.m.hostRecord(vm.VMM).compatKey())
 	if sp.Net != nil {
 		// A snapshot holds its network backend's state (QEMU's user-mode
 		// network has some): TAP VMs restore from TAP bases only.
@@ -162,7 +166,7 @@ func (b *bases) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir s
 	if err := hv.Start(ctx); err != nil {
 		return err
 	}
-	in := newInstance(bvm.Name, hv)
+	in := newInstance(bvm.Name, bvm.VMM, hv)
 	defer func() {
 		in.closeAgent()
 		_ = hv.Shutdown(context.Background())
@@ -203,6 +207,9 @@ func (b *bases) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir s
 		err = hv.Snapshot(ctx, snap)
 	}
 	if err != nil {
+		return err
+	}
+	if err := b.m.recordHost(snap, bvm.VMM); err != nil {
 		return err
 	}
 	return atomicfile.SyncTree(snap)

@@ -100,7 +100,7 @@ func (l *launcher) boot(ctx context.Context, vm registry.VM, sp spec) error {
 	if err := hv.Start(ctx); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
-	in := newInstance(vm.Name, hv)
+	in := newInstance(vm.Name, vm.VMM, hv)
 	if err := l.bootInstance(ctx, in, cfg); err != nil {
 		in.abandon()
 		return fmt.Errorf("boot: %w%s", err, consoleHint(rd))

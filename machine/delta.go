@@ -103,6 +103,15 @@ func (ss *snapshots) snapshotVMM(ctx context.Context, in *instance, dir storage.
 	if err != nil {
 		return fmt.Errorf("snapshot vm %q: %w", in.name, err)
 	}
+	if err := ss.writeVMMSnapshot(ctx, in, dir, host, over); err != nil {
+		return err
+	}
+	return ss.m.recordHost(host, in.vmm)
+}
+
+// writeVMMSnapshot has the VMM write its snapshot into dir (at host
+// path host): kept memory, over the last one's, or whole.
+func (ss *snapshots) writeVMMSnapshot(ctx context.Context, in *instance, dir storage.Path, host string, over bool) error {
 	if mk := ss.keeper(in.hv); mk != nil {
 		return ss.snapshotKept(ctx, in.name, mk, host, ss.originDir(in), in.origin.get().local)
 	}

@@ -1,10 +1,13 @@
 package machine
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
+	"github.com/denhq/den/fence"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/vmm"
 	"github.com/denhq/den/vmm/cloudhypervisor"
@@ -22,9 +25,17 @@ const (
 // interfaces of vmm.Driver, and nothing here branches on its name.
 func (vs *vmms) builtinDrivers() map[string]vmm.Driver {
 	ds := map[string]vmm.Driver{}
-	if _, err := qemu.FindBinary(); err == nil {
+	// Versions are asked once: snapshots record them, and restores
+	// compare (compat.go).
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if bin, err := qemu.FindBinary(); err == nil {
+		ver, err := qemu.Version(ctx, bin)
+		if err != nil {
+			vs.m.log.Warn("den: qemu version unknown: its snapshots are restored without a version check", "err", err)
+		}
 		ds[VMMQEMU] = &qemu.Driver{
-			Accel: vs.m.kvm.Accelerator(),
+			Accel: vs.m.kvm.Accelerator(), Version: ver,
 			Options: func(rd vmm.RunDir, vm string) qemu.Options {
 				return qemu.Options{RunDir: rd, Logger: vs.m.log, StreamRAM: vs.m.cfg.QEMUStreamRAM,
 					RAMFile: vs.m.ram.file(vm), Confine: vs.m.conf.vmm(rd.Name())}
@@ -32,7 +43,12 @@ func (vs *vmms) builtinDrivers() map[string]vmm.Driver {
 		}
 	}
 	if bin, err := cloudhypervisor.FindBinary(); err == nil {
+		ver, err := cloudhypervisor.Version(ctx, bin)
+		if err != nil {
+			vs.m.log.Warn("den: cloud-hypervisor version unknown: its snapshots are restored without a version check", "err", err)
+		}
 		ds[VMMCloudHypervisor] = &cloudhypervisor.Driver{
+			Version: ver,
 			Options: func(rd vmm.RunDir) cloudhypervisor.Options {
 				return cloudhypervisor.Options{Binary: bin, RunDir: rd, Logger: vs.m.log, Confine: vs.m.conf.vmm(rd.Name()),
 					Landlock: true, LandlockRules: vs.landlockRules(rd.Name())}
@@ -109,13 +125,32 @@ func (vs *vmms) caps(name string) vmm.Capabilities {
 	return vmm.Capabilities{}
 }
 
-// newHypervisor returns the Hypervisor of a VM's VMM in its runtime dir.
+// newHypervisor returns the Hypervisor of a VM's VMM in its runtime
+// dir, for a VMM to start (mayStart).
 func (vs *vmms) newHypervisor(vmmName string, rd vmm.RunDir) (vmm.Hypervisor, error) {
+	if err := vs.mayStart(); err != nil {
+		return nil, err
+	}
 	d, err := vs.driver(vmmName)
 	if err != nil {
 		return nil, err
 	}
 	return d.New(rd), nil
+}
+
+// mayStart refuses to start a VMM once this host's fence deadline has
+// passed: a cluster host whose lease is lost (package fence) starts
+// none, even for an operation in flight when it was lost. The fence
+// guard kills one that starts as the deadline passes, within its tick.
+func (vs *vmms) mayStart() error {
+	passed, ok, err := fence.Passed(vs.m.state.Fence())
+	if err != nil {
+		return fmt.Errorf("read this host's fence deadline: %w", err)
+	}
+	if ok && passed {
+		return fmt.Errorf("this host's fence deadline (%s) has passed: it lost its cluster lease, and starts no VMM: %w", vs.m.state.Fence(), ErrConflict)
+	}
+	return nil
 }
 
 // VMMName is the VMM new VMs run under.

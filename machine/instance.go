@@ -12,6 +12,7 @@ import (
 // instance is the live side of a VM that has a VMM process.
 type instance struct {
 	name     string
+	vmm      string // the VM's VMM, as its record names it
 	hv       vmm.Hypervisor
 	stopping chan struct{} // closed when den itself stops the VMM
 	started  time.Time     // when den started or adopted the VMM (a prelaunched one: opened its disk)
@@ -36,10 +37,10 @@ type instance struct {
 // the operation that made it commits the VM's record as running and calls
 // reopen (a session must never see a VM that is not yet, or no longer,
 // the one its record says).
-func newInstance(name string, hv vmm.Hypervisor) *instance {
+func newInstance(name, vmmName string, hv vmm.Hypervisor) *instance {
 	now := time.Now()
 	// The operation that made it records now as the VM's last activity.
-	return &instance{name: name, hv: hv, stopping: make(chan struct{}), started: now, lastAct: now, savedAct: now, closing: true}
+	return &instance{name: name, vmm: vmmName, hv: hv, stopping: make(chan struct{}), started: now, lastAct: now, savedAct: now, closing: true}
 }
 
 // isOpen says whether sessions are admitted (the VM is committed running

@@ -7,7 +7,7 @@ import (
 // TestAdmitAndCloseExclusive: a session is admitted and a VMM closed
 // under one rule: whichever comes first wins, never both.
 func TestAdmitAndCloseExclusive(t *testing.T) {
-	in := newInstance("x", nil)
+	in := newInstance("x", "", nil)
 	if in.admit() {
 		t.Fatal("session admitted before the vm was committed")
 	}

@@ -46,6 +46,9 @@ import (
 type Config struct {
 	// State is den's local state directory.
 	State StateDir
+	// HostName names this host in what it records (the host a snapshot
+	// was taken on); empty: the machine's hostname.
+	HostName string
 	// Volume holds VM disks, base images and snapshots.
 	Volume storage.Volume
 	// Images is the built guest image directory (kernel, initramfs,
@@ -149,6 +152,7 @@ type Manager struct {
 	log    *slog.Logger
 
 	kvm     vmm.KVMStatus
+	here    thisHost // what snapshots taken here record (compat.go)
 	drivers map[string]vmm.Driver
 	vmmName string // the driver new VMs run under
 
@@ -248,7 +252,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m := &Manager{
 		cfg: cfg, state: cfg.State, db: db, ownDB: ownDB, vol: cfg.Volume, signer: signer, log: cfg.Logger,
-		kvm: vmm.DetectKVM(), instances: map[string]*instance{}, holders: map[string]holder{}, waiters: map[string]chan struct{}{},
+		kvm: vmm.DetectKVM(), here: newThisHost(cfg.HostName), instances: map[string]*instance{}, holders: map[string]holder{}, waiters: map[string]chan struct{}{},
 		closed: make(chan struct{}),
 	}
 	wire(m)

@@ -105,6 +105,9 @@ func (p *prelaunched) launch(ctx context.Context, vm registry.VM, sp spec, d vmm
 	if err := m.conf.start(p.name, vm.CPUs, vm.MemoryBytes); err != nil {
 		return err
 	}
+	if err := m.vmms.mayStart(); err != nil {
+		return err
+	}
 	hv := d.NewPrelauncher(p.rd, vm.Name)
 	if err := hv.Start(ctx); err != nil {
 		return err

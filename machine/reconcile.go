@@ -77,7 +77,7 @@ func (su *startup) adopt(ctx context.Context, vm registry.VM) {
 		su.m.procs.stopRecorded(vm.Name)
 		return
 	}
-	in := newInstance(vm.Name, hv)
+	in := newInstance(vm.Name, vm.VMM, hv)
 	in.adopted(vm.LastActive)
 	// den never leaves a VM paused between operations: one found paused
 	// was caught by a crash in the middle of a checkpoint or sleep.
@@ -124,7 +124,7 @@ func (su *startup) strayVMM(ctx context.Context, vm registry.VM) {
 						return nil
 					}); err == nil {
 						su.m.log.Warn("den: adopting a vm whose wake was cut short after its guest ran", "vm", vm.Name)
-						in := newInstance(vm.Name, hv)
+						in := newInstance(vm.Name, vm.VMM, hv)
 						in.reopen()
 						su.m.procs.setInstance(in)
 						go su.m.procs.watch(in)

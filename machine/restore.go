@@ -45,6 +45,13 @@ func (o *op) restore(ctx context.Context, id string, opts RestoreOptions, progre
 	if err != nil {
 		return "", err
 	}
+	if cp.Kind == checkpoint.KindMemoryDisk {
+		// Refused before anything changes, where restoreInto would
+		// refuse it only once the VM's own state is gone.
+		if err := m.checkHost(ctx, checkpoint.Dir(name, id).Join(checkpoint.VMMDir), vm.VMM); err != nil {
+			return "", fmt.Errorf("restore vm %q to %s: %w", name, id, err)
+		}
+	}
 	// The checkpoint's memory is copied into a RAM file of its own, its
 	// disk cloned beside the VM's and, with both, the new VMM started
 	// beside the old while the checkpoint is verified, the current state

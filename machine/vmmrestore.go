@@ -44,6 +44,9 @@ type restoreSource struct {
 func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, err error) {
 	m, vm, sp := o.m, o.vm, o.spec
 	local, ram, check, disks := src.local, src.ram, src.check, src.disks
+	if err := m.checkHost(ctx, src.snapDir, vm.VMM); err != nil {
+		return nil, err
+	}
 	checked := make(chan error, 1)
 	if check == nil {
 		checked <- nil
@@ -88,7 +91,7 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 	if err != nil {
 		return nil, err
 	}
-	in := newInstance(vm.Name, hv)
+	in := newInstance(vm.Name, vm.VMM, hv)
 	if !opened.IsZero() {
 		in.started = opened // the prelaunched VMM's disk is as old as that
 	}

@@ -133,6 +133,11 @@ type Capabilities struct {
 	Name string
 	// Version the binary reports.
 	Version string
+	// SnapshotVersion is the part of Version that the VMM taking a
+	// snapshot and the one restoring it must share ("" when Version is
+	// not known): QEMU keeps its migration format within a major.minor
+	// release, Cloud Hypervisor promises nothing across releases.
+	SnapshotVersion string
 	// Accelerator in use ("kvm" or "tcg").
 	Accelerator string
 	// Pause and Resume are supported.

@@ -45,6 +45,7 @@ type Driver struct {
 	// Manager uses the driver.
 	LazyRestore bool
 	log         *slog.Logger
+	version     atomic.Value // string: the fake binary's version
 }
 
 // NewDriver returns a fake VMM driver.
@@ -56,9 +57,18 @@ func NewDriver() *Driver {
 
 var _ vmm.Driver = (*Driver)(nil)
 
+// SetVersion makes the fake's binary another version ("0" at first),
+// whose snapshots the other versions' cannot restore: as an upgraded
+// VMM, or another host's, would be.
+func (d *Driver) SetVersion(v string) { d.version.Store(v) }
+
 // Capabilities implements vmm.Driver.
 func (d *Driver) Capabilities() vmm.Capabilities {
-	return vmm.Capabilities{Name: Name, Version: "0", Accelerator: "fake", Pause: true, Snapshot: true,
+	ver, _ := d.version.Load().(string)
+	if ver == "" {
+		ver = "0"
+	}
+	return vmm.Capabilities{Name: Name, Version: ver, SnapshotVersion: ver, Accelerator: "fake", Pause: true, Snapshot: true,
 		OnDemandRestore: d.LazyRestore, GuestChannel: vmm.ChannelVsock, MultiConn: true, ResizeDisk: true,
 		Kernel: vmm.KernelVmlinux, Network: "none (fake vmm)"}
 }

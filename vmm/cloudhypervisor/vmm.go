@@ -265,6 +265,7 @@ func capabilities(ver string) vmm.Capabilities {
 	return vmm.Capabilities{
 		Name:            "cloud-hypervisor",
 		Version:         ver,
+		SnapshotVersion: ver,
 		Accelerator:     "kvm",
 		Pause:           true,
 		Snapshot:        true,

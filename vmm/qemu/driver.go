@@ -16,6 +16,8 @@ var (
 type Driver struct {
 	// Accel is the accelerator VMs run under ("kvm", "tcg"), resolved.
 	Accel string
+	// Version is the QEMU binary's (Version), "" when not known.
+	Version string
 	// Options returns the options of the VMM in runtime dir rd whose
 	// RAM file is VM vm's (rd's own VM but for a prelaunch); their Accel
 	// is the driver's.
@@ -30,7 +32,7 @@ func (d *Driver) options(rd vmm.RunDir, vm string) Options {
 }
 
 // Capabilities implements vmm.Driver.
-func (d *Driver) Capabilities() vmm.Capabilities { return capabilities(d.Accel, "") }
+func (d *Driver) Capabilities() vmm.Capabilities { return capabilities(d.Accel, d.Version) }
 
 // New implements vmm.Driver.
 func (d *Driver) New(rd vmm.RunDir) vmm.Hypervisor { return New(d.options(rd, rd.Name())) }

@@ -141,20 +141,30 @@ func (v *VMM) Capabilities() vmm.Capabilities {
 // ver.
 func capabilities(accel, ver string) vmm.Capabilities {
 	return vmm.Capabilities{
-		Name:         "qemu",
-		Version:      ver,
-		Accelerator:  accel,
-		Pause:        true,
-		Snapshot:     true,
-		GuestChannel: vmm.ChannelSerial,
-		MultiConn:    false,
-		ResizeDisk:   true,
-		Kernel:       vmm.KernelBzImage,
-		RAMFile:      true,
-		UserNet:      true,
+		Name:            "qemu",
+		Version:         ver,
+		SnapshotVersion: majorMinor(ver),
+		Accelerator:     accel,
+		Pause:           true,
+		Snapshot:        true,
+		GuestChannel:    vmm.ChannelSerial,
+		MultiConn:       false,
+		ResizeDisk:      true,
+		Kernel:          vmm.KernelBzImage,
+		RAMFile:         true,
+		UserNet:         true,
 		// QEMU's user-mode network: the guest is 10.0.2.15 behind NAT.
 		Network: "qemu user-mode networking (outbound NAT only, no inbound)",
 	}
+}
+
+// majorMinor is "7.2" of QEMU version "7.2.22" ("" of "").
+func majorMinor(ver string) string {
+	parts := strings.SplitN(ver, ".", 3)
+	if len(parts) < 2 {
+		return ver
+	}
+	return parts[0] + "." + parts[1]
 }
 
 // accelerator resolves Options.Accel once, warning once about TCG.
