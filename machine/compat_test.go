@@ -39,7 +39,7 @@ func TestSnapshotOfAnotherVMMRefused(t *testing.T) {
 	}
 	var rec struct {
 		Host, VMM       string
-		SnapshotVersion string `json:"snapshot_version"`
+		SnapshotVersion string   `json:"snapshot_version"`
 		CPUFlags        []string `json:"cpu_flags"`
 	}
 	data, err := os.ReadFile(filepath.Join(e.hostDir(storage.SuspendDir("v")), machine.HostFile))
