@@ -34,6 +34,9 @@ type Options struct {
 	Quick bool
 	// NetworkOnly measures only the network figures (network.go).
 	NetworkOnly bool
+	// ScaleOnly measures only a host with many sleeping VMs
+	// (sleepers.go).
+	ScaleOnly bool
 	// Breakdown adds each timed operation's steps, as the daemon
 	// traced them (breakdown.go).
 	Breakdown bool
@@ -208,7 +211,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		// The figures set against the VMM's floor, which is sampled
 		// between them (floor.go).
 		var fl *floor
-		if v.name == "qemu" && !o.NetworkOnly {
+		if v.name == "qemu" && !o.NetworkOnly && !o.ScaleOnly {
 			var err error
 			if fl, err = newFloor(ctx, o, mainFloor, o.Progress); err != nil {
 				return res, fmt.Errorf("bench: %w", err)
@@ -234,7 +237,12 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			res.Machine = machineInfo(info.Accel + ": " + info.AccelNote)
 			res.VMMs[v.name] = d.version
 		}
-		figs, err := d.runAll(ctx, o, v, info.Accel)
+		var figs []Figure
+		if o.ScaleOnly {
+			figs, err = d.sleepers(ctx, o, v, info.Accel, nil, func(s string) { o.Progress(v.name + ": " + s) })
+		} else {
+			figs, err = d.runAll(ctx, o, v, info.Accel)
+		}
 		res.Figures = append(res.Figures, figs...)
 		for _, b := range d.traces.breakdowns() {
 			if v.name != v.vmm {
@@ -251,7 +259,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			return res, fmt.Errorf("bench %s: %w", v.name, err)
 		}
 	}
-	if slices.Contains(vmms, "qemu") {
+	if slices.Contains(vmms, "qemu") && !o.ScaleOnly {
 		figs, err := networkFigures(ctx, o, o.Progress)
 		res.Figures = append(res.Figures, figs...)
 		if err != nil && o.NetworkOnly {

@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/denhq/den/api"
@@ -79,28 +77,13 @@ func (d *daemon) hostlife(ctx context.Context, o Options, v variant, accel strin
 // starts it again with the same command line, and times from the start
 // until the API answers and until every VM of names is running.
 func (d *daemon) restartAndWaitAwake(ctx context.Context, names []string) (serve, awake time.Duration, err error) {
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _, _ = d.cmd.Process.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(2 * time.Minute):
-		_ = d.cmd.Process.Kill()
-		return 0, 0, fmt.Errorf("daemon did not stop within 2m")
+	if err := d.halt(); err != nil {
+		return 0, 0, err
 	}
-	logf, err := os.OpenFile(filepath.Join(d.dir, "daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	start, err := d.relaunch()
 	if err != nil {
 		return 0, 0, err
 	}
-	defer logf.Close()
-	cmd := exec.Command(d.cmd.Path, d.cmd.Args[1:]...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		return 0, 0, err
-	}
-	d.cmd = cmd
 	deadline := start.Add(5 * time.Minute)
 	for serve == 0 || awake == 0 {
 		if time.Now().After(deadline) {

@@ -291,7 +291,11 @@ func (d *daemon) runAll(ctx context.Context, o Options, v variant, accel string)
 			return figs, err
 		}
 	}
-	return d.hostlife(ctx, o, v, accel, figs, say)
+	figs, err := d.hostlife(ctx, o, v, accel, figs, say)
+	if err != nil {
+		return figs, err
+	}
+	return d.sleepers(ctx, o, v, accel, figs, say)
 }
 
 // wakeBySize times wakes of a 512 MiB and a 2 GiB guest (64 MiB of

@@ -75,6 +75,9 @@ func openRegistry(ctx context.Context, o *Options, state machine.StateDir, vcfg 
 		return nil, nil, fmt.Errorf("cluster: %w", err)
 	}
 	db.Fence(l) // from now on the record is written only while the lease is held
+	if l.TakenFrom != "" {
+		o.Logger.Warn("den: took over the cluster's lease from a host that stopped renewing it", "from", l.TakenFrom, "generation", l.Generation)
+	}
 	c := &clusterHost{lease: l, ttl: o.Lease, state: state, den: den, log: o.Logger}
 	if err := c.push(t0); err != nil {
 		db.Close()

@@ -145,6 +145,10 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	undo.push(func() { _ = db.Close() }) // after the manager's Close
+	takenFrom := ""
+	if clusterHost != nil {
+		takenFrom = clusterHost.lease.TakenFrom
+	}
 	if o.HostName == "" {
 		o.HostName = defaultHostName()
 	}
@@ -210,7 +214,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 	m, err = machine.New(ctx, machine.Config{
-		State: state, HostName: o.HostName, Volume: vol, Registry: db, AgentKey: agentKey, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
+		State: state, HostName: o.HostName, TakenFrom: takenFrom, Volume: vol, Registry: db, AgentKey: agentKey, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
 		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, MemoryFiles: o.MemoryFiles, CollectGrace: o.CollectGrace, RAMDir: o.RAMDir, MemoryCopies: o.MemoryCopies,
 		Memory: o.Memory, Network: o.Network, VMUser: o.VMUser,
 	})

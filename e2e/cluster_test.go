@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -209,12 +210,43 @@ func TestClusterFence(t *testing.T) {
 	}) {
 		t.Fatal("host-a's lease did not lapse")
 	}
+	// A write host-a's volume client commits late, through a file it
+	// had open, must never reach the disk host-b boots.
+	late, err := os.OpenFile(filepath.Join(a.volumeMount(), string(storage.VMDisk("box"))), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	st, err := late.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lateAt := st.Size() - 4096
+
 	b := c.host("host-b")
+	mark := []byte("late write from host-a")
+	if _, err := late.WriteAt(mark, lateAt); err != nil {
+		t.Fatal(err)
+	}
+	if err := late.Sync(); err != nil {
+		// JuiceFS may refuse to commit it (the file is no longer linked).
+		t.Logf("host-a's client did not commit the late write: %v", err)
+	}
+	got := make([]byte, len(mark))
+	onB, err := os.Open(filepath.Join(b.volumeMount(), string(storage.VMDisk("box"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = onB.ReadAt(got, lateAt)
+	onB.Close()
+	if err != nil || bytes.Equal(got, mark) {
+		t.Fatalf("host-b's disk of box holds host-a's late write (%q, %v)", got, err)
+	}
 	h = hostsOf(t, b)
 	if len(h.Hosts) != 2 || h.Hosts[0].Name != "host-a" || h.Hosts[0].Alive || h.Hosts[1].Name != "host-b" || !h.Hosts[1].Alive || !h.Hosts[1].This {
 		t.Fatalf("hosts on host-b: %+v", h)
 	}
-	if vm := b.info("box"); vm.State != "stopped" || !strings.Contains(vm.Reason, "vmm gone") {
+	if vm := b.info("box"); vm.State != "stopped" || !strings.Contains(vm.Reason, "ran on host host-a, whose lease this host took over: its disk was cloned afresh") {
 		t.Fatalf("box on host-b after the takeover: %+v", vm)
 	}
 	if out := b.must("exec", "box", "--", "cat", "/root/mark"); out != "from-a\n" {

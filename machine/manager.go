@@ -49,6 +49,10 @@ type Config struct {
 	// HostName names this host in what it records (the host a snapshot
 	// was taken on); empty: the machine's hostname.
 	HostName string
+	// TakenFrom names the cluster host whose lapsed lease this one took
+	// over ("" for none): the VMs recorded running ran there, and their
+	// disks are cloned afresh before anything boots them (reconcile.go).
+	TakenFrom string
 	// Volume holds VM disks, base images and snapshots.
 	Volume storage.Volume
 	// Images is the built guest image directory (kernel, initramfs,
@@ -284,11 +288,13 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		closeDB()
 		return nil, err
 	}
+	m.usage.load(m.state.UsageFile())
 	go m.guard.watchVolume()
 	go m.budget.watchPressure()
 	m.activity.startActivitySaver()
 	m.gc.start()
 	m.sched.start()
+	m.inBackground(m.warmUsage)
 	// VMs a host shutdown put to sleep wake in the background.
 	m.host.startBootWake()
 	return m, nil
@@ -325,6 +331,7 @@ func (m *Manager) Close() error {
 	case <-time.After(30 * time.Second):
 		m.log.Warn("den: background digests still running at shutdown")
 	}
+	m.saveUsage()
 	// The instances stay known (Running still counts them): their VMMs
 	// run on, and the next Manager adopts them.
 	m.mu.Lock()

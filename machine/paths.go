@@ -65,6 +65,10 @@ func (s StateDir) FenceLock() string { return filepath.Join(string(s), "fence.lo
 // FenceLog is the fence guard's log.
 func (s StateDir) FenceLog() string { return filepath.Join(string(s), "fence.log") }
 
+// UsageFile keeps the disks' measured use across restarts, by the
+// generation of each VM's record it was measured at (usage.go).
+func (s StateDir) UsageFile() string { return filepath.Join(string(s), "usage.json") }
+
 // Instance is this state dir's daemon instance id (a cluster tells apart
 // daemons that give the same host name by it).
 func (s StateDir) Instance() string { return filepath.Join(string(s), "instance") }

@@ -66,7 +66,11 @@ func (su *startup) adopt(ctx context.Context, vm registry.VM) {
 		hv, err = d.Adopt(actx, rd)
 	}
 	if err != nil {
-		su.m.procs.recordStopped(ctx, vm.Name, fmt.Sprintf("vmm gone while den was not running: %v", err))
+		reason := fmt.Sprintf("vmm gone while den was not running: %v", err)
+		if from := su.m.cfg.TakenFrom; from != "" {
+			reason = su.setAsideLateWrites(ctx, vm.Name, from)
+		}
+		su.m.procs.recordStopped(ctx, vm.Name, reason)
 		su.m.procs.stopRecorded(vm.Name)
 		return
 	}
@@ -185,6 +189,30 @@ func (su *startup) sweepSuspend(ctx context.Context, vm registry.VM) {
 	}
 	_ = su.m.vol.Remove(ctx, suspendNew(vm.Name))
 }
+
+// setAsideLateWrites gives a VM that ran on host from, whose lease this
+// host took over, a disk file of its own: a clone of the disk as it is,
+// renamed over it. Writes that host's volume client still holds for the
+// old file, committed if ever once it reaches the metadata engine again,
+// then land in the old file, which nothing opens again, never in the disk
+// this host boots. It returns the reason the VM's record gives.
+func (su *startup) setAsideLateWrites(ctx context.Context, name, from string) string {
+	tmp := storage.VMDir(name).Join(takeoverDisk)
+	_ = su.m.vol.Remove(ctx, tmp) // a takeover a crash cut short
+	err := su.m.vol.Clone(ctx, storage.VMDisk(name), tmp)
+	if err == nil {
+		err = su.m.vol.Rename(ctx, tmp, storage.VMDisk(name))
+	}
+	if err != nil {
+		_ = su.m.vol.Remove(ctx, tmp)
+		su.m.log.Error("den: a vm taken over from another host keeps its disk file: writes that host may still commit can reach it", "vm", name, "from", from, "err", err)
+		return fmt.Sprintf("it ran on host %s, whose lease this host took over; its disk file could not be cloned afresh (%v), so writes %s may still commit can reach it", from, err, from)
+	}
+	return fmt.Sprintf("it ran on host %s, whose lease this host took over: its disk was cloned afresh, setting aside writes %s may still commit; it boots from that disk when next used", from, from)
+}
+
+// takeoverDisk is the clone setAsideLateWrites renames over a VM's disk.
+const takeoverDisk = "disk-takeover"
 
 // stopRecorded kills a VMM that its PID file names but that den could
 // not adopt (it does not answer): it must not run on unsupervised.

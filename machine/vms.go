@@ -75,14 +75,15 @@ func (m *Manager) List(ctx context.Context, owner string) ([]Status, error) {
 	}
 	out := make([]Status, 0, len(vms))
 	for _, vm := range vms {
-		out = append(out, m.status(ctx, vm, true))
+		out = append(out, m.status(ctx, vm, false))
 	}
+	m.usage.fill(ctx, m.vol, out)
 	return out, nil
 }
 
 // status checks a record against the live instance, with live figures;
-// the disk's use is measured afresh when measure says so, else the last
-// figure.
+// the disk's use is measured afresh when measure says so (unless the
+// figure still holds: usage.go), else the last figure.
 func (m *Manager) status(ctx context.Context, vm registry.VM, measure bool) Status {
 	in := m.procs.instance(vm.Name)
 	if vm.State == registry.StateRunning && (in == nil || !alive(in)) {
@@ -95,7 +96,7 @@ func (m *Manager) status(ctx context.Context, vm registry.VM, measure bool) Stat
 	if sp, err := decodeSpec(vm); err == nil {
 		st.Net, st.IP, st.Egress = m.net.summary(vm, sp)
 	}
-	st.DiskUsed = m.usage.used(ctx, m.vol, vm.Name, measure)
+	st.DiskUsed = m.usage.used(ctx, m.vol, vm, measure)
 	if vm.State == registry.StateRunning && in != nil && alive(in) {
 		st.PID = in.hv.PID()
 		st.Cgroup = m.conf.status(vm.Name)

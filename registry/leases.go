@@ -32,6 +32,10 @@ type Lease struct {
 	Expires    time.Time `json:"expires"`
 	// Now is the database's clock when the lease was read or written.
 	Now time.Time `json:"now"`
+	// TakenFrom, set by AcquireLease only, is the host whose lapsed
+	// lease this one took over ("" when the lease was free, or this
+	// daemon's own).
+	TakenFrom string `json:"taken_from,omitempty"`
 }
 
 // Held reports whether the lease is held at its Now.
@@ -106,6 +110,9 @@ func (d *DB) AcquireLease(ctx context.Context, vm, host, instance string, ttl, g
 	case mine && now < exp:
 		// Held by this daemon already: the same generation, extended.
 	case l.Host == "" || (mine && now >= exp) || now >= exp+grace.Milliseconds():
+		if l.Host != "" && !mine {
+			l.TakenFrom = l.Host
+		}
 		l.Generation++
 	case l.Host == host:
 		return Lease{}, fmt.Errorf("lease %q is %w: another daemon named %q (instance %s) holds it until %s: give each host a name of its own",

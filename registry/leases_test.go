@@ -97,8 +97,11 @@ func testLeases(t *testing.T, open func() (*DB, error)) {
 		return err == nil && len(exp) == 1
 	})
 	d, err := db.AcquireLease(ctx, "box", "host-d", "inst", long, grace)
-	if err != nil || d.Generation != c.Generation+1 {
-		t.Fatalf("takeover after the grace: %+v %v, want generation %d", d, err, c.Generation+1)
+	if err != nil || d.Generation != c.Generation+1 || d.TakenFrom != "host-c" {
+		t.Fatalf("takeover after the grace: %+v %v, want generation %d, taken from host-c", d, err, c.Generation+1)
+	}
+	if b.TakenFrom != "" || c.TakenFrom != "" {
+		t.Fatalf("leases acquired free say they were taken over: %+v, %+v", b, c)
 	}
 	if err := db.ReleaseLease(ctx, c); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("the old holder released the lease after a takeover: %v", err)

@@ -15,7 +15,7 @@ func benchCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "bench",
 		Usage:     "measure den's headline numbers (medians over several runs)",
-		UsageText: "den bench [--quick] [--network] [--breakdown] [--runs N] [--image NAME] [--vmm NAME]... [--json] [--out DIR]",
+		UsageText: "den bench [--quick] [--network] [--scale] [--breakdown] [--runs N] [--image NAME] [--vmm NAME]... [--json] [--out DIR]",
 		Description: `Starts a den daemon of its own on a temporary state dir (root), and measures
 create (cold and from the warm base), checkpoint, restore, sleep, wake, ssh
 through the gateway and disk clones, for each VMM present. Writes the figures
@@ -24,12 +24,14 @@ to DIR as JSON and Markdown (docs/benchmarks.md explains them).
 Examples:
    den bench --quick
    den bench --network --runs 3     # only the network figures (tap vs user-mode, URLs, DNS)
+   den bench --scale --runs 3       # only a host with 1,000 sleeping VMs (--quick: 100)
    den bench --quick --breakdown    # and where each operation's time goes
    den bench --runs 7 --json > result.json`,
 		Flags: []cli.Flag{
 			jsonFlag(),
 			&cli.BoolFlag{Name: "quick", Usage: "3 runs, no 2 GiB ratios, no gateway (5-10 minutes on 2 cores under TCG)"},
 			&cli.BoolFlag{Name: "network", Usage: "only the network figures (in network namespaces of their own; root)"},
+			&cli.BoolFlag{Name: "scale", Usage: "only a host with many sleeping VMs: daemon start, den ls, daemon memory"},
 			&cli.BoolFlag{Name: "breakdown", Usage: "each timed operation's steps, as the daemon traced them: where every millisecond goes"},
 			&cli.IntFlag{Name: "runs", Usage: "runs per figure after a warm-up (default 5, quick 3)"},
 			&cli.StringFlag{Name: "image", Value: image.Minimal, Usage: "guest image"},
@@ -59,7 +61,7 @@ Examples:
 			ctx, cancel := withSignals(c)
 			defer cancel()
 			res, err := bench.Run(ctx, bench.Options{
-				Den: self, Images: imgs, Image: c.String("image"), Runs: c.Int("runs"), Quick: c.Bool("quick"), NetworkOnly: c.Bool("network"), Breakdown: c.Bool("breakdown"),
+				Den: self, Images: imgs, Image: c.String("image"), Runs: c.Int("runs"), Quick: c.Bool("quick"), NetworkOnly: c.Bool("network"), ScaleOnly: c.Bool("scale"), Breakdown: c.Bool("breakdown"),
 				VMMs:     c.StringSlice("vmm"),
 				Progress: func(s string) { fmt.Fprintln(c.App.ErrWriter, "bench: "+s) },
 			})
