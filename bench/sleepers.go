@@ -95,6 +95,9 @@ func (d *daemon) sleepers(ctx context.Context, o Options, v variant, accel strin
 	if out, err := d.exec(ctx, names[n/2], "cat /root/mark"); err != nil || out != "seed\n" {
 		return figs, fmt.Errorf("sleepers: a clone's file after its wake: %q, %v", out, err)
 	}
+	if _, err := d.client.Sleep(ctx, names[n/2], api.SleepRequest{}); err != nil {
+		return figs, fmt.Errorf("sleepers: %w", err)
+	}
 	label := fmt.Sprintf("%dx256M asleep", n)
 	mem := Figure{Name: fmt.Sprintf("daemon RSS with %d sleeping VMs", n), VMM: d.vmm, Accel: accel, Memory: label, Unit: "KiB", Samples: rss,
 		Note: fmt.Sprintf("%d KiB with one; %d volume inodes and 1 registry row per sleeping VM", rss1>>10, inodes)}
@@ -108,64 +111,75 @@ func (d *daemon) sleepers(ctx context.Context, o Options, v variant, accel strin
 }
 
 // cloneSleepers clones VM seed's files on the volume n times and
-// registers each clone as a sleeping VM of its own (the daemon is down).
-// It returns the clones' names and how many inodes each holds.
+// registers each clone as a sleeping VM of its own, the daemon being
+// down. It returns the clones' names and how many inodes each holds.
 func (d *daemon) cloneSleepers(ctx context.Context, seed string, n int) (names []string, inodes int, err error) {
-	db, err := registry.Open(filepath.Join(d.dir, "state", "den.db"))
-	if err != nil {
-		return nil, 0, err
-	}
-	defer db.Close()
-	vm, err := db.GetVM(ctx, seed)
-	if err != nil {
-		return nil, 0, err
-	}
-	mnt := d.volumeMount()
-	src := filepath.Join(mnt, string(storage.VMDir(seed)))
-	if err := filepath.WalkDir(src, func(string, fs.DirEntry, error) error { inodes++; return nil }); err != nil {
-		return nil, 0, err
-	}
-	for i := range n {
-		name := fmt.Sprintf("sleeper-%04d", i)
-		cctx, cancel := context.WithTimeout(ctx, time.Minute)
-		err := storage.ControlClone(cctx, mnt, src, filepath.Join(mnt, string(storage.VMDir(name))))
-		cancel()
+	err = d.offline(ctx, func(db *registry.DB, vol *storage.JuiceFS) error {
+		vm, err := db.GetVM(ctx, seed)
 		if err != nil {
-			return names, inodes, fmt.Errorf("clone %s: %w", name, err)
+			return err
 		}
-		names = append(names, name)
-		clone := vm
-		clone.Name, clone.Generation = name, 0
-		if err := db.CreateVM(ctx, clone); err != nil {
-			return names, inodes, fmt.Errorf("register %s: %w", name, err)
+		src, err := vol.Path(storage.VMDir(seed))
+		if err != nil {
+			return err
 		}
-	}
-	return names, inodes, nil
+		if err := filepath.WalkDir(src, func(string, fs.DirEntry, error) error { inodes++; return nil }); err != nil {
+			return err
+		}
+		for i := range n {
+			name := fmt.Sprintf("sleeper-%04d", i)
+			if err := vol.Clone(ctx, storage.VMDir(seed), storage.VMDir(name)); err != nil {
+				return err
+			}
+			names = append(names, name)
+			clone := vm
+			clone.Name, clone.Generation = name, 0
+			if err := db.CreateVM(ctx, clone); err != nil {
+				return fmt.Errorf("register %s: %w", name, err)
+			}
+		}
+		return nil
+	})
+	return names, inodes, err
 }
 
 // dropSleepers removes the clones' records and files with the daemon
 // down, and starts it again.
 func (d *daemon) dropSleepers(names []string) {
-	if len(names) == 0 {
-		return
-	}
-	if err := d.halt(); err != nil {
+	if len(names) == 0 || d.halt() != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if db, err := registry.Open(filepath.Join(d.dir, "state", "den.db")); err == nil {
+	_ = d.offline(ctx, func(db *registry.DB, vol *storage.JuiceFS) error {
 		for _, name := range names {
 			_ = db.DeleteVM(ctx, name)
-			_ = os.RemoveAll(filepath.Join(d.volumeMount(), string(storage.VMDir(name))))
+			_ = vol.Remove(ctx, storage.VMDir(name))
 		}
-		db.Close()
-	}
+		return nil
+	})
 	_, _ = d.restart(ctx)
 }
 
-// volumeMount is where the daemon's volume is mounted.
-func (d *daemon) volumeMount() string { return filepath.Join(d.dir, "state", "juicefs", "mnt") }
+// offline runs f on the stopped daemon's registry and volume (mounted
+// for it, and unmounted after).
+func (d *daemon) offline(ctx context.Context, f func(*registry.DB, *storage.JuiceFS) error) error {
+	db, err := registry.Open(filepath.Join(d.dir, "state", "den.db"))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	vol, err := storage.Open(ctx, storage.Config{StateDir: filepath.Join(d.dir, "state", "juicefs")})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		_ = vol.Unmount(uctx)
+	}()
+	return f(db, vol)
+}
 
 // halt stops the daemon as a shutdown does (SIGTERM); its volume stays
 // mounted, for the next daemon to adopt.

@@ -42,7 +42,7 @@ func (b *bases) baseKey(vm registry.VM, sp spec) (string, error) {
 		return "", err
 	}
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%s\n%d\n%d\n%s\n%s\n", sp.BaseImage, sp.Kernel, vm.CPUs, vm.MemoryBytes, vm.VMM, vm.Accel)
+	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n%d\n%d\n%s\n%s\n", sp.BaseImage, sp.Kernel, sp.KernelFile, sp.InitramfsFile, vm.CPUs, vm.MemoryBytes, vm.VMM, vm.Accel)
 	// The base's disk and root filesystem are already the VM's size, so a
 	// create grows nothing (a resize of the guest's filesystem costs more
 	// than the restore).

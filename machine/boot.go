@@ -53,9 +53,13 @@ func (l *launcher) vmmConfigDisk(vm registry.VM, sp spec, diskPath storage.Path)
 	if _, err := l.m.vmms.driver(vm.VMM); err != nil {
 		return vmm.Config{}, err
 	}
+	kernel, initramfs, err := l.bootPaths(sp)
+	if err != nil {
+		return vmm.Config{}, err
+	}
 	cfg := vmm.Config{
 		CPUs: vm.CPUs, MemoryBytes: vm.MemoryBytes,
-		Kernel: sp.Kernel, Initramfs: sp.Initramfs, Cmdline: sp.Cmdline,
+		Kernel: kernel, Initramfs: initramfs, Cmdline: sp.Cmdline,
 		Disks: []vmm.Disk{{ID: "root", Path: disk}},
 	}
 	if g, nets, ok := l.m.net.guest(vm, sp); ok {

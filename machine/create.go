@@ -42,10 +42,15 @@ type Progress func(step string)
 
 // spec is what den keeps per VM beside the registry columns (SpecJSON).
 type spec struct {
-	Kernel    string `json:"kernel"`
-	Initramfs string `json:"initramfs"`
-	Cmdline   string `json:"cmdline"`
-	BaseImage string `json:"base_image"` // volume path of the disk it was cloned from
+	// KernelFile and InitramfsFile are the volume paths of what the VM
+	// boots, by content (bootfiles.go); Kernel and Initramfs, host paths
+	// in the image directory, are what VMs made before booted.
+	KernelFile    string `json:"kernel_file,omitempty"`
+	InitramfsFile string `json:"initramfs_file,omitempty"`
+	Kernel        string `json:"kernel,omitempty"`
+	Initramfs     string `json:"initramfs,omitempty"`
+	Cmdline       string `json:"cmdline"`
+	BaseImage     string `json:"base_image"` // volume path of the disk it was cloned from
 	// Head is the checkpoint the VM's state descends from (the parent
 	// of its next checkpoint).
 	Head string `json:"head,omitempty"`
@@ -228,7 +233,15 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	}
 	accel, _ := m.Accel()
 	now := time.Now().UTC()
-	sp := spec{Kernel: m.launch.kernel(), Initramfs: m.cfg.Images.Initramfs(), BaseImage: string(base), Identity: newToken(), MAC: newMAC()}
+	kernel, err := m.boot.importFile(ctx, m.launch.kernel(), progress)
+	if err != nil {
+		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
+	}
+	initramfs, err := m.boot.importFile(ctx, m.cfg.Images.Initramfs(), progress)
+	if err != nil {
+		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
+	}
+	sp := spec{KernelFile: string(kernel), InitramfsFile: string(initramfs), BaseImage: string(base), Identity: newToken(), MAC: newMAC()}
 	if o.Egress != nil {
 		if m.net.host == nil && o.Egress.Mode != egress.AllowAll {
 			return registry.VM{}, fmt.Errorf("create vm %q: egress policy %s needs tap networking, and VMs here get %s: %w", o.Name, o.Egress, m.Network(), ErrInvalid)

@@ -1,6 +1,10 @@
 package machine
 
-import "time"
+import (
+	"time"
+
+	"github.com/denhq/den/storage"
+)
 
 // SetFreezeWindow makes the guest's freeze for a disk-only checkpoint
 // last d, for a test; the returned func puts it back.
@@ -9,3 +13,7 @@ func SetFreezeWindow(d time.Duration) (restore func()) {
 	freezeWindow = d
 	return func() { freezeWindow = old }
 }
+
+// Sealing says whether dir's digests are queued or being written: their
+// files may be whole a moment before the seal is over.
+func (m *Manager) Sealing(dir storage.Path) bool { return m.seal.busy(dir) }

@@ -89,6 +89,13 @@ func newEnvWith(t *testing.T, tweak func(*machine.Config)) *env {
 	if err := os.WriteFile(images.ManifestPath(), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	for _, f := range []string{images.BzImage(), images.Vmlinux(), images.Initramfs()} {
+		// Imported onto the volume by content at each create: a fake
+		// VMM boots nothing from them.
+		if err := os.WriteFile(f, []byte("fake "+filepath.Base(f)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := os.WriteFile(images.RootDisk(image.Minimal), []byte("fake ext4"), 0o644); err != nil {
 		t.Fatal(err)
 	}

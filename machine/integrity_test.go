@@ -30,7 +30,9 @@ func (e *env) hostDir(p storage.Path) string {
 // waitSealed waits for the background digests of a snapshot directory.
 func (e *env) waitSealed(p storage.Path) {
 	e.t.Helper()
-	testutil.WaitForWithin(e.t, testTimeout, "digests of "+string(p), func() bool { return checkpoint.Sealed(e.hostDir(p)) })
+	testutil.WaitForWithin(e.t, testTimeout, "digests of "+string(p), func() bool {
+		return checkpoint.Sealed(e.hostDir(p)) && !e.m.Sealing(p)
+	})
 }
 
 // TestDamagedCheckpointIsRefused: a checkpoint whose device state, or

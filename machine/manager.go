@@ -183,6 +183,7 @@ type Manager struct {
 	vmms      vmms
 	launch    launcher
 	bases     bases
+	boot      bootFiles
 	snaps     snapshots
 	integrity integrity
 	guard     volumeGuard
@@ -359,6 +360,7 @@ func wire(m *Manager) *Manager {
 	m.integrity = integrity{m}
 	m.host = hostLife{m}
 	m.bases = bases{m}
+	m.boot = bootFiles{m: m}
 	m.launch = launcher{m}
 	m.vmms = vmms{m}
 	m.snaps = snapshots{m: m, removals: make(chan struct{}, 2)}

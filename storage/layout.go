@@ -15,7 +15,8 @@ type Path string
 
 // The volume layout:
 //
-//	images/NAME/...                 guest images (kernel, initramfs, rootfs)
+//	images/NAME/...                 guest images' root disks
+//	boot/DIGEST/FILE                kernels and initramfs VMs boot, by content
 //	vms/NAME/disk                   a VM's active disk
 //	vms/NAME/checkpoints/ID/...     a checkpoint: disk clone, memory snapshot
 //	vms/NAME/suspend/...            the sleep slot, a checkpoint of its own
@@ -23,6 +24,7 @@ type Path string
 //	cluster/agent_ed25519           the key a cluster's hosts reach guest agents with
 const (
 	imagesDir      = "images"
+	bootDir        = "boot"
 	vmsDir         = "vms"
 	diskFile       = "disk"
 	checkpointsDir = "checkpoints"
@@ -30,6 +32,14 @@ const (
 	memstoreDir    = "memstore"
 	clusterDir     = "cluster"
 )
+
+// BootFile is the kernel or initramfs called file whose content has
+// digest: VMs boot the same bytes on every host, whatever its image
+// directory holds now.
+func BootFile(digest, file string) Path { return join(bootDir, digest, file) }
+
+// BootDir holds the boot files of one digest.
+func BootDir(digest string) Path { return join(bootDir, digest) }
 
 // ClusterDir holds what the hosts of a cluster share beside VMs.
 func ClusterDir() Path { return Path(clusterDir) }

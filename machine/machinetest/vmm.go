@@ -412,6 +412,13 @@ func (v *VMM) stopHook(op string) {
 // Kill makes the process die as if killed (-9): den did not ask.
 func (v *VMM) Kill() { v.exit(errors.New("signal: killed")) }
 
+// Config is the config the VM was created or restored with.
+func (v *VMM) Config() vmm.Config {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.cfg
+}
+
 func (v *VMM) exit(err error) {
 	v.mu.Lock()
 	select {
