@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/denhq/den/internal/phase"
@@ -15,25 +16,21 @@ import (
 )
 
 // reconcile matches the registry against reality after a (re)start:
-// running VMs are adopted or, when their VMM is gone, marked stopped with
-// the reason; half-created or half-deleted VMs are rolled back or
-// finished.
+// half-created or half-deleted VMs are rolled back or finished first, one
+// at a time (a fork's rollback touches its source); then the others,
+// reconcileWorkers at a time (each waits mostly on the volume: a host
+// with a thousand sleeping VMs starts in a fraction of the time), have
+// what a crash left of their operations swept and, when recorded
+// running, their VMM adopted or, when it is gone, are marked stopped with
+// the reason.
 func (su *startup) reconcile(ctx context.Context) error {
 	vms, err := su.m.db.ListVMs(ctx, "")
 	if err != nil {
 		return err
 	}
+	var rest []registry.VM
 	for _, vm := range vms {
-		if vm.State != registry.StateCreating && vm.State != registry.StateDeleting {
-			su.sweepCheckpoints(ctx, vm.Name)
-			su.sweepSuspend(ctx, vm)
-			su.m.integrity.sealPending(ctx, vm)
-		}
 		switch vm.State {
-		case registry.StateRunning:
-			su.adopt(ctx, vm)
-		case registry.StateSleeping, registry.StateStopped:
-			su.strayVMM(ctx, vm)
 		case registry.StateCreating:
 			su.m.log.Warn("den: rolling back a vm whose creation was interrupted", "vm", vm.Name)
 			su.m.procs.destroy(ctx, vm.Name)
@@ -45,11 +42,46 @@ func (su *startup) reconcile(ctx context.Context) error {
 			_ = os.RemoveAll(su.m.state.Run(vm.Name).Path())
 			_ = su.m.db.DeleteCheckpoints(ctx, vm.Name)
 			_ = su.m.db.DeleteVM(ctx, vm.Name)
+		default:
+			rest = append(rest, vm)
 		}
 	}
+	todo := make(chan registry.VM)
+	var wg sync.WaitGroup
+	for range min(reconcileWorkers, len(rest)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for vm := range todo {
+				su.reconcileVM(ctx, vm)
+			}
+		}()
+	}
+	for _, vm := range rest {
+		todo <- vm
+	}
+	close(todo)
+	wg.Wait()
 	su.sweepPrelaunched()
 	su.m.ram.sweep(vms, func(n string) bool { return su.m.procs.instance(n) != nil }, su.m.log)
 	return nil
+}
+
+// reconcileWorkers bounds the VMs reconcile looks at at once.
+const reconcileWorkers = 4
+
+// reconcileVM sweeps what a crash left of one VM's operations and adopts
+// its VMM, or records it gone.
+func (su *startup) reconcileVM(ctx context.Context, vm registry.VM) {
+	su.sweepCheckpoints(ctx, vm.Name)
+	su.sweepSuspend(ctx, vm)
+	su.m.integrity.sealPending(ctx, vm)
+	switch vm.State {
+	case registry.StateRunning:
+		su.adopt(ctx, vm)
+	case registry.StateSleeping, registry.StateStopped:
+		su.strayVMM(ctx, vm)
+	}
 }
 
 // adopt re-attaches to a running VM's VMM, or records that it is gone.
