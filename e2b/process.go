@@ -480,7 +480,12 @@ func (s *Server) update(ctx context.Context, req *connect.Request[updateRequest]
 }
 
 func (s *Server) sendSignal(ctx context.Context, req *connect.Request[sendSignalRequest]) (*connect.Response[empty], error) {
-	p, err := s.selected(ctx, req.Header(), req.Msg.Process)
+	c, id, err := s.envdCaller(ctx, req.Header())
+	if err != nil {
+		return nil, err
+	}
+	defer c.api.CloseIdle()
+	p, err := s.procs.find(id, req.Msg.Process)
 	if err != nil {
 		return nil, err
 	}
@@ -491,13 +496,20 @@ func (s *Server) sendSignal(ctx context.Context, req *connect.Request[sendSignal
 	if sig != 9 && sig != 15 {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("den: signal %v: SIGNAL_SIGKILL or SIGNAL_SIGTERM", req.Msg.Signal))
 	}
-	// The process leads its own process group (the agent's session):
-	// the signal goes to the group, as the agent's own signals do.
+	// On a connection of its own: the process's connection closes when
+	// the process ends, which this signal may make happen at once. The
+	// process leads its own process group (the agent's session): the
+	// signal goes to the group, as the agent's own signals do.
+	g, err := guest(ctx, c, id)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	defer g.Close()
 	line := fmt.Sprintf("kill -%d -- -%d 2>/dev/null || kill -%d %d", sig, p.pid, sig, p.pid)
 	var stderr bytes.Buffer
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	status, err := p.g.Exec(sctx, agent.ExecRequest{CmdLine: line, Stderr: &stderr})
+	status, err := g.Exec(sctx, agent.ExecRequest{CmdLine: line, Stderr: &stderr})
 	if err != nil {
 		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("den: signal %d: %w", p.pid, err))
 	}
