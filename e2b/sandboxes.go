@@ -215,11 +215,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
 	id := newID()
 	rec := record{Owner: c.user, Template: b.TemplateID, Metadata: b.Metadata, EnvVars: b.EnvVars,
 		StartedAt: time.Now().UTC(), AutoPause: b.AutoPause, AutoResume: b.AutoResume != nil && b.AutoResume.Enabled}
-	if timeout > 0 {
-		rec.EndAt = time.Now().Add(timeout).UTC()
-	}
-	// The record comes first, so that the timeout holds even when the
-	// answer does not reach the caller.
+	// The record comes first, so that a sandbox is never without one;
+	// its timeout starts once it runs (the sweeper leaves it alone while
+	// it is made).
 	if err := s.recs.put(id, rec); err != nil {
 		writeAPIError(w, err)
 		return
@@ -234,8 +232,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
 		writeAPIError(w, err)
 		return
 	}
-	rec.StartedAt = vm.CreatedAt.UTC()
-	if _, _, err := s.recs.update(id, func(r *record) { r.StartedAt = rec.StartedAt }); err != nil {
+	if _, _, err := s.recs.update(id, func(r *record) {
+		r.StartedAt = vm.CreatedAt.UTC()
+		if timeout > 0 {
+			r.EndAt = time.Now().Add(timeout).UTC()
+		}
+	}); err != nil {
 		s.log.Warn("e2b: create: record", "sandbox", id, "err", err)
 	}
 	s.log.Info("e2b: sandbox created", "sandbox", id, "user", c.user, "template", b.TemplateID, "timeout", timeout)
@@ -266,9 +268,7 @@ func (s *Server) vm(w http.ResponseWriter, r *http.Request, c *caller, id string
 	}
 	vm, err := c.api.GetVM(r.Context(), id)
 	if errors.Is(err, api.ErrNotFound) || err == nil && vm.Owner != c.user {
-		if err != nil {
-			_ = s.recs.remove(id)
-		}
+		// The record stays: a not found may be another user's view.
 		notFound()
 		return api.VM{}, false
 	}
@@ -527,12 +527,20 @@ func (s *Server) list(ctx context.Context, c *caller, f listFilter) ([]sandboxDe
 		return nil, err
 	}
 	var out []sandboxDetail
+	mine := map[string]bool{}
 	for _, vm := range vms {
 		if vm.Owner != c.user {
 			continue
 		}
+		mine[vm.Name] = true
 		if d := s.detail(vm, c, false); f.keeps(d) {
 			out = append(out, d)
+		}
+	}
+	// The caller's records of VMs gone by other ways (den rm) go.
+	for id, rec := range s.recs.all() {
+		if rec.Owner == c.user && !mine[id] {
+			_ = s.recs.remove(id)
 		}
 	}
 	slices.SortFunc(out, func(a, b sandboxDetail) int {

@@ -167,6 +167,7 @@ step('errors')
 // A timeout with onTimeout pause: the sandbox goes to sleep by itself;
 // connect brings it back.
 const short = await Sandbox.create(process.env.DEN_E2B_SHORT_TEMPLATE || 'base', { timeoutMs: 3_000, lifecycle: { onTimeout: 'pause' }, metadata: { suite: 'den-e2e' } })
+step(`created ${short.sandboxId} (timeout 3 s, then pause)`)
 await until(60_000, async () => (await Sandbox.getInfo(short.sandboxId)).state === 'paused', 'paused at its timeout')
 step('timed out: paused')
 await Sandbox.connect(short.sandboxId, { timeoutMs: 60_000 })
