@@ -69,9 +69,9 @@ func TestE2BSDK(t *testing.T) {
 	// Bad input gets E2B's error shape: {"code": status, "message": ...}.
 	for _, c := range []struct {
 		method, path, key, body string
-		headers             map[string]string
-		status              int
-		says                string
+		headers                 map[string]string
+		status                  int
+		says                    string
 	}{
 		{"POST", "/v2/sandboxes", "den_wrong", `{"templateID":"base"}`, nil, 401, "not a valid den token"},
 		{"GET", "/v2/sandboxes", "", "", nil, 401, "no API key"},
