@@ -265,7 +265,17 @@ func (s *Server) startProcess(ctx context.Context, req *connect.Request[startReq
 	}
 	p := &proc{sandbox: id, cfg: *in.Process, tag: in.Tag, pty: in.PTY != nil, g: g, started: make(chan struct{}), subs: map[*sub]struct{}{}}
 	var once sync.Once
-	onPID := func(pid uint32) { once.Do(func() { p.pid = pid; close(p.started) }) }
+	// A process is listed from the moment its pid is known, before any
+	// of its output and so before its end (which unlists it).
+	onPID := func(pid uint32) {
+		once.Do(func() {
+			p.pid = pid
+			if pid != 0 {
+				s.procs.add(p)
+			}
+			close(p.started)
+		})
+	}
 	ereq := agent.ExecRequest{CmdLine: line, Env: env, Dir: ptrOr(in.Process.Cwd)}
 	if ereq.Dir != "" {
 		ereq.Dir = guestPath(ereq.Dir)
@@ -308,11 +318,7 @@ func (s *Server) startProcess(ctx context.Context, req *connect.Request[startReq
 		p.unsubscribe(follow)
 		return ctx.Err()
 	}
-	if p.pid == 0 {
-		// The command never ran: its end (and why) follows.
-		return s.follow(ctx, req.Header(), stream, p, follow)
-	}
-	s.procs.add(p)
+	// With pid 0 the command never ran: its end (and why) follows.
 	return s.follow(ctx, req.Header(), stream, p, follow)
 }
 
