@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/denhq/den/api"
 )
@@ -181,7 +183,7 @@ func TestErrorShape(t *testing.T) {
 		{"GET", "/v2/sandboxes/ibox/logs", "", nil, 501, "den logs"},
 		{"GET", "/nope", "", nil, 404, "not an E2B call"},
 		{"GET", "/", "", map[string]string{"E2b-Sandbox-Id": "ibox", "E2b-Sandbox-Port": "3000"}, 502, "den url ibox 3000"},
-		{"POST", "/filesystem.Filesystem/WatchDir", "", map[string]string{"E2b-Sandbox-Id": "ibox"}, 404, "not an envd call"},
+		{"POST", "/filesystem.Filesystem/CreateWatcher", "", map[string]string{"E2b-Sandbox-Id": "ibox"}, 404, "not an envd call"},
 	} {
 		r := httptest.NewRequest(c.method, c.path, strings.NewReader("{}"))
 		if c.key != "" {
@@ -197,5 +199,32 @@ func TestErrorShape(t *testing.T) {
 			w.Header().Get("Content-Type") != "application/json" {
 			t.Errorf("%s %s: %d %s", c.method, c.path, w.Code, w.Body)
 		}
+	}
+}
+
+func TestChanges(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	before := map[string]seen{
+		"kept":    {size: 1, mtime: t0, mode: 0o644},
+		"grown":   {size: 1, mtime: t0, mode: 0o644},
+		"chmoded": {size: 1, mtime: t0, mode: 0o644},
+		"gone":    {size: 1, mtime: t0, mode: 0o644},
+		"sub":     {dir: true, mtime: t0, mode: fs.ModeDir | 0o755},
+	}
+	after := map[string]seen{
+		"kept":      {size: 1, mtime: t0, mode: 0o644},
+		"grown":     {size: 2, mtime: t0.Add(time.Second), mode: 0o644},
+		"chmoded":   {size: 1, mtime: t0, mode: 0o600},
+		"sub":       {dir: true, mtime: t0.Add(time.Second), mode: fs.ModeDir | 0o755},
+		"sub/new":   {size: 3, mtime: t0, mode: 0o644},
+		"sub/empty": {mtime: t0, mode: 0o644},
+	}
+	want := []fsEvent{
+		{"chmoded", "EVENT_TYPE_CHMOD"}, {"grown", "EVENT_TYPE_WRITE"},
+		{"sub/empty", "EVENT_TYPE_CREATE"}, {"sub/new", "EVENT_TYPE_CREATE"}, {"sub/new", "EVENT_TYPE_WRITE"},
+		{"gone", "EVENT_TYPE_REMOVE"},
+	}
+	if got := changes(before, after); !reflect.DeepEqual(got, want) {
+		t.Errorf("changes:\n%v\nwant\n%v", got, want)
 	}
 }

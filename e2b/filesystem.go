@@ -23,6 +23,7 @@ func (s *Server) filesystemRoutes(opts []connect.HandlerOption) {
 	s.envd.Handle("/filesystem.Filesystem/MakeDir", connect.NewUnaryHandler("/filesystem.Filesystem/MakeDir", s.makeDir, opts...))
 	s.envd.Handle("/filesystem.Filesystem/Move", connect.NewUnaryHandler("/filesystem.Filesystem/Move", s.move, opts...))
 	s.envd.Handle("/filesystem.Filesystem/Remove", connect.NewUnaryHandler("/filesystem.Filesystem/Remove", s.remove, opts...))
+	s.envd.Handle("/filesystem.Filesystem/WatchDir", connect.NewServerStreamHandler("/filesystem.Filesystem/WatchDir", s.watchDir, opts...))
 }
 
 // files is one call's view of a sandbox's files.

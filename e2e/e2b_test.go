@@ -19,7 +19,8 @@ import (
 // address and E2B_API_KEY to a den token: create (debian), commands
 // (output, env, cwd, exit codes, streaming, stdin, a background process
 // listed, connected to and killed), files (write, read, list with depth,
-// stat, make dir, rename, remove, 1 MiB by hash), another user's token
+// stat, make dir, rename, remove, 1 MiB by hash), watching a directory
+// (recursive), another user's token
 // seeing nothing, list filters, timeout, pause (den sleep) and connect
 // (a file in /dev/shm kept), kill, errors, and a timeout that pauses.
 // Then bad requests get E2B's error shape and status.

@@ -113,6 +113,17 @@ assert.equal(sha(back), sha(blob))
 assert.equal((await sbx.commands.run('sha256sum /root/blob.bin')).stdout.split(' ')[0], sha(blob))
 step('files')
 
+// Watching a directory: writes, removes.
+await sbx.files.makeDir('/root/watched')
+const seen = []
+const watch = await sbx.files.watchDir('/root/watched', (e) => seen.push(`${e.type} ${e.name}`), { recursive: true })
+await sbx.files.write('/root/watched/w.txt', 'watched')
+await until(15_000, async () => seen.includes('create w.txt') && seen.includes('write w.txt'), `create and write seen (${seen})`)
+await sbx.commands.run('mkdir /root/watched/d && echo x > /root/watched/d/deep && rm /root/watched/w.txt')
+await until(15_000, async () => seen.includes('remove w.txt') && seen.includes('create d/deep'), `remove and a deep create seen (${seen})`)
+await watch.stop()
+step('watchDir')
+
 // Another user's token sees nothing of this sandbox.
 if (other) {
   await rejects(Sandbox.getInfo(sbx.sandboxId, { apiKey: other }), (e) => e instanceof SandboxNotFoundError, "another user's getInfo")
