@@ -20,9 +20,9 @@ import (
 // (output, env, cwd, exit codes, streaming, stdin, a background process
 // listed, connected to and killed), files (write, read, list with depth,
 // stat, make dir, rename, remove, 1 MiB by hash), watching a directory
-// (recursive), another user's token
-// seeing nothing, list filters, timeout, pause (den sleep) and connect
-// (a file in /dev/shm kept), kill, errors, and a timeout that pauses.
+// (recursive), another user's token seeing nothing, list filters,
+// timeout, pause (den sleep) and connect (a file in /dev/shm kept),
+// kill, errors, and a timeout that pauses.
 // Then bad requests get E2B's error shape and status.
 func TestE2BSDK(t *testing.T) {
 	node, err := exec.LookPath("node")
