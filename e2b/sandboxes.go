@@ -44,6 +44,7 @@ func (s *Server) controlRoutes() {
 	s.mux.HandleFunc("POST /sandboxes/{id}/refreshes", s.authed(s.refresh))
 	s.mux.HandleFunc("POST /sandboxes/{id}/pause", s.authed(s.pause))
 	s.mux.HandleFunc("POST /sandboxes/{id}/resume", s.authed(s.resume))
+	s.mux.HandleFunc("POST /sandboxes/{id}/fork", s.authed(s.fork))
 	connect := s.authed(s.connect)
 	s.mux.HandleFunc("POST /sandboxes/{id}/connect", connect)
 	s.mux.HandleFunc("POST /v2/sandboxes/{id}/connect", connect)

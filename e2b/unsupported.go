@@ -26,7 +26,6 @@ var unsupported = []struct{ prefix, instead string }{
 // serve yet.
 var unsupportedSandbox = map[string]string{
 	"snapshots": "E2B snapshots are not built yet: use den checkpoint (memory and disk) and den fork",
-	"fork":      "E2B fork is not built yet: use den fork ID@CHECKPOINT NEW",
 	"metrics":   "E2B metrics are not built yet: den info shows the VM's cgroup (CPU and memory)",
 	"logs":      "E2B logs are not built yet: use den logs ID",
 	"network":   "changing a sandbox's network is not built yet: den's egress policy is set at create (allowOut/denyOut)",

@@ -21,8 +21,9 @@ import (
 // listed, connected to and killed), files (write, read, list with depth,
 // stat, make dir, rename, remove, 1 MiB by hash), watching a directory
 // (recursive), another user's token seeing nothing, list filters,
-// timeout, pause (den sleep) and connect (a file in /dev/shm kept),
-// kill, errors, and a timeout that pauses.
+// timeout, pause (den sleep) and connect (a file in /dev/shm kept), fork
+// with a count of 2 (memory kept, hostnames their own), kill, errors, and
+// a timeout that pauses.
 // Then bad requests get E2B's error shape and status.
 func TestE2BSDK(t *testing.T) {
 	node, err := exec.LookPath("node")
@@ -87,7 +88,9 @@ func TestE2BSDK(t *testing.T) {
 		{"GET", "/v2/sandboxes?state=sleepy", alice, "", nil, 400, "bad state"},
 		{"POST", "/v3/templates", alice, `{}`, nil, 501, "den image"},
 		{"GET", "/volumes", alice, "", nil, 501, "den"},
-		{"POST", "/sandboxes/inosuch/fork", alice, `{}`, nil, 501, "den fork"},
+		{"POST", "/sandboxes/inosuch/fork", alice, `{}`, nil, 404, "not found"},
+		{"POST", "/sandboxes/inosuch/fork", alice, `{"count":17}`, nil, 400, "bad count"},
+		{"POST", "/sandboxes/inosuch/snapshots", alice, `{}`, nil, 501, "den checkpoint"},
 		{"GET", "/no/such/call", alice, "", nil, 404, "not an E2B call"},
 		{"GET", "/files?path=/etc/hostname", alice, "", map[string]string{"E2b-Sandbox-Id": "inosuch", "E2b-Sandbox-Port": "49983"}, 404, "not found"},
 		{"GET", "/health", "", "", map[string]string{"E2b-Sandbox-Id": "inosuch"}, 401, "no API key"},

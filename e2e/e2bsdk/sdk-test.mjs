@@ -161,6 +161,24 @@ assert.equal(await resumed.isRunning(), true)
 assert.equal((await resumed.commands.run('cat /dev/shm/kept')).stdout, 'in memory')
 step('connected: /dev/shm kept')
 
+// Fork with a count: each fork has the source's memory (the file in
+// /dev/shm) and disk, and a hostname and address of its own.
+const forks = await resumed.fork({ count: 2, timeoutMs: 300_000 })
+assert.equal(forks.length, 2)
+for (const f of forks) assert.ok(!(f instanceof Error), `fork: ${f?.message}`)
+const ids = new Set([sbx.sandboxId])
+for (const f of forks) {
+  ids.add(f.sandboxId)
+  r = await f.commands.run('hostname; cat /dev/shm/kept; cat /root/rel.txt; echo fork > /root/rel.txt')
+  assert.equal(r.stdout, `${f.sandboxId}\nin memoryrelative`)
+}
+assert.equal(ids.size, 3)
+assert.equal((await resumed.files.read('/root/rel.txt')), 'relative')
+listed = await Sandbox.list({ query: { metadata: { suite: 'den-e2e' } } }).nextItems()
+assert.equal(listed.length, 3)
+for (const f of forks) await f.kill()
+step('forked x2')
+
 // Kill.
 await resumed.kill()
 await rejects(Sandbox.getInfo(sbx.sandboxId), (e) => e instanceof SandboxNotFoundError, 'getInfo of a killed sandbox')
