@@ -278,7 +278,7 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	undo.push(e2bLn.close)
-	info.E2B = e2bLn.addr
+	info.E2B = e2bLn.url()
 	apiSrv.info = info
 
 	ln, err := listenUnix(o.Socket)

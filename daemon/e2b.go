@@ -106,6 +106,18 @@ func e2bTLS(o Options, state machine.StateDir) (*tls.Config, error) {
 	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
 
+// url is the listener's base URL ("" when off): what E2B_API_URL and
+// E2B_SANDBOX_URL take.
+func (l *e2bListener) url() string {
+	switch {
+	case l.addr == "":
+		return ""
+	case l.tls:
+		return "https://" + l.addr
+	}
+	return "http://" + l.addr
+}
+
 func (l *e2bListener) close() {
 	if l.srv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

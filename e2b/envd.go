@@ -27,8 +27,11 @@ import (
 // sandbox's commands and file calls as root.
 const home = "/root"
 
+// maxMessage caps one Connect message (stdin data, a request).
+const maxMessage = 16 << 20
+
 func (s *Server) envdRoutes() {
-	opts := []connect.HandlerOption{connect.WithCodec(jsonCodec{})}
+	opts := []connect.HandlerOption{connect.WithCodec(jsonCodec{}), connect.WithReadMaxBytes(maxMessage)}
 	s.processRoutes(opts)
 	s.filesystemRoutes(opts)
 	s.envd.HandleFunc("GET /health", s.health)

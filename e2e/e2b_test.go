@@ -38,10 +38,10 @@ func TestE2BSDK(t *testing.T) {
 	var info struct {
 		E2B string `json:"e2b"`
 	}
-	if err := json.Unmarshal([]byte(d.must("info", "--json")), &info); err != nil || info.E2B == "" {
+	if err := json.Unmarshal([]byte(d.must("info", "--json")), &info); err != nil || !strings.HasPrefix(info.E2B, "http://127.0.0.1:") {
 		t.Fatalf("den info: %+v %v", info, err)
 	}
-	base := "http://" + info.E2B
+	base := info.E2B
 	alice := strings.TrimSpace(d.must("tokens", "add", "--user", "den-e2b-alice", "sdk"))
 	bob := strings.TrimSpace(d.must("tokens", "add", "--user", "den-e2b-bob", "other"))
 
