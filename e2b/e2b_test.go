@@ -179,7 +179,7 @@ func TestErrorShape(t *testing.T) {
 		{"POST", "/v2/sandboxes", "den_x", nil, 401, "not a valid den token"},
 		{"POST", "/v3/templates", "", nil, 501, "den image"},
 		{"GET", "/teams", "", nil, 501, "den tokens"},
-		{"POST", "/sandboxes/ibox/snapshots", "", nil, 501, "den checkpoint"},
+		{"GET", "/sandboxes/ibox/metrics", "", nil, 501, "den info"},
 		{"GET", "/v2/sandboxes/ibox/logs", "", nil, 501, "den logs"},
 		{"GET", "/nope", "", nil, 404, "not an E2B call"},
 		{"GET", "/", "", map[string]string{"E2b-Sandbox-Id": "ibox", "E2b-Sandbox-Port": "3000"}, 502, "den url ibox 3000"},

@@ -45,6 +45,9 @@ func (s *Server) controlRoutes() {
 	s.mux.HandleFunc("POST /sandboxes/{id}/pause", s.authed(s.pause))
 	s.mux.HandleFunc("POST /sandboxes/{id}/resume", s.authed(s.resume))
 	s.mux.HandleFunc("POST /sandboxes/{id}/fork", s.authed(s.fork))
+	s.mux.HandleFunc("POST /sandboxes/{id}/snapshots", s.authed(s.createSnapshot))
+	s.mux.HandleFunc("GET /snapshots", s.authed(s.listSnapshots))
+	s.mux.HandleFunc("DELETE /templates/{id}", s.authed(s.deleteTemplate))
 	connect := s.authed(s.connect)
 	s.mux.HandleFunc("POST /sandboxes/{id}/connect", connect)
 	s.mux.HandleFunc("POST /v2/sandboxes/{id}/connect", connect)
@@ -200,7 +203,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
 		return
 	}
 	image := ""
-	if b.TemplateID != DefaultTemplate {
+	srcVM, srcCP, fromSnapshot := parseSnapshot(b.TemplateID)
+	if fromSnapshot {
+		if _, ok := s.vm(w, r, c, srcVM); !ok {
+			return
+		}
+	} else if b.TemplateID != DefaultTemplate {
 		if err := validate.Image(b.TemplateID); err != nil {
 			writeError(w, http.StatusBadRequest, "den: bad templateID: "+err.Error())
 			return
@@ -223,7 +231,17 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
 		writeAPIError(w, err)
 		return
 	}
-	vm, err := c.api.CreateVM(r.Context(), api.CreateRequest{Name: id, Image: image, Egress: egress}, nil)
+	var vm api.VM
+	if fromSnapshot {
+		if egress != "" {
+			_ = s.recs.remove(id)
+			writeError(w, http.StatusBadRequest, "den: a sandbox from a snapshot keeps its source's egress policy: network settings are not taken")
+			return
+		}
+		vm, err = c.api.Fork(r.Context(), srcVM, api.ForkRequest{Checkpoint: srcCP, Name: id}, nil)
+	} else {
+		vm, err = c.api.CreateVM(r.Context(), api.CreateRequest{Name: id, Image: image, Egress: egress}, nil)
+	}
 	if err != nil {
 		_ = s.recs.remove(id)
 		if errors.Is(err, api.ErrNotFound) && image != "" {

@@ -16,7 +16,6 @@ var unsupported = []struct{ prefix, instead string }{
 	{"/volumes", "den has no E2B volumes: a sandbox's disk is kept, and den checkpoint/den fork copy it"},
 	{"/volumecontent", "den has no E2B volumes: a sandbox's disk is kept, and den checkpoint/den fork copy it"},
 	{"/secrets", "den keeps no secrets: pass them in envVars"},
-	{"/snapshots", "E2B snapshots are not built yet: use den checkpoint, den checkpoints and den fork"},
 	{"/access-tokens", "den tokens are made with den tokens add"},
 	{"/api-keys", "den tokens are made with den tokens add"},
 	{"/nodes", "den's hosts are listed by den hosts"},
@@ -25,10 +24,9 @@ var unsupported = []struct{ prefix, instead string }{
 // unsupportedSandbox are sandbox calls (/sandboxes/ID/WHAT) den does not
 // serve yet.
 var unsupportedSandbox = map[string]string{
-	"snapshots": "E2B snapshots are not built yet: use den checkpoint (memory and disk) and den fork",
-	"metrics":   "E2B metrics are not built yet: den info shows the VM's cgroup (CPU and memory)",
-	"logs":      "E2B logs are not built yet: use den logs ID",
-	"network":   "changing a sandbox's network is not built yet: den's egress policy is set at create (allowOut/denyOut)",
+	"metrics": "E2B metrics are not built yet: den info shows the VM's cgroup (CPU and memory)",
+	"logs":    "E2B logs are not built yet: use den logs ID",
+	"network": "changing a sandbox's network is not built yet: den's egress policy is set at create (allowOut/denyOut)",
 }
 
 func (s *Server) unsupportedRoutes() {

@@ -22,8 +22,9 @@ import (
 // stat, make dir, rename, remove, 1 MiB by hash), watching a directory
 // (recursive), another user's token seeing nothing, list filters,
 // timeout, pause (den sleep) and connect (a file in /dev/shm kept), fork
-// with a count of 2 (memory kept, hostnames their own), kill, errors, and
-// a timeout that pauses.
+// with a count of 2 (memory kept, hostnames their own), a snapshot, a
+// sandbox from it and its deletion, kill, errors, and a timeout that
+// pauses.
 // Then bad requests get E2B's error shape and status.
 func TestE2BSDK(t *testing.T) {
 	node, err := exec.LookPath("node")
@@ -90,7 +91,9 @@ func TestE2BSDK(t *testing.T) {
 		{"GET", "/volumes", alice, "", nil, 501, "den"},
 		{"POST", "/sandboxes/inosuch/fork", alice, `{}`, nil, 404, "not found"},
 		{"POST", "/sandboxes/inosuch/fork", alice, `{"count":17}`, nil, 400, "bad count"},
-		{"POST", "/sandboxes/inosuch/snapshots", alice, `{}`, nil, 501, "den checkpoint"},
+		{"POST", "/sandboxes/inosuch/snapshots", alice, `{}`, nil, 404, "not found"},
+		{"POST", "/v2/sandboxes", alice, `{"templateID":"inosuch@cp-1"}`, nil, 404, "not found"},
+		{"DELETE", "/templates/base", alice, "", nil, 501, "den images"},
 		{"GET", "/no/such/call", alice, "", nil, 404, "not an E2B call"},
 		{"GET", "/files?path=/etc/hostname", alice, "", map[string]string{"E2b-Sandbox-Id": "inosuch", "E2b-Sandbox-Port": "49983"}, 404, "not found"},
 		{"GET", "/health", "", "", map[string]string{"E2b-Sandbox-Id": "inosuch"}, 401, "no API key"},

@@ -179,6 +179,19 @@ assert.equal(listed.length, 3)
 for (const f of forks) await f.kill()
 step('forked x2')
 
+// Snapshots are den checkpoints; a sandbox made from one has its memory.
+const snap = await resumed.createSnapshot({ name: 'den-e2e-snap' })
+assert.match(snap.snapshotId, new RegExp(`^${resumed.sandboxId}@cp-[0-9]+$`))
+const snaps = await Sandbox.listSnapshots({ sandboxId: resumed.sandboxId }).nextItems()
+assert.ok(snaps.some((s) => s.snapshotId === snap.snapshotId && s.names.includes('den-e2e-snap')), JSON.stringify(snaps))
+const fromSnap = await Sandbox.create(snap.snapshotId, { timeoutMs: 300_000 })
+assert.equal((await fromSnap.commands.run('cat /dev/shm/kept')).stdout, 'in memory')
+assert.equal((await Sandbox.getInfo(fromSnap.sandboxId)).templateId, snap.snapshotId)
+await fromSnap.kill()
+assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
+step('snapshot, a sandbox from it, delete')
+
 // Kill.
 await resumed.kill()
 await rejects(Sandbox.getInfo(sbx.sandboxId), (e) => e instanceof SandboxNotFoundError, 'getInfo of a killed sandbox')
