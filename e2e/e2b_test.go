@@ -17,8 +17,8 @@ import (
 // (e2e/e2bsdk, pinned in its package-lock.json) runs against den with
 // E2B_API_URL and E2B_SANDBOX_URL set to the daemon's --e2b-listen
 // address and E2B_API_KEY to a den token: create (debian), commands
-// (output, env, cwd, exit codes, streaming, stdin, a background process
-// listed, connected to and killed), files (write, read, list with depth,
+// (output, env, cwd, exit codes, streaming, stdin, a terminal with input
+// and resize, a background process listed, connected to and killed), files (write, read, list with depth,
 // stat, make dir, rename, remove, 1 MiB by hash), watching a directory
 // (recursive), another user's token seeing nothing, list filters,
 // timeout, pause (den sleep) and connect (a file in /dev/shm kept), fork

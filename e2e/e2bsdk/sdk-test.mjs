@@ -68,6 +68,18 @@ r = await h.wait()
 assert.equal(r.stdout, 'through stdin\n')
 step('stdin')
 
+// A terminal: input, output, resize.
+const ptyOut = []
+const term = await sbx.pty.create({ cols: 100, rows: 30, onData: (d) => ptyOut.push(Buffer.from(d).toString()) })
+await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo pty-$((6*7))\n'))
+await until(15_000, async () => ptyOut.join('').includes('pty-42'), `pty output (${JSON.stringify(ptyOut.join(''))})`)
+await sbx.pty.resize(term.pid, { cols: 120, rows: 40 })
+await sbx.pty.sendInput(term.pid, new TextEncoder().encode('stty size; exit\n'))
+r = await term.wait()
+assert.equal(r.exitCode, 0)
+assert.match(ptyOut.join(''), /40 120/)
+step('pty')
+
 // A background process: its pid is the guest's, list shows it, connect
 // follows it, kill ends it.
 h = await sbx.commands.run('echo started; sleep 600', { background: true })
