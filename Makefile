@@ -7,12 +7,12 @@ export PATH := $(BIN):$(PATH)
 IMAGE_DIR ?= $(CURDIR)/build/images
 export DEN_IMAGE_DIR := $(IMAGE_DIR)
 
-.PHONY: all deps deps-apt deps-go deps-tools deps-ch build image test test-unit test-loaded lint bench demo clean
+.PHONY: all deps deps-apt deps-go deps-tools deps-ch deps-node build image test test-unit test-loaded lint bench demo clean
 
 all: build
 
-## deps: apt packages and pinned tools (juicefs, minio, cloud-hypervisor where reachable)
-deps: deps-apt deps-go deps-tools deps-ch
+## deps: apt packages and pinned tools (juicefs, minio, cloud-hypervisor where reachable, the e2b SDK for its test)
+deps: deps-apt deps-go deps-tools deps-ch deps-node
 
 deps-apt:
 	@scripts/deps-apt.sh
@@ -25,6 +25,9 @@ deps-tools:
 
 deps-ch:
 	@scripts/deps-ch.sh
+
+deps-node:
+	@scripts/deps-node.sh
 
 ## build: den and den-agent into bin/
 build:

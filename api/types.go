@@ -128,6 +128,8 @@ type DaemonInfo struct {
 	Memory *MemoryInfo `json:"memory,omitempty"`
 	// HTTP is the base URL of the VMs' HTTP URLs ("" when off);
 	// HTTPDomain routes "<vm>.<domain>" there.
+	// E2B is the base URL of E2B's API (--e2b-listen), if on.
+	E2B        string `json:"e2b,omitempty"`
 	HTTP       string `json:"http,omitempty"`
 	HTTPDomain string `json:"http_domain,omitempty"`
 }

@@ -90,6 +90,10 @@ type Options struct {
 	// APITLSCert and APITLSKey are its certificate (default: one the
 	// daemon makes, self-signed, in the state dir).
 	APIListen, APITLSCert, APITLSKey string
+	// E2BListen serves E2B's API (its control plane and envd) on a TCP
+	// address ("" or "off": none): HTTP on loopback, else TLS with
+	// APITLSCert and APITLSKey (or the self-signed certificate).
+	E2BListen string
 	// VMUser is the unprivileged user VMMs run as (machine.Config.VMUser:
 	// made when missing; "-": VMMs run as root).
 	VMUser string
@@ -271,6 +275,14 @@ func Run(ctx context.Context, o Options) error {
 	}
 	undo.push(apiLn.close)
 	info.API, info.APIFingerprint = apiLn.addr, apiLn.fingerprint
+	e2bCtx, stopE2B := context.WithCancel(ctx)
+	undo.push(stopE2B)
+	e2bLn, err := startE2B(e2bCtx, o, state, apiSrv.tokens, inproc, o.Logger)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	undo.push(e2bLn.close)
+	info.E2B = e2bLn.url()
 	apiSrv.info = info
 
 	ln, err := listenUnix(o.Socket)

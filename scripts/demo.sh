@@ -88,7 +88,7 @@ gateway="--ssh-listen 127.0.0.1:$ssh_port"
 # start_daemon: den daemon in the background, waiting for its socket.
 start_daemon() {
 	"$den" daemon --state-dir "$work/state" --socket "$DEN_SOCKET" --images "$PWD/build/images" \
-		--default-image "$IMAGE" $gateway --netns "$ns_den" --net tap --http-listen 127.0.0.1:8081 \
+		--default-image "$IMAGE" $gateway --netns "$ns_den" --net tap --http-listen 127.0.0.1:8081 --e2b-listen 127.0.0.1:3000 \
 		>"$work/daemon.log" 2>&1 &
 	echo $! >"$work/daemon.pid"
 	for _ in $(seq 1 300); do
@@ -140,6 +140,19 @@ step "sleep it again" "$den" sleep box
 step "ssh through the gateway wakes it (plain OpenSSH)" sshgw box@127.0.0.1 'echo hello from $(hostname); cat /root/work.txt'
 step "den verbs over ssh" sshgw den@127.0.0.1 ls
 step "remove the VMs" "$den" rm box box2 experiment
+
+# An E2B program, unchanged, with den's address and a den token.
+if [ -f e2e/e2bsdk/node_modules/e2b/package.json ] && command -v node >/dev/null; then
+	e2b_key=$("$den" tokens add demo-e2b 2>/dev/null)
+	# A function, so that the step's echoed command shows no secret.
+	e2b_program() {
+		in_den env E2B_API_URL=http://127.0.0.1:3000 E2B_SANDBOX_URL=http://127.0.0.1:3000 \
+			E2B_API_KEY="$e2b_key" node e2e/e2bsdk/demo.mjs
+	}
+	step "an E2B program (the official e2b SDK) against den" e2b_program
+else
+	echo "demo: no e2b SDK (make deps-node installs it): the E2B step is skipped"
+fi
 
 printf '\n\033[1m== what each step took (%s, %s)\033[0m\n' "$("$den" info --json | sed -n 's/.*"vmm": "\(.*\)",/\1/p')" "$("$den" info --json | sed -n 's/.*"accel": "\(.*\)",/\1/p')"
 printf '   %s\n' "${timings[@]}"

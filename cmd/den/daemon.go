@@ -40,6 +40,7 @@ Examples:
    den daemon --memory-budget 12G --memory-pressure 20
    den daemon --http-listen 127.0.0.1:8081    # VM URLs: den url box
    den daemon --api-listen 0.0.0.0:7443       # the API over TLS: den tokens add laptop
+   den daemon --e2b-listen 127.0.0.1:3000     # E2B SDKs: E2B_API_URL=E2B_SANDBOX_URL=http://127.0.0.1:3000 (docs/e2b.md)
    den daemon --egress-default allow:github.com,pypi.org
    den daemon --netns den                     # TAPs, NAT and listeners in netns "den" (ip netns add den)
    den daemon --cluster /etc/den/cluster.json # the registry in PostgreSQL, the volume shared (docs/cluster.md)`,
@@ -78,6 +79,7 @@ Examples:
 			&cli.StringFlag{Name: "api-listen", Value: "off", Usage: "serve the API over TLS on this address too, for bearer tokens (den tokens add); off: none"},
 			&cli.StringFlag{Name: "api-tls-cert", Usage: "certificate file of --api-listen (default: a self-signed one, made once in the state dir)"},
 			&cli.StringFlag{Name: "api-tls-key", Usage: "key file of --api-tls-cert"},
+			&cli.StringFlag{Name: "e2b-listen", Value: "off", Usage: "serve E2B's API (control plane and envd) on this address, for the official E2B SDKs with a den token as E2B_API_KEY: HTTP on loopback, else TLS as --api-listen; off: none"},
 			&cli.StringFlag{Name: "vmm-user", Value: "den-vm", Usage: "the unprivileged user VMMs run as (made when missing); - runs them as root"},
 			&cli.StringFlag{Name: "admin-group", Value: daemon.DefaultAdminGroup, Usage: "local group whose members administer den through the socket, as root does"},
 			&cli.BoolFlag{Name: "debug", Usage: "log debug messages"},
@@ -133,7 +135,7 @@ Examples:
 				MemoryFiles: c.Bool("memory-files"), CollectGrace: c.Duration("gc-grace"), RAMDir: c.String("ram-dir"), SSHListen: c.String("ssh-listen"),
 				Memory: mem, Network: nc, MemoryCopies: copies,
 				HTTPListen: c.String("http-listen"), HTTPDomain: c.String("http-domain"), TLSCert: c.String("tls-cert"), TLSKey: c.String("tls-key"),
-				APIListen: c.String("api-listen"), APITLSCert: c.String("api-tls-cert"), APITLSKey: c.String("api-tls-key"),
+				APIListen: c.String("api-listen"), APITLSCert: c.String("api-tls-cert"), APITLSKey: c.String("api-tls-key"), E2BListen: c.String("e2b-listen"),
 				AdminGroup: c.String("admin-group"), Den: RunRemote, VMUser: c.String("vmm-user"),
 			})
 		},

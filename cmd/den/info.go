@@ -61,6 +61,9 @@ func infoCommand() *cli.Command {
 				if info.API != "" {
 					fmt.Fprintf(c.App.Writer, "api:      https://%s (certificate sha256 %s)\n", info.API, info.APIFingerprint)
 				}
+				if info.E2B != "" {
+					fmt.Fprintf(c.App.Writer, "e2b:      %s (E2B_API_URL and E2B_SANDBOX_URL; docs/e2b.md)\n", info.E2B)
+				}
 				return printGateway(c.App.Writer, info, false)
 			}
 			if c.Bool("gateway") {

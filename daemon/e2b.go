@@ -1,0 +1,128 @@
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"time"
+
+	"github.com/denhq/den/api"
+	"github.com/denhq/den/e2b"
+	"github.com/denhq/den/machine"
+	"github.com/denhq/den/users"
+)
+
+// e2bListener serves E2B's API (--e2b-listen): plain HTTP on a loopback
+// address, TLS (--api-listen's certificate options) on any other.
+type e2bListener struct {
+	srv  *http.Server
+	ln   net.Listener
+	addr string
+	tls  bool
+}
+
+// startE2B listens on o.E2BListen ("" or "off": none) and serves E2B's
+// control plane and envd there, each request acting as the user of the
+// den token it carries, through in-process connections to this API.
+func startE2B(ctx context.Context, o Options, state machine.StateDir, tokens users.Tokens, inproc *inProcess, log *slog.Logger) (*e2bListener, error) {
+	if o.E2BListen == "" || o.E2BListen == "off" {
+		return &e2bListener{}, nil
+	}
+	dial := func(c Caller) *api.Client {
+		return api.NewDialClient("the den daemon", func(ctx context.Context) (net.Conn, error) {
+			return inproc.dial(ctx, c)
+		})
+	}
+	srv, err := e2b.New(e2b.Config{
+		Authenticate: func(ctx context.Context, key string) (*api.Client, string, error) {
+			tok, err := tokens.Verify(ctx, key)
+			if err != nil {
+				return nil, "", fmt.Errorf("e2b: %w", api.ErrUnauthenticated)
+			}
+			return dial(Caller{User: tok.User, Admin: tok.Admin, Source: "e2b " + tok.ID, Token: tok.ID}), tok.User, nil
+		},
+		As:      func(user string) *api.Client { return dial(Caller{User: user, Source: "e2b timeout"}) },
+		Records: filepath.Join(state.Path(), "e2b.json"),
+		Logger:  log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("e2b listener: %w", err)
+	}
+	ln, err := net.Listen("tcp", o.E2BListen)
+	if err != nil {
+		return nil, fmt.Errorf("e2b listener: %w (choose another with --e2b-listen ADDR, or off)", err)
+	}
+	l := &e2bListener{ln: ln, addr: ln.Addr().String()}
+	if host, _, _ := net.SplitHostPort(o.E2BListen); !isLoopback(host) {
+		cfg, err := e2bTLS(o, state)
+		if err != nil {
+			ln.Close()
+			return nil, err
+		}
+		l.ln, l.tls = tls.NewListener(ln, cfg), true
+	}
+	l.srv = &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	go srv.Run(ctx)
+	go func() {
+		if err := l.srv.Serve(l.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("den: e2b listener", "err", err)
+		}
+	}()
+	log.Info("den: e2b listener", "addr", l.addr, "tls", l.tls)
+	return l, nil
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// e2bTLS is the TLS configuration of a non-loopback E2B listener: the
+// --api-tls-cert and --api-tls-key files, or the daemon's self-signed
+// certificate.
+func e2bTLS(o Options, state machine.StateDir) (*tls.Config, error) {
+	certFile, keyFile := o.APITLSCert, o.APITLSKey
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("e2b listener: give both --api-tls-cert and --api-tls-key, or neither (a self-signed certificate)")
+	}
+	if certFile == "" {
+		certFile, keyFile = state.APICert(), state.APIKey()
+		if err := selfSigned(certFile, keyFile, o.E2BListen); err != nil {
+			return nil, fmt.Errorf("e2b listener: %w", err)
+		}
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("e2b listener: certificate: %w", err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+}
+
+// url is the listener's base URL ("" when off): what E2B_API_URL and
+// E2B_SANDBOX_URL take.
+func (l *e2bListener) url() string {
+	switch {
+	case l.addr == "":
+		return ""
+	case l.tls:
+		return "https://" + l.addr
+	}
+	return "http://" + l.addr
+}
+
+func (l *e2bListener) close() {
+	if l.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = l.srv.Shutdown(ctx)
+		_ = l.srv.Close()
+	}
+}

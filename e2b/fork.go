@@ -1,0 +1,99 @@
+package e2b
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/denhq/den/api"
+)
+
+// maxForks caps the forks of one call: each is a VM with the source's
+// memory.
+const maxForks = 16
+
+// forkBody is E2B's SandboxForkRequest.
+type forkBody struct {
+	Timeout *int64 `json:"timeout"`
+	Count   *int   `json:"count"`
+}
+
+// forkResult is E2B's SandboxForkResult: a sandbox or an error.
+type forkResult struct {
+	Sandbox *sandbox  `json:"sandbox,omitempty"`
+	Error   *apiError `json:"error,omitempty"`
+}
+
+// fork is den checkpoint (memory and disk, kept in the source's
+// lineage) and count den forks of it: each fork a sandbox with the
+// source's template, metadata and environment, its own hostname and
+// address, and a timeout of its own.
+func (s *Server) fork(w http.ResponseWriter, r *http.Request, c *caller) {
+	id := r.PathValue("id")
+	var b forkBody
+	if err := decodeBody(r, &b, true); err != nil {
+		writeError(w, http.StatusBadRequest, "den: "+err.Error())
+		return
+	}
+	count := 1
+	if b.Count != nil {
+		count = *b.Count
+	}
+	if count < 1 || count > maxForks {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("den: bad count %d: 1 to %d forks at a time", count, maxForks))
+		return
+	}
+	timeout := defaultTimeout
+	if b.Timeout != nil {
+		d, err := seconds(*b.Timeout)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "den: "+err.Error())
+			return
+		}
+		timeout = d
+	}
+	vm, ok := s.vm(w, r, c, id)
+	if !ok {
+		return
+	}
+	if state(vm) == "paused" {
+		writeError(w, http.StatusConflict, fmt.Sprintf("den: sandbox %q is paused: connect to it first", id))
+		return
+	}
+	cp, err := c.api.Checkpoint(r.Context(), id, api.CheckpointRequest{Comment: fmt.Sprintf("e2b fork x%d", count)}, nil)
+	if err != nil {
+		writeAPIError(w, err)
+		return
+	}
+	src, _ := s.recs.get(id)
+	if src.Template == "" {
+		src.Template = vm.Image
+	}
+	out := make([]forkResult, 0, count)
+	for range count {
+		nid := newID()
+		rec := record{Owner: c.user, Template: src.Template, Metadata: src.Metadata, EnvVars: src.EnvVars,
+			StartedAt: time.Now().UTC(), AutoPause: src.AutoPause, AutoResume: src.AutoResume}
+		if err := s.recs.put(nid, rec); err != nil {
+			out = append(out, forkResult{Error: &apiError{Code: statusOf(err), Message: "den: " + err.Error()}})
+			continue
+		}
+		fvm, err := c.api.Fork(r.Context(), id, api.ForkRequest{Checkpoint: cp.ID, Name: nid}, nil)
+		if err != nil {
+			_ = s.recs.remove(nid)
+			out = append(out, forkResult{Error: &apiError{Code: statusOf(err), Message: "den: " + err.Error()}})
+			continue
+		}
+		if _, _, err := s.recs.update(nid, func(r *record) {
+			r.StartedAt = fvm.CreatedAt.UTC()
+			if timeout > 0 {
+				r.EndAt = time.Now().Add(timeout).UTC()
+			}
+		}); err != nil {
+			s.log.Warn("e2b: fork: record", "sandbox", nid, "err", err)
+		}
+		out = append(out, forkResult{Sandbox: &sandbox{TemplateID: src.Template, SandboxID: nid, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: c.key}})
+	}
+	s.log.Info("e2b: sandbox forked", "sandbox", id, "checkpoint", cp.ID, "count", count)
+	writeJSON(w, http.StatusCreated, out)
+}

@@ -1,0 +1,65 @@
+package e2b
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/denhq/den/api"
+)
+
+// expire ends the sandboxes whose timeout has passed: each is killed,
+// or put to sleep (den sleep, memory kept) when its lifecycle says
+// pause. Paused sandboxes have no end.
+func (s *Server) expire(ctx context.Context) {
+	now := time.Now()
+	for id, rec := range s.recs.all() {
+		if rec.EndAt.IsZero() || rec.EndAt.After(now) {
+			continue
+		}
+		s.end(ctx, id, rec)
+	}
+}
+
+func (s *Server) end(ctx context.Context, id string, rec record) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cl := s.cfg.As(rec.Owner)
+	defer cl.CloseIdle()
+	vm, err := cl.GetVM(ctx, id)
+	if errors.Is(err, api.ErrNotFound) {
+		_ = s.recs.remove(id)
+		return
+	}
+	if err != nil {
+		s.log.Warn("e2b: timeout: vm", "sandbox", id, "err", err)
+		return
+	}
+	if state(vm) == "paused" {
+		s.clearEnd(id)
+		return
+	}
+	if rec.AutoPause {
+		s.log.Info("e2b: sandbox timed out: pausing", "sandbox", id)
+		if _, err := cl.Sleep(ctx, id, api.SleepRequest{Force: true}); err != nil {
+			s.log.Warn("e2b: timeout: sleep", "sandbox", id, "err", err)
+			return
+		}
+		s.procs.forget(id)
+		s.clearEnd(id)
+		return
+	}
+	s.log.Info("e2b: sandbox timed out: killing", "sandbox", id)
+	if err := cl.RemoveVM(ctx, id, true); err != nil && !errors.Is(err, api.ErrNotFound) {
+		s.log.Warn("e2b: timeout: kill", "sandbox", id, "err", err)
+		return
+	}
+	s.procs.forget(id)
+	_ = s.recs.remove(id)
+}
+
+func (s *Server) clearEnd(id string) {
+	if _, _, err := s.recs.update(id, func(r *record) { r.EndAt = time.Time{} }); err != nil {
+		s.log.Warn("e2b: record", "sandbox", id, "err", err)
+	}
+}

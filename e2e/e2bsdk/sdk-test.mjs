@@ -1,0 +1,230 @@
+// den's e2e test of its E2B-compatible API: the official e2b SDK, as an
+// E2B program uses it, against a real den daemon and real guests. Run by
+// e2e/e2b_test.go with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set
+// to the daemon's --e2b-listen address and a den token, and
+// DEN_E2B_OTHER_KEY to another user's token. Exits non-zero on the
+// first failed check.
+import assert from 'node:assert/strict'
+import { createHash, randomBytes } from 'node:crypto'
+import {
+  Sandbox, CommandExitError, AuthenticationError, SandboxNotFoundError, SandboxError, NotFoundError,
+} from 'e2b'
+
+const template = process.env.DEN_E2B_TEMPLATE || 'debian'
+const other = process.env.DEN_E2B_OTHER_KEY
+const t0 = Date.now()
+const step = (what) => console.log(`[${((Date.now() - t0) / 1000).toFixed(1)}s] ${what}`)
+
+async function rejects(p, check, what) {
+  try {
+    await p
+  } catch (e) {
+    assert.ok(check(e), `${what}: unexpected error ${e?.constructor?.name}: ${e?.message}`)
+    return e
+  }
+  assert.fail(`${what}: no error`)
+}
+
+// Bounded wait for cond (async), polling.
+async function until(within, cond, what) {
+  const end = Date.now() + within
+  for (;;) {
+    if (await cond()) return
+    if (Date.now() > end) assert.fail(`${what}: not within ${within} ms`)
+    await new Promise((r) => setTimeout(r, 250))
+  }
+}
+
+step(`create from template ${template}`)
+const sbx = await Sandbox.create(template, {
+  timeoutMs: 600_000, metadata: { suite: 'den-e2e', run: String(t0) }, envs: { GREETING: 'hello' },
+})
+step(`created ${sbx.sandboxId}`)
+
+// commands.run: output, environment, exit codes.
+let r = await sbx.commands.run('echo "$GREETING from $(hostname)"; echo to-err >&2')
+assert.equal(r.exitCode, 0)
+assert.equal(r.stdout, `hello from ${sbx.sandboxId}\n`)
+assert.equal(r.stderr, 'to-err\n')
+r = await sbx.commands.run('pwd; echo $FOO', { cwd: '/tmp', envs: { FOO: 'bar' } })
+assert.equal(r.stdout, '/tmp\nbar\n')
+const exitErr = await rejects(sbx.commands.run('echo partial; exit 3'), (e) => e instanceof CommandExitError, 'exit 3')
+assert.equal(exitErr.exitCode, 3)
+assert.equal(exitErr.stdout, 'partial\n')
+step('run: output, env, cwd, exit codes')
+
+// Streaming: output arrives as it is written, in pieces.
+const chunks = []
+r = await sbx.commands.run('for i in 1 2 3; do echo line$i; sleep 0.3; done', { onStdout: (d) => chunks.push(d) })
+assert.equal(chunks.join(''), 'line1\nline2\nline3\n')
+assert.ok(chunks.length >= 2, `streamed in ${chunks.length} piece(s)`)
+step(`streaming: ${chunks.length} pieces`)
+
+// stdin: input sent to a running process, then closed.
+let h = await sbx.commands.run('cat', { background: true, stdin: true })
+await sbx.commands.sendStdin(h.pid, 'through stdin\n')
+await sbx.commands.closeStdin(h.pid)
+r = await h.wait()
+assert.equal(r.stdout, 'through stdin\n')
+step('stdin')
+
+// A terminal: input, output, resize.
+const ptyOut = []
+const term = await sbx.pty.create({ cols: 100, rows: 30, onData: (d) => ptyOut.push(Buffer.from(d).toString()) })
+await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo pty-$((6*7))\n'))
+await until(15_000, async () => ptyOut.join('').includes('pty-42'), `pty output (${JSON.stringify(ptyOut.join(''))})`)
+await sbx.pty.resize(term.pid, { cols: 120, rows: 40 })
+await sbx.pty.sendInput(term.pid, new TextEncoder().encode('stty size; exit\n'))
+r = await term.wait()
+assert.equal(r.exitCode, 0)
+assert.match(ptyOut.join(''), /40 120/)
+step('pty')
+
+// A background process: its pid is the guest's, list shows it, connect
+// follows it, kill ends it.
+h = await sbx.commands.run('echo started; sleep 600', { background: true })
+r = await sbx.commands.run(`tr '\\0' ' ' < /proc/${h.pid}/cmdline`)
+assert.match(r.stdout, /sleep 600/)
+let procs = await sbx.commands.list()
+assert.ok(procs.some((p) => p.pid === h.pid && p.cmd === '/bin/bash'), `list: ${JSON.stringify(procs)}`)
+const again = await sbx.commands.connect(h.pid)
+assert.equal(await sbx.commands.kill(h.pid), true)
+await rejects(again.wait(), (e) => e instanceof CommandExitError, 'wait on a killed process')
+await until(10_000, async () => !(await sbx.commands.list()).some((p) => p.pid === h.pid), 'the killed process leaves the list')
+assert.equal(await sbx.commands.kill(h.pid), false)
+step('background, list, connect, kill')
+
+// Files: write, read, list, stat, make dir, rename, remove.
+await sbx.files.write('/root/work/a.txt', 'alpha')
+assert.equal(await sbx.files.read('/root/work/a.txt'), 'alpha')
+await sbx.files.write('rel.txt', 'relative')
+assert.equal((await sbx.commands.run('cat /root/rel.txt')).stdout, 'relative')
+await sbx.files.write([{ path: '/root/work/sub/b.txt', data: 'beta' }, { path: '/root/work/c.txt', data: 'gamma' }])
+let entries = await sbx.files.list('/root/work')
+assert.deepEqual(entries.map((e) => e.name).sort(), ['a.txt', 'c.txt', 'sub'])
+assert.equal(entries.find((e) => e.name === 'sub').type, 'dir')
+assert.equal(entries.find((e) => e.name === 'a.txt').type, 'file')
+entries = await sbx.files.list('/root/work', { depth: 2 })
+assert.ok(entries.some((e) => e.path === '/root/work/sub/b.txt'), `depth 2: ${entries.map((e) => e.path)}`)
+const info = await sbx.files.getInfo('/root/work/a.txt')
+assert.equal(info.size, 5)
+assert.equal(info.owner, 'root')
+assert.equal(await sbx.files.exists('/root/work/nope'), false)
+assert.equal(await sbx.files.makeDir('/root/work/new/deep'), true)
+assert.equal(await sbx.files.makeDir('/root/work/new/deep'), false)
+await sbx.files.rename('/root/work/a.txt', '/root/work/new/a.txt')
+assert.equal(await sbx.files.read('/root/work/new/a.txt'), 'alpha')
+await sbx.files.remove('/root/work/new')
+assert.equal(await sbx.files.exists('/root/work/new'), false)
+await rejects(sbx.files.read('/root/work/new/a.txt'), (e) => e instanceof NotFoundError || e instanceof SandboxError, 'read a removed file')
+const blob = randomBytes(1 << 20)
+await sbx.files.write('/root/blob.bin', blob)
+const back = await sbx.files.read('/root/blob.bin', { format: 'bytes' })
+const sha = (b) => createHash('sha256').update(b).digest('hex')
+assert.equal(sha(back), sha(blob))
+assert.equal((await sbx.commands.run('sha256sum /root/blob.bin')).stdout.split(' ')[0], sha(blob))
+step('files')
+
+// Watching a directory: writes, removes.
+await sbx.files.makeDir('/root/watched')
+const seen = []
+const watch = await sbx.files.watchDir('/root/watched', (e) => seen.push(`${e.type} ${e.name}`), { recursive: true })
+await sbx.files.write('/root/watched/w.txt', 'watched')
+await until(15_000, async () => seen.includes('create w.txt') && seen.includes('write w.txt'), `create and write seen (${seen})`)
+await sbx.commands.run('mkdir /root/watched/d && echo x > /root/watched/d/deep && rm /root/watched/w.txt')
+await until(15_000, async () => seen.includes('remove w.txt') && seen.includes('create d/deep'), `remove and a deep create seen (${seen})`)
+await watch.stop()
+step('watchDir')
+
+// Another user's token sees nothing of this sandbox.
+if (other) {
+  await rejects(Sandbox.getInfo(sbx.sandboxId, { apiKey: other }), (e) => e instanceof SandboxNotFoundError, "another user's getInfo")
+  assert.equal(await Sandbox.kill(sbx.sandboxId, { apiKey: other }), false)
+  const theirs = await Sandbox.list({ apiKey: other }).nextItems()
+  assert.equal(theirs.length, 0)
+}
+
+// List with filters, timeout.
+let listed = await Sandbox.list({ query: { metadata: { suite: 'den-e2e' } } }).nextItems()
+assert.deepEqual(listed.map((s) => [s.sandboxId, s.state, s.templateId]), [[sbx.sandboxId, 'running', template]])
+assert.equal(listed[0].metadata.run, String(t0))
+listed = await Sandbox.list({ query: { metadata: { suite: 'other' } } }).nextItems()
+assert.equal(listed.length, 0)
+await sbx.setTimeout(900_000)
+let got = await Sandbox.getInfo(sbx.sandboxId)
+assert.ok(got.endAt.getTime() > Date.now() + 800_000, `endAt ${got.endAt}`)
+step('list, getInfo, setTimeout')
+
+// Pause (den sleep: memory kept), then connect (den wake): a file in
+// /dev/shm (memory only) is still there.
+await sbx.files.write('/dev/shm/kept', 'in memory')
+assert.equal(await sbx.pause(), true)
+got = await Sandbox.getInfo(sbx.sandboxId)
+assert.equal(got.state, 'paused')
+assert.equal(await sbx.isRunning(), false)
+assert.equal(await sbx.pause(), false)
+listed = await Sandbox.list({ query: { state: ['paused'], metadata: { suite: 'den-e2e' } } }).nextItems()
+assert.deepEqual(listed.map((s) => s.sandboxId), [sbx.sandboxId])
+listed = await Sandbox.list({ query: { state: ['running'], metadata: { suite: 'den-e2e' } } }).nextItems()
+assert.equal(listed.length, 0)
+step('paused')
+const resumed = await Sandbox.connect(sbx.sandboxId)
+assert.equal(await resumed.isRunning(), true)
+assert.equal((await resumed.commands.run('cat /dev/shm/kept')).stdout, 'in memory')
+step('connected: /dev/shm kept')
+
+// Fork with a count: each fork has the source's memory (the file in
+// /dev/shm) and disk, and a hostname and address of its own.
+const forks = await resumed.fork({ count: 2, timeoutMs: 300_000 })
+assert.equal(forks.length, 2)
+for (const f of forks) assert.ok(!(f instanceof Error), `fork: ${f?.message}`)
+const ids = new Set([sbx.sandboxId])
+for (const f of forks) {
+  ids.add(f.sandboxId)
+  r = await f.commands.run('hostname; cat /dev/shm/kept; cat /root/rel.txt; echo fork > /root/rel.txt')
+  assert.equal(r.stdout, `${f.sandboxId}\nin memoryrelative`)
+}
+assert.equal(ids.size, 3)
+assert.equal((await resumed.files.read('/root/rel.txt')), 'relative')
+listed = await Sandbox.list({ query: { metadata: { suite: 'den-e2e' } } }).nextItems()
+assert.equal(listed.length, 3)
+for (const f of forks) await f.kill()
+step('forked x2')
+
+// Snapshots are den checkpoints; a sandbox made from one has its memory.
+const snap = await resumed.createSnapshot({ name: 'den-e2e-snap' })
+assert.match(snap.snapshotId, new RegExp(`^${resumed.sandboxId}@cp-[0-9]+$`))
+const snaps = await Sandbox.listSnapshots({ sandboxId: resumed.sandboxId }).nextItems()
+assert.ok(snaps.some((s) => s.snapshotId === snap.snapshotId && s.names.includes('den-e2e-snap')), JSON.stringify(snaps))
+const fromSnap = await Sandbox.create(snap.snapshotId, { timeoutMs: 300_000 })
+assert.equal((await fromSnap.commands.run('cat /dev/shm/kept')).stdout, 'in memory')
+assert.equal((await Sandbox.getInfo(fromSnap.sandboxId)).templateId, snap.snapshotId)
+await fromSnap.kill()
+assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
+step('snapshot, a sandbox from it, delete')
+
+// Kill.
+await resumed.kill()
+await rejects(Sandbox.getInfo(sbx.sandboxId), (e) => e instanceof SandboxNotFoundError, 'getInfo of a killed sandbox')
+assert.equal(await Sandbox.kill(sbx.sandboxId), false)
+listed = await Sandbox.list({ query: { metadata: { suite: 'den-e2e' } } }).nextItems()
+assert.equal(listed.length, 0)
+step('killed')
+
+// Errors as an E2B program sees them.
+await rejects(Sandbox.create('no-such-template'), (e) => e instanceof SandboxError && /404/.test(e.message) && /den/.test(e.message), 'unknown template')
+await rejects(Sandbox.create(template, { apiKey: 'den_wrong' }), (e) => e instanceof AuthenticationError, 'wrong key')
+await rejects(Sandbox.connect('inosuchsandbox'), (e) => e instanceof SandboxNotFoundError, 'connect to an unknown sandbox')
+step('errors')
+
+// A timeout with onTimeout pause: the sandbox goes to sleep by itself;
+// connect brings it back.
+const short = await Sandbox.create(process.env.DEN_E2B_SHORT_TEMPLATE || 'base', { timeoutMs: 3_000, lifecycle: { onTimeout: 'pause' }, metadata: { suite: 'den-e2e' } })
+step(`created ${short.sandboxId} (timeout 3 s, then pause)`)
+await until(60_000, async () => (await Sandbox.getInfo(short.sandboxId)).state === 'paused', 'paused at its timeout')
+step('timed out: paused')
+await Sandbox.connect(short.sandboxId, { timeoutMs: 60_000 })
+assert.equal((await Sandbox.getInfo(short.sandboxId)).state, 'running')
+await Sandbox.kill(short.sandboxId)
+step('done')
