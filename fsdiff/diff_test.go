@@ -253,3 +253,31 @@ func TestImagesBadInput(t *testing.T) {
 		t.Errorf("CleanPrefix: %q %v", p, err)
 	}
 }
+
+// TestSweep: mounts a process left behind (it ended mid-diff) are
+// undone, loop devices included.
+func TestSweep(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	write(t, src+"/a", []byte("a"), 0o644)
+	img := filepath.Join(dir, "img")
+	mkfs(t, src, img)
+	tmp := filepath.Join(dir, "mnt")
+	m, err := Mount(context.Background(), img, tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(m.Root, "a")); err != nil {
+		t.Fatalf("the mounted image: %v", err)
+	}
+	if err := Sweep(tmp); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(tmp, "*")); len(left) > 0 {
+		t.Errorf("left after the sweep: %v", left)
+	}
+	if out, _ := exec.Command("losetup", "--associated", img).Output(); len(bytes.TrimSpace(out)) > 0 {
+		t.Errorf("loop device left attached: %s", out)
+	}
+}
