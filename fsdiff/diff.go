@@ -105,6 +105,10 @@ type Options struct {
 	Patch bool
 	// TmpDir holds the mount points ("": the system's).
 	TmpDir string
+	// Copy makes a throwaway copy of an image (a clone), for an image
+	// whose journal must be replayed before it is read; remove deletes
+	// it. Nil: such an image is refused.
+	Copy func(ctx context.Context, image string) (copy string, remove func(), err error)
 }
 
 // Limits of patches: a file larger than patchFileMax has none, and
@@ -117,6 +121,16 @@ const (
 // Images compares the ext4 filesystems in two image files, mounting
 // each read-only for the duration of the call.
 func Images(ctx context.Context, oldImage, newImage string, opts Options) (Result, error) {
+	oldImage, doneOld, err := prepare(ctx, oldImage, opts)
+	if err != nil {
+		return Result{}, err
+	}
+	defer doneOld()
+	newImage, doneNew, err := prepare(ctx, newImage, opts)
+	if err != nil {
+		return Result{}, err
+	}
+	defer doneNew()
 	a, err := Mount(ctx, oldImage, opts.TmpDir)
 	if err != nil {
 		return Result{}, err

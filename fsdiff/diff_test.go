@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -279,5 +280,65 @@ func TestSweep(t *testing.T) {
 	}
 	if out, _ := exec.Command("losetup", "--associated", img).Output(); len(bytes.TrimSpace(out)) > 0 {
 		t.Errorf("loop device left attached: %s", out)
+	}
+}
+
+// TestJournalReplay: an image copied while its filesystem was mounted
+// (a memory checkpoint of a running guest) needs its journal replayed;
+// that happens in a copy, and the image itself is not written.
+func TestJournalReplay(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	write(t, src+"/root/keep.txt", []byte("keep\n"), 0o644)
+	before := filepath.Join(dir, "before.ext4")
+	mkfs(t, src, before)
+	live := filepath.Join(dir, "live.ext4")
+	sh(t, "cp", "--sparse=always", before, live)
+	mnt := filepath.Join(dir, "mnt")
+	must(t, os.Mkdir(mnt, 0o755))
+	sh(t, "mount", "-t", "ext4", "-o", "loop", live, mnt)
+	write(t, mnt+"/root/new.txt", []byte("in the journal\n"), 0o644)
+	sh(t, "sync")
+	snap := filepath.Join(dir, "snap.ext4")
+	sh(t, "cp", "--sparse=always", live, snap) // as a clone of a running guest's disk
+	sh(t, "umount", mnt)
+	if need, err := needsRecovery(snap); err != nil || !need {
+		t.Fatalf("the copy of a mounted image: needs recovery %v, %v", need, err)
+	}
+	orig, err := os.ReadFile(snap)
+	must(t, err)
+
+	ctx := context.Background()
+	if _, err := Images(ctx, before, snap, Options{}); err == nil || !strings.Contains(err.Error(), "journal") {
+		t.Errorf("without a way to copy: %v, want refused", err)
+	}
+	copies := 0
+	opts := Options{Copy: func(ctx context.Context, image string) (string, func(), error) {
+		copies++
+		cp := filepath.Join(dir, "copy.ext4")
+		if out, err := exec.CommandContext(ctx, "cp", "--sparse=always", image, cp).CombinedOutput(); err != nil {
+			return "", nil, fmt.Errorf("cp: %w: %s", err, out)
+		}
+		return cp, func() { os.Remove(cp) }, nil
+	}}
+	res, err := Images(ctx, before, snap, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, c := range res.Changes {
+		got = append(got, summary(c))
+	}
+	if want := []string{"added /root/new.txt"}; !reflect.DeepEqual(got, want) || copies != 1 {
+		t.Errorf("changes %q (copies %d), want %q", got, copies, want)
+	}
+	after, err := os.ReadFile(snap)
+	must(t, err)
+	if !bytes.Equal(orig, after) {
+		t.Error("the image was written")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "copy.ext4")); !os.IsNotExist(err) {
+		t.Errorf("the copy is left: %v", err)
 	}
 }

@@ -17,6 +17,9 @@ import (
 // a FUSE volume whose daemon hangs must not hang the diff.
 const mountTimeout = 30 * time.Second
 
+// waitDelay bounds the wait for a killed command's output.
+const waitDelay = time.Second
+
 // Mounted is an ext4 image mounted read-only, its journal not replayed.
 type Mounted struct {
 	Root string // the mount point
@@ -123,7 +126,7 @@ func run(ctx context.Context, name string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, mountTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.WaitDelay = time.Second
+	cmd.WaitDelay = waitDelay
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -114,7 +114,7 @@ func (d *differ) patch(c *Change, a, b tree) error {
 		}
 	}
 	for _, p := range []string{oldPath, newPath} {
-		bin, err := binary(p)
+		bin, err := isBinary(p)
 		if err != nil {
 			return err
 		}
@@ -143,9 +143,9 @@ func (d *differ) patch(c *Change, a, b tree) error {
 	return nil
 }
 
-// binary says whether a file's first 8000 bytes hold a NUL (as git
+// isBinary says whether a file's first 8000 bytes hold a NUL (as git
 // decides).
-func binary(p string) (bool, error) {
+func isBinary(p string) (bool, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return false, err

@@ -2,11 +2,15 @@ package machine
 
 import (
 	"context"
+	"crypto/rand"
+	"errors"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/fsdiff"
+	"github.com/denhq/den/storage"
 )
 
 // DiffOptions names the two disks a diff compares: checkpoint From of
@@ -38,7 +42,8 @@ func (m *Manager) Diff(ctx context.Context, o DiffOptions, progress Progress) (D
 		progress = func(string) {}
 	}
 	res := DiffResult{From: o.From, To: o.To}
-	from, err := m.checkpointDisk(ctx, o.FromVM, o.From)
+	paths := map[string]storage.Path{} // host path -> volume path
+	from, err := m.checkpointDisk(ctx, o.FromVM, o.From, paths)
 	if err != nil {
 		return res, err
 	}
@@ -51,11 +56,14 @@ func (m *Manager) Diff(ctx context.Context, o DiffOptions, progress Progress) (D
 		res.To, res.Taken = cp.ID, true
 		progress(fmt.Sprintf("compared with %s, a disk-only checkpoint of vm %q taken now", cp.ID, o.ToVM))
 	}
-	to, err := m.checkpointDisk(ctx, o.ToVM, res.To)
+	to, err := m.checkpointDisk(ctx, o.ToVM, res.To, paths)
 	if err != nil {
 		return res, err
 	}
 	o.Options.TmpDir = m.cfg.State.diffDir()
+	o.Options.Copy = func(ctx context.Context, image string) (string, func(), error) {
+		return m.diffCopy(ctx, paths[image])
+	}
 	r, err := fsdiff.Images(ctx, from, to, o.Options)
 	if err != nil {
 		return res, fmt.Errorf("diff %s@%s %s@%s: %w", o.FromVM, o.From, o.ToVM, res.To, err)
@@ -72,9 +80,39 @@ func (m *Manager) sweepDiffs() {
 	}
 }
 
+// diffCopy clones a checkpoint's disk beside the VM's checkpoints, under
+// a tmp- name (a crash leaves it to the checkpoints' sweep), for a diff
+// to replay its journal into: a memory checkpoint's disk was cloned
+// while the guest ran. The clone costs metadata only.
+func (m *Manager) diffCopy(ctx context.Context, src storage.Path) (string, func(), error) {
+	if src == "" {
+		return "", nil, errors.New("no checkpoint disk to copy")
+	}
+	var b [8]byte
+	rand.Read(b[:])
+	dst := src.Dir().Dir().Join(fmt.Sprintf("tmp-diff-%x", b))
+	if err := m.vol.Clone(ctx, src, dst); err != nil {
+		return "", nil, err
+	}
+	remove := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := m.vol.Remove(ctx, dst); err != nil {
+			m.log.Warn("den: diff: remove a disk copy", "path", dst, "err", err)
+		}
+	}
+	host, err := m.vol.Path(dst)
+	if err != nil {
+		remove()
+		return "", nil, err
+	}
+	return host, remove, nil
+}
+
 // checkpointDisk is the host path of a checkpoint's disk image, to be
-// read only. A VM not the context's owner's is not found.
-func (m *Manager) checkpointDisk(ctx context.Context, vm, id string) (string, error) {
+// read only, noted in paths with its volume path. A VM not the
+// context's owner's is not found.
+func (m *Manager) checkpointDisk(ctx context.Context, vm, id string, paths map[string]storage.Path) (string, error) {
 	rec, err := m.get(ctx, vm)
 	if err != nil {
 		return "", err
@@ -85,5 +123,11 @@ func (m *Manager) checkpointDisk(ctx context.Context, vm, id string) (string, er
 	if _, err := m.getCheckpoint(ctx, vm, id); err != nil {
 		return "", err
 	}
-	return m.vol.Path(checkpoint.Dir(vm, id).Join(checkpoint.DiskFile))
+	p := checkpoint.Dir(vm, id).Join(checkpoint.DiskFile)
+	host, err := m.vol.Path(p)
+	if err != nil {
+		return "", err
+	}
+	paths[host] = p
+	return host, nil
 }
