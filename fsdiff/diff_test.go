@@ -72,6 +72,7 @@ func images(t *testing.T) (before, after string, big []byte) {
 	write(t, src+"/root/small.bin", []byte{1, 0, 2}, 0o644)
 	write(t, src+"/root/big.bin", big, 0o644)
 	write(t, src+"/root/dir/a", []byte("a\n"), 0o644)
+	write(t, src+"/root/big.txt", bytes.Repeat([]byte("text\n"), 300<<10), 0o644)
 	write(t, src+"/root/dir/b", []byte("b\n"), 0o644)
 	for i := 0; i < 200; i++ {
 		write(t, filepath.Join(src, "etc/many", "f"+strings.Repeat("x", i%7)+string(rune('a'+i%26))+time.Duration(i).String()), []byte("same\n"), 0o644)
@@ -103,6 +104,7 @@ func images(t *testing.T) (before, after string, big []byte) {
 	must(t, os.Symlink("mod.txt", r+"link"))
 	must(t, os.Link(r+"keep.txt", r+"hard"))
 	write(t, r+"small.bin", []byte{1, 0, 3}, 0o644)
+	write(t, r+"big.txt", bytes.Repeat([]byte("text\n"), 301<<10), 0o644)
 	f, err := os.OpenFile(r+"big.bin", os.O_APPEND|os.O_WRONLY, 0)
 	must(t, err)
 	_, err = f.Write([]byte("appended\n"))
@@ -156,6 +158,7 @@ func TestImages(t *testing.T) {
 	}
 	want := []string{
 		"changed /root/big.bin content",
+		"changed /root/big.txt content",
 		"changed /root/dir type",
 		"removed /root/dir/a",
 		"removed /root/dir/b",
@@ -174,8 +177,8 @@ func TestImages(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("changes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	wantSum := Summary{Added: 4, Removed: 4, Changed: 7,
-		AddedBytes: 6 + 5 + 7, RemovedBytes: 2 + 2 + 4 + 7, ChangedBytes: 9 + 3 + 11}
+	wantSum := Summary{Added: 4, Removed: 4, Changed: 8,
+		AddedBytes: 6 + 5 + 7, RemovedBytes: 2 + 2 + 4 + 7, ChangedBytes: 9 + 3 + 11 + 5<<10}
 	if res.Summary != wantSum {
 		t.Errorf("summary %+v, want %+v", res.Summary, wantSum)
 	}
@@ -191,8 +194,11 @@ func TestImages(t *testing.T) {
 	if c := byPath["/root/dir"]; c.Old.Type != TypeDir || c.New.Type != TypeFile || c.Patch != "" {
 		t.Errorf("dir replaced by a file: %+v -> %+v, patch %q", c.Old, c.New, c.Patch)
 	}
-	if c := byPath["/root/big.bin"]; c.New.Size != int64(len(big))+9 || c.Patch != "" || c.NoPatch == "" {
-		t.Errorf("appended large file: %+v, patch %d bytes, no patch %q", c.New, len(c.Patch), c.NoPatch)
+	if c := byPath["/root/big.bin"]; c.New.Size != int64(len(big))+9 || c.Patch != "" || !c.Binary {
+		t.Errorf("appended large binary file: %+v, patch %d bytes, binary %v", c.New, len(c.Patch), c.Binary)
+	}
+	if c := byPath["/root/big.txt"]; c.Patch != "" || c.NoPatch != "larger than 1024 KiB" {
+		t.Errorf("a large text file: patch %d bytes, no patch %q", len(c.Patch), c.NoPatch)
 	}
 	if c := byPath["/root/small.bin"]; !c.Binary || c.Patch != "" {
 		t.Errorf("binary file: binary %v, patch %q", c.Binary, c.Patch)

@@ -107,12 +107,6 @@ func (d *differ) patch(c *Change, a, b tree) error {
 	default:
 		return nil
 	}
-	for _, f := range []*File{c.Old, c.New} {
-		if f != nil && f.Type == TypeFile && f.Size > patchFileMax {
-			c.NoPatch = fmt.Sprintf("larger than %d KiB", patchFileMax>>10)
-			return nil
-		}
-	}
 	for _, p := range []string{oldPath, newPath} {
 		bin, err := isBinary(p)
 		if err != nil {
@@ -120,6 +114,12 @@ func (d *differ) patch(c *Change, a, b tree) error {
 		}
 		if bin {
 			c.Binary = true
+			return nil
+		}
+	}
+	for _, f := range []*File{c.Old, c.New} {
+		if f != nil && f.Type == TypeFile && f.Size > patchFileMax {
+			c.NoPatch = fmt.Sprintf("larger than %d KiB", patchFileMax>>10)
 			return nil
 		}
 	}
