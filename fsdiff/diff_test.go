@@ -348,3 +348,7 @@ func TestJournalReplay(t *testing.T) {
 		t.Errorf("the copy is left: %v", err)
 	}
 }
+
+func runOut(name string, args ...string) ([]byte, error) {
+	return exec.Command(name, args...).CombinedOutput()
+}
