@@ -9,6 +9,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/fsdiff"
 	"github.com/denhq/den/internal/validate"
 )
 
@@ -49,6 +50,9 @@ Examples:
 			fromVM, from, err := parseSpec(c, c.Args().Get(0), true)
 			if err != nil {
 				return err
+			}
+			if _, err := fsdiff.CleanPrefix(c.String("path")); err != nil {
+				return usageExit(c, "--path: %w", err)
 			}
 			req := api.DiffRequest{From: from, Path: c.String("path"), Patch: c.Bool("patch")}
 			if c.NArg() == 2 {
