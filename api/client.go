@@ -200,6 +200,10 @@ func (c *Client) stream(ctx context.Context, method, path string, in any, progre
 	return *ev.VM, nil
 }
 
+// maxEventLine bounds one line of a stream: a diff's result, with its
+// patches (16 MiB at most, escaped) and a line per changed path, is one.
+const maxEventLine = 256 << 20
+
 // streamEvent returns the final event (with a VM or a Checkpoint) of a
 // streamed answer, passing progress events on. An error answer before the
 // stream, the error that ends it, and a stream that ends without its
@@ -211,7 +215,7 @@ func (c *Client) streamEvent(ctx context.Context, method, path string, in any, p
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	sc.Buffer(make([]byte, 64<<10), maxEventLine)
 	for sc.Scan() {
 		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
 			continue

@@ -45,6 +45,8 @@ var wireTypes = map[string]struct {
 	"ErrorBody": {v: ErrorBody{}}, "VM": {v: VM{}}, "Cgroup": {v: Cgroup{}}, "Event": {v: Event{}},
 	"DaemonInfo": {v: DaemonInfo{}}, "Confinement": {v: Confinement{}}, "MemoryInfo": {v: MemoryInfo{}},
 	"Checkpoint": {v: Checkpoint{}}, "Verification": {v: Verification{}}, "VerifiedFile": {v: VerifiedFile{}},
+	"DiffRequest": {v: DiffRequest{}, request: true}, "Diff": {v: Diff{}}, "DiffChange": {v: DiffChange{}},
+	"DiffFile": {v: DiffFile{}}, "DiffSummary": {v: DiffSummary{}},
 	"Trace": {v: Trace{}}, "TraceStep": {v: TraceStep{}}, "NetInfo": {v: NetInfo{}}, "Denied": {v: Denied{}},
 	"URLInfo": {v: URLInfo{}}, "HostVM": {v: HostVM{}}, "HostSummary": {v: HostSummary{}}, "HostEvent": {v: HostEvent{}},
 	"Key": {v: Key{}}, "Token": {v: Token{}}, "AuditRecord": {v: AuditRecord{}},

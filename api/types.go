@@ -86,6 +86,8 @@ type Event struct {
 	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
 	// Verified is the final result of a checkpoint verification.
 	Verified []Verification `json:"verified,omitempty"`
+	// Diff is the final result of a diff.
+	Diff *Diff `json:"diff,omitempty"`
 	// Saved is, in a restore's final line, the checkpoint that holds the
 	// state before it ("" with no_save).
 	Saved string `json:"saved,omitempty"`

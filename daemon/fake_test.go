@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 
@@ -103,6 +104,17 @@ func TestHandlersAgainstAFake(t *testing.T) {
 	}
 	if code, _, _ := do("POST", "/v1/vms/theirs/sleep", `{}`); code != http.StatusNotFound {
 		t.Fatalf("sleep of another user's vm: %d", code)
+	}
+	// A diff needs both VMs to be the caller's (the fake has no Diff:
+	// reaching it would panic).
+	for _, c := range []struct{ path, body string }{
+		{"/v1/vms/mine/diff", `{"from":"cp-1","to_vm":"theirs","to":"cp-1"}`},
+		{"/v1/vms/theirs/diff", `{"from":"cp-1","to_vm":"mine"}`},
+		{"/v1/vms/mine/diff", `{"from":"cp-1","to_vm":"nobody"}`},
+	} {
+		if code, eb, _ := do("POST", c.path, c.body); code != http.StatusNotFound || !strings.Contains(eb.Error, "no vm named") {
+			t.Fatalf("diff %s %s: %d %+v", c.path, c.body, code, eb)
+		}
 	}
 	if len(f.calls) != 0 {
 		t.Fatalf("the lifecycle was asked about another user's vm: %v", f.calls)

@@ -216,6 +216,7 @@ func TestMCPOverHTTP(t *testing.T) {
 		{"checkpoints", map[string]any{"name": "abox"}},
 		{"restore", map[string]any{"name": "abox", "checkpoint": "cp-1"}},
 		{"fork", map[string]any{"name": "abox", "new_name": "bcopy"}},
+		{"diff", map[string]any{"name": "abox", "from": "cp-1"}},
 		{"sleep", map[string]any{"name": "abox"}},
 		{"wake", map[string]any{"name": "abox"}},
 		{"url", map[string]any{"name": "abox"}},

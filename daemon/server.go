@@ -83,6 +83,7 @@ var routes = []route{
 	{"POST /v1/vms/{name}/checkpoints/verify", (*Server).verifyCheckpoints},
 	{"POST /v1/vms/{name}/restore", (*Server).restore},
 	{"POST /v1/vms/{name}/fork", (*Server).fork},
+	{"POST /v1/vms/{name}/diff", (*Server).diff},
 	{"POST /v1/vms/{name}/sleep", (*Server).sleep},
 	{"POST /v1/vms/{name}/wake", (*Server).wake},
 	{"POST /v1/vms/{name}/resize", (*Server).resize},

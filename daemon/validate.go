@@ -1,6 +1,9 @@
 package daemon
 
 import (
+	"fmt"
+
+	"github.com/denhq/den/fsdiff"
 	"log/slog"
 	"net/http"
 
@@ -91,6 +94,17 @@ func checkBody(v any) error {
 		add(validate.VMName(req.Name))
 		if req.Checkpoint != "" {
 			add(validate.CheckpointID(req.Checkpoint))
+		}
+	case *api.DiffRequest:
+		add(validate.CheckpointID(req.From))
+		if req.ToVM != "" {
+			add(validate.VMName(req.ToVM))
+		}
+		if req.To != "" {
+			add(validate.CheckpointID(req.To))
+		}
+		if _, err := fsdiff.CleanPrefix(req.Path); err != nil {
+			add(fmt.Errorf("%w: %w", err, validate.ErrInvalid))
 		}
 	case *api.VerifyRequest:
 		if req.Checkpoint != "" {

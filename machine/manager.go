@@ -277,6 +277,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("local memory copies: %w", err)
 	}
 	m.snaps.spares.dropAll(ctx) // one may be half made
+	m.sweepDiffs()
 	if m.conf, err = newConfinement(m.cfg, m.ram.dir, m.adm.overhead, m.kvm.Accelerator()); err != nil {
 		closeDB()
 		return nil, err

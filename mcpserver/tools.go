@@ -66,6 +66,16 @@ type ForkInput struct {
 	NewName    string `json:"new_name" jsonschema:"the new VM's name"`
 }
 
+// DiffInput asks what changed on disk between two checkpoints.
+type DiffInput struct {
+	Name  string `json:"name" jsonschema:"the VM of the first checkpoint"`
+	From  string `json:"from" jsonschema:"its checkpoint, e.g. cp-1"`
+	ToVM  string `json:"to_vm,omitempty" jsonschema:"the VM of the second checkpoint (default: the same VM; e.g. a fork of it)"`
+	To    string `json:"to,omitempty" jsonschema:"the second checkpoint (default: the VM as it is now, through a disk-only checkpoint taken first)"`
+	Path  string `json:"path,omitempty" jsonschema:"only this path and what is under it, e.g. /root/project"`
+	Patch bool   `json:"patch,omitempty" jsonschema:"include unified diffs of text files"`
+}
+
 // SleepInput puts a VM to sleep.
 type SleepInput struct {
 	Name  string `json:"name" jsonschema:"the VM's name"`
@@ -85,6 +95,7 @@ func (t *tools) add(s *mcp.Server) {
 	mcp.AddTool(s, &mcp.Tool{Name: "checkpoints", Description: "A VM's checkpoints in lineage order (id, parent, comment, age; head marks the one its state descends from).", Annotations: ro}, t.checkpoints)
 	mcp.AddTool(s, &mcp.Tool{Name: "restore", Description: "Bring a VM's memory, processes and disk back to a checkpoint (its current state is checkpointed first unless no_save)."}, t.restore)
 	mcp.AddTool(s, &mcp.Tool{Name: "fork", Description: "Make a new VM from a checkpoint of another (or from it as it is now), with its own identity."}, t.fork)
+	mcp.AddTool(s, &mcp.Tool{Name: "diff", Description: "The files added, changed and removed between two checkpoints' disks (path, type, size, mode, owner, symlink targets, hard links, renames; unified diffs of text files with patch), or between a checkpoint and the VM as it is now. Read on the host: the VM is not woken."}, t.diff)
 	mcp.AddTool(s, &mcp.Tool{Name: "sleep", Description: "Put a VM to sleep: its memory is saved and it holds no RAM or CPU; anything that reaches it wakes it."}, t.sleep)
 	mcp.AddTool(s, &mcp.Tool{Name: "wake", Description: "Wake a sleeping or stopped VM.", Annotations: &mcp.ToolAnnotations{IdempotentHint: true}}, t.wake)
 	mcp.AddTool(s, &mcp.Tool{Name: "url", Description: "A VM's HTTP URL: the daemon's HTTP listener reaches a port of the VM through it (8080 unless set with den url --port), waking it; private URLs carry a token.", Annotations: ro}, t.url)
@@ -216,6 +227,30 @@ func (t *tools) fork(ctx context.Context, req *mcp.CallToolRequest, in ForkInput
 	}
 	vm, err := t.api.Fork(ctx, in.Name, api.ForkRequest{Checkpoint: in.Checkpoint, Name: in.NewName}, progress(ctx, req))
 	return nil, vm, err
+}
+
+func (t *tools) diff(ctx context.Context, req *mcp.CallToolRequest, in DiffInput) (*mcp.CallToolResult, api.Diff, error) {
+	if err := validate.VMName(in.Name); err != nil {
+		return nil, api.Diff{}, err
+	}
+	if err := validate.CheckpointID(in.From); err != nil {
+		return nil, api.Diff{}, err
+	}
+	if in.ToVM != "" {
+		if err := validate.VMName(in.ToVM); err != nil {
+			return nil, api.Diff{}, fmt.Errorf("to_vm: %w", err)
+		}
+	}
+	if in.To != "" {
+		if err := validate.CheckpointID(in.To); err != nil {
+			return nil, api.Diff{}, err
+		}
+	}
+	d, err := t.api.Diff(ctx, in.Name, api.DiffRequest{From: in.From, ToVM: in.ToVM, To: in.To, Path: in.Path, Patch: in.Patch}, progress(ctx, req))
+	if err != nil {
+		return nil, api.Diff{}, err
+	}
+	return nil, *d, nil
 }
 
 func (t *tools) sleep(ctx context.Context, _ *mcp.CallToolRequest, in SleepInput) (*mcp.CallToolResult, api.VM, error) {

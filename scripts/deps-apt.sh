@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages den and its tests need, once.
 set -euo pipefail
-pkgs=(qemu-system-x86 qemu-utils busybox-static fuse3 debootstrap lz4 e2fsprogs cpio
+pkgs=(qemu-system-x86 qemu-utils busybox-static fuse3 debootstrap lz4 e2fsprogs diffutils mount cpio
       openssh-client binutils iproute2 ca-certificates postgresql ansible-core nftables iperf3)
 missing=()
 for p in "${pkgs[@]}"; do

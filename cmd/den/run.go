@@ -33,7 +33,7 @@ type Env struct {
 // terminal). Alone, --help, -h, --version and -v run too.
 var RemoteVerbs = []string{
 	"ls", "info", "create", "rm", "exec", "logs", "keys",
-	"sleep", "wake", "resize", "checkpoint", "checkpoints", "restore", "fork", "tokens", "audit", "mcp", "help",
+	"sleep", "wake", "resize", "checkpoint", "checkpoints", "restore", "fork", "diff", "tokens", "audit", "mcp", "help",
 }
 
 // Run runs den's command line (args[0] is the program name) and returns
