@@ -179,7 +179,8 @@ func TestErrorShape(t *testing.T) {
 		{"POST", "/v2/sandboxes", "den_x", nil, 401, "not a valid den token"},
 		{"POST", "/v3/templates", "", nil, 501, "den image"},
 		{"GET", "/teams", "", nil, 501, "den tokens"},
-		{"GET", "/sandboxes/ibox/metrics", "", nil, 501, "den info"},
+		{"GET", "/sandboxes/ibox/metrics", "", nil, 401, "no API key"},
+		{"GET", "/sandboxes/metrics?sandbox_ids=ibox", "", nil, 401, "no API key"},
 		{"GET", "/v2/sandboxes/ibox/logs", "", nil, 501, "den logs"},
 		{"GET", "/nope", "", nil, 404, "not an E2B call"},
 		{"GET", "/", "", map[string]string{"E2b-Sandbox-Id": "ibox", "E2b-Sandbox-Port": "3000"}, 502, "den url ibox 3000"},
@@ -226,5 +227,19 @@ func TestChanges(t *testing.T) {
 	}
 	if got := changes(before, after); !reflect.DeepEqual(got, want) {
 		t.Errorf("changes:\n%v\nwant\n%v", got, want)
+	}
+}
+
+// TestMetricsInterval: the start and end of a metrics call are Unix
+// seconds, in order.
+func TestMetricsInterval(t *testing.T) {
+	for q, ok := range map[string]bool{
+		"": true, "start=10": true, "start=10&end=20": true, "end=5": true,
+		"start=x": false, "start=-1": false, "start=20&end=10": false,
+	} {
+		_, _, err := interval(httptest.NewRequest("GET", "/sandboxes/a/metrics?"+q, nil))
+		if (err == nil) != ok {
+			t.Errorf("%q: %v", q, err)
+		}
 	}
 }

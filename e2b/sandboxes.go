@@ -51,6 +51,7 @@ func (s *Server) controlRoutes() {
 	connect := s.authed(s.connect)
 	s.mux.HandleFunc("POST /sandboxes/{id}/connect", connect)
 	s.mux.HandleFunc("POST /v2/sandboxes/{id}/connect", connect)
+	s.metricsRoutes()
 	s.unsupportedRoutes()
 }
 

@@ -24,7 +24,6 @@ var unsupported = []struct{ prefix, instead string }{
 // unsupportedSandbox are sandbox calls (/sandboxes/ID/WHAT) den does not
 // serve yet.
 var unsupportedSandbox = map[string]string{
-	"metrics": "E2B metrics are not built yet: den info shows the VM's cgroup (CPU and memory)",
 	"logs":    "E2B logs are not built yet: use den logs ID",
 	"network": "changing a sandbox's network is not built yet: den's egress policy is set at create (allowOut/denyOut)",
 }
@@ -45,10 +44,6 @@ func (s *Server) unsupportedRoutes() {
 					return
 				}
 			}
-		}
-		if p == "/sandboxes/metrics" {
-			writeError(w, http.StatusNotImplemented, "den: sandbox metrics are not built yet: den info shows each VM's cgroup")
-			return
 		}
 		writeError(w, http.StatusNotFound, fmt.Sprintf("den: %s %s is not an E2B call den knows (docs/e2b.md lists them)", r.Method, p))
 	})

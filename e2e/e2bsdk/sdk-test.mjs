@@ -117,13 +117,22 @@ assert.equal(await sbx.files.read('/root/work/new/a.txt'), 'alpha')
 await sbx.files.remove('/root/work/new')
 assert.equal(await sbx.files.exists('/root/work/new'), false)
 await rejects(sbx.files.read('/root/work/new/a.txt'), (e) => e instanceof NotFoundError || e instanceof SandboxError, 'read a removed file')
-const blob = randomBytes(1 << 20)
+const blob = randomBytes(10 << 20)
 await sbx.files.write('/root/blob.bin', blob)
 const back = await sbx.files.read('/root/blob.bin', { format: 'bytes' })
 const sha = (b) => createHash('sha256').update(b).digest('hex')
 assert.equal(sha(back), sha(blob))
 assert.equal((await sbx.commands.run('sha256sum /root/blob.bin')).stdout.split(' ')[0], sha(blob))
-step('files')
+step('files (10 MiB up and down, by hash)')
+
+// Metrics: a sample taken now, of the VM's CPUs, memory and disk.
+const metrics = await sbx.getMetrics()
+assert.equal(metrics.length, 1, JSON.stringify(metrics))
+const m0 = metrics[0]
+assert.ok(m0.cpuCount >= 1 && m0.memTotal > 0 && m0.diskTotal > 0 && m0.diskUsed > 0, JSON.stringify(m0))
+assert.ok(m0.cpuUsedPct >= 0 && m0.cpuUsedPct <= 100 && m0.memUsed >= 0 && m0.memUsed <= m0.memTotal, JSON.stringify(m0))
+assert.ok(Math.abs(m0.timestamp.getTime() - Date.now()) < 60_000, `metric time ${m0.timestamp}`)
+step(`metrics: cpu ${m0.cpuUsedPct.toFixed(1)}% of ${m0.cpuCount}, memory ${m0.memUsed}/${m0.memTotal}`)
 
 // Watching a directory: writes, removes.
 await sbx.files.makeDir('/root/watched')
@@ -139,6 +148,7 @@ step('watchDir')
 // Another user's token sees nothing of this sandbox.
 if (other) {
   await rejects(Sandbox.getInfo(sbx.sandboxId, { apiKey: other }), (e) => e instanceof SandboxNotFoundError, "another user's getInfo")
+  await rejects(Sandbox.getMetrics(sbx.sandboxId, { apiKey: other }), (e) => e instanceof SandboxNotFoundError, "another user's getMetrics")
   assert.equal(await Sandbox.kill(sbx.sandboxId, { apiKey: other }), false)
   const theirs = await Sandbox.list({ apiKey: other }).nextItems()
   assert.equal(theirs.length, 0)
@@ -167,6 +177,7 @@ listed = await Sandbox.list({ query: { state: ['paused'], metadata: { suite: 'de
 assert.deepEqual(listed.map((s) => s.sandboxId), [sbx.sandboxId])
 listed = await Sandbox.list({ query: { state: ['running'], metadata: { suite: 'den-e2e' } } }).nextItems()
 assert.equal(listed.length, 0)
+assert.deepEqual(await Sandbox.getMetrics(sbx.sandboxId), [], 'metrics of a paused sandbox')
 step('paused')
 const resumed = await Sandbox.connect(sbx.sandboxId)
 assert.equal(await resumed.isRunning(), true)
