@@ -18,11 +18,12 @@ import (
 // E2B_API_URL and E2B_SANDBOX_URL set to the daemon's --e2b-listen
 // address and E2B_API_KEY to a den token: create (debian), commands
 // (output, env, cwd, exit codes, streaming, stdin, a terminal with input
-// and resize, a background process listed, connected to and killed), files (write, read, list with depth,
-// stat, make dir, rename, remove, 1 MiB by hash), watching a directory
-// (recursive), another user's token seeing nothing, list filters,
-// timeout, pause (den sleep) and connect (a file in /dev/shm kept), fork
-// with a count of 2 (memory kept, hostnames their own), a snapshot, a
+// and resize, a background process listed, connected to and killed),
+// files (write, read, list with depth, stat, make dir, rename, remove,
+// 10 MiB by hash), watching a directory (recursive), metrics, another
+// user's token seeing nothing, list filters, timeout, pause (den sleep)
+// and connect (a file in /dev/shm kept), fork with a count of 4 (memory
+// kept, hostnames their own), a snapshot, a
 // sandbox from it and its deletion, kill, errors, and a timeout that
 // pauses.
 // Then bad requests get E2B's error shape and status.

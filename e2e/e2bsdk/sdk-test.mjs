@@ -186,8 +186,8 @@ step('connected: /dev/shm kept')
 
 // Fork with a count: each fork has the source's memory (the file in
 // /dev/shm) and disk, and a hostname and address of its own.
-const forks = await resumed.fork({ count: 2, timeoutMs: 300_000 })
-assert.equal(forks.length, 2)
+const forks = await resumed.fork({ count: 4, timeoutMs: 300_000 })
+assert.equal(forks.length, 4)
 for (const f of forks) assert.ok(!(f instanceof Error), `fork: ${f?.message}`)
 const ids = new Set([sbx.sandboxId])
 for (const f of forks) {
@@ -195,12 +195,12 @@ for (const f of forks) {
   r = await f.commands.run('hostname; cat /dev/shm/kept; cat /root/rel.txt; echo fork > /root/rel.txt')
   assert.equal(r.stdout, `${f.sandboxId}\nin memoryrelative`)
 }
-assert.equal(ids.size, 3)
+assert.equal(ids.size, 5)
 assert.equal((await resumed.files.read('/root/rel.txt')), 'relative')
 listed = await Sandbox.list({ query: { metadata: { suite: 'den-e2e' } } }).nextItems()
-assert.equal(listed.length, 3)
+assert.equal(listed.length, 5)
 for (const f of forks) await f.kill()
-step('forked x2')
+step('forked x4')
 
 // Snapshots are den checkpoints; a sandbox made from one has its memory.
 const snap = await resumed.createSnapshot({ name: 'den-e2e-snap' })
