@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -88,6 +89,28 @@ func openRegistry(ctx context.Context, o *Options, state machine.StateDir, vcfg 
 		return nil, nil, fmt.Errorf("cluster: %w", err)
 	}
 	return db, c, nil
+}
+
+// pendingTakeover is the host whose lease this one took over and whose
+// VMs are still to be dealt with: from, when this start took the lease
+// from it (marked in the state dir first, so that a crash before the
+// work is done leaves it for the next start), else the one a start that
+// crashed left marked ("" for none).
+func pendingTakeover(state machine.StateDir, from string) (string, error) {
+	if from != "" {
+		if err := atomicfile.Write(state.Takeover(), []byte(from+"\n"), 0o600); err != nil {
+			return "", fmt.Errorf("cluster: mark the takeover: %w", err)
+		}
+		return from, nil
+	}
+	b, err := os.ReadFile(state.Takeover())
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("cluster: read the takeover mark: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
 }
 
 // loadInstance reads this state dir's daemon instance id, made once: it

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -151,7 +152,9 @@ func Run(ctx context.Context, o Options) error {
 	undo.push(func() { _ = db.Close() }) // after the manager's Close
 	takenFrom := ""
 	if clusterHost != nil {
-		takenFrom = clusterHost.lease.TakenFrom
+		if takenFrom, err = pendingTakeover(state, clusterHost.lease.TakenFrom); err != nil {
+			return fmt.Errorf("daemon: %w", err)
+		}
 	}
 	if o.HostName == "" {
 		o.HostName = defaultHostName()
@@ -226,6 +229,12 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	undo.push(func() { _ = m.Close() })
+	if takenFrom != "" {
+		// The VMs that ran there are dealt with (reconcile).
+		if err := os.Remove(state.Takeover()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			o.Logger.Warn("den: takeover done, but its mark stays", "err", err)
+		}
+	}
 	if err := beat.attach(ctx, m, hostSelf(o.HostName, o.HostAddress, o.Version, m.VMMName())); err != nil {
 		return fmt.Errorf("daemon: host record: %w", err)
 	}

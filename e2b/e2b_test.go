@@ -33,6 +33,8 @@ func TestSandboxOf(t *testing.T) {
 		{"127.0.0.1:3000", nil, "", 0, false},
 		{"localhost:3000", nil, "", 0, false},
 		{"70000-ibox.den.example", nil, "", 0, false},
+		{"10-0-0-5.sslip.io", nil, "", 0, false},
+		{"8080-bad_name.den.example", nil, "", 0, false},
 	} {
 		r := httptest.NewRequest("GET", "http://"+c.host+"/health", nil)
 		for k, v := range c.headers {

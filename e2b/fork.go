@@ -73,24 +73,16 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, c *caller) {
 	for range count {
 		nid := newID()
 		rec := record{Owner: c.user, Template: src.Template, Metadata: src.Metadata, EnvVars: src.EnvVars,
-			StartedAt: time.Now().UTC(), AutoPause: src.AutoPause, AutoResume: src.AutoResume}
+			StartedAt: time.Now().UTC(), AutoPause: src.AutoPause, AutoResume: src.AutoResume, Making: true}
 		if err := s.recs.put(nid, rec); err != nil {
 			out = append(out, forkResult{Error: &apiError{Code: statusOf(err), Message: "den: " + err.Error()}})
 			continue
 		}
 		fvm, err := c.api.Fork(r.Context(), id, api.ForkRequest{Checkpoint: cp.ID, Name: nid}, nil)
+		s.made(c, nid, rec, fvm, err, timeout)
 		if err != nil {
-			_ = s.recs.remove(nid)
 			out = append(out, forkResult{Error: &apiError{Code: statusOf(err), Message: "den: " + err.Error()}})
 			continue
-		}
-		if _, _, err := s.recs.update(nid, func(r *record) {
-			r.StartedAt = fvm.CreatedAt.UTC()
-			if timeout > 0 {
-				r.EndAt = time.Now().Add(timeout).UTC()
-			}
-		}); err != nil {
-			s.log.Warn("e2b: fork: record", "sandbox", nid, "err", err)
 		}
 		out = append(out, forkResult{Sandbox: &sandbox{TemplateID: src.Template, SandboxID: nid, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: c.key}})
 	}

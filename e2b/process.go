@@ -37,6 +37,7 @@ type proc struct {
 	pty     bool
 	g       *agent.Client
 	stdin   *io.PipeWriter // nil: no input
+	writing chan struct{}  // holds one writer of stdin at a time
 	resize  chan agent.WindowSize
 
 	started chan struct{} // closed once pid is known (or the start failed)
@@ -263,7 +264,8 @@ func (s *Server) startProcess(ctx context.Context, req *connect.Request[startReq
 	if err != nil {
 		return connect.NewError(connect.CodeUnavailable, err)
 	}
-	p := &proc{sandbox: id, cfg: *in.Process, tag: in.Tag, pty: in.PTY != nil, g: g, started: make(chan struct{}), subs: map[*sub]struct{}{}}
+	p := &proc{sandbox: id, cfg: *in.Process, tag: in.Tag, pty: in.PTY != nil, g: g, started: make(chan struct{}), subs: map[*sub]struct{}{},
+		writing: make(chan struct{}, 1)}
 	var once sync.Once
 	// A process is listed from the moment its pid is known, before any
 	// of its output and so before its end (which unlists it).
@@ -396,8 +398,9 @@ func (s *Server) selected(ctx context.Context, h http.Header, sel *selector) (*p
 	return s.procs.find(id, sel)
 }
 
-// write gives a process input.
-func (p *proc) write(in *processInput) error {
+// write gives a process input, waiting for it to be taken until ctx
+// ends (a process that does not read its stdin takes none).
+func (p *proc) write(ctx context.Context, in *processInput) error {
 	if in == nil {
 		return nil
 	}
@@ -408,10 +411,29 @@ func (p *proc) write(in *processInput) error {
 	if in.PTY != nil {
 		data = in.PTY
 	}
-	if _, err := p.stdin.Write(data); err != nil {
-		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("den: process %d: stdin: %w", p.pid, err))
+	unread := func() error {
+		return connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("den: process %d does not read its stdin", p.pid))
 	}
-	return nil
+	select {
+	case p.writing <- struct{}{}:
+	case <-ctx.Done():
+		return unread()
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer func() { <-p.writing }()
+		_, err := p.stdin.Write(data)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("den: process %d: stdin: %w", p.pid, err))
+		}
+		return nil
+	case <-ctx.Done():
+		return unread() // the write goes on, and ends with the process
+	}
 }
 
 func (s *Server) sendInput(ctx context.Context, req *connect.Request[sendInputRequest]) (*connect.Response[empty], error) {
@@ -419,7 +441,7 @@ func (s *Server) sendInput(ctx context.Context, req *connect.Request[sendInputRe
 	if err != nil {
 		return nil, err
 	}
-	if err := p.write(req.Msg.Input); err != nil {
+	if err := p.write(ctx, req.Msg.Input); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&empty{}), nil
@@ -439,7 +461,7 @@ func (s *Server) streamInput(ctx context.Context, stream *connect.ClientStream[s
 			if p == nil {
 				return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("den: the input stream must start with a start event"))
 			}
-			if err := p.write(m.Data.Input); err != nil {
+			if err := p.write(ctx, m.Data.Input); err != nil {
 				return nil, err
 			}
 		}

@@ -224,7 +224,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
 	}
 	id := newID()
 	rec := record{Owner: c.user, Template: b.TemplateID, Metadata: b.Metadata, EnvVars: b.EnvVars,
-		StartedAt: time.Now().UTC(), AutoPause: b.AutoPause, AutoResume: b.AutoResume != nil && b.AutoResume.Enabled}
+		StartedAt: time.Now().UTC(), AutoPause: b.AutoPause, AutoResume: b.AutoResume != nil && b.AutoResume.Enabled, Making: true}
 	// The record comes first, so that a sandbox is never without one;
 	// its timeout starts once it runs (the sweeper leaves it alone while
 	// it is made).
@@ -243,22 +243,14 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
 	} else {
 		vm, err = c.api.CreateVM(r.Context(), api.CreateRequest{Name: id, Image: image, Egress: egress}, nil)
 	}
+	s.made(c, id, rec, vm, err, timeout)
 	if err != nil {
-		_ = s.recs.remove(id)
 		if errors.Is(err, api.ErrNotFound) && image != "" {
 			writeError(w, http.StatusNotFound, fmt.Sprintf("den: template %q not found: a template is a den image name (den info shows the images; base is the default)", b.TemplateID))
 			return
 		}
 		writeAPIError(w, err)
 		return
-	}
-	if _, _, err := s.recs.update(id, func(r *record) {
-		r.StartedAt = vm.CreatedAt.UTC()
-		if timeout > 0 {
-			r.EndAt = time.Now().Add(timeout).UTC()
-		}
-	}); err != nil {
-		s.log.Warn("e2b: create: record", "sandbox", id, "err", err)
 	}
 	s.log.Info("e2b: sandbox created", "sandbox", id, "user", c.user, "template", b.TemplateID, "timeout", timeout)
 	writeJSON(w, http.StatusCreated, sandbox{TemplateID: b.TemplateID, SandboxID: id, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: c.key})
@@ -350,6 +342,35 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request, c *caller) {
 		s.log.Warn("e2b: kill: record", "sandbox", id, "err", err)
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// made finishes the record of sandbox id once the making of its VM is
+// over: with the VM's start and the timeout. When the making failed but
+// the VM exists all the same (the daemon finishes a create or fork whose
+// caller left), the record keeps it, with a timeout, so that it is not
+// left forever; when there is no VM, the record goes.
+func (s *Server) made(c *caller, id string, rec record, vm api.VM, err error, timeout time.Duration) {
+	if err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		got, gerr := c.api.GetVM(ctx, id)
+		if gerr != nil {
+			_ = s.recs.remove(id)
+			return
+		}
+		vm = got
+		if timeout <= 0 {
+			timeout = defaultTimeout
+		}
+	}
+	rec.Making = false
+	rec.StartedAt = vm.CreatedAt.UTC()
+	if timeout > 0 {
+		rec.EndAt = time.Now().Add(timeout).UTC()
+	}
+	if err := s.recs.put(id, rec); err != nil {
+		s.log.Warn("e2b: record of a sandbox made", "sandbox", id, "err", err)
+	}
 }
 
 // ensureRecord gives a VM made outside E2B a record, so that a timeout
@@ -557,9 +578,10 @@ func (s *Server) list(ctx context.Context, c *caller, f listFilter) ([]sandboxDe
 			out = append(out, d)
 		}
 	}
-	// The caller's records of VMs gone by other ways (den rm) go.
+	// The caller's records of VMs gone by other ways (den rm) go; not
+	// those of VMs being made.
 	for id, rec := range s.recs.all() {
-		if rec.Owner == c.user && !mine[id] {
+		if rec.Owner == c.user && !mine[id] && !(rec.Making && time.Since(rec.StartedAt) < makingGrace) {
 			_ = s.recs.remove(id)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/internal/validate"
 )
 
 // EnvdPort is the port of a sandbox's envd, in E2b-Sandbox-Port and in
@@ -135,7 +136,9 @@ func sandboxOf(r *http.Request) (string, int, bool) {
 		return "", 0, false
 	}
 	p, id, ok := strings.Cut(label, "-")
-	if !ok || id == "" {
+	// A host name of digits and dashes (10-0-0-5.sslip.io) names an
+	// address, not a sandbox.
+	if !ok || validate.VMName(id) != nil || strings.Trim(id, "0123456789-") == "" {
 		return "", 0, false
 	}
 	port, err := strconv.Atoi(p)

@@ -25,7 +25,15 @@ type record struct {
 	EndAt      time.Time `json:"end_at,omitzero"`
 	AutoPause  bool      `json:"auto_pause,omitempty"`
 	AutoResume bool      `json:"auto_resume,omitempty"`
+	// Making: the sandbox's VM is being made (create, fork); a list
+	// leaves such a record alone for makingGrace though no VM has the
+	// name yet.
+	Making bool `json:"making,omitempty"`
 }
+
+// makingGrace bounds how long a record stays without its VM while the
+// VM is made: past it, a daemon that died mid-create left it.
+const makingGrace = 30 * time.Minute
 
 // store keeps the records in one JSON file, written atomically.
 type store struct {

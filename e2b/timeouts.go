@@ -35,6 +35,12 @@ func (s *Server) end(ctx context.Context, id string, rec record) {
 		s.log.Warn("e2b: timeout: vm", "sandbox", id, "err", err)
 		return
 	}
+	if d := vm.CreatedAt.Sub(rec.StartedAt); !rec.StartedAt.IsZero() && (d > time.Second || d < -time.Second) {
+		// Another VM of the name (removed and made again outside E2B):
+		// the record was the old one's.
+		_ = s.recs.remove(id)
+		return
+	}
 	if state(vm) == "paused" {
 		s.clearEnd(id)
 		return

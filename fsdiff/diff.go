@@ -170,11 +170,11 @@ func Trees(ctx context.Context, oldRoot, newRoot string, opts Options) (Result, 
 	if err != nil {
 		return Result{}, err
 	}
-	a, err := walk(oldRoot, prefix)
+	a, err := walk(ctx, oldRoot, prefix)
 	if err != nil {
 		return Result{}, fmt.Errorf("diff: %w", err)
 	}
-	b, err := walk(newRoot, prefix)
+	b, err := walk(ctx, newRoot, prefix)
 	if err != nil {
 		return Result{}, fmt.Errorf("diff: %w", err)
 	}
@@ -261,7 +261,7 @@ func (d *differ) compare(o, n *entry) ([]string, error) {
 	var what []string
 	switch o.Type {
 	case TypeFile:
-		same, err := sameContent(o, n)
+		same, err := sameContent(d.ctx, o, n)
 		if err != nil {
 			return nil, err
 		}
@@ -290,7 +290,7 @@ func (d *differ) compare(o, n *entry) ([]string, error) {
 // their inodes when both are the same unmodified inode (number,
 // generation, size, mtime and ctime alike: a clone of the image shares
 // them), else by reading both.
-func sameContent(o, n *entry) (bool, error) {
+func sameContent(ctx context.Context, o, n *entry) (bool, error) {
 	if o.Size != n.Size {
 		return false, nil
 	}
@@ -307,11 +307,11 @@ func sameContent(o, n *entry) (bool, error) {
 			return true, nil
 		}
 	}
-	return equalFiles(o.fsys, n.fsys)
+	return equalFiles(ctx, o.fsys, n.fsys)
 }
 
-// equalFiles compares two files' bytes.
-func equalFiles(a, b string) (bool, error) {
+// equalFiles compares two files' bytes, until ctx ends.
+func equalFiles(ctx context.Context, a, b string) (bool, error) {
 	fa, err := os.Open(a)
 	if err != nil {
 		return false, err
@@ -325,6 +325,9 @@ func equalFiles(a, b string) (bool, error) {
 	const chunk = 1 << 20
 	ba, bb := make([]byte, chunk), make([]byte, chunk)
 	for {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
 		na, erra := io.ReadFull(fa, ba)
 		nb, errb := io.ReadFull(fb, bb)
 		if na != nb || !bytes.Equal(ba[:na], bb[:nb]) {

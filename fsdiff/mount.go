@@ -53,7 +53,7 @@ func Mount(ctx context.Context, image, tmp string) (_ *Mounted, err error) {
 		m.Close()
 		return nil, fmt.Errorf("mount image %s: %w", image, err)
 	}
-	if _, err := run(ctx, "mount", "-t", "ext4", "-o", "loop,ro,noload,nodev,nosuid,noexec", image, root); err != nil {
+	if _, err := run(ctx, "mount", "-t", "ext4", "-o", "loop,ro,noload,nodev,nosuid,noexec,errors=continue", image, root); err != nil {
 		// A mount that timed out may still complete: undo it too.
 		m.Root = root
 		m.Close()

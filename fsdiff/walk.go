@@ -1,6 +1,7 @@
 package fsdiff
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -29,10 +30,20 @@ type tree map[string]*entry
 // walk reads the metadata of every path under prefix in the tree
 // mounted at root, without following symlinks. A prefix that does not
 // exist gives an empty tree.
-func walk(root, prefix string) (tree, error) {
+// MaxEntries bounds the files a diff looks at in one image: the guest
+// decides how many there are.
+const MaxEntries = 2_000_000
+
+func walk(ctx context.Context, root, prefix string) (tree, error) {
 	t := tree{}
 	var visit func(p string) error
 	visit = func(p string) error {
+		if len(t) >= MaxEntries {
+			return fmt.Errorf("more than %d files under %s: narrow the diff with --path", MaxEntries, prefix)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		host := filepath.Join(root, filepath.FromSlash(p))
 		e, err := lstat(host)
 		if err != nil {

@@ -57,7 +57,8 @@ func (b *bootFiles) importFile(ctx context.Context, path string, progress Progre
 	if err := b.m.vol.MkdirAll(ctx, storage.BootDir(digest)); err != nil {
 		return "", fmt.Errorf("import %s: %w", path, err)
 	}
-	tmp := storage.BootFile(digest, filepath.Base(path)+".tmp")
+	// A name of its own: another host may import the same file now.
+	tmp := storage.BootFile(digest, fmt.Sprintf("%s.tmp-%d-%d", filepath.Base(path), os.Getpid(), time.Now().UnixNano()))
 	tmpHost, err := b.m.vol.Path(tmp)
 	if err != nil {
 		return "", err

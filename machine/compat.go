@@ -96,9 +96,26 @@ func (m *Manager) checkHost(ctx context.Context, dir storage.Path, vmmName strin
 		return fmt.Errorf("snapshot host record %s: %w", filepath.Join(host, HostFile), err)
 	}
 	if err := from.restorableOn(m.hostRecord(vmmName)); err != nil {
-		return fmt.Errorf("its memory cannot be restored on host %s: %w: %w", m.here.name, err, ErrConflict)
+		return fmt.Errorf("its memory cannot be restored on host %s: %w (bring it up on a host like %s, or restore a disk-only checkpoint): %w",
+			m.here.name, err, from.Host, ErrConflict)
 	}
 	return nil
+}
+
+// linuxOnlyFlag are /proc/cpuinfo flags that Linux defines itself
+// (mitigations it chose, its view of the TSC, its virtualization helpers)
+// rather than CPUID bits a guest sees: they change with the host's
+// kernel and boot parameters on the same hardware, so they decide
+// nothing about a snapshot.
+var linuxOnlyFlag = map[string]bool{
+	"pti": true, "kaiser": true, "ibrs": true, "ibpb": true, "stibp": true, "ibrs_enhanced": true, "ssbd": true,
+	"kernel_ibrs": true, "rsb_ctxsw": true, "rsb_vmexit": true, "retpoline": true, "retpoline_amd": true,
+	"retpoline_lfence": true, "use_ibpb": true, "use_ibrs_fw": true, "l1tf_pteinv": true, "user_shstk": true,
+	"constant_tsc": true, "nonstop_tsc": true, "nonstop_tsc_s3": true, "tsc_reliable": true, "tsc_known_freq": true,
+	"art": true, "arch_perfmon": true, "rep_good": true, "nopl": true, "xtopology": true, "cpuid": true,
+	"aperfmperf": true, "cpuid_fault": true, "epb": true, "amd_dcm": true, "extd_apicid": true, "rapl": true,
+	"tpr_shadow": true, "flexpriority": true, "ept": true, "vpid": true, "ept_ad": true, "vnmi": true,
+	"vmmcall": true, "xenpv": true, "hw_pstate": true, "proc_feedback": true, "cpb": true, "zen": true,
 }
 
 // compatKey is what of h a snapshot taken there needs of the host that
@@ -106,7 +123,12 @@ func (m *Manager) checkHost(ctx context.Context, dir storage.Path, vmmName strin
 func (h snapshotHost) compatKey() string {
 	k := h.VMM + " " + h.SnapshotVersion + " " + h.Accel
 	if h.Accel == "kvm" {
-		k += " " + h.CPUVendor + " " + strings.Join(h.CPUFlags, ",")
+		k += " " + h.CPUVendor
+		for _, f := range h.CPUFlags {
+			if !linuxOnlyFlag[f] {
+				k += " " + f
+			}
+		}
 	}
 	return k
 }
@@ -132,6 +154,9 @@ func (o snapshotHost) restorableOn(here snapshotHost) error {
 	}
 	var missing []string
 	for _, f := range o.CPUFlags {
+		if linuxOnlyFlag[f] {
+			continue
+		}
 		if _, ok := slices.BinarySearch(here.CPUFlags, f); !ok {
 			missing = append(missing, f)
 		}

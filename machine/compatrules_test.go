@@ -31,6 +31,7 @@ func TestRestorableOn(t *testing.T) {
 		{"another accelerator", kvm, with(kvm, func(h *snapshotHost) { h.Accel = "tcg" }), "under kvm on host a"},
 		{"another vendor", kvm, with(kvm, func(h *snapshotHost) { h.CPUVendor = "AuthenticAMD" }), "GenuineIntel CPU (host a)"},
 		{"fewer features", kvm, with(kvm, func(h *snapshotHost) { h.CPUFlags = []string{"fpu"} }), "lacks, which the guest may use: avx2 sse2"},
+		{"mitigations another kernel chose", with(kvm, func(h *snapshotHost) { h.CPUFlags = []string{"avx2", "fpu", "pti", "sse2"} }), kvm, ""},
 		{"an emulated cpu", tcg, with(tcg, func(h *snapshotHost) { h.CPUVendor, h.CPUFlags = "AuthenticAMD", nil }), ""},
 	} {
 		err := c.from.restorableOn(c.at)

@@ -76,6 +76,11 @@ func (su *startup) reconcileVM(ctx context.Context, vm registry.VM) {
 	su.sweepCheckpoints(ctx, vm.Name)
 	su.sweepSuspend(ctx, vm)
 	su.m.integrity.sealPending(ctx, vm)
+	// The sweeps, and a fork's rollback before them, may have written
+	// the record since it was listed.
+	if fresh, err := su.m.db.GetVM(ctx, vm.Name); err == nil {
+		vm = fresh
+	}
 	switch vm.State {
 	case registry.StateRunning:
 		su.adopt(ctx, vm)

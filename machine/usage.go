@@ -28,6 +28,9 @@ type usageCache struct {
 type usageFigure struct {
 	Gen  int64 `json:"gen"`
 	Data int64 `json:"data"`
+	// Created is the VM's creation (Unix ms): a VM made again under
+	// the name starts its generations anew.
+	Created int64 `json:"created"`
 }
 
 // load reads the figures a previous daemon saved in path; none when
@@ -74,7 +77,7 @@ func (c *usageCache) fresh(vm registry.VM) (int64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	f, ok := c.by[vm.Name]
-	return f.Data, ok && f.Gen == vm.Generation
+	return f.Data, ok && f.Gen == vm.Generation && f.Created == vm.CreatedAt.UnixMilli()
 }
 
 // last is the last figure measured of the VM (0 when never measured).
@@ -103,7 +106,7 @@ func (c *usageCache) used(ctx context.Context, vol storage.Volume, vm registry.V
 	if c.by == nil {
 		c.by = map[string]usageFigure{}
 	}
-	c.by[vm.Name] = usageFigure{Gen: vm.Generation, Data: u.Data}
+	c.by[vm.Name] = usageFigure{Gen: vm.Generation, Data: u.Data, Created: vm.CreatedAt.UnixMilli()}
 	c.changed = true
 	return u.Data
 }
