@@ -43,14 +43,10 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, c *caller) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("den: bad count %d: 1 to %d forks at a time", count, maxForks))
 		return
 	}
-	timeout := defaultTimeout
-	if b.Timeout != nil {
-		d, err := seconds(*b.Timeout)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, "den: "+err.Error())
-			return
-		}
-		timeout = d
+	timeout, err := timeoutOf(b.Timeout)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "den: "+err.Error())
+		return
 	}
 	vm, ok := s.vm(w, r, c, id)
 	if !ok {

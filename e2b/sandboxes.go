@@ -189,14 +189,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
 		writeError(w, http.StatusBadRequest, "den: autoPauseMemory false is not supported: den's pause (den sleep) always keeps memory")
 		return
 	}
-	timeout := defaultTimeout
-	if b.Timeout != nil {
-		d, err := seconds(*b.Timeout)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, "den: "+err.Error())
-			return
-		}
-		timeout = d
+	timeout, err := timeoutOf(b.Timeout)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "den: "+err.Error())
+		return
 	}
 	egress, err := egressOf(b)
 	if err != nil {
@@ -342,6 +338,14 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request, c *caller) {
 		s.log.Warn("e2b: kill: record", "sandbox", id, "err", err)
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// timeoutOf is the timeout a call gives in seconds, or the default.
+func timeoutOf(secs *int64) (time.Duration, error) {
+	if secs == nil {
+		return defaultTimeout, nil
+	}
+	return seconds(*secs)
 }
 
 // made finishes the record of sandbox id once the making of its VM is
@@ -631,19 +635,30 @@ func (s *Server) listV2(w http.ResponseWriter, r *http.Request, c *caller) {
 	if order := q.Get("order"); order == "desc" {
 		slices.Reverse(out)
 	}
-	if next := q.Get("nextToken"); next != "" {
-		i := slices.IndexFunc(out, func(d sandboxDetail) bool { return d.SandboxID == next })
+	out, ok := page(w, q.Get("nextToken"), out, limit, func(d sandboxDetail) string { return d.SandboxID }, ": no such sandbox in this list")
+	if ok {
+		writeJSON(w, http.StatusOK, nonNil(out))
+	}
+}
+
+// page is the page of out after the item whose id is next (from the
+// start when next is ""), at most limit long, with the X-Next-Token
+// header set when more follow; a next that is not in out is a 400
+// (its message ends with why), and ok false.
+func page[T any](w http.ResponseWriter, next string, out []T, limit int, id func(T) string, why string) (_ []T, ok bool) {
+	if next != "" {
+		i := slices.IndexFunc(out, func(x T) bool { return id(x) == next })
 		if i < 0 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("den: bad nextToken %q: no such sandbox in this list", next))
-			return
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("den: bad nextToken %q", next)+why)
+			return nil, false
 		}
 		out = out[i+1:]
 	}
 	if len(out) > limit {
 		out = out[:limit]
-		w.Header().Set("X-Next-Token", out[limit-1].SandboxID)
+		w.Header().Set("X-Next-Token", id(out[limit-1]))
 	}
-	writeJSON(w, http.StatusOK, nonNil(out))
+	return out, true
 }
 
 func nonNil[T any](s []T) []T {

@@ -136,19 +136,10 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, c *caller
 			out = append(out, sn)
 		}
 	}
-	if next := q.Get("nextToken"); next != "" {
-		i := slices.IndexFunc(out, func(sn snapshotInfo) bool { return sn.SnapshotID == next })
-		if i < 0 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("den: bad nextToken %q", next))
-			return
-		}
-		out = out[i+1:]
+	out, ok := page(w, q.Get("nextToken"), out, limit, func(sn snapshotInfo) string { return sn.SnapshotID }, "")
+	if ok {
+		writeJSON(w, http.StatusOK, nonNil(out))
 	}
-	if len(out) > limit {
-		out = out[:limit]
-		w.Header().Set("X-Next-Token", out[limit-1].SnapshotID)
-	}
-	writeJSON(w, http.StatusOK, nonNil(out))
 }
 
 // deleteTemplate deletes a snapshot; den has no other templates to

@@ -49,7 +49,7 @@ func (b *bases) baseKey(vm registry.VM, sp spec) (string, error) {
 	fmt.Fprintf(h, "disk=%d\n", vm.DiskBytes)
 	// Hosts that cannot restore each other's snapshots (compat.go) make
 	// warm bases of their own.
-	fmt.Fprintf(h, "host=%s\n", b.m.hostRecord(vm.VMM).compatKey())
+	fmt.Fprintf(h, "host=%s\n", b.m.compat.record(vm.VMM).compatKey())
 	if sp.Net != nil {
 		// A snapshot holds its network backend's state (QEMU's user-mode
 		// network has some): TAP VMs restore from TAP bases only.
@@ -209,7 +209,7 @@ func (b *bases) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir s
 	if err != nil {
 		return err
 	}
-	if err := b.m.recordHost(snap, bvm.VMM); err != nil {
+	if err := b.m.compat.write(snap, bvm.VMM); err != nil {
 		return err
 	}
 	return atomicfile.SyncTree(snap)

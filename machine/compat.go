@@ -38,6 +38,10 @@ type snapshotHost struct {
 	CPUFlags []string `json:"cpu_flags,omitempty"`
 }
 
+// compat records, with every memory snapshot, the host it was taken on,
+// and checks a snapshot's record before it is restored here.
+type compat struct{ m *Manager }
+
 // thisHost is what this host records of itself in snapshots, and
 // compares with theirs (once per Manager: neither the CPU nor the VMM
 // binaries change under a running daemon).
@@ -53,8 +57,9 @@ func newThisHost(name string) thisHost {
 	return thisHost{name: name, cpu: hostinfo.ReadCPU()}
 }
 
-// hostRecord is this host as a snapshot of a VM under vmmName records it.
-func (m *Manager) hostRecord(vmmName string) snapshotHost {
+// record is this host as a snapshot of a VM under vmmName records it.
+func (c compat) record(vmmName string) snapshotHost {
+	m := c.m
 	caps := m.vmms.caps(vmmName)
 	return snapshotHost{
 		Host: m.here.name, VMM: vmmName, VMMVersion: caps.Version, SnapshotVersion: caps.SnapshotVersion,
@@ -62,24 +67,25 @@ func (m *Manager) hostRecord(vmmName string) snapshotHost {
 	}
 }
 
-// recordHost writes this host's record into the snapshot directory
+// write puts this host's record into the snapshot directory
 // dir (a host path) of a VM under vmmName. Not synced: the snapshot's
 // writer syncs the directory once, then digests its small files, this
 // one with them.
-func (m *Manager) recordHost(dir, vmmName string) error {
-	if err := atomicfile.ReplaceJSON(filepath.Join(dir, HostFile), m.hostRecord(vmmName), 0o640); err != nil {
+func (c compat) write(dir, vmmName string) error {
+	if err := atomicfile.ReplaceJSON(filepath.Join(dir, HostFile), c.record(vmmName), 0o640); err != nil {
 		return fmt.Errorf("record the snapshot's host: %w", err)
 	}
 	return nil
 }
 
-// checkHost refuses to restore the snapshot in dir (a volume path) on
+// check refuses to restore the snapshot in dir (a volume path) on
 // this host under vmmName when it was taken where this host cannot run
 // it: another VMM, or one whose snapshots this one's cannot read, another
 // accelerator, or under KVM another CPU vendor or a CPU with features
 // this one lacks. A snapshot that records no host (taken before den
 // recorded them) is let through.
-func (m *Manager) checkHost(ctx context.Context, dir storage.Path, vmmName string) error {
+func (c compat) check(ctx context.Context, dir storage.Path, vmmName string) error {
+	m := c.m
 	host, err := m.vol.Path(dir)
 	if err != nil {
 		return err
@@ -95,7 +101,7 @@ func (m *Manager) checkHost(ctx context.Context, dir storage.Path, vmmName strin
 	if err := json.Unmarshal(data, &from); err != nil {
 		return fmt.Errorf("snapshot host record %s: %w", filepath.Join(host, HostFile), err)
 	}
-	if err := from.restorableOn(m.hostRecord(vmmName)); err != nil {
+	if err := from.restorableOn(c.record(vmmName)); err != nil {
 		return fmt.Errorf("its memory cannot be restored on host %s: %w (bring it up on a host like %s, or restore a disk-only checkpoint): %w",
 			m.here.name, err, from.Host, ErrConflict)
 	}

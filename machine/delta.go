@@ -106,7 +106,7 @@ func (ss *snapshots) snapshotVMM(ctx context.Context, in *instance, dir storage.
 	if err := ss.writeVMMSnapshot(ctx, in, dir, host, over); err != nil {
 		return err
 	}
-	return ss.m.recordHost(host, in.vmm)
+	return ss.m.compat.write(host, in.vmm)
 }
 
 // writeVMMSnapshot has the VMM write its snapshot into dir (at host

@@ -43,7 +43,7 @@ func (m *Manager) Diff(ctx context.Context, o DiffOptions, progress Progress) (D
 	}
 	res := DiffResult{From: o.From, To: o.To}
 	paths := map[string]storage.Path{} // host path -> volume path
-	from, err := m.checkpointDisk(ctx, o.FromVM, o.From, paths)
+	from, err := m.diffs.checkpointDisk(ctx, o.FromVM, o.From, paths)
 	if err != nil {
 		return res, err
 	}
@@ -56,13 +56,13 @@ func (m *Manager) Diff(ctx context.Context, o DiffOptions, progress Progress) (D
 		res.To, res.Taken = cp.ID, true
 		progress(fmt.Sprintf("compared with %s, a disk-only checkpoint of vm %q taken now", cp.ID, o.ToVM))
 	}
-	to, err := m.checkpointDisk(ctx, o.ToVM, res.To, paths)
+	to, err := m.diffs.checkpointDisk(ctx, o.ToVM, res.To, paths)
 	if err != nil {
 		return res, err
 	}
 	o.Options.TmpDir = m.cfg.State.diffDir()
 	o.Options.Copy = func(ctx context.Context, image string) (string, func(), error) {
-		return m.diffCopy(ctx, paths[image])
+		return m.diffs.copy(ctx, paths[image])
 	}
 	r, err := fsdiff.Images(ctx, from, to, o.Options)
 	if err != nil {
@@ -72,19 +72,25 @@ func (m *Manager) Diff(ctx context.Context, o DiffOptions, progress Progress) (D
 	return res, nil
 }
 
-// sweepDiffs undoes the mounts of diffs a daemon that stopped mid-diff
+// diffs are the disk images den diff reads, and the mounts and copies
+// it makes of them.
+type diffs struct{ m *Manager }
+
+// sweep undoes the mounts of diffs a daemon that stopped mid-diff
 // left behind.
-func (m *Manager) sweepDiffs() {
+func (d diffs) sweep() {
+	m := d.m
 	if err := fsdiff.Sweep(m.cfg.State.diffDir()); err != nil {
 		m.log.Warn("den: diff mounts left behind", "err", err)
 	}
 }
 
-// diffCopy clones a checkpoint's disk beside the VM's checkpoints, under
+// copy clones a checkpoint's disk beside the VM's checkpoints, under
 // a tmp- name (a crash leaves it to the checkpoints' sweep), for a diff
 // to replay its journal into: a memory checkpoint's disk was cloned
 // while the guest ran. The clone costs metadata only.
-func (m *Manager) diffCopy(ctx context.Context, src storage.Path) (string, func(), error) {
+func (d diffs) copy(ctx context.Context, src storage.Path) (string, func(), error) {
+	m := d.m
 	if src == "" {
 		return "", nil, errors.New("no checkpoint disk to copy")
 	}
@@ -112,7 +118,8 @@ func (m *Manager) diffCopy(ctx context.Context, src storage.Path) (string, func(
 // checkpointDisk is the host path of a checkpoint's disk image, to be
 // read only, noted in paths with its volume path. A VM not the
 // context's owner's is not found.
-func (m *Manager) checkpointDisk(ctx context.Context, vm, id string, paths map[string]storage.Path) (string, error) {
+func (d diffs) checkpointDisk(ctx context.Context, vm, id string, paths map[string]storage.Path) (string, error) {
+	m := d.m
 	rec, err := m.get(ctx, vm)
 	if err != nil {
 		return "", err

@@ -184,6 +184,8 @@ type Manager struct {
 	launch    launcher
 	bases     bases
 	boot      bootFiles
+	compat    compat
+	diffs     diffs
 	snaps     snapshots
 	integrity integrity
 	guard     volumeGuard
@@ -277,7 +279,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("local memory copies: %w", err)
 	}
 	m.snaps.spares.dropAll(ctx) // one may be half made
-	m.sweepDiffs()
+	m.diffs.sweep()
 	if m.conf, err = newConfinement(m.cfg, m.ram.dir, m.adm.overhead, m.kvm.Accelerator()); err != nil {
 		closeDB()
 		return nil, err
@@ -296,7 +298,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m.activity.startActivitySaver()
 	m.gc.start()
 	m.sched.start()
-	m.inBackground(m.warmUsage)
+	m.inBackground(func(ctx context.Context) { m.usage.warm(ctx, m.db, m.vol, m.state.UsageFile(), m.log) })
 	// VMs a host shutdown put to sleep wake in the background.
 	m.host.startBootWake()
 	return m, nil
@@ -333,7 +335,7 @@ func (m *Manager) Close() error {
 	case <-time.After(30 * time.Second):
 		m.log.Warn("den: background digests still running at shutdown")
 	}
-	m.saveUsage()
+	m.usage.saveTo(m.state.UsageFile(), m.log)
 	// The instances stay known (Running still counts them): their VMMs
 	// run on, and the next Manager adopts them.
 	m.mu.Lock()
@@ -362,6 +364,8 @@ func wire(m *Manager) *Manager {
 	m.host = hostLife{m}
 	m.bases = bases{m}
 	m.boot = bootFiles{m: m}
+	m.compat = compat{m}
+	m.diffs = diffs{m}
 	m.launch = launcher{m}
 	m.vmms = vmms{m}
 	m.snaps = snapshots{m: m, removals: make(chan struct{}, 2)}

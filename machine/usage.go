@@ -3,6 +3,7 @@ package machine
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"sync"
 
@@ -136,13 +137,13 @@ func (c *usageCache) fill(ctx context.Context, vol storage.Volume, sts []Status)
 	wg.Wait()
 }
 
-// warmUsage measures, one at a time, the disks of the VMs that are not
+// warm measures, one at a time, the disks of the VMs of db that are not
 // running and whose figure no longer holds, so that the first listing
 // after a start finds their figures (a host with a thousand sleeping VMs
-// lists them at once), and saves them.
-func (m *Manager) warmUsage(ctx context.Context) {
-	defer m.saveUsage()
-	vms, err := m.db.ListVMs(ctx, "")
+// lists them at once), and saves them to path.
+func (c *usageCache) warm(ctx context.Context, db registry.Store, vol storage.Volume, path string, log *slog.Logger) {
+	defer c.saveTo(path, log)
+	vms, err := db.ListVMs(ctx, "")
 	if err != nil {
 		return
 	}
@@ -151,15 +152,15 @@ func (m *Manager) warmUsage(ctx context.Context) {
 			return
 		}
 		if vm.State != registry.StateRunning {
-			m.usage.used(ctx, m.vol, vm, true)
+			c.used(ctx, vol, vm, true)
 		}
 	}
 }
 
-// saveUsage keeps the disks' figures for the next start.
-func (m *Manager) saveUsage() {
-	if err := m.usage.save(m.state.UsageFile()); err != nil {
-		m.log.Warn("den: save the disks' measured use", "err", err)
+// saveTo keeps the figures in path for the next start.
+func (c *usageCache) saveTo(path string, log *slog.Logger) {
+	if err := c.save(path); err != nil {
+		log.Warn("den: save the disks' measured use", "err", err)
 	}
 }
 

@@ -44,7 +44,7 @@ type restoreSource struct {
 func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, err error) {
 	m, vm, sp := o.m, o.vm, o.spec
 	local, ram, check, disks := src.local, src.ram, src.check, src.disks
-	if err := m.checkHost(ctx, src.snapDir, vm.VMM); err != nil {
+	if err := m.compat.check(ctx, src.snapDir, vm.VMM); err != nil {
 		return nil, err
 	}
 	checked := make(chan error, 1)
