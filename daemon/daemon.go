@@ -95,6 +95,9 @@ type Options struct {
 	// address ("" or "off": none): HTTP on loopback, else TLS with
 	// APITLSCert and APITLSKey (or the self-signed certificate).
 	E2BListen string
+	// E2BDomain is the domain of sandboxes' host names (PORT-ID.DOMAIN,
+	// sandbox.getHost); "": localhost:PORT for a loopback listener.
+	E2BDomain string
 	// VMUser is the unprivileged user VMMs run as (machine.Config.VMUser:
 	// made when missing; "-": VMMs run as root).
 	VMUser string

@@ -38,6 +38,10 @@ func startE2B(ctx context.Context, o Options, state machine.StateDir, tokens use
 			return inproc.dial(ctx, c)
 		})
 	}
+	ln, err := net.Listen("tcp", o.E2BListen)
+	if err != nil {
+		return nil, fmt.Errorf("e2b listener: %w (choose another with --e2b-listen ADDR, or off)", err)
+	}
 	srv, err := e2b.New(e2b.Config{
 		Authenticate: func(ctx context.Context, key string) (*api.Client, string, error) {
 			tok, err := tokens.Verify(ctx, key)
@@ -46,16 +50,14 @@ func startE2B(ctx context.Context, o Options, state machine.StateDir, tokens use
 			}
 			return dial(Caller{User: tok.User, Admin: tok.Admin, Source: "e2b " + tok.ID, Token: tok.ID}), tok.User, nil
 		},
-		As:      func(user string) *api.Client { return dial(Caller{User: user, Source: "e2b timeout"}) },
+		As:      func(user string) *api.Client { return dial(Caller{User: user, Source: "e2b server"}) },
 		Records: filepath.Join(state.Path(), "e2b.json"),
+		Domain:  e2bDomain(o.E2BDomain, ln.Addr()),
 		Logger:  log,
 	})
 	if err != nil {
+		ln.Close()
 		return nil, fmt.Errorf("e2b listener: %w", err)
-	}
-	ln, err := net.Listen("tcp", o.E2BListen)
-	if err != nil {
-		return nil, fmt.Errorf("e2b listener: %w (choose another with --e2b-listen ADDR, or off)", err)
 	}
 	l := &e2bListener{ln: ln, addr: ln.Addr().String()}
 	if host, _, _ := net.SplitHostPort(o.E2BListen); !isLoopback(host) {
@@ -75,6 +77,21 @@ func startE2B(ctx context.Context, o Options, state machine.StateDir, tokens use
 	}()
 	log.Info("den: e2b listener", "addr", l.addr, "tls", l.tls)
 	return l, nil
+}
+
+// e2bDomain is the domain of sandboxes' host names: the one given, or
+// for a loopback listener localhost and its port (browsers and curl
+// resolve every name under localhost to the loopback address); else
+// none.
+func e2bDomain(given string, addr net.Addr) string {
+	if given != "" {
+		return given
+	}
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil || !isLoopback(host) {
+		return ""
+	}
+	return net.JoinHostPort("localhost", port)
 }
 
 func isLoopback(host string) bool {

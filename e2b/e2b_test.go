@@ -2,9 +2,12 @@ package e2b
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
+	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
@@ -183,10 +186,12 @@ func TestErrorShape(t *testing.T) {
 		{"GET", "/teams", "", nil, 501, "den tokens"},
 		{"GET", "/sandboxes/ibox/metrics", "", nil, 401, "no API key"},
 		{"GET", "/sandboxes/metrics?sandbox_ids=ibox", "", nil, 401, "no API key"},
-		{"GET", "/v2/sandboxes/ibox/logs", "", nil, 501, "den logs"},
+		{"GET", "/v2/sandboxes/ibox/logs", "", nil, 401, "no API key"},
+		{"GET", "/sandboxes/ibox/logs", "", nil, 401, "no API key"},
 		{"GET", "/nope", "", nil, 404, "not an E2B call"},
-		{"GET", "/", "", map[string]string{"E2b-Sandbox-Id": "ibox", "E2b-Sandbox-Port": "3000"}, 502, "den url ibox 3000"},
-		{"POST", "/filesystem.Filesystem/CreateWatcher", "", map[string]string{"E2b-Sandbox-Id": "ibox"}, 404, "not an envd call"},
+		{"GET", "/", "", map[string]string{"E2b-Sandbox-Id": "ibox", "E2b-Sandbox-Port": "3000"}, 404, "den url"},
+		{"GET", "/", "", map[string]string{"E2b-Sandbox-Id": "ibox", "E2b-Sandbox-Port": "x"}, 404, "not found"},
+		{"POST", "/filesystem.Filesystem/NoSuch", "", map[string]string{"E2b-Sandbox-Id": "ibox"}, 404, "not an envd call"},
 	} {
 		r := httptest.NewRequest(c.method, c.path, strings.NewReader("{}"))
 		if c.key != "" {
@@ -243,5 +248,65 @@ func TestMetricsInterval(t *testing.T) {
 		if (err == nil) != ok {
 			t.Errorf("%q: %v", q, err)
 		}
+	}
+}
+
+func TestAccountPaths(t *testing.T) {
+	alice := account{name: "alice", uid: 1000, gid: 1000, home: "/home/alice"}
+	for _, c := range []struct {
+		a    account
+		in   string
+		want string
+	}{
+		{rootAccount, "", "/root"},
+		{rootAccount, "a.txt", "/root/a.txt"},
+		{alice, "", "/home/alice"},
+		{alice, "~", "/home/alice"},
+		{alice, "~/x/../y", "/home/alice/y"},
+		{alice, "notes.txt", "/home/alice/notes.txt"},
+		{alice, "/etc/hostname", "/etc/hostname"},
+		{alice, "../../etc", "/etc"},
+	} {
+		if got := c.a.abs(c.in); got != c.want {
+			t.Errorf("%s: abs(%q) = %q, want %q", c.a.name, c.in, got, c.want)
+		}
+	}
+}
+
+func TestUserOf(t *testing.T) {
+	for _, c := range []struct {
+		header, user string
+		bad          bool
+	}{
+		{"", "", false},
+		{"Basic " + base64.StdEncoding.EncodeToString([]byte("alice:")), "alice", false},
+		{"Basic " + base64.StdEncoding.EncodeToString([]byte("root:")), "root", false},
+		{"Basic " + base64.StdEncoding.EncodeToString([]byte("Robert'); drop:")), "", true},
+		{"Basic !!!", "", true},
+		{"Bearer x", "", false},
+	} {
+		h := http.Header{}
+		if c.header != "" {
+			h.Set("Authorization", c.header)
+		}
+		user, err := userOf(h)
+		if (err != nil) != c.bad || !c.bad && user != c.user {
+			t.Errorf("%q: %q %v", c.header, user, err)
+		}
+	}
+}
+
+func TestJournalBounded(t *testing.T) {
+	j := newJournal()
+	for i := range maxLogs + 10 {
+		j.add("ibox", "info", fmt.Sprint(i))
+	}
+	got := j.entries("ibox")
+	if len(got) != maxLogs || got[0].Message != "10" || got[len(got)-1].Fields["sandboxID"] != "ibox" {
+		t.Fatalf("%d entries, first %q", len(got), got[0].Message)
+	}
+	j.forget("ibox")
+	if len(j.entries("ibox")) != 0 {
+		t.Fatal("forgotten entries left")
 	}
 }

@@ -3,7 +3,6 @@ package e2b
 import (
 	"compress/gzip"
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"path"
-	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -22,10 +20,6 @@ import (
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/internal/validate"
 )
-
-// home is the directory relative paths start from: den runs a
-// sandbox's commands and file calls as root.
-const home = "/root"
 
 // maxMessage caps one Connect message (stdin data, a request).
 const maxMessage = 16 << 20
@@ -70,7 +64,7 @@ func (s *Server) envdCaller(ctx context.Context, h http.Header) (*caller, string
 		cl.CloseIdle()
 		return nil, "", err
 	}
-	if err := checkUser(h); err != nil {
+	if _, err := userOf(h); err != nil {
 		cl.CloseIdle()
 		return nil, "", connect.NewError(connect.CodeInvalidArgument, err)
 	}
@@ -83,35 +77,16 @@ func (s *Server) owned(ctx context.Context, c *caller, id string) error {
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("den: sandbox %q not found", id))
 	}
 	vm, err := c.api.GetVM(ctx, id)
-	if errors.Is(err, api.ErrNotFound) || err == nil && vm.Owner != c.user {
+	if errors.Is(err, api.ErrNotFound) || err == nil && (vm.Owner != c.user || s.killed(id)) {
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("den: sandbox %q not found", id))
 	}
 	if err != nil {
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("den: %w", err))
 	}
+	if err := s.reach(vm); err != nil {
+		return connect.NewError(connect.CodeFailedPrecondition, err)
+	}
 	return nil
-}
-
-// checkUser refuses a user other than root: den runs what the E2B API
-// asks as root (the SDK sends no user unless one is given).
-func checkUser(h http.Header) error {
-	auth, ok := strings.CutPrefix(h.Get("Authorization"), "Basic ")
-	if !ok {
-		return nil
-	}
-	raw, err := base64.StdEncoding.DecodeString(auth)
-	if err != nil {
-		return errors.New("den: bad Authorization header")
-	}
-	user, _, _ := strings.Cut(string(raw), ":")
-	return userOK(user)
-}
-
-func userOK(user string) error {
-	if user == "" || user == "root" {
-		return nil
-	}
-	return fmt.Errorf("den runs sandbox commands and file calls as root: user %q is not supported yet (run su %s -c ... in a command)", user, user)
 }
 
 // guest opens a connection to the sandbox's guest agent through the
@@ -122,20 +97,6 @@ func guest(ctx context.Context, c *caller, id string) (*agent.Client, error) {
 		return nil, fmt.Errorf("den: reaching sandbox %s: %w", id, err)
 	}
 	return agent.FromSSH(sc), nil
-}
-
-// guestPath is an absolute guest path: relative ones start from home.
-func guestPath(p string) string {
-	if p == "" {
-		return home
-	}
-	if strings.HasPrefix(p, "~/") || p == "~" {
-		p = strings.TrimPrefix(strings.TrimPrefix(p, "~"), "/")
-	}
-	if !path.IsAbs(p) {
-		p = path.Join(home, p)
-	}
-	return path.Clean(p)
 }
 
 // health answers 204 when the sandbox runs, 502 when it is paused (as
@@ -160,27 +121,40 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 
 // sftpOf opens the sandbox's files for an HTTP request, answering
 // errors itself.
-func (s *Server) sftpOf(w http.ResponseWriter, r *http.Request, c *caller) (*sftp.Client, func(), bool) {
+func (s *Server) sftpOf(w http.ResponseWriter, r *http.Request, c *caller) (*sftp.Client, account, func(), bool) {
 	id := sandboxID(r.Context())
-	if err := userOK(r.URL.Query().Get("username")); err != nil {
+	user := r.URL.Query().Get("username")
+	if err := checkName(user); err != nil {
 		writeError(w, http.StatusBadRequest, "den: "+err.Error())
-		return nil, nil, false
+		return nil, account{}, nil, false
 	}
-	if _, ok := s.vm(w, r, c, id); !ok {
-		return nil, nil, false
+	vm, ok := s.vm(w, r, c, id)
+	if !ok {
+		return nil, account{}, nil, false
+	}
+	if err := s.reach(vm); err != nil {
+		writeError(w, http.StatusConflict, err.Error())
+		return nil, account{}, nil, false
 	}
 	g, err := guest(r.Context(), c, id)
 	if err != nil {
 		writeAPIError(w, err)
-		return nil, nil, false
+		return nil, account{}, nil, false
 	}
 	fs, err := g.SFTP()
 	if err != nil {
 		g.Close()
 		writeError(w, http.StatusBadGateway, "den: sftp: "+err.Error())
-		return nil, nil, false
+		return nil, account{}, nil, false
 	}
-	return fs, func() { fs.Close(); g.Close() }, true
+	acct, err := lookupAccount(fs, user)
+	if err != nil {
+		fs.Close()
+		g.Close()
+		writeError(w, http.StatusBadRequest, "den: "+err.Error())
+		return nil, account{}, nil, false
+	}
+	return fs, acct, func() { fs.Close(); g.Close() }, true
 }
 
 // fileStatus is the HTTP status of a guest file error.
@@ -200,12 +174,12 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request, c *caller) {
 		writeError(w, http.StatusBadRequest, "den: path is required")
 		return
 	}
-	p := guestPath(q)
-	fs, done, ok := s.sftpOf(w, r, c)
+	fs, acct, done, ok := s.sftpOf(w, r, c)
 	if !ok {
 		return
 	}
 	defer done()
+	p := acct.abs(q)
 	f, err := fs.Open(p)
 	if err != nil {
 		writeError(w, fileStatus(err), fmt.Sprintf("den: %s: %v", p, err))
@@ -253,15 +227,15 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, c *caller) {
 		writeError(w, http.StatusBadRequest, "den: path is required for a raw upload")
 		return
 	}
-	fs, done, ok := s.sftpOf(w, r, c)
+	fs, acct, done, ok := s.sftpOf(w, r, c)
 	if !ok {
 		return
 	}
 	defer done()
 	var out []writtenEntry
 	put := func(target string, data io.Reader) bool {
-		p := guestPath(target)
-		if err := fs.MkdirAll(path.Dir(p)); err != nil {
+		p := acct.abs(target)
+		if err := acct.mkdirAll(fs, path.Dir(p)); err != nil {
 			writeError(w, fileStatus(err), fmt.Sprintf("den: %s: %v", path.Dir(p), err))
 			return false
 		}
@@ -273,6 +247,9 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, c *caller) {
 		_, err = f.ReadFrom(data)
 		if cerr := f.Close(); err == nil {
 			err = cerr
+		}
+		if err == nil {
+			err = acct.own(fs, p)
 		}
 		if err != nil {
 			writeError(w, http.StatusInternalServerError, fmt.Sprintf("den: writing %s: %v", p, err))

@@ -23,12 +23,14 @@ func (s *Server) filesystemRoutes(opts []connect.HandlerOption) {
 	s.envd.Handle("/filesystem.Filesystem/MakeDir", connect.NewUnaryHandler("/filesystem.Filesystem/MakeDir", s.makeDir, opts...))
 	s.envd.Handle("/filesystem.Filesystem/Move", connect.NewUnaryHandler("/filesystem.Filesystem/Move", s.move, opts...))
 	s.envd.Handle("/filesystem.Filesystem/Remove", connect.NewUnaryHandler("/filesystem.Filesystem/Remove", s.remove, opts...))
+	s.watcherRoutes(opts)
 	s.envd.Handle("/filesystem.Filesystem/WatchDir", connect.NewServerStreamHandler("/filesystem.Filesystem/WatchDir", s.watchDir, opts...))
 }
 
 // files is one call's view of a sandbox's files.
 type files struct {
 	fs     *sftp.Client
+	acct   account
 	users  map[uint32]string
 	groups map[uint32]string
 }
@@ -50,7 +52,14 @@ func (s *Server) openFiles(ctx context.Context, req connect.AnyRequest) (*files,
 		g.Close()
 		return nil, nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("den: sftp: %w", err))
 	}
-	return &files{fs: fs}, func() { fs.Close(); g.Close() }, nil
+	user, _ := userOf(req.Header())
+	acct, err := lookupAccount(fs, user)
+	if err != nil {
+		fs.Close()
+		g.Close()
+		return nil, nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("den: %w", err))
+	}
+	return &files{fs: fs, acct: acct}, func() { fs.Close(); g.Close() }, nil
 }
 
 // fileError is the Connect error of a guest file error.
@@ -135,7 +144,7 @@ func (s *Server) stat(ctx context.Context, req *connect.Request[pathRequest]) (*
 		return nil, err
 	}
 	defer done()
-	e, err := f.stat(guestPath(req.Msg.Path))
+	e, err := f.stat(f.acct.abs(req.Msg.Path))
 	if err != nil {
 		return nil, err
 	}
@@ -155,7 +164,7 @@ func (s *Server) listDir(ctx context.Context, req *connect.Request[listDirReques
 		return nil, err
 	}
 	defer done()
-	root := guestPath(req.Msg.Path)
+	root := f.acct.abs(req.Msg.Path)
 	fi, err := f.fs.Stat(root)
 	if err != nil {
 		return nil, fileError(root, err)
@@ -197,14 +206,14 @@ func (s *Server) makeDir(ctx context.Context, req *connect.Request[pathRequest])
 		return nil, err
 	}
 	defer done()
-	p := guestPath(req.Msg.Path)
+	p := f.acct.abs(req.Msg.Path)
 	if fi, err := f.fs.Lstat(p); err == nil {
 		if fi.IsDir() {
 			return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("den: directory %s exists", p))
 		}
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("den: %s exists and is not a directory", p))
 	}
-	if err := f.fs.MkdirAll(p); err != nil {
+	if err := f.acct.mkdirAll(f.fs, p); err != nil {
 		return nil, fileError(p, err)
 	}
 	e, err := f.stat(p)
@@ -220,11 +229,11 @@ func (s *Server) move(ctx context.Context, req *connect.Request[moveRequest]) (*
 		return nil, err
 	}
 	defer done()
-	src, dst := guestPath(req.Msg.Source), guestPath(req.Msg.Destination)
+	src, dst := f.acct.abs(req.Msg.Source), f.acct.abs(req.Msg.Destination)
 	if _, err := f.fs.Lstat(src); err != nil {
 		return nil, fileError(src, err)
 	}
-	if err := f.fs.MkdirAll(path.Dir(dst)); err != nil {
+	if err := f.acct.mkdirAll(f.fs, path.Dir(dst)); err != nil {
 		return nil, fileError(path.Dir(dst), err)
 	}
 	if err := f.fs.PosixRename(src, dst); err != nil {
@@ -243,7 +252,7 @@ func (s *Server) remove(ctx context.Context, req *connect.Request[pathRequest]) 
 		return nil, err
 	}
 	defer done()
-	p := guestPath(req.Msg.Path)
+	p := f.acct.abs(req.Msg.Path)
 	if p == "/" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("den: will not remove /"))
 	}

@@ -56,7 +56,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, c *caller) {
 		writeError(w, http.StatusConflict, fmt.Sprintf("den: sandbox %q is paused: connect to it first", id))
 		return
 	}
-	cp, err := c.api.Checkpoint(r.Context(), id, api.CheckpointRequest{Comment: fmt.Sprintf("e2b fork x%d", count)}, nil)
+	cp, err := c.api.Checkpoint(r.Context(), id, api.CheckpointRequest{Comment: fmt.Sprintf("%s x%d", forkComment, count)}, nil)
 	if err != nil {
 		writeAPIError(w, err)
 		return
@@ -70,6 +70,9 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, c *caller) {
 		nid := newID()
 		rec := record{Owner: c.user, Template: src.Template, Metadata: src.Metadata, EnvVars: src.EnvVars,
 			StartedAt: time.Now().UTC(), AutoPause: src.AutoPause, AutoResume: src.AutoResume, Making: true}
+		if src.TrafficToken != "" {
+			rec.TrafficToken = newToken()
+		}
 		if err := s.recs.put(nid, rec); err != nil {
 			out = append(out, forkResult{Error: &apiError{Code: statusOf(err), Message: "den: " + err.Error()}})
 			continue
@@ -80,8 +83,10 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, c *caller) {
 			out = append(out, forkResult{Error: &apiError{Code: statusOf(err), Message: "den: " + err.Error()}})
 			continue
 		}
-		out = append(out, forkResult{Sandbox: &sandbox{TemplateID: src.Template, SandboxID: nid, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: c.key}})
+		a := s.answer(nid, rec, c)
+		out = append(out, forkResult{Sandbox: &a})
 	}
+	s.logs.add(id, "info", fmt.Sprintf("forked x%d at checkpoint %s", count, cp.ID), "checkpoint", cp.ID)
 	s.log.Info("e2b: sandbox forked", "sandbox", id, "checkpoint", cp.ID, "count", count)
 	writeJSON(w, http.StatusCreated, out)
 }

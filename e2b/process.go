@@ -8,6 +8,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -259,13 +260,26 @@ func (s *Server) startProcess(ctx context.Context, req *connect.Request[startReq
 		}
 		env = append(env, k+"="+merged[k])
 	}
-	line := fmt.Sprintf("printf '%s%%d\\n' $$ >&2; exec %s", pidMarker, agent.QuoteCommand(append([]string{in.Process.Cmd}, in.Process.Args...)))
+	user, _ := userOf(req.Header())
+	run := "exec "
+	if user != "" && user != "root" {
+		run = asUser(user, ptrOr(in.Process.Cwd) == "")
+	}
+	line := fmt.Sprintf("printf '%s%%d\\n' $$ >&2; %s%s", pidMarker, run, agent.QuoteCommand(append([]string{in.Process.Cmd}, in.Process.Args...)))
 	g, err := guest(ctx, c, id)
 	if err != nil {
 		return connect.NewError(connect.CodeUnavailable, err)
 	}
 	p := &proc{sandbox: id, cfg: *in.Process, tag: in.Tag, pty: in.PTY != nil, g: g, started: make(chan struct{}), subs: map[*sub]struct{}{},
 		writing: make(chan struct{}, 1)}
+	who := user
+	if who == "" {
+		who = "root"
+	}
+	cmdline := strings.Join(append([]string{in.Process.Cmd}, in.Process.Args...), " ")
+	if len(cmdline) > 200 {
+		cmdline = cmdline[:200] + "..."
+	}
 	var once sync.Once
 	// A process is listed from the moment its pid is known, before any
 	// of its output and so before its end (which unlists it).
@@ -274,13 +288,19 @@ func (s *Server) startProcess(ctx context.Context, req *connect.Request[startReq
 			p.pid = pid
 			if pid != 0 {
 				s.procs.add(p)
+				s.logs.add(id, "info", fmt.Sprintf("process %d started as %s: %s", pid, who, cmdline), "pid", strconv.FormatUint(uint64(pid), 10), "user", who)
 			}
 			close(p.started)
 		})
 	}
 	ereq := agent.ExecRequest{CmdLine: line, Env: env, Dir: ptrOr(in.Process.Cwd)}
-	if ereq.Dir != "" {
-		ereq.Dir = guestPath(ereq.Dir)
+	if ereq.Dir != "" && !path.IsAbs(ereq.Dir) {
+		// Relative to the user's home, which the guest resolves.
+		ereq.Dir = ""
+		rel := strings.TrimPrefix(strings.TrimPrefix(ptrOr(in.Process.Cwd), "~"), "/")
+		line = "cd ~" + user + "/" + agent.QuoteCommand([]string{rel}) + " || exit 1; " + line
+	} else if ereq.Dir != "" {
+		ereq.Dir = path.Clean(ereq.Dir)
 	}
 	if in.PTY != nil {
 		ereq.TTY = true
@@ -299,14 +319,18 @@ func (s *Server) startProcess(ctx context.Context, req *connect.Request[startReq
 		ereq.Stdin, p.stdin = pr, pw
 	}
 	follow := p.subscribe()
+	started := time.Now()
 	go func() {
 		status, err := g.Exec(context.Background(), ereq)
 		onPID(0)
 		end := &endEvent{ExitCode: int32(status), Exited: err == nil, Status: fmt.Sprintf("exit status %d", status)}
+		level := "info"
 		if err != nil {
 			msg := err.Error()
-			end.Error, end.Status = &msg, "error"
+			end.Error, end.Status, level = &msg, "error", "error"
 		}
+		s.logs.add(id, level, fmt.Sprintf("process %d ended: %s after %s", p.pid, end.Status, time.Since(started).Round(time.Millisecond)),
+			"pid", strconv.FormatUint(uint64(p.pid), 10))
 		if p.stdin != nil {
 			p.stdin.Close()
 		}

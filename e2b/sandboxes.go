@@ -3,6 +3,7 @@ package e2b
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,6 +53,7 @@ func (s *Server) controlRoutes() {
 	s.mux.HandleFunc("POST /sandboxes/{id}/connect", connect)
 	s.mux.HandleFunc("POST /v2/sandboxes/{id}/connect", connect)
 	s.metricsRoutes()
+	s.logRoutes()
 	s.unsupportedRoutes()
 }
 
@@ -90,6 +92,9 @@ type sandbox struct {
 	ClientID        string `json:"clientID"`
 	EnvdVersion     string `json:"envdVersion"`
 	EnvdAccessToken string `json:"envdAccessToken,omitempty"`
+	// Domain is what the SDK's getHost puts after PORT-ID.
+	Domain             string `json:"domain,omitempty"`
+	TrafficAccessToken string `json:"trafficAccessToken,omitempty"`
 }
 
 // sandboxDetail is E2B's SandboxDetail and ListedSandbox.
@@ -107,6 +112,20 @@ type sandboxDetail struct {
 	Metadata        map[string]string `json:"metadata"`
 	State           string            `json:"state"`
 	AllowInternet   *bool             `json:"allowInternetAccess,omitempty"`
+	Domain          string            `json:"domain,omitempty"`
+	Lifecycle       *lifecycle        `json:"lifecycle,omitempty"`
+	Network         *networkDetail    `json:"network,omitempty"`
+}
+
+// lifecycle is E2B's SandboxLifecycle: what a timeout does.
+type lifecycle struct {
+	OnTimeout  string `json:"onTimeout"`
+	AutoResume bool   `json:"autoResume"`
+}
+
+// networkDetail is the part of E2B's SandboxNetworkConfig den keeps.
+type networkDetail struct {
+	AllowPublicTraffic bool `json:"allowPublicTraffic"`
 }
 
 // clientID is E2B's deprecated client id: den has one kind of client.
@@ -202,7 +221,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
 	image := ""
 	srcVM, srcCP, fromSnapshot := parseSnapshot(b.TemplateID)
 	if fromSnapshot {
-		if _, ok := s.vm(w, r, c, srcVM); !ok {
+		if _, ok := s.vmOf(w, r, c, srcVM, true); !ok {
 			return
 		}
 	} else if b.TemplateID != DefaultTemplate {
@@ -221,6 +240,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
 	id := newID()
 	rec := record{Owner: c.user, Template: b.TemplateID, Metadata: b.Metadata, EnvVars: b.EnvVars,
 		StartedAt: time.Now().UTC(), AutoPause: b.AutoPause, AutoResume: b.AutoResume != nil && b.AutoResume.Enabled, Making: true}
+	if b.Network != nil && b.Network.AllowPublicTraffic != nil && !*b.Network.AllowPublicTraffic {
+		rec.TrafficToken = newToken()
+	}
 	// The record comes first, so that a sandbox is never without one;
 	// its timeout starts once it runs (the sweeper leaves it alone while
 	// it is made).
@@ -249,7 +271,20 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
 		return
 	}
 	s.log.Info("e2b: sandbox created", "sandbox", id, "user", c.user, "template", b.TemplateID, "timeout", timeout)
-	writeJSON(w, http.StatusCreated, sandbox{TemplateID: b.TemplateID, SandboxID: id, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: c.key})
+	writeJSON(w, http.StatusCreated, s.answer(id, rec, c))
+}
+
+// answer is what create, fork and connect answer of sandbox id.
+func (s *Server) answer(id string, rec record, c *caller) sandbox {
+	return sandbox{TemplateID: rec.Template, SandboxID: id, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: c.key,
+		Domain: s.cfg.Domain, TrafficAccessToken: rec.TrafficToken}
+}
+
+// newToken is a sandbox's traffic access token.
+func newToken() string {
+	b := make([]byte, 24)
+	rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 // newID is a new sandbox id: a den VM name.
@@ -267,6 +302,18 @@ func newID() string {
 // vm is the caller's VM id, or an answer of 404 (also for another
 // user's VM: no hint that it exists).
 func (s *Server) vm(w http.ResponseWriter, r *http.Request, c *caller, id string) (api.VM, bool) {
+	return s.vmOf(w, r, c, id, false)
+}
+
+// killed: sandbox id was killed and its VM stays for its snapshots.
+func (s *Server) killed(id string) bool {
+	rec, ok := s.recs.get(id)
+	return ok && rec.Killed
+}
+
+// vmOf is vm, and with killed also a killed sandbox's VM (kept for its
+// snapshots).
+func (s *Server) vmOf(w http.ResponseWriter, r *http.Request, c *caller, id string, killed bool) (api.VM, bool) {
 	notFound := func() {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("den: sandbox %q not found", id))
 	}
@@ -275,7 +322,7 @@ func (s *Server) vm(w http.ResponseWriter, r *http.Request, c *caller, id string
 		return api.VM{}, false
 	}
 	vm, err := c.api.GetVM(r.Context(), id)
-	if errors.Is(err, api.ErrNotFound) || err == nil && vm.Owner != c.user {
+	if errors.Is(err, api.ErrNotFound) || err == nil && (vm.Owner != c.user || !killed && s.killed(id)) {
 		// The record stays: a not found may be another user's view.
 		notFound()
 		return api.VM{}, false
@@ -300,7 +347,7 @@ func state(vm api.VM) string {
 func (s *Server) detail(vm api.VM, c *caller, withToken bool) sandboxDetail {
 	d := sandboxDetail{TemplateID: vm.Image, SandboxID: vm.Name, ClientID: clientID, StartedAt: vm.CreatedAt.UTC(), EndAt: never,
 		EnvdVersion: EnvdVersion, CPUCount: vm.CPUs, MemoryMB: vm.MemoryBytes >> 20, DiskSizeMB: vm.DiskBytes >> 20,
-		Metadata: map[string]string{}, State: state(vm)}
+		Metadata: map[string]string{}, State: state(vm), Domain: s.cfg.Domain}
 	if rec, ok := s.recs.get(vm.Name); ok {
 		d.TemplateID, d.StartedAt = rec.Template, rec.StartedAt
 		if !rec.EndAt.IsZero() {
@@ -309,6 +356,11 @@ func (s *Server) detail(vm api.VM, c *caller, withToken bool) sandboxDetail {
 		if rec.Metadata != nil {
 			d.Metadata = rec.Metadata
 		}
+		d.Lifecycle = &lifecycle{OnTimeout: "kill", AutoResume: rec.AutoResume}
+		if rec.AutoPause {
+			d.Lifecycle.OnTimeout = "pause"
+		}
+		d.Network = &networkDetail{AllowPublicTraffic: rec.TrafficToken == ""}
 	}
 	if withToken {
 		d.EnvdAccessToken = c.key
@@ -326,14 +378,29 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request, c *caller) {
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request, c *caller) {
 	id := r.PathValue("id")
-	if _, ok := s.vm(w, r, c, id); !ok {
+	vm, ok := s.vm(w, r, c, id)
+	if !ok {
+		return
+	}
+	keep, err := s.hasSnapshots(r.Context(), c.api, id)
+	if err != nil {
+		writeAPIError(w, err)
+		return
+	}
+	if keep {
+		if err := s.keepForSnapshots(r.Context(), c.api, vm); err != nil {
+			writeAPIError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
 		return
 	}
 	if err := c.api.RemoveVM(r.Context(), id, true); err != nil {
 		writeAPIError(w, err)
 		return
 	}
-	s.procs.forget(id)
+	s.dropSessions(id)
+	s.logs.forget(id)
 	if err := s.recs.remove(id); err != nil {
 		s.log.Warn("e2b: kill: record", "sandbox", id, "err", err)
 	}
@@ -367,8 +434,11 @@ func (s *Server) made(c *caller, id string, rec record, vm api.VM, err error, ti
 			timeout = defaultTimeout
 		}
 	}
+	s.logs.add(id, "info", fmt.Sprintf("made from %s (den vm on image %s, %d CPUs, %d MiB)", rec.Template, vm.Image, vm.CPUs, vm.MemoryBytes>>20),
+		"template", rec.Template)
 	rec.Making = false
 	rec.StartedAt = vm.CreatedAt.UTC()
+	rec.Timeout = timeout
 	if timeout > 0 {
 		rec.EndAt = time.Now().Add(timeout).UTC()
 	}
@@ -433,6 +503,9 @@ func (s *Server) extend(w http.ResponseWriter, r *http.Request, c *caller, field
 		if !onlyLater || end.After(rec.EndAt) {
 			rec.EndAt = end
 		}
+		if !onlyLater {
+			rec.Timeout = d
+		}
 	}); err != nil {
 		writeAPIError(w, err)
 		return
@@ -454,10 +527,12 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, c *caller) {
 		writeAPIError(w, err)
 		return
 	}
-	s.procs.forget(id)
-	if _, _, err := s.recs.update(id, func(rec *record) { rec.EndAt = time.Time{} }); err != nil {
+	s.dropSessions(id)
+	s.logs.add(id, "info", "paused (den sleep: memory kept)")
+	if err := s.ensureRecord(vm); err != nil {
 		s.log.Warn("e2b: pause: record", "sandbox", id, "err", err)
 	}
+	s.paused(id)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -495,6 +570,7 @@ func (s *Server) wake(w http.ResponseWriter, r *http.Request, c *caller, refuseR
 			return
 		}
 		status = http.StatusCreated
+		s.logs.add(id, "info", "resumed (den wake)")
 	} else if refuseRunning {
 		writeError(w, http.StatusConflict, fmt.Sprintf("den: sandbox %q is already running", id))
 		return
@@ -511,12 +587,16 @@ func (s *Server) wake(w http.ResponseWriter, r *http.Request, c *caller, refuseR
 		if b.AutoPause != nil {
 			rec.AutoPause = *b.AutoPause
 		}
+		if b.Timeout != nil {
+			rec.Timeout = d
+		}
+		rec.Paused = false
 	})
 	if err != nil {
 		writeAPIError(w, err)
 		return
 	}
-	writeJSON(w, status, sandbox{TemplateID: rec.Template, SandboxID: id, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: c.key})
+	writeJSON(w, status, s.answer(id, rec, c))
 }
 
 func (s *Server) connect(w http.ResponseWriter, r *http.Request, c *caller) { s.wake(w, r, c, false) }
@@ -578,6 +658,9 @@ func (s *Server) list(ctx context.Context, c *caller, f listFilter) ([]sandboxDe
 			continue
 		}
 		mine[vm.Name] = true
+		if s.killed(vm.Name) {
+			continue
+		}
 		if d := s.detail(vm, c, false); f.keeps(d) {
 			out = append(out, d)
 		}

@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -40,6 +39,10 @@ type Config struct {
 	// As returns an API client acting as user, for the timeouts the
 	// server keeps.
 	As func(user string) *api.Client
+	// Domain is the domain of sandboxes' host names (PORT-ID.DOMAIN,
+	// what sandbox.getHost gives), told to the SDK in each sandbox's
+	// domain; "" tells none (the SDK's E2B_DOMAIN then).
+	Domain string
 	// Records is the file that keeps sandboxes' metadata and lifecycle.
 	Records string
 	Logger  *slog.Logger
@@ -47,14 +50,16 @@ type Config struct {
 
 // Server answers E2B's control plane and envd requests.
 type Server struct {
-	cfg    Config
-	log    *slog.Logger
-	recs   *store
-	mux    *http.ServeMux
-	envd   *http.ServeMux
-	procs  *processes
-	stopMu sync.Mutex
-	stop   context.CancelFunc
+	cfg     Config
+	log     *slog.Logger
+	recs    *store
+	mux     *http.ServeMux
+	envd    *http.ServeMux
+	procs   *processes
+	logs    *journal
+	watches *watchers
+	stopMu  sync.Mutex
+	stop    context.CancelFunc
 }
 
 // New returns a server keeping its records in cfg.Records.
@@ -66,7 +71,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, recs: recs, mux: http.NewServeMux(), envd: http.NewServeMux(), procs: newProcesses()}
+	s := &Server{cfg: cfg, log: cfg.Logger, recs: recs, mux: http.NewServeMux(), envd: http.NewServeMux(), procs: newProcesses(), logs: newJournal(), watches: newWatchers()}
 	s.controlRoutes()
 	s.envdRoutes()
 	return s, nil
@@ -101,7 +106,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	if id, port, ok := sandboxOf(r); ok {
 		if port != EnvdPort {
-			writeError(w, http.StatusBadGateway, fmt.Sprintf("den: port %d of sandbox %s is not served on the E2B address yet; reach it with `den url %s %d` (den's HTTP ingress)", port, id, id, port))
+			s.servePort(w, r, id, port)
 			return
 		}
 		r = r.WithContext(context.WithValue(r.Context(), sandboxKey{}, id))

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/internal/validate"
@@ -16,8 +17,10 @@ import (
 // An E2B snapshot is a den checkpoint (memory and disk) of a sandbox;
 // its id is SANDBOX@CHECKPOINT ("ibox@cp-3"), which create takes as a
 // template (a den fork of that checkpoint) and DELETE /templates/ID
-// deletes. A checkpoint belongs to its VM: killing the sandbox deletes
-// its snapshots, unlike E2B's.
+// deletes. As on E2B, snapshots outlive their sandbox: a sandbox killed
+// while it has any keeps its VM asleep (den ls shows it; E2B calls do
+// not), and deleting its last snapshot removes the VM. The checkpoints
+// a fork takes are not snapshots.
 
 // snapshotInfo is E2B's SnapshotInfo.
 type snapshotInfo struct {
@@ -150,12 +153,59 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, c *calle
 		writeError(w, http.StatusNotImplemented, "den: templates are den images, not deleted through the E2B API; a snapshot id is SANDBOX@CHECKPOINT")
 		return
 	}
-	if _, ok := s.vm(w, r, c, vm); !ok {
+	if _, ok := s.vmOf(w, r, c, vm, true); !ok {
 		return
 	}
 	if err := c.api.DeleteCheckpoint(r.Context(), vm, cp); err != nil {
 		writeAPIError(w, err)
 		return
 	}
+	if s.killed(vm) {
+		if left, err := s.hasSnapshots(r.Context(), c.api, vm); err == nil && !left {
+			if err := c.api.RemoveVM(r.Context(), vm, true); err != nil {
+				s.log.Warn("e2b: the vm of a killed sandbox without snapshots", "sandbox", vm, "err", err)
+			} else {
+				_ = s.recs.remove(vm)
+				s.logs.forget(vm)
+			}
+		}
+	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// forkComment starts the comment of the checkpoint a fork takes.
+const forkComment = "e2b fork"
+
+// hasSnapshots: sandbox id has checkpoints other than those forks took.
+func (s *Server) hasSnapshots(ctx context.Context, cl *api.Client, id string) (bool, error) {
+	cps, err := cl.Checkpoints(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	for _, cp := range cps {
+		if !strings.HasPrefix(cp.Comment, forkComment) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// keepForSnapshots kills a sandbox that has snapshots: its VM goes to
+// sleep and its record says killed.
+func (s *Server) keepForSnapshots(ctx context.Context, cl *api.Client, vm api.VM) error {
+	if state(vm) != "paused" {
+		if _, err := cl.Sleep(ctx, vm.Name, api.SleepRequest{Force: true}); err != nil {
+			return err
+		}
+	}
+	s.dropSessions(vm.Name)
+	s.logs.forget(vm.Name)
+	if err := s.ensureRecord(vm); err != nil {
+		return err
+	}
+	if _, _, err := s.recs.update(vm.Name, func(r *record) { r.Killed, r.Paused, r.EndAt = true, false, time.Time{} }); err != nil {
+		return err
+	}
+	s.log.Info("e2b: sandbox killed; its vm sleeps for its snapshots", "sandbox", vm.Name)
+	return nil
 }

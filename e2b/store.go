@@ -25,6 +25,21 @@ type record struct {
 	EndAt      time.Time `json:"end_at,omitzero"`
 	AutoPause  bool      `json:"auto_pause,omitempty"`
 	AutoResume bool      `json:"auto_resume,omitempty"`
+	// Paused: E2B paused it (a pause call, or its timeout with
+	// AutoPause). Without AutoResume its envd and ports refuse until a
+	// connect; den's own idle sleep does not set it (such a VM wakes
+	// when reached, as every den VM).
+	Paused bool `json:"paused,omitempty"`
+	// Timeout is the timeout it was made with, or last set (setTimeout,
+	// connect), given again when it resumes by itself (AutoResume).
+	Timeout time.Duration `json:"timeout,omitempty"`
+	// TrafficToken, when set (allowPublicTraffic false), is what a
+	// request to one of its ports carries in E2b-Traffic-Access-Token.
+	TrafficToken string `json:"traffic_token,omitempty"`
+	// Killed: the sandbox was killed while it had snapshots (den
+	// checkpoints), which outlive it as on E2B: its VM stays asleep,
+	// out of E2B's sight but for them, until the last one is deleted.
+	Killed bool `json:"killed,omitempty"`
 	// Making: the sandbox's VM is being made (create, fork); a list
 	// leaves such a record alone for makingGrace though no VM has the
 	// name yet.

@@ -51,8 +51,19 @@ func (s *Server) end(ctx context.Context, id string, rec record) {
 			s.log.Warn("e2b: timeout: sleep", "sandbox", id, "err", err)
 			return
 		}
-		s.procs.forget(id)
-		s.clearEnd(id)
+		s.dropSessions(id)
+		s.logs.add(id, "info", "timed out: paused (den sleep: memory kept)")
+		s.paused(id)
+		return
+	}
+	if keep, err := s.hasSnapshots(ctx, cl, id); err != nil || keep {
+		if err == nil {
+			s.log.Info("e2b: sandbox timed out: killing (its vm sleeps for its snapshots)", "sandbox", id)
+			err = s.keepForSnapshots(ctx, cl, vm)
+		}
+		if err != nil {
+			s.log.Warn("e2b: timeout: kill", "sandbox", id, "err", err)
+		}
 		return
 	}
 	s.log.Info("e2b: sandbox timed out: killing", "sandbox", id)
@@ -60,8 +71,17 @@ func (s *Server) end(ctx context.Context, id string, rec record) {
 		s.log.Warn("e2b: timeout: kill", "sandbox", id, "err", err)
 		return
 	}
-	s.procs.forget(id)
+	s.dropSessions(id)
+	s.logs.forget(id)
 	_ = s.recs.remove(id)
+}
+
+// paused records that E2B paused sandbox id: no end, and (without
+// autoResume) no envd until a connect.
+func (s *Server) paused(id string) {
+	if _, _, err := s.recs.update(id, func(r *record) { r.EndAt, r.Paused = time.Time{}, true }); err != nil {
+		s.log.Warn("e2b: record", "sandbox", id, "err", err)
+	}
 }
 
 func (s *Server) clearEnd(id string) {

@@ -113,7 +113,7 @@ func (s *Server) watchDir(ctx context.Context, req *connect.Request[watchDirRequ
 		return err
 	}
 	defer done()
-	root := guestPath(req.Msg.Path)
+	root := f.acct.abs(req.Msg.Path)
 	fi, err := f.fs.Stat(root)
 	if err != nil {
 		return fileError(root, err)

@@ -6,6 +6,7 @@
 // first failed check.
 import assert from 'node:assert/strict'
 import { createHash, randomBytes } from 'node:crypto'
+import http from 'node:http'
 import {
   Sandbox, CommandExitError, AuthenticationError, SandboxNotFoundError, SandboxError, NotFoundError,
 } from 'e2b'
@@ -23,6 +24,42 @@ async function rejects(p, check, what) {
     return e
   }
   assert.fail(`${what}: no error`)
+}
+
+// GET path through the E2B address with Host set to host (what
+// sandbox.getHost gives: PORT-ID.localhost:PORT, which browsers and curl
+// resolve to loopback, Node not).
+function getVia(host, path, headers = {}) {
+  const base = new URL(process.env.E2B_API_URL)
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: base.hostname, port: base.port, path, headers: { Host: host, ...headers }, timeout: 60_000 }, (res) => {
+      let body = ''
+      res.setEncoding('utf8')
+      res.on('data', (d) => { body += d })
+      res.on('end', () => resolve({ status: res.statusCode, body }))
+    })
+    req.on('timeout', () => req.destroy(new Error(`GET ${host}${path}: no answer in 60 s`)))
+    req.on('error', reject)
+    req.end()
+  })
+}
+
+// A unary Connect call of envd, as the SDKs make them (JSON).
+async function envdCall(sandboxId, method, body) {
+  const res = await fetch(`${process.env.E2B_SANDBOX_URL}/filesystem.Filesystem/${method}`, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', 'Connect-Protocol-Version': '1', 'E2b-Sandbox-Id': sandboxId,
+      'E2b-Sandbox-Port': '49983', 'X-Access-Token': process.env.E2B_API_KEY },
+    body: JSON.stringify(body),
+  })
+  return { status: res.status, body: await res.json() }
+}
+
+// The sandbox's E2B logs (v2).
+async function logsOf(sandboxId) {
+  const res = await fetch(`${process.env.E2B_API_URL}/v2/sandboxes/${sandboxId}/logs`, { headers: { 'X-API-KEY': process.env.E2B_API_KEY } })
+  assert.equal(res.status, 200)
+  return (await res.json()).logs.map((l) => l.message)
 }
 
 // Bounded wait for cond (async), polling.
@@ -134,6 +171,57 @@ assert.ok(m0.cpuUsedPct >= 0 && m0.cpuUsedPct <= 100 && m0.memUsed >= 0 && m0.me
 assert.ok(Math.abs(m0.timestamp.getTime() - Date.now()) < 60_000, `metric time ${m0.timestamp}`)
 step(`metrics: cpu ${m0.cpuUsedPct.toFixed(1)}% of ${m0.cpuCount}, memory ${m0.memUsed}/${m0.memTotal}`)
 
+// Another guest user: commands in its home with its HOME, files made
+// as it, relative paths from its home; an unknown user is refused.
+await sbx.commands.run('useradd -m -s /bin/bash alice')
+r = await sbx.commands.run('id -un; pwd; echo $HOME', { user: 'alice' })
+assert.equal(r.stdout, 'alice\n/home/alice\n/home/alice\n')
+r = await sbx.commands.run('pwd', { user: 'alice', cwd: '/tmp' })
+assert.equal(r.stdout, '/tmp\n')
+await sbx.files.write('notes/a.txt', 'hers', { user: 'alice' })
+assert.equal(await sbx.files.read('notes/a.txt', { user: 'alice' }), 'hers')
+await sbx.files.makeDir('made/deep', { user: 'alice' })
+r = await sbx.commands.run('stat -c %U:%G /home/alice/notes /home/alice/notes/a.txt /home/alice/made /home/alice/made/deep')
+assert.equal(r.stdout, 'alice:alice\n'.repeat(4))
+assert.equal((await sbx.files.getInfo('/home/alice/notes/a.txt')).owner, 'alice')
+r = await sbx.commands.run('touch /root/not-hers', { user: 'alice' }).catch((e) => e)
+assert.ok(r instanceof CommandExitError && /Permission denied/.test(r.stderr), `alice writing /root: ${r.stderr}`)
+const noUser = await rejects(sbx.commands.run('true', { user: 'nosuch' }), (e) => e instanceof CommandExitError, 'an unknown user')
+assert.match(noUser.stderr, /no user nosuch/)
+await rejects(sbx.files.write('x', 'y', { user: 'nosuch' }), (e) => /no user "nosuch"/.test(e.message), 'a file as an unknown user')
+step('users')
+
+// A port of the sandbox at getHost(port): proxied to it through den's
+// agent channel.
+const web = await sbx.commands.run('mkdir -p /tmp/www && echo hi-from-port > /tmp/www/index.html && cd /tmp/www && exec python3 -m http.server 8000', { background: true })
+const host = sbx.getHost(8000)
+assert.match(host, new RegExp(`^8000-${sbx.sandboxId}\\.localhost:[0-9]+$`))
+await until(60_000, async () => (await getVia(host, '/index.html').catch(() => ({}))).body === 'hi-from-port\n', 'the port through getHost')
+let got2 = await getVia(sbx.getHost(8001), '/')
+assert.equal(got2.status, 502)
+assert.match(got2.body, /nothing listens/)
+got2 = await getVia(`8000-inosuchsandbox.${host.split('.').slice(1).join('.')}`, '/')
+assert.equal(got2.status, 404)
+await web.kill()
+step(`getHost: ${host}`)
+
+// The non-streaming watchers (CreateWatcher, GetWatcherEvents, RemoveWatcher).
+await sbx.files.makeDir('/root/polled')
+let wr = await envdCall(sbx.sandboxId, 'CreateWatcher', { path: '/root/polled' })
+assert.equal(wr.status, 200, JSON.stringify(wr.body))
+const watcherId = wr.body.watcherId
+await sbx.files.write('/root/polled/p.txt', 'polled')
+const polled = []
+await until(15_000, async () => {
+  const ev = await envdCall(sbx.sandboxId, 'GetWatcherEvents', { watcherId })
+  assert.equal(ev.status, 200, JSON.stringify(ev.body))
+  for (const e of ev.body.events || []) polled.push(`${e.type} ${e.name}`)
+  return polled.includes('EVENT_TYPE_CREATE p.txt')
+}, `a polled watcher's events (${polled})`)
+assert.equal((await envdCall(sbx.sandboxId, 'RemoveWatcher', { watcherId })).status, 200)
+assert.equal((await envdCall(sbx.sandboxId, 'GetWatcherEvents', { watcherId })).status, 404)
+step('polled watcher')
+
 // Watching a directory: writes, removes.
 await sbx.files.makeDir('/root/watched')
 const seen = []
@@ -178,6 +266,11 @@ assert.deepEqual(listed.map((s) => s.sandboxId), [sbx.sandboxId])
 listed = await Sandbox.list({ query: { state: ['running'], metadata: { suite: 'den-e2e' } } }).nextItems()
 assert.equal(listed.length, 0)
 assert.deepEqual(await Sandbox.getMetrics(sbx.sandboxId), [], 'metrics of a paused sandbox')
+// Made without autoResume: envd and its ports do not wake it.
+await rejects(sbx.commands.run('true'), (e) => /is paused: Sandbox.connect resumes it/.test(e.message), 'a command in a paused sandbox')
+await rejects(sbx.files.read('/dev/shm/kept'), (e) => /is paused/.test(e.message), 'a file of a paused sandbox')
+assert.equal((await getVia(host, '/')).status, 409)
+assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
 step('paused')
 const resumed = await Sandbox.connect(sbx.sandboxId)
 assert.equal(await resumed.isRunning(), true)
@@ -215,13 +308,32 @@ assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
 assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
 step('snapshot, a sandbox from it, delete')
 
+// A sandbox's logs: what den's E2B server did with it.
+const logs = await logsOf(resumed.sandboxId)
+for (const want of [/^made from /, /^process [0-9]+ started as alice: \/bin\/bash -l -c id -un/, /^process [0-9]+ ended: exit status 3/, /^paused/, /^resumed/, /^forked x4/]) {
+  assert.ok(logs.some((l) => want.test(l)), `logs: no ${want} in ${JSON.stringify(logs)}`)
+}
+step(`logs: ${logs.length} entries`)
+
+// Snapshots outlive their sandbox: killed, it is gone from E2B's sight
+// but a sandbox can still be made from its snapshot; deleting the last
+// one removes it.
+const kept = await resumed.createSnapshot({ name: 'outlives' })
+
 // Kill.
 await resumed.kill()
 await rejects(Sandbox.getInfo(sbx.sandboxId), (e) => e instanceof SandboxNotFoundError, 'getInfo of a killed sandbox')
 assert.equal(await Sandbox.kill(sbx.sandboxId), false)
 listed = await Sandbox.list({ query: { metadata: { suite: 'den-e2e' } } }).nextItems()
 assert.equal(listed.length, 0)
-step('killed')
+await rejects(resumed.commands.run('true'), (e) => e instanceof SandboxNotFoundError || /not found/.test(e.message), 'a command in a killed sandbox')
+const fromKept = await Sandbox.create(kept.snapshotId, { timeoutMs: 300_000 })
+assert.equal((await fromKept.commands.run('cat /dev/shm/kept')).stdout, 'in memory')
+await fromKept.kill()
+assert.ok((await Sandbox.listSnapshots({ sandboxId: resumed.sandboxId }).nextItems()).some((s) => s.snapshotId === kept.snapshotId))
+assert.equal(await Sandbox.deleteSnapshot(kept.snapshotId), true)
+await rejects(Sandbox.create(kept.snapshotId), (e) => /not found/.test(e.message), 'a sandbox from a deleted snapshot')
+step('killed; its snapshot outlived it')
 
 // Errors as an E2B program sees them.
 await rejects(Sandbox.create('no-such-template'), (e) => e instanceof SandboxError && /404/.test(e.message) && /den/.test(e.message), 'unknown template')
@@ -229,13 +341,36 @@ await rejects(Sandbox.create(template, { apiKey: 'den_wrong' }), (e) => e instan
 await rejects(Sandbox.connect('inosuchsandbox'), (e) => e instanceof SandboxNotFoundError, 'connect to an unknown sandbox')
 step('errors')
 
-// A timeout with onTimeout pause: the sandbox goes to sleep by itself;
-// connect brings it back.
-const short = await Sandbox.create(process.env.DEN_E2B_SHORT_TEMPLATE || 'base', { timeoutMs: 3_000, lifecycle: { onTimeout: 'pause' }, metadata: { suite: 'den-e2e' } })
-step(`created ${short.sandboxId} (timeout 3 s, then pause)`)
+// A timeout with onTimeout pause and autoResume, taking no public
+// traffic: the sandbox goes to sleep by itself; a request to one of its
+// ports with its traffic token (none without) brings it back, with its
+// timeout again, and so does a file call.
+const short = await Sandbox.create(process.env.DEN_E2B_SHORT_TEMPLATE || 'base', {
+  timeoutMs: 3_000, lifecycle: { onTimeout: 'pause', autoResume: true }, network: { allowPublicTraffic: false }, metadata: { suite: 'den-e2e' },
+})
+assert.ok(short.trafficAccessToken, 'a traffic access token')
+got = await Sandbox.getInfo(short.sandboxId)
+assert.deepEqual(got.lifecycle, { onTimeout: 'pause', autoResume: true })
+step(`created ${short.sandboxId} (timeout 3 s, then pause; autoResume)`)
 await until(60_000, async () => (await Sandbox.getInfo(short.sandboxId)).state === 'paused', 'paused at its timeout')
 step('timed out: paused')
-await Sandbox.connect(short.sandboxId, { timeoutMs: 60_000 })
+got2 = await getVia(short.getHost(8000), '/')
+assert.equal(got2.status, 403, got2.body)
+assert.equal((await Sandbox.getInfo(short.sandboxId)).state, 'paused')
+got2 = await getVia(short.getHost(8000), '/', { 'e2b-traffic-access-token': short.trafficAccessToken })
+assert.equal(got2.status, 502, got2.body)
+assert.match(got2.body, /nothing listens/)
+// (Its 3 s timeout runs again from the wake: it may be paused anew by now.)
+const resumes = async () => (await logsOf(short.sandboxId)).filter((l) => /^reached while paused: resuming/.test(l)).length
+assert.equal(await resumes(), 1)
+await short.setTimeout(300_000)
+await short.pause() // false when its timeout paused it already
+assert.equal((await Sandbox.getInfo(short.sandboxId)).state, 'paused')
+// (The default image has no bash for commands.run: a file call.)
+await short.files.write('/tmp/awake', 'awake')
+assert.equal(await short.files.read('/tmp/awake'), 'awake')
+assert.equal(await resumes(), 2)
 assert.equal((await Sandbox.getInfo(short.sandboxId)).state, 'running')
+step('resumed by itself: a port, then a file call')
 await Sandbox.kill(short.sandboxId)
 step('done')
