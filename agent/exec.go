@@ -36,6 +36,9 @@ type ExecRequest struct {
 	Cols int
 	// Resize, if set, delivers terminal size changes.
 	Resize <-chan WindowSize
+	// Keep leaves the command running in the guest when this session
+	// ends before it does (see EnvKeep); its output is dropped then.
+	Keep bool
 }
 
 // MaxCommandLine is the longest command line, in bytes, that the guest
@@ -87,6 +90,9 @@ func (c *Client) run(ctx context.Context, req ExecRequest, line string, shell bo
 	env := req.Env
 	if req.Dir != "" {
 		env = append(env[:len(env):len(env)], EnvWorkdir+"="+req.Dir)
+	}
+	if req.Keep {
+		env = append(env[:len(env):len(env)], EnvKeep+"=1")
 	}
 	for _, kv := range env {
 		k, v, ok := strings.Cut(kv, "=")

@@ -15,6 +15,12 @@ const (
 	// EnvWorkdir, sent in an "env" request, is the working directory of
 	// the session's command. The agent does not pass it on.
 	EnvWorkdir = "DEN_WORKDIR"
+	// EnvKeep, sent in an "env" request with the value 1, keeps the
+	// session's command running when its channel or connection ends
+	// (the client left, or the VM slept and its connections were reset):
+	// no SIGHUP, and its output is read and dropped from then on. The
+	// agent does not pass it on.
+	EnvKeep = "DEN_KEEP"
 	// ExitSetupFailed is the exit status of a session whose command could
 	// not be set up (unknown user, missing working directory, exec
 	// failure); the reason is on stderr.

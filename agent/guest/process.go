@@ -132,8 +132,8 @@ func (ss *session) runPipes(cmd *exec.Cmd, attr *syscall.SysProcAttr) exitInfo {
 	exited := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); pump(ss.ch, outR, exited) }()
-	go func() { defer wg.Done(); pump(ss.ch.Stderr(), errR, exited) }()
+	go func() { defer wg.Done(); pump(ss.ch, outR, exited, ss.keep) }()
+	go func() { defer wg.Done(); pump(ss.ch.Stderr(), errR, exited, ss.keep) }()
 	werr := ss.wait(cmd)
 	close(exited)
 	outR.SetReadDeadline(time.Now().Add(outputGrace))
@@ -144,15 +144,19 @@ func (ss *session) runPipes(cmd *exec.Cmd, attr *syscall.SysProcAttr) exitInfo {
 
 // pump copies src to dst until src ends, or, once exited is closed, until
 // src has had nothing for outputGrace. If dst fails, src is closed so the
-// writer gets EPIPE rather than blocking.
-func pump(dst io.Writer, src *os.File, exited <-chan struct{}) {
+// writer gets EPIPE rather than blocking; with keep, src is read on and
+// dropped instead, so that the writer runs on.
+func pump(dst io.Writer, src *os.File, exited <-chan struct{}, keep bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
-				src.Close()
-				return
+				if !keep {
+					src.Close()
+					return
+				}
+				dst = io.Discard
 			}
 		}
 		if err != nil {

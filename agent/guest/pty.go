@@ -54,7 +54,7 @@ func (ss *session) runPTY(cmd *exec.Cmd, attr *syscall.SysProcAttr) exitInfo {
 	exited := make(chan struct{})
 	outDone := make(chan struct{})
 	go func() {
-		pump(ss.ch, master, exited)
+		pump(ss.ch, master, exited, ss.keep)
 		close(outDone)
 	}()
 	werr := ss.wait(cmd)

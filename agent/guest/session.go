@@ -53,6 +53,7 @@ type session struct {
 	pty      *ptyReqMsg
 	agentFwd bool
 	started  bool
+	keep     bool // EnvKeep: the command outlives the session
 
 	winch chan agent.WindowSize // latest size, for the running PTY
 	done  chan struct{}         // closed when the command has finished
@@ -79,18 +80,21 @@ func (s *Server) handleSession(_ *ssh.Server, conn *gossh.ServerConn, nc gossh.N
 		return
 	}
 	s.sessions.Add(1)
-	defer s.sessions.Add(-1)
 	ss := &session{
 		s: s, ch: ch, conn: conn, log: s.log,
 		winch: make(chan agent.WindowSize, 1),
 		done:  make(chan struct{}),
 	}
-	ss.serve(reqs)
+	if !ss.serve(reqs) {
+		s.sessions.Add(-1)
+	}
 }
 
 // serve handles the channel's requests until the channel closes, then
-// hangs up the command and waits for it.
-func (ss *session) serve(reqs <-chan *gossh.Request) {
+// hangs up the command and waits for it. A command kept (EnvKeep) stops
+// counting as a session once its channel is gone: released is true when
+// serve took it off the count itself.
+func (ss *session) serve(reqs <-chan *gossh.Request) (released bool) {
 	for req := range reqs {
 		ok, start := ss.handle(req)
 		if req.WantReply {
@@ -105,10 +109,15 @@ func (ss *session) serve(reqs <-chan *gossh.Request) {
 	}
 	if !ss.started {
 		ss.ch.Close()
-		return
+		return false
 	}
 	ss.hangup()
+	if ss.keep {
+		ss.s.sessions.Add(-1)
+		released = true
+	}
 	<-ss.done
+	return released
 }
 
 // handle answers one request; for shell, exec and subsystem it returns
@@ -119,6 +128,10 @@ func (ss *session) handle(req *gossh.Request) (bool, func() exitInfo) {
 		var m envMsg
 		if ss.started || gossh.Unmarshal(req.Payload, &m) != nil {
 			return false, nil
+		}
+		if m.Name == agent.EnvKeep {
+			ss.keep = m.Value == "1"
+			return true, nil
 		}
 		ss.env = append(ss.env, m.Name+"="+m.Value)
 		return true, nil
@@ -265,7 +278,7 @@ func (ss *session) hangup() {
 	ss.hungUp = true
 	exited := ss.exited
 	ss.mu.Unlock()
-	if p != nil && !exited {
+	if p != nil && !exited && !ss.keep {
 		ss.hangupProc(p)
 	}
 }

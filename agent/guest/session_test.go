@@ -5,6 +5,7 @@ package guest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -264,6 +265,56 @@ func TestHangupSparesWhatOutlivesTheCommand(t *testing.T) {
 			close(ss.done)
 			if b, _ := os.ReadFile(marks); !strings.HasPrefix(string(b), tc.wantSignal) {
 				t.Errorf("the job saw %q first, want %q", b, tc.wantSignal)
+			}
+		})
+	}
+}
+
+// TestKeptCommandOutlivesItsConnection: a command run with Keep runs on
+// when its connection ends without a word (as when the VM slept and its
+// connections were reset), its output read and dropped, and it stops
+// counting as a session; without Keep the hangup ends it.
+func TestKeptCommandOutlivesItsConnection(t *testing.T) {
+	for _, keep := range []bool{true, false} {
+		t.Run(fmt.Sprintf("keep=%v", keep), func(t *testing.T) {
+			h := newHarness(t)
+			c := h.dial()
+			dir := t.TempDir()
+			pidFile, ticks := filepath.Join(dir, "pid"), filepath.Join(dir, "ticks")
+			line := "echo $$ > " + pidFile + ".tmp && mv " + pidFile + ".tmp " + pidFile +
+				"; i=0; while :; do i=$((i+1)); echo out $i; echo $i > " + ticks + "; sleep 0.02; done"
+			go c.Exec(context.Background(), agent.ExecRequest{CmdLine: line, Keep: keep, Stdout: io.Discard})
+			testutil.WaitForWithin(t, 10*time.Second, "the command's pid", func() bool {
+				_, err := os.Stat(pidFile)
+				return err == nil
+			})
+			b, _ := os.ReadFile(pidFile)
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer syscall.Kill(-pid, syscall.SIGKILL)
+			c.Close()
+			testutil.WaitForWithin(t, 10*time.Second, "no session", func() bool { return h.srv.Sessions() == 0 })
+			if !keep {
+				testutil.WaitForWithin(t, 20*time.Second, "the hung-up command to end", func() bool {
+					return syscall.Kill(pid, 0) != nil
+				})
+				return
+			}
+			tick := func() int {
+				b, _ := os.ReadFile(ticks)
+				n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+				return n
+			}
+			// Well past the hangup grace: it still runs, and writes.
+			since := time.Now()
+			n0 := tick()
+			testutil.WaitForWithin(t, 30*time.Second, "the kept command to write on past the hangup grace", func() bool {
+				return time.Since(since) > hangupGrace+time.Second && tick() > n0+50
+			})
+			if err := syscall.Kill(pid, 0); err != nil {
+				t.Fatalf("the kept command ended: %v", err)
 			}
 		})
 	}
