@@ -47,6 +47,23 @@ type proc struct {
 	mu    sync.Mutex
 	subs  map[*sub]struct{}
 	ended bool
+	// detached: its agent connection ended before it did (the sandbox
+	// was paused or slept): it runs on in the guest (the agent keeps it),
+	// unfollowed; it is listed until it is found gone, and can be killed.
+	detached bool
+}
+
+// isDetached reads detached.
+func (p *proc) isDetached() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.detached
+}
+
+// errDetached is what calls that need a followed process answer for a
+// detached one.
+func errDetached(pid uint32) error {
+	return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("den: process %d runs on from before the sandbox was paused, but den no longer follows its output or input (commands.kill ends it)", pid))
 }
 
 // sub is one stream following a process's events.
@@ -111,6 +128,14 @@ func (ps *processes) forget(sandbox string) {
 	delete(ps.procs, sandbox)
 	ps.mu.Unlock()
 	for _, p := range procs {
+		p.g.Close()
+	}
+}
+
+// detach closes the agent connections of sandbox's processes (it is
+// paused): each becomes detached, running on in the guest.
+func (ps *processes) detach(sandbox string) {
+	for _, p := range ps.list(sandbox) {
 		p.g.Close()
 	}
 }
@@ -293,7 +318,9 @@ func (s *Server) startProcess(ctx context.Context, req *connect.Request[startReq
 			close(p.started)
 		})
 	}
-	ereq := agent.ExecRequest{CmdLine: line, Env: env, Dir: ptrOr(in.Process.Cwd)}
+	// Keep: the process outlives its agent connection, as an envd
+	// process outlives a pause.
+	ereq := agent.ExecRequest{CmdLine: line, Env: env, Dir: ptrOr(in.Process.Cwd), Keep: true}
 	if ereq.Dir != "" && !path.IsAbs(ereq.Dir) {
 		// Relative to the user's home, which the guest resolves.
 		ereq.Dir = ""
@@ -325,6 +352,21 @@ func (s *Server) startProcess(ctx context.Context, req *connect.Request[startReq
 		onPID(0)
 		end := &endEvent{ExitCode: int32(status), Exited: err == nil, Status: fmt.Sprintf("exit status %d", status)}
 		level := "info"
+		if err != nil && p.pid != 0 {
+			// The connection ended before the process: it runs on.
+			msg := "den: the sandbox's connection ended (it was paused or slept): the process runs on, its output no longer followed"
+			end.Error, end.Status, end.Exited = &msg, "detached", false
+			p.mu.Lock()
+			p.detached = true
+			p.mu.Unlock()
+			if p.stdin != nil {
+				p.stdin.Close()
+			}
+			p.emit(&processEvent{End: end})
+			s.logs.add(id, "info", fmt.Sprintf("process %d detached: the sandbox's connection ended; it runs on", p.pid), "pid", strconv.FormatUint(uint64(p.pid), 10))
+			g.Close()
+			return
+		}
 		if err != nil {
 			msg := err.Error()
 			end.Error, end.Status, level = &msg, "error", "error"
@@ -390,6 +432,9 @@ func (s *Server) connectProcess(ctx context.Context, req *connect.Request[select
 	if err != nil {
 		return err
 	}
+	if p.isDetached() {
+		return errDetached(p.pid)
+	}
 	f := p.subscribe()
 	if f == nil {
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("den: process %d has ended", p.pid))
@@ -402,7 +447,10 @@ func (s *Server) listProcesses(ctx context.Context, req *connect.Request[empty])
 	if err != nil {
 		return nil, err
 	}
-	c.api.CloseIdle()
+	defer c.api.CloseIdle()
+	if err := s.pruneDetached(ctx, c, id); err != nil {
+		return nil, err
+	}
 	out := &listResponse{Processes: []processInfo{}}
 	for _, p := range s.procs.list(id) {
 		cfg := p.cfg
@@ -427,6 +475,9 @@ func (s *Server) selected(ctx context.Context, h http.Header, sel *selector) (*p
 func (p *proc) write(ctx context.Context, in *processInput) error {
 	if in == nil {
 		return nil
+	}
+	if p.isDetached() {
+		return errDetached(p.pid)
 	}
 	if p.stdin == nil {
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("den: process %d was started without stdin", p.pid))
@@ -565,8 +616,51 @@ func (s *Server) sendSignal(ctx context.Context, req *connect.Request[sendSignal
 	if err != nil {
 		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("den: signal %d: %w", p.pid, err))
 	}
+	if p.isDetached() {
+		// No end event comes for it: it leaves the list now.
+		s.procs.remove(p)
+	}
 	if status != 0 {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("den: signal %d: %s", p.pid, strings.TrimSpace(stderr.String())))
 	}
 	return connect.NewResponse(&empty{}), nil
+}
+
+// pruneDetached drops from sandbox id's list the detached processes
+// that are no longer alive in the guest (one look for all of them).
+func (s *Server) pruneDetached(ctx context.Context, c *caller, id string) error {
+	var pids []string
+	detached := map[string]*proc{}
+	for _, p := range s.procs.list(id) {
+		if p.isDetached() {
+			pid := strconv.FormatUint(uint64(p.pid), 10)
+			pids = append(pids, pid)
+			detached[pid] = p
+		}
+	}
+	if len(pids) == 0 {
+		return nil
+	}
+	g, err := guest(ctx, c, id)
+	if err != nil {
+		return connect.NewError(connect.CodeUnavailable, err)
+	}
+	defer g.Close()
+	var out bytes.Buffer
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	line := "for p in " + strings.Join(pids, " ") + "; do kill -0 $p 2>/dev/null && echo $p; done; true"
+	if _, err := g.Exec(lctx, agent.ExecRequest{CmdLine: line, Stdout: &out}); err != nil {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("den: listing processes: %w", err))
+	}
+	alive := map[string]bool{}
+	for _, pid := range strings.Fields(out.String()) {
+		alive[pid] = true
+	}
+	for pid, p := range detached {
+		if !alive[pid] {
+			s.procs.remove(p)
+		}
+	}
+	return nil
 }

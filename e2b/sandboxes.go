@@ -399,7 +399,7 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request, c *caller) {
 		writeAPIError(w, err)
 		return
 	}
-	s.dropSessions(id)
+	s.dropSessions(id, true)
 	s.logs.forget(id)
 	if err := s.recs.remove(id); err != nil {
 		s.log.Warn("e2b: kill: record", "sandbox", id, "err", err)
@@ -527,7 +527,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, c *caller) {
 		writeAPIError(w, err)
 		return
 	}
-	s.dropSessions(id)
+	s.dropSessions(id, false)
 	s.logs.add(id, "info", "paused (den sleep: memory kept)")
 	if err := s.ensureRecord(vm); err != nil {
 		s.log.Warn("e2b: pause: record", "sandbox", id, "err", err)

@@ -198,7 +198,7 @@ func (s *Server) keepForSnapshots(ctx context.Context, cl *api.Client, vm api.VM
 			return err
 		}
 	}
-	s.dropSessions(vm.Name)
+	s.dropSessions(vm.Name, true)
 	s.logs.forget(vm.Name)
 	if err := s.ensureRecord(vm); err != nil {
 		return err

@@ -51,7 +51,7 @@ func (s *Server) end(ctx context.Context, id string, rec record) {
 			s.log.Warn("e2b: timeout: sleep", "sandbox", id, "err", err)
 			return
 		}
-		s.dropSessions(id)
+		s.dropSessions(id, false)
 		s.logs.add(id, "info", "timed out: paused (den sleep: memory kept)")
 		s.paused(id)
 		return
@@ -71,7 +71,7 @@ func (s *Server) end(ctx context.Context, id string, rec record) {
 		s.log.Warn("e2b: timeout: kill", "sandbox", id, "err", err)
 		return
 	}
-	s.dropSessions(id)
+	s.dropSessions(id, true)
 	s.logs.forget(id)
 	_ = s.recs.remove(id)
 }

@@ -223,9 +223,14 @@ func (s *Server) removeWatcher(ctx context.Context, req *connect.Request[watcher
 	return connect.NewResponse(&empty{}), nil
 }
 
-// dropSessions ends what the server holds open in sandbox id (its
-// processes' and watchers' agent connections): it was paused or killed.
-func (s *Server) dropSessions(id string) {
-	s.procs.forget(id)
+// dropSessions ends what the server holds open in sandbox id: its
+// processes' and watchers' agent connections. The sandbox was killed
+// (gone), or paused (not gone: its processes run on, detached).
+func (s *Server) dropSessions(id string, gone bool) {
+	if gone {
+		s.procs.forget(id)
+	} else {
+		s.procs.detach(id)
+	}
 	s.watches.forget(id)
 }

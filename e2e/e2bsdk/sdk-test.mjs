@@ -254,8 +254,9 @@ assert.ok(got.endAt.getTime() > Date.now() + 800_000, `endAt ${got.endAt}`)
 step('list, getInfo, setTimeout')
 
 // Pause (den sleep: memory kept), then connect (den wake): a file in
-// /dev/shm (memory only) is still there.
+// /dev/shm (memory only) is still there, and a background process runs on.
 await sbx.files.write('/dev/shm/kept', 'in memory')
+const bg = await sbx.commands.run('while :; do date +%s%N > /dev/shm/beat; echo beat; sleep 0.2; done', { background: true })
 assert.equal(await sbx.pause(), true)
 got = await Sandbox.getInfo(sbx.sandboxId)
 assert.equal(got.state, 'paused')
@@ -275,7 +276,16 @@ step('paused')
 const resumed = await Sandbox.connect(sbx.sandboxId)
 assert.equal(await resumed.isRunning(), true)
 assert.equal((await resumed.commands.run('cat /dev/shm/kept')).stdout, 'in memory')
-step('connected: /dev/shm kept')
+// The background process: alive, beating (its output now dropped),
+// listed, not connectable, and killed.
+r = await resumed.commands.run(`kill -0 ${bg.pid} && a=$(cat /dev/shm/beat) && sleep 1 && b=$(cat /dev/shm/beat) && [ "$a" != "$b" ] && echo beating`)
+assert.equal(r.stdout, 'beating\n')
+procs = await resumed.commands.list()
+assert.ok(procs.some((p) => p.pid === bg.pid), `list after pause: ${JSON.stringify(procs)}`)
+await rejects(resumed.commands.connect(bg.pid), (e) => /no longer follows/.test(e.message), 'connect to a process from before the pause')
+assert.equal(await resumed.commands.kill(bg.pid), true)
+await until(10_000, async () => !(await resumed.commands.list()).some((p) => p.pid === bg.pid), 'the killed process leaves the list')
+step('connected: /dev/shm kept, a background process ran on')
 
 // Fork with a count: each fork has the source's memory (the file in
 // /dev/shm) and disk, and a hostname and address of its own.
