@@ -24,6 +24,25 @@ const waitDelay = time.Second
 type Mounted struct {
 	Root string // the mount point
 	dir  string // the temporary directory holding Root
+	// drop removes the copy whose journal was replayed (Open).
+	drop func()
+}
+
+// Open mounts image read-only as Mount does, replaying its journal
+// first into a copy (opts.Copy) when it needs it, as Images does; Close
+// undoes both.
+func Open(ctx context.Context, image string, opts Options) (*Mounted, error) {
+	img, drop, err := prepare(ctx, image, opts)
+	if err != nil {
+		return nil, err
+	}
+	m, err := Mount(ctx, img, opts.TmpDir)
+	if err != nil {
+		drop()
+		return nil, err
+	}
+	m.drop = drop
+	return m, nil
 }
 
 // dirPrefix begins the name of each mount's temporary directory.
@@ -78,6 +97,10 @@ func (m *Mounted) Close() error {
 			return fmt.Errorf("unmount: %w", err)
 		}
 		m.dir = ""
+	}
+	if m.drop != nil {
+		m.drop()
+		m.drop = nil
 	}
 	return nil
 }
