@@ -17,16 +17,17 @@ import (
 
 // TestE2BEgress: the network settings of an E2B create, enforced. A
 // daemon with TAP networking (den's egress policy is nftables there) and
-// --e2b-listen runs in the test network's den namespace (startNetDaemon),
-// two HTTP servers in its wan namespace; e2e/e2bsdk/egress.mjs, run with
-// the official SDK in the den namespace (where the E2B listener is),
-// makes three sandboxes and connects from inside each:
-// allowInternetAccess false reaches neither server (also after pause and
-// connect), network allowOut [B] with denyOut [ALL_TRAFFIC] reaches B and
-// not A, the default network reaches both; a denyOut of one address is
-// refused at create (den's policy is an allow list). Then the servers'
-// logs say no blocked request arrived, and den net log shows each
-// sandbox's policy and the dropped packets to A.
+// --e2b-listen runs in the test network's den namespace
+// (startNetDaemon), two HTTP servers, A and B, in its wan namespace.
+// e2e/e2bsdk/egress.mjs, run with the official SDK in the den namespace
+// (where the E2B listener is), makes sandboxes and connects from inside
+// each: allowInternetAccess false reaches neither server (also after
+// pause and connect); network allowOut [B] with denyOut [ALL_TRAFFIC]
+// reaches B and not A, and so does its fork; the default network
+// reaches both; a denyOut of one address is refused at create (den's
+// policy is an allow list). Then the servers' logs say no blocked
+// request arrived, and den net log shows each sandbox's policy and its
+// dropped packets.
 func TestE2BEgress(t *testing.T) {
 	node, err := exec.LookPath("node")
 	if err != nil {
@@ -74,9 +75,9 @@ func TestE2BEgress(t *testing.T) {
 		log, _ := os.ReadFile(d.logPath)
 		t.Fatalf("the SDK program: %v\ndaemon log:\n%s", err, log)
 	}
-	var ids struct{ Closed, Listed, Open string }
+	var ids struct{ Closed, Listed, Open, Forked string }
 	last := out.String()[strings.LastIndex(out.String(), "RESULT ")+len("RESULT "):]
-	if err := json.Unmarshal([]byte(last), &ids); err != nil || ids.Closed == "" || ids.Listed == "" || ids.Open == "" {
+	if err := json.Unmarshal([]byte(last), &ids); err != nil || ids.Closed == "" || ids.Listed == "" || ids.Open == "" || ids.Forked == "" {
 		t.Fatalf("no RESULT line with the sandboxes: %v %+v", err, ids)
 	}
 
@@ -91,6 +92,7 @@ func TestE2BEgress(t *testing.T) {
 		{wanHostA, ids.Open, true}, {wanHostB, ids.Open, true},
 		{wanHostA, ids.Closed, false}, {wanHostB, ids.Closed, false},
 		{wanHostA, ids.Listed, false}, {wanHostB, ids.Listed, true},
+		{wanHostA, ids.Forked, false}, {wanHostB, ids.Forked, true},
 	} {
 		if strings.Contains(got[c.addr], "/"+c.sandbox+"/") != c.want {
 			t.Errorf("server %s saw %q; a request of %s: want %v", c.addr, got[c.addr], c.sandbox, c.want)
@@ -107,7 +109,8 @@ func TestE2BEgress(t *testing.T) {
 		DeniedPackets uint64   `json:"denied_packets"`
 		Denied        []denied `json:"denied"`
 	}{}
-	for _, id := range []string{ids.Closed, ids.Listed, ids.Open} {
+	all := []string{ids.Closed, ids.Listed, ids.Open, ids.Forked}
+	for _, id := range all {
 		l := logs[id]
 		if err := json.Unmarshal([]byte(d.must("net", "log", id, "--json")), &l); err != nil {
 			t.Fatal(err)
@@ -122,6 +125,7 @@ func TestE2BEgress(t *testing.T) {
 		{ids.Closed, "deny-all", []string{wanHostA, wanHostB}},
 		{ids.Listed, "allow:" + wanHostB, []string{wanHostA}},
 		{ids.Open, "allow-all", nil},
+		{ids.Forked, "allow:" + wanHostB, []string{wanHostA}},
 	} {
 		l := logs[c.id]
 		if l.Egress != c.egress {
@@ -141,7 +145,7 @@ func TestE2BEgress(t *testing.T) {
 			t.Errorf("%s (%s): %d denied packets", c.id, c.egress, l.DeniedPackets)
 		}
 	}
-	for _, id := range []string{ids.Closed, ids.Listed, ids.Open} {
+	for _, id := range all {
 		d.must("rm", "--force", id)
 	}
 }

@@ -9,7 +9,8 @@
 // Makes three sandboxes (allowInternetAccess: false; allowOut [B] with
 // denyOut [ALL_TRAFFIC]; default network) and checks from inside each
 // which server a TCP connection reaches; a denyOut other than
-// ALL_TRAFFIC is refused at create. Leaves the sandboxes running and
+// ALL_TRAFFIC is refused at create; the policy holds after pause and
+// connect, and in a fork. Leaves the sandboxes running and
 // prints their ids on a last line, RESULT {json}, for the Go test to read
 // den's own view of them (den net log) before it removes them. Every
 // request path names the sandbox, so the servers' logs say who got
@@ -94,9 +95,20 @@ step('allowOut [B]: B reached')
 await blocked(listed, hostA, 'listed', 'allowOut [B]')
 
 // The policy holds after the sandbox is paused and resumed (den sleep
-// and wake: a new VMM on the same TAP).
+// and wake: a new VMM on the same TAP), and in a fork.
 await closed.pause()
 const again = await Sandbox.connect(closed.sandboxId, { timeoutMs: 600_000 })
 await blocked(again, hostA, 'closed-resumed', 'allowInternetAccess false, resumed')
 
-console.log('RESULT ' + JSON.stringify({ closed: closed.sandboxId, listed: listed.sandboxId, open: open.sandboxId }))
+// A fork keeps its source's policy: B, not A.
+const forks = await listed.fork({ count: 1, timeoutMs: 600_000 })
+assert.equal(forks.length, 1)
+const forked = forks[0]
+assert.ok(!(forked instanceof Error), `fork: ${forked?.message}`)
+await reaches(forked, hostB, 'forked', 'a fork of allowOut [B]')
+step('a fork of allowOut [B]: B reached')
+await blocked(forked, hostA, 'forked', 'a fork of allowOut [B]')
+
+console.log('RESULT ' + JSON.stringify({
+  closed: closed.sandboxId, listed: listed.sandboxId, open: open.sandboxId, forked: forked.sandboxId,
+}))
