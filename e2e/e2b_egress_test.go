@@ -141,7 +141,8 @@ func TestE2BEgress(t *testing.T) {
 				t.Errorf("%s (%s): a drop to %s:80 in den net log is %v, want %v: %+v", c.id, c.egress, addr, drops[addr+":80"], want, l.Denied)
 			}
 		}
-		if (l.DeniedPackets > 0) != (len(c.blocked) > 0) {
+		// (Only the blocked need drops: a guest may knock elsewhere.)
+		if len(c.blocked) > 0 && l.DeniedPackets == 0 {
 			t.Errorf("%s (%s): %d denied packets", c.id, c.egress, l.DeniedPackets)
 		}
 	}
