@@ -47,6 +47,7 @@ var wireTypes = map[string]struct {
 	"Checkpoint": {v: Checkpoint{}}, "Verification": {v: Verification{}}, "VerifiedFile": {v: VerifiedFile{}},
 	"DiffRequest": {v: DiffRequest{}, request: true}, "Diff": {v: Diff{}}, "DiffChange": {v: DiffChange{}},
 	"DiffFile": {v: DiffFile{}}, "DiffSummary": {v: DiffSummary{}},
+	"RestorePathsRequest": {v: RestorePathsRequest{}, request: true}, "PathsRestored": {v: PathsRestored{}}, "PathAction": {v: PathAction{}},
 	"Trace": {v: Trace{}}, "TraceStep": {v: TraceStep{}}, "NetInfo": {v: NetInfo{}}, "Denied": {v: Denied{}},
 	"URLInfo": {v: URLInfo{}}, "HostVM": {v: HostVM{}}, "HostSummary": {v: HostSummary{}}, "HostEvent": {v: HostEvent{}},
 	"Key": {v: Key{}}, "Token": {v: Token{}}, "AuditRecord": {v: AuditRecord{}},

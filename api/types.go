@@ -88,6 +88,8 @@ type Event struct {
 	Verified []Verification `json:"verified,omitempty"`
 	// Diff is the final result of a diff.
 	Diff *Diff `json:"diff,omitempty"`
+	// PathsRestored is the final result of a paths restore.
+	PathsRestored *PathsRestored `json:"paths_restored,omitempty"`
 	// Saved is, in a restore's final line, the checkpoint that holds the
 	// state before it ("" with no_save).
 	Saved string `json:"saved,omitempty"`

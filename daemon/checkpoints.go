@@ -91,6 +91,29 @@ func (s *Server) restore(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// restorePaths puts paths of the VM back from a checkpoint, in the
+// running guest, streaming progress; the final event says what it did.
+func (s *Server) restorePaths(w http.ResponseWriter, r *http.Request) {
+	var req api.RestorePathsRequest
+	name, ok := s.ownedRequest(w, r, &req)
+	if !ok {
+		return
+	}
+	s.stream(w, r, func(ctx context.Context, progress machine.Progress) (api.Event, error) {
+		ctx, done := s.trace(ctx, name, "restore paths")
+		defer done()
+		res, err := s.m.RestorePaths(ctx, machine.RestorePathsOptions{VM: name, Checkpoint: req.Checkpoint, Paths: req.Paths}, progress)
+		if err != nil {
+			return api.Event{}, err
+		}
+		out := &api.PathsRestored{Saved: res.Saved, Actions: make([]api.PathAction, 0, len(res.Actions))}
+		for _, a := range res.Actions {
+			out.Actions = append(out.Actions, api.PathAction(a))
+		}
+		return api.Event{PathsRestored: out}, nil
+	})
+}
+
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	var req api.ForkRequest
 	src, ok := s.ownedRequest(w, r, &req)

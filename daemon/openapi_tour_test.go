@@ -87,6 +87,7 @@ func TestOpenAPITour(t *testing.T) {
 	// held to its Go type by api's TestOpenAPIWireTypes, and e2e's
 	// TestDiff reads real ones).
 	call("POST", "/v1/vms/box/diff", `{"from":"cp-1","to_vm":"twin","path":"/root/../../etc"}`, 400)
+	call("POST", "/v1/vms/box/restore-paths", `{"checkpoint":"cp-1","paths":["/"]}`, 400)
 	call("DELETE", "/v1/vms/box/checkpoints/cp-2", "", 204)
 	call("POST", "/v1/vms/box/sleep", `{}`, 200)
 	call("POST", "/v1/vms/box/wake", "", 200)

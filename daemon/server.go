@@ -82,6 +82,7 @@ var routes = []route{
 	{"DELETE /v1/vms/{name}/checkpoints/{id}", (*Server).deleteCheckpoint},
 	{"POST /v1/vms/{name}/checkpoints/verify", (*Server).verifyCheckpoints},
 	{"POST /v1/vms/{name}/restore", (*Server).restore},
+	{"POST /v1/vms/{name}/restore-paths", (*Server).restorePaths},
 	{"POST /v1/vms/{name}/fork", (*Server).fork},
 	{"POST /v1/vms/{name}/diff", (*Server).diff},
 	{"POST /v1/vms/{name}/sleep", (*Server).sleep},

@@ -106,6 +106,18 @@ func checkBody(v any) error {
 		if _, err := fsdiff.CleanPrefix(req.Path); err != nil {
 			add(fmt.Errorf("%w: %w", err, validate.ErrInvalid))
 		}
+	case *api.RestorePathsRequest:
+		add(validate.CheckpointID(req.Checkpoint))
+		if len(req.Paths) == 0 || len(req.Paths) > api.MaxRestorePaths {
+			add(fmt.Errorf("give 1 to %d paths: %w", api.MaxRestorePaths, validate.ErrInvalid))
+		}
+		for _, p := range req.Paths {
+			if c, err := fsdiff.CleanPrefix(p); err != nil {
+				add(fmt.Errorf("%w: %w", err, validate.ErrInvalid))
+			} else if c == "/" {
+				add(fmt.Errorf("path %q is the whole disk: restore the VM itself (den restore): %w", p, validate.ErrInvalid))
+			}
+		}
 	case *api.VerifyRequest:
 		if req.Checkpoint != "" {
 			add(validate.CheckpointID(req.Checkpoint))

@@ -243,12 +243,16 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
 	if b.Network != nil && b.Network.AllowPublicTraffic != nil && !*b.Network.AllowPublicTraffic {
 		rec.TrafficToken = newToken()
 	}
+	rec.Egress = egress
 	// The record comes first, so that a sandbox is never without one;
 	// its timeout starts once it runs (the sweeper leaves it alone while
 	// it is made).
 	if err := s.recs.put(id, rec); err != nil {
 		writeAPIError(w, err)
 		return
+	}
+	if src, ok := s.recs.get(srcVM); fromSnapshot && ok {
+		rec.Egress = src.Egress // a fork keeps its source's policy
 	}
 	var vm api.VM
 	if fromSnapshot {
@@ -361,6 +365,8 @@ func (s *Server) detail(vm api.VM, c *caller, withToken bool) sandboxDetail {
 			d.Lifecycle.OnTimeout = "pause"
 		}
 		d.Network = &networkDetail{AllowPublicTraffic: rec.TrafficToken == ""}
+		allow := rec.Egress != "deny-all"
+		d.AllowInternet = &allow
 	}
 	if withToken {
 		d.EnvdAccessToken = c.key

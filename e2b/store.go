@@ -40,6 +40,9 @@ type record struct {
 	// checkpoints), which outlive it as on E2B: its VM stays asleep,
 	// out of E2B's sight but for them, until the last one is deleted.
 	Killed bool `json:"killed,omitempty"`
+	// Egress is the den egress policy its network settings gave ("":
+	// the daemon's default).
+	Egress string `json:"egress,omitempty"`
 	// Making: the sandbox's VM is being made (create, fork); a list
 	// leaves such a record alone for makingGrace though no VM has the
 	// name yet.

@@ -14,7 +14,9 @@ import (
 // symlinked, hard-linked, a large file appended to, a directory replaced
 // by a file), as text and as JSON; against the current state a disk-only
 // checkpoint is taken and named; bad specs, unknown VMs and checkpoints
-// are one-line errors; another user is refused.
+// are one-line errors; another user is refused. Then den restore --path
+// puts /root/p back as at the first checkpoint in the running VM, and
+// leaves a file outside it and a running process alone.
 func TestDiff(t *testing.T) {
 	d := startDaemon(t)
 	d.reachableBy()
@@ -146,5 +148,56 @@ func TestDiff(t *testing.T) {
 	}
 	if out := d.mustAs(alice, "checkpoints", "dbox", "--json"); strings.Contains(out, `"cp-4"`) {
 		t.Errorf("bob's refused diff took a checkpoint: %s", out)
+	}
+
+	// den restore --path: /root/p as at cp-1, in the running VM; a file
+	// outside it and a process stay.
+	sh(`echo stays > /root/outside.txt && (nohup sleep 900 >/dev/null 2>&1 & echo $! > /root/sleeper.pid)`)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"restore", "dbox", "cp-1", "--path", "/"}, "whole disk"},
+		{[]string{"restore", "dbox", "cp-1", "--path", "/root/../etc"}, `".." is not allowed`},
+		{[]string{"restore", "dbox", "cp-9", "--path", "/root/p"}, `vm "dbox" has no checkpoint cp-9`},
+		{[]string{"restore", "dbox", "cp-1", "--path", "/root/p", "--no-save"}, "--path takes neither"},
+	} {
+		_, err := d.runAs(alice, tc.args...)
+		if exitCode(err) == 0 || !strings.Contains(stderrOf(err), tc.want) || strings.Contains(stderrOf(err), "\n") {
+			t.Errorf("den %s: %q; want one line with %q", strings.Join(tc.args, " "), stderrOf(err), tc.want)
+		}
+	}
+	if _, err := d.runAs(bob, "restore", "dbox", "cp-1", "--path", "/root/p"); exitCode(err) == 0 || !strings.Contains(stderrOf(err), `no vm named "dbox"`) {
+		t.Errorf("bob: den restore --path: %v", err)
+	}
+	var put api.PathsRestored
+	out := d.mustAs(alice, "restore", "dbox", "cp-1", "--path", "/root/p", "--json")
+	if err := json.Unmarshal([]byte(out), &put); err != nil {
+		t.Fatalf("restore --path --json: %v\n%s", err, out)
+	}
+	var did []string
+	for _, a := range put.Actions {
+		did = append(did, a.Did+" "+a.Path)
+	}
+	wantDid := []string{
+		"removed /root/p/new.txt", "removed /root/p/new", "removed /root/p/link", "removed /root/p/hard",
+		"rewritten /root/p/big", "restored /root/p/dir", "restored /root/p/dir/a", "restored /root/p/gone.txt",
+		"rewritten /root/p/mod.txt", "restored /root/p/old", "chmod /root/p/s.sh",
+	}
+	if !reflect.DeepEqual(did, wantDid) || put.Saved == "" {
+		t.Errorf("restore --path did (saved %q):\n%s\nwant:\n%s", put.Saved, strings.Join(did, "\n"), strings.Join(wantDid, "\n"))
+	}
+	var left api.Diff
+	if out := d.mustAs(alice, "diff", "dbox@cp-1", "--path", "/root/p", "--json"); json.Unmarshal([]byte(out), &left) != nil || len(left.Changes) != 0 {
+		t.Errorf("a diff with cp-1 after restore --path:\n%s", out)
+	}
+	if back := d.mustAs(alice, "diff", "dbox@cp-1", "dbox@"+put.Saved, "--path", "/root/p", "--stat"); !strings.Contains(back, "/root/p/new.txt") {
+		t.Errorf("the saved checkpoint %s does not hold the state before restore --path:\n%s", put.Saved, back)
+	}
+	if got := d.mustAs(alice, "exec", "dbox", "--", "sh", "-c", `cat /root/outside.txt /root/p/mod.txt && stat -c %a /root/p/s.sh && kill -0 $(cat /root/sleeper.pid) && echo alive`); got != "stays\none\n644\nalive\n" {
+		t.Errorf("after restore --path: %q", got)
+	}
+	if vm := d.info("dbox"); vm.State != "running" {
+		t.Errorf("the vm after restore --path: %s", vm.State)
 	}
 }
