@@ -35,7 +35,7 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request, id string, po
 		writeError(w, http.StatusNotFound, fmt.Sprintf("den: sandbox %q not found (a VM made with den create is reached with den url)", id))
 	}
 	rec, ok := s.recs.get(id)
-	if validate.VMName(id) != nil || !ok || rec.Making || rec.Killed {
+	if validate.VMName(id) != nil || !ok || rec.Making || rec.Killed || rec.Adopted {
 		notFound()
 		return
 	}

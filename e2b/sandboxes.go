@@ -459,7 +459,7 @@ func (s *Server) ensureRecord(vm api.VM) error {
 	if _, ok := s.recs.get(vm.Name); ok {
 		return nil
 	}
-	return s.recs.put(vm.Name, record{Owner: vm.Owner, Template: vm.Image, StartedAt: vm.CreatedAt.UTC()})
+	return s.recs.put(vm.Name, record{Owner: vm.Owner, Template: vm.Image, StartedAt: vm.CreatedAt.UTC(), Adopted: true})
 }
 
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, c *caller) {
