@@ -152,7 +152,7 @@ func TestDiff(t *testing.T) {
 
 	// den restore --path: /root/p as at cp-1, in the running VM; a file
 	// outside it and a process stay.
-	sh(`echo stays > /root/outside.txt && (nohup sleep 900 >/dev/null 2>&1 & echo $! > /root/sleeper.pid)`)
+	sh(`echo stays > /root/outside.txt; sleep 100000 >/dev/null 2>&1 & echo $! > /root/sleeper.pid`)
 	for _, tc := range []struct {
 		args []string
 		want string
