@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -29,14 +28,7 @@ import (
 // request arrived, and den net log shows each sandbox's policy and its
 // dropped packets.
 func TestE2BEgress(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node is not installed (make deps installs nodejs and npm)")
-	}
-	sdkDir := filepath.Join(repoRoot(t), "e2e", "e2bsdk")
-	if _, err := os.Stat(filepath.Join(sdkDir, "node_modules", "e2b", "package.json")); err != nil {
-		t.Fatalf("the e2b SDK is not installed in %s: run make deps (%v)", sdkDir, err)
-	}
+	node, sdkDir := e2bSDK(t)
 	n := newTestNet(t)
 	// Each server logs the paths asked for: /SANDBOX/TAG.
 	var mu sync.Mutex
@@ -51,13 +43,8 @@ func TestE2BEgress(t *testing.T) {
 		}))
 	}
 	d := startNetDaemon(t, n, "--e2b-listen", "127.0.0.1:0")
-	var info struct {
-		E2B string `json:"e2b"`
-	}
 	// The address is the den namespace's loopback: the SDK runs there.
-	if err := json.Unmarshal([]byte(d.must("info", "--json")), &info); err != nil || !strings.HasPrefix(info.E2B, "http://127.0.0.1:") {
-		t.Fatalf("den info: %+v %v", info, err)
-	}
+	e2bURL := e2bAddr(t, d)
 	key := strings.TrimSpace(d.must("tokens", "add", "--user", "den-e2b-egress", "sdk"))
 
 	start := time.Now()
@@ -65,11 +52,11 @@ func TestE2BEgress(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", n.den, node, "egress.mjs")
 	cmd.Dir = sdkDir
-	cmd.Env = append(os.Environ(), "E2B_API_URL="+info.E2B, "E2B_SANDBOX_URL="+info.E2B, "E2B_API_KEY="+key,
+	cmd.Env = append(os.Environ(), "E2B_API_URL="+e2bURL, "E2B_SANDBOX_URL="+e2bURL, "E2B_API_KEY="+key,
 		"DEN_E2B_TEMPLATE=debian", "DEN_E2B_HOST_A="+wanHostA, "DEN_E2B_HOST_B="+wanHostB)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
+	err := cmd.Run()
 	t.Logf("the SDK program (%s):\n%s", time.Since(start).Round(time.Millisecond), out.String())
 	if err != nil {
 		log, _ := os.ReadFile(d.logPath)

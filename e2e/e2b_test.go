@@ -28,22 +28,9 @@ import (
 // pauses.
 // Then bad requests get E2B's error shape and status.
 func TestE2BSDK(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node is not installed (make deps installs nodejs and npm)")
-	}
-	sdkDir := filepath.Join(repoRoot(t), "e2e", "e2bsdk")
-	if _, err := os.Stat(filepath.Join(sdkDir, "node_modules", "e2b", "package.json")); err != nil {
-		t.Fatalf("the e2b SDK is not installed in %s: run make deps (%v)", sdkDir, err)
-	}
+	node, sdkDir := e2bSDK(t)
 	d := startDaemonIn(t, func(string) []string { return []string{"--e2b-listen", "127.0.0.1:0"} })
-	var info struct {
-		E2B string `json:"e2b"`
-	}
-	if err := json.Unmarshal([]byte(d.must("info", "--json")), &info); err != nil || !strings.HasPrefix(info.E2B, "http://127.0.0.1:") {
-		t.Fatalf("den info: %+v %v", info, err)
-	}
-	base := info.E2B
+	base := e2bAddr(t, d)
 	alice := strings.TrimSpace(d.must("tokens", "add", "--user", "den-e2b-alice", "sdk"))
 	bob := strings.TrimSpace(d.must("tokens", "add", "--user", "den-e2b-bob", "other"))
 
@@ -55,7 +42,7 @@ func TestE2BSDK(t *testing.T) {
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	timer := time.AfterFunc(10*time.Minute, func() { _ = cmd.Process.Kill() })
-	err = cmd.Run()
+	err := cmd.Run()
 	timer.Stop()
 	t.Logf("the SDK program (%s):\n%s", time.Since(start).Round(time.Millisecond), out.String())
 	if err != nil {
@@ -122,4 +109,30 @@ func TestE2BSDK(t *testing.T) {
 			t.Errorf("%s %s: %s %s (want %d saying %q)", c.method, c.path, resp.Status, data, c.status, c.says)
 		}
 	}
+}
+
+// e2bSDK is node and the folder of the pinned e2b SDK (e2e/e2bsdk); the
+// test is skipped without node, and fails without the SDK.
+func e2bSDK(t *testing.T) (node, dir string) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node is not installed (make deps installs nodejs and npm)")
+	}
+	dir = filepath.Join(repoRoot(t), "e2e", "e2bsdk")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json")); err != nil {
+		t.Fatalf("the e2b SDK is not installed in %s: run make deps (%v)", dir, err)
+	}
+	return node, dir
+}
+
+// e2bAddr is the daemon's --e2b-listen URL (on its loopback), from den
+// info.
+func e2bAddr(t *testing.T, d *daemon) string {
+	var info struct {
+		E2B string `json:"e2b"`
+	}
+	if err := json.Unmarshal([]byte(d.must("info", "--json")), &info); err != nil || !strings.HasPrefix(info.E2B, "http://127.0.0.1:") {
+		t.Fatalf("den info: %+v %v", info, err)
+	}
+	return info.E2B
 }
