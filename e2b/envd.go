@@ -245,11 +245,11 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, c *caller) {
 			return false
 		}
 		_, err = f.ReadFrom(data)
+		if err == nil && (acct.uid != 0 || acct.gid != 0) {
+			err = f.Chown(acct.uid, acct.gid) // the file opened, not a symlink's target
+		}
 		if cerr := f.Close(); err == nil {
 			err = cerr
-		}
-		if err == nil {
-			err = acct.own(fs, p)
 		}
 		if err != nil {
 			writeError(w, http.StatusInternalServerError, fmt.Sprintf("den: writing %s: %v", p, err))

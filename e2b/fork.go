@@ -69,7 +69,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, c *caller) {
 	for range count {
 		nid := newID()
 		rec := record{Owner: c.user, Template: src.Template, Metadata: src.Metadata, EnvVars: src.EnvVars,
-			StartedAt: time.Now().UTC(), AutoPause: src.AutoPause, AutoResume: src.AutoResume, Making: true, Egress: src.Egress}
+			StartedAt: time.Now().UTC(), AutoPause: src.AutoPause, AutoResume: src.AutoResume, Making: true, Made: true, Egress: src.Egress}
 		if src.TrafficToken != "" {
 			rec.TrafficToken = newToken()
 		}

@@ -35,7 +35,7 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request, id string, po
 		writeError(w, http.StatusNotFound, fmt.Sprintf("den: sandbox %q not found (a VM made with den create is reached with den url)", id))
 	}
 	rec, ok := s.recs.get(id)
-	if validate.VMName(id) != nil || !ok || rec.Making || rec.Killed || rec.Adopted {
+	if validate.VMName(id) != nil || !ok || rec.Making || rec.Killed || !rec.Made {
 		notFound()
 		return
 	}
@@ -50,7 +50,7 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request, id string, po
 	cl := s.cfg.As(rec.Owner)
 	defer cl.CloseIdle()
 	vm, err := cl.GetVM(r.Context(), id)
-	if errors.Is(err, api.ErrNotFound) || err == nil && vm.Owner != rec.Owner {
+	if errors.Is(err, api.ErrNotFound) || err == nil && (vm.Owner != rec.Owner || !sameVM(vm, rec)) {
 		notFound()
 		return
 	}

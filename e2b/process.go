@@ -51,6 +51,9 @@ type proc struct {
 	// was paused or slept): it runs on in the guest (the agent keeps it),
 	// unfollowed; it is listed until it is found gone, and can be killed.
 	detached bool
+	// gone: its sandbox was killed (forget): it is neither detached nor
+	// logged when its connection ends.
+	gone bool
 }
 
 // isDetached reads detached.
@@ -128,6 +131,9 @@ func (ps *processes) forget(sandbox string) {
 	delete(ps.procs, sandbox)
 	ps.mu.Unlock()
 	for _, p := range procs {
+		p.mu.Lock()
+		p.gone = true
+		p.mu.Unlock()
 		p.g.Close()
 	}
 }
@@ -325,7 +331,7 @@ func (s *Server) startProcess(ctx context.Context, req *connect.Request[startReq
 		// Relative to the user's home, which the guest resolves.
 		ereq.Dir = ""
 		rel := strings.TrimPrefix(strings.TrimPrefix(ptrOr(in.Process.Cwd), "~"), "/")
-		line = "cd ~" + user + "/" + agent.QuoteCommand([]string{rel}) + " || exit 1; " + line
+		ereq.CmdLine = "cd ~" + user + "/" + agent.QuoteCommand([]string{rel}) + " || exit 1; " + line
 	} else if ereq.Dir != "" {
 		ereq.Dir = path.Clean(ereq.Dir)
 	}
@@ -352,6 +358,16 @@ func (s *Server) startProcess(ctx context.Context, req *connect.Request[startReq
 		onPID(0)
 		end := &endEvent{ExitCode: int32(status), Exited: err == nil, Status: fmt.Sprintf("exit status %d", status)}
 		level := "info"
+		p.mu.Lock()
+		gone := p.gone
+		p.mu.Unlock()
+		if err != nil && p.pid != 0 && gone {
+			msg := "den: the sandbox was killed"
+			end.Error, end.Status, end.Exited = &msg, "killed", false
+			p.emit(&processEvent{End: end})
+			g.Close()
+			return
+		}
 		if err != nil && p.pid != 0 {
 			// The connection ended before the process: it runs on.
 			msg := "den: the sandbox's connection ended (it was paused or slept): the process runs on, its output no longer followed"
@@ -591,6 +607,15 @@ func (s *Server) sendSignal(ctx context.Context, req *connect.Request[sendSignal
 	p, err := s.procs.find(id, req.Msg.Process)
 	if err != nil {
 		return nil, err
+	}
+	if p.isDetached() {
+		// Alive still? (Its pid may be another's by now.)
+		if err := s.pruneDetached(ctx, c, id); err != nil {
+			return nil, err
+		}
+		if p, err = s.procs.find(id, req.Msg.Process); err != nil {
+			return nil, err
+		}
 	}
 	sig := req.Msg.Signal.Number
 	if req.Msg.Signal.Name != "" {

@@ -239,7 +239,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
 	}
 	id := newID()
 	rec := record{Owner: c.user, Template: b.TemplateID, Metadata: b.Metadata, EnvVars: b.EnvVars,
-		StartedAt: time.Now().UTC(), AutoPause: b.AutoPause, AutoResume: b.AutoResume != nil && b.AutoResume.Enabled, Making: true}
+		StartedAt: time.Now().UTC(), AutoPause: b.AutoPause, AutoResume: b.AutoResume != nil && b.AutoResume.Enabled, Making: true, Made: true}
 	if b.Network != nil && b.Network.AllowPublicTraffic != nil && !*b.Network.AllowPublicTraffic {
 		rec.TrafficToken = newToken()
 	}
@@ -365,8 +365,10 @@ func (s *Server) detail(vm api.VM, c *caller, withToken bool) sandboxDetail {
 			d.Lifecycle.OnTimeout = "pause"
 		}
 		d.Network = &networkDetail{AllowPublicTraffic: rec.TrafficToken == ""}
-		allow := rec.Egress != "deny-all"
-		d.AllowInternet = &allow
+		if rec.Egress != "" {
+			allow := rec.Egress != "deny-all"
+			d.AllowInternet = &allow
+		}
 	}
 	if withToken {
 		d.EnvdAccessToken = c.key
@@ -459,7 +461,7 @@ func (s *Server) ensureRecord(vm api.VM) error {
 	if _, ok := s.recs.get(vm.Name); ok {
 		return nil
 	}
-	return s.recs.put(vm.Name, record{Owner: vm.Owner, Template: vm.Image, StartedAt: vm.CreatedAt.UTC(), Adopted: true})
+	return s.recs.put(vm.Name, record{Owner: vm.Owner, Template: vm.Image, StartedAt: vm.CreatedAt.UTC()})
 }
 
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, c *caller) {

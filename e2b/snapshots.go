@@ -62,6 +62,10 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, c *calle
 		writeError(w, http.StatusBadRequest, "den: bad snapshot name: at most 200 characters on one line")
 		return
 	}
+	if strings.HasPrefix(b.Name, forkComment) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("den: bad snapshot name %q: names starting %q mark the checkpoints forks take", b.Name, forkComment))
+		return
+	}
 	if _, ok := s.vm(w, r, c, id); !ok {
 		return
 	}

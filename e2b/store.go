@@ -40,10 +40,11 @@ type record struct {
 	// checkpoints), which outlive it as on E2B: its VM stays asleep,
 	// out of E2B's sight but for them, until the last one is deleted.
 	Killed bool `json:"killed,omitempty"`
-	// Adopted: the VM was made outside E2B (den create) and given a
-	// record when an E2B call first touched it. Its ports are not served
-	// on the E2B address (den url reaches them, with den's own rules).
-	Adopted bool `json:"adopted,omitempty"`
+	// Made: the VM was made through E2B (create, fork, a snapshot). Only
+	// such a sandbox's ports are served on the E2B address; a VM made
+	// with den create keeps den's own rules for them (den url), even
+	// once an E2B call gave it a record.
+	Made bool `json:"made,omitempty"`
 	// Egress is the den egress policy its network settings gave ("":
 	// the daemon's default).
 	Egress string `json:"egress,omitempty"`

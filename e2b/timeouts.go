@@ -35,7 +35,7 @@ func (s *Server) end(ctx context.Context, id string, rec record) {
 		s.log.Warn("e2b: timeout: vm", "sandbox", id, "err", err)
 		return
 	}
-	if d := vm.CreatedAt.Sub(rec.StartedAt); !rec.StartedAt.IsZero() && (d > time.Second || d < -time.Second) {
+	if !sameVM(vm, rec) {
 		// Another VM of the name (removed and made again outside E2B):
 		// the record was the old one's.
 		_ = s.recs.remove(id)
@@ -82,6 +82,13 @@ func (s *Server) paused(id string) {
 	if _, _, err := s.recs.update(id, func(r *record) { r.EndAt, r.Paused = time.Time{}, true }); err != nil {
 		s.log.Warn("e2b: record", "sandbox", id, "err", err)
 	}
+}
+
+// sameVM: rec is vm's record, not one left by an earlier VM of the name
+// (removed and made again outside E2B).
+func sameVM(vm api.VM, rec record) bool {
+	d := vm.CreatedAt.Sub(rec.StartedAt)
+	return rec.StartedAt.IsZero() || d <= time.Second && d >= -time.Second
 }
 
 func (s *Server) clearEnd(id string) {

@@ -139,7 +139,8 @@ func asUser(user string, inHome bool) string {
 	if inHome {
 		cd = `cd "$h" || exit 1; `
 	}
-	return fmt.Sprintf(`u=%s; h=$(getent passwd "$u" | cut -d: -f6); `+
-		`[ -n "$h" ] || { echo "den: no user $u in the sandbox (useradd makes one)" >&2; exit 1; }; %s`+
+	return fmt.Sprintf(`u=%s; h=$(awk -F: -v u="$u" '$1 == u { print $6 }' /etc/passwd); `+
+		`[ -n "$h" ] || { echo "den: no user $u in the sandbox (useradd makes one)" >&2; exit 1; }; `+
+		`command -v setpriv >/dev/null || { echo "den: running as $u needs setpriv (util-linux) in the sandbox" >&2; exit 127; }; %s`+
 		`exec setpriv --reuid="$u" --regid="$(id -g "$u")" --init-groups env HOME="$h" USER="$u" LOGNAME="$u" `, user, cd)
 }

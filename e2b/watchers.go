@@ -179,6 +179,13 @@ func (s *Server) createWatcher(ctx context.Context, req *connect.Request[createW
 			failed := w.err != nil
 			w.mu.Unlock()
 			if failed {
+				// Kept for a GetWatcherEvents to say why, until it goes
+				// as an idle one does.
+				select {
+				case <-wctx.Done():
+				case <-time.After(watcherIdle):
+					s.watches.take(sandbox, id)
+				}
 				return
 			}
 			before = after
@@ -201,6 +208,10 @@ func (s *Server) watcherEvents(ctx context.Context, req *connect.Request[watcher
 	events, werr := w.events, w.err
 	w.events, w.asked = nil, time.Now()
 	w.mu.Unlock()
+	if werr != nil && len(events) > 0 {
+		// What it saw first; why it stopped on the next call.
+		return connect.NewResponse(&watcherEventsResponse{Events: events}), nil
+	}
 	if werr != nil {
 		s.watches.take(id, req.Msg.WatcherID)
 		w.stop()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/denhq/den/fsdiff"
 	"github.com/denhq/den/pathrestore"
@@ -49,6 +51,7 @@ func (m *Manager) RestorePaths(ctx context.Context, o RestorePathsOptions, progr
 		}
 		prefixes = append(prefixes, prefix)
 	}
+	prefixes = pathrestore.Prefixes(prefixes)
 	var changes []fsdiff.Change
 	for _, prefix := range prefixes {
 		d, err := m.Diff(ctx, DiffOptions{FromVM: o.VM, From: o.Checkpoint, ToVM: o.VM, To: res.Saved, Options: fsdiff.Options{Prefix: prefix}}, progress)
@@ -88,8 +91,17 @@ func (m *Manager) RestorePaths(ctx context.Context, o RestorePathsOptions, progr
 		return res, fmt.Errorf("restore paths of vm %q: %w", o.VM, err)
 	}
 	defer fs.Close()
+	slices.SortFunc(changes, func(a, b fsdiff.Change) int { return strings.Compare(a.Path, b.Path) })
+	for _, prefix := range prefixes {
+		acts, err := pathrestore.Parents(fs, mnt.Root, prefix)
+		res.Actions = append(res.Actions, acts...)
+		if err != nil {
+			return res, fmt.Errorf("restore paths of vm %q from %s (the state before is %s): %w", o.VM, o.Checkpoint, res.Saved, err)
+		}
+	}
 	progress(fmt.Sprintf("putting back %d path(s) from %s", len(changes), o.Checkpoint))
-	res.Actions, err = pathrestore.Apply(ctx, fs, mnt.Root, changes)
+	acts, err := pathrestore.Apply(ctx, fs, mnt.Root, changes)
+	res.Actions = append(res.Actions, acts...)
 	if err != nil {
 		return res, fmt.Errorf("restore paths of vm %q from %s (after %d change(s); the state before is %s): %w", o.VM, o.Checkpoint, len(res.Actions), res.Saved, err)
 	}

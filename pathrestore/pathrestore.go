@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/pkg/sftp"
 
@@ -247,4 +248,62 @@ func (c ctxReader) Read(b []byte) (int, error) {
 		return 0, err
 	}
 	return c.r.Read(b)
+}
+
+// Parents makes sure each directory above prefix is one in the guest:
+// one the guest lost is made again as the checkpoint (mounted at root)
+// holds it; one that is no directory now (a symlink, a file) is refused,
+// since writing under it would write elsewhere.
+func Parents(g *sftp.Client, root, prefix string) ([]Action, error) {
+	var acts []Action
+	var above []string
+	for d := path.Dir(prefix); d != "/" && d != "."; d = path.Dir(d) {
+		above = append(above, d)
+	}
+	slices.Reverse(above)
+	for _, d := range above {
+		fi, err := g.Lstat(d)
+		if err == nil {
+			if !fi.IsDir() {
+				return acts, fmt.Errorf("%s in the VM is not a directory (%s): putting %s back would write through it; put %s back first", d, fi.Mode().Type(), prefix, d)
+			}
+			continue
+		}
+		if !os.IsNotExist(err) {
+			return acts, fmt.Errorf("%s in the VM: %w", d, err)
+		}
+		hi, err := os.Lstat(filepath.Join(root, filepath.FromSlash(d)))
+		if err != nil || !hi.IsDir() {
+			return acts, fmt.Errorf("%s is in neither the VM nor the checkpoint as a directory", d)
+		}
+		st, ok := hi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return acts, fmt.Errorf("%s in the checkpoint: no owner", d)
+		}
+		f := &fsdiff.File{Type: fsdiff.TypeDir, Mode: strconv.FormatUint(uint64(st.Mode&0o7777), 8), UID: st.Uid, GID: st.Gid}
+		if _, _, err := create(context.Background(), g, root, d, f); err != nil {
+			return acts, err
+		}
+		acts = append(acts, Action{Path: d, Did: Restored})
+	}
+	return acts, nil
+}
+
+// Prefixes makes a set of paths to put back: sorted, each once, none
+// under another.
+func Prefixes(paths []string) []string {
+	out := slices.Clone(paths)
+	slices.Sort(out)
+	out = slices.Compact(out)
+	kept := out[:0]
+	for _, p := range out {
+		if len(kept) > 0 {
+			last := kept[len(kept)-1]
+			if p == last || strings.HasPrefix(p, strings.TrimSuffix(last, "/")+"/") {
+				continue
+			}
+		}
+		kept = append(kept, p)
+	}
+	return kept
 }

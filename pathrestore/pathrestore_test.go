@@ -5,6 +5,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/pkg/sftp"
@@ -144,5 +146,38 @@ func TestApply(t *testing.T) {
 		if len(e.Name()) > len(tmpPrefix) && e.Name()[:len(tmpPrefix)] == tmpPrefix {
 			t.Errorf("a temporary file is left: %s", e.Name())
 		}
+	}
+}
+
+func TestPrefixes(t *testing.T) {
+	got := Prefixes([]string{"/a/b", "/a", "/c", "/a", "/ab", "/c/d/e"})
+	if want := []string{"/a", "/ab", "/c"}; !slices.Equal(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// TestParents: a directory above the path that the guest lost is made
+// again from the checkpoint; one that is now a symlink is refused.
+func TestParents(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("chown needs root")
+	}
+	ckpt, guest := t.TempDir(), t.TempDir()
+	put(t, filepath.Join(ckpt, guest, "gone", "deeper", "p", "f"), "x", 0o644)
+	os.Chmod(filepath.Join(ckpt, guest, "gone"), 0o750)
+	g := sftpClient(t)
+	acts, err := Parents(g, ckpt, filepath.Join(guest, "gone", "deeper", "p"))
+	if err != nil || len(acts) != 2 || acts[0].Path != filepath.Join(guest, "gone") || acts[1].Did != Restored {
+		t.Fatalf("parents: %+v %v", acts, err)
+	}
+	if fi, err := os.Stat(filepath.Join(guest, "gone")); err != nil || fi.Mode().Perm() != 0o750 {
+		t.Errorf("made again: %v %v", fi, err)
+	}
+	if err := os.Symlink("/etc", filepath.Join(guest, "link")); err != nil {
+		t.Fatal(err)
+	}
+	put(t, filepath.Join(ckpt, guest, "link", "p", "f"), "x", 0o644)
+	if _, err := Parents(g, ckpt, filepath.Join(guest, "link", "p")); err == nil || !strings.Contains(err.Error(), "not a directory") {
+		t.Errorf("a symlink above the path: %v", err)
 	}
 }

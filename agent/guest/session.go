@@ -229,7 +229,7 @@ func (ss *session) setProc(p *running) {
 	ss.proc = p
 	hung := ss.hungUp
 	ss.mu.Unlock()
-	if hung {
+	if hung && !ss.keep {
 		ss.hangupProc(p)
 	}
 }
