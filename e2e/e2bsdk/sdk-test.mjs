@@ -14,6 +14,9 @@ import {
 const template = process.env.DEN_E2B_TEMPLATE || 'debian'
 const other = process.env.DEN_E2B_OTHER_KEY
 const t0 = Date.now()
+// A create or fork boots or restores a TCG guest: on a loaded 2-core
+// host it may take longer than the SDK's default request timeout.
+const slow = 300_000
 const step = (what) => console.log(`[${((Date.now() - t0) / 1000).toFixed(1)}s] ${what}`)
 
 async function rejects(p, check, what) {
@@ -74,7 +77,7 @@ async function until(within, cond, what) {
 
 step(`create from template ${template}`)
 const sbx = await Sandbox.create(template, {
-  timeoutMs: 600_000, metadata: { suite: 'den-e2e', run: String(t0) }, envs: { GREETING: 'hello' },
+  timeoutMs: 600_000, requestTimeoutMs: slow, metadata: { suite: 'den-e2e', run: String(t0) }, envs: { GREETING: 'hello' },
 })
 step(`created ${sbx.sandboxId}`)
 
@@ -262,7 +265,7 @@ step('list, getInfo, setTimeout')
 // /dev/shm (memory only) is still there, and a background process runs on.
 await sbx.files.write('/dev/shm/kept', 'in memory')
 const bg = await sbx.commands.run('while :; do date +%s%N > /dev/shm/beat; echo beat; sleep 0.2; done', { background: true })
-assert.equal(await sbx.pause(), true)
+assert.equal(await sbx.pause({ requestTimeoutMs: slow }), true)
 got = await Sandbox.getInfo(sbx.sandboxId)
 assert.equal(got.state, 'paused')
 assert.equal(await sbx.isRunning(), false)
@@ -278,7 +281,7 @@ await rejects(sbx.files.read('/dev/shm/kept'), (e) => /is paused/.test(e.message
 assert.equal((await getVia(host, '/')).status, 409)
 assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
 step('paused')
-const resumed = await Sandbox.connect(sbx.sandboxId)
+const resumed = await Sandbox.connect(sbx.sandboxId, { requestTimeoutMs: slow })
 assert.equal(await resumed.isRunning(), true)
 assert.equal((await resumed.commands.run('cat /dev/shm/kept')).stdout, 'in memory')
 // The background process: alive, beating (its output now dropped),
@@ -294,7 +297,7 @@ step('connected: /dev/shm kept, a background process ran on')
 
 // Fork with a count: each fork has the source's memory (the file in
 // /dev/shm) and disk, and a hostname and address of its own.
-const forks = await resumed.fork({ count: 4, timeoutMs: 300_000 })
+const forks = await resumed.fork({ count: 4, timeoutMs: 300_000, requestTimeoutMs: slow })
 assert.equal(forks.length, 4)
 for (const f of forks) assert.ok(!(f instanceof Error), `fork: ${f?.message}`)
 const ids = new Set([sbx.sandboxId])
@@ -315,7 +318,7 @@ const snap = await resumed.createSnapshot({ name: 'den-e2e-snap' })
 assert.match(snap.snapshotId, new RegExp(`^${resumed.sandboxId}@cp-[0-9]+$`))
 const snaps = await Sandbox.listSnapshots({ sandboxId: resumed.sandboxId }).nextItems()
 assert.ok(snaps.some((s) => s.snapshotId === snap.snapshotId && s.names.includes('den-e2e-snap')), JSON.stringify(snaps))
-const fromSnap = await Sandbox.create(snap.snapshotId, { timeoutMs: 300_000 })
+const fromSnap = await Sandbox.create(snap.snapshotId, { timeoutMs: 300_000, requestTimeoutMs: slow })
 assert.equal((await fromSnap.commands.run('cat /dev/shm/kept')).stdout, 'in memory')
 assert.equal((await Sandbox.getInfo(fromSnap.sandboxId)).templateId, snap.snapshotId)
 await fromSnap.kill()
@@ -342,7 +345,7 @@ assert.equal(await Sandbox.kill(sbx.sandboxId), false)
 listed = await Sandbox.list({ query: { metadata: { suite: 'den-e2e' } } }).nextItems()
 assert.equal(listed.length, 0)
 await rejects(resumed.commands.run('true'), (e) => e instanceof SandboxNotFoundError || /not found/.test(e.message), 'a command in a killed sandbox')
-const fromKept = await Sandbox.create(kept.snapshotId, { timeoutMs: 300_000 })
+const fromKept = await Sandbox.create(kept.snapshotId, { timeoutMs: 300_000, requestTimeoutMs: slow })
 assert.equal((await fromKept.commands.run('cat /dev/shm/kept')).stdout, 'in memory')
 await fromKept.kill()
 assert.ok((await Sandbox.listSnapshots({ sandboxId: resumed.sandboxId }).nextItems()).some((s) => s.snapshotId === kept.snapshotId))
@@ -361,7 +364,7 @@ step('errors')
 // ports with its traffic token (none without) brings it back, with its
 // timeout again, and so does a file call.
 const short = await Sandbox.create(process.env.DEN_E2B_SHORT_TEMPLATE || 'base', {
-  timeoutMs: 3_000, lifecycle: { onTimeout: 'pause', autoResume: true }, network: { allowPublicTraffic: false }, metadata: { suite: 'den-e2e' },
+  requestTimeoutMs: slow, timeoutMs: 3_000, lifecycle: { onTimeout: 'pause', autoResume: true }, network: { allowPublicTraffic: false }, metadata: { suite: 'den-e2e' },
 })
 assert.ok(short.trafficAccessToken, 'a traffic access token')
 got = await Sandbox.getInfo(short.sandboxId)
