@@ -7,6 +7,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,6 +38,12 @@ type Options struct {
 	// ScaleOnly measures only a host with many sleeping VMs
 	// (sleepers.go).
 	ScaleOnly bool
+	// E2BOnly measures only the E2B figures: the official e2b SDK
+	// against the daemon's --e2b-listen beside den's own path (e2b.go).
+	E2BOnly bool
+	// E2BSDK is the directory of bench.mjs and the SDK's node_modules
+	// (default e2e/e2bsdk).
+	E2BSDK string
 	// Breakdown adds each timed operation's steps, as the daemon
 	// traced them (breakdown.go).
 	Breakdown bool
@@ -58,7 +65,9 @@ type Figure struct {
 	Median  float64   `json:"median"`
 	Min     float64   `json:"min"`
 	Max     float64   `json:"max"`
-	Note    string    `json:"note,omitempty"`
+	// P99 is the 99th percentile (nearest rank), where a mode takes it.
+	P99  float64 `json:"p99,omitempty"`
+	Note string  `json:"note,omitempty"`
 }
 
 // Result is a whole run.
@@ -111,6 +120,18 @@ func stats(xs []float64) (med, lo, hi float64) {
 	return med, s[0], s[n-1]
 }
 
+// percentile is the p-th percentile of xs by nearest rank (with fewer
+// than 100 samples, p99 is the largest).
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	i := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
 // find returns the median of a figure, 0 if absent.
 func (r *Result) find(name, vmmName, mem string) float64 {
 	for _, f := range r.Figures {
@@ -143,6 +164,7 @@ func (r *Result) ratios() {
 			put("(wake - vmm floor)(2 GiB) / (wake - vmm floor)(512 MiB), in turn",
 				r.find(wakeInTurn, v, "2G")-f2, r.find(wakeInTurn, v, "512M")-f5)
 		}
+		r.e2bRatios(v, put)
 		if v == "qemu" {
 			// Issue 15's goals: den's operations against the VMM's own floor.
 			floor := r.find(floorName, v, "512M")
@@ -191,10 +213,23 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if o.Image == "" {
 		o.Image = "minimal"
 	}
+	if o.E2BOnly {
+		if o.E2BSDK == "" {
+			o.E2BSDK = filepath.Join("e2e", "e2bsdk")
+		}
+		// Before any daemon: node or the SDK missing is one line.
+		if _, _, err := E2BCheck(o.E2BSDK); err != nil {
+			return Result{}, err
+		}
+	}
 	if o.Runs <= 0 {
-		o.Runs = 5
-		if o.Quick {
+		switch {
+		case o.E2BOnly:
+			o.Runs = 20 // p99 over at least 20 runs, --quick or not
+		case o.Quick:
 			o.Runs = 3
+		default:
+			o.Runs = 5
 		}
 	}
 	if o.Progress == nil {
@@ -207,11 +242,15 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if len(vmms) == 0 {
 		vmms = available()
 	}
-	for _, v := range variants(vmms, o.Quick) {
+	vs := variants(vmms, o.Quick)
+	if o.E2BOnly {
+		vs = e2bVariants(vmms)
+	}
+	for _, v := range vs {
 		// The figures set against the VMM's floor, which is sampled
 		// between them (floor.go).
 		var fl *floor
-		if v.name == "qemu" && !o.NetworkOnly && !o.ScaleOnly {
+		if v.name == "qemu" && !o.NetworkOnly && !o.ScaleOnly && !o.E2BOnly {
 			var err error
 			if fl, err = newFloor(ctx, o, mainFloor, o.Progress); err != nil {
 				return res, fmt.Errorf("bench: %w", err)
@@ -238,9 +277,12 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			res.VMMs[v.name] = d.version
 		}
 		var figs []Figure
-		if o.ScaleOnly {
+		switch {
+		case o.ScaleOnly:
 			figs, err = d.sleepers(ctx, o, v, info.Accel, nil, func(s string) { o.Progress(v.name + ": " + s) })
-		} else {
+		case o.E2BOnly:
+			figs, err = d.e2b(ctx, o, info.Accel, func(s string) { o.Progress(v.name + ": " + s) })
+		default:
 			figs, err = d.runAll(ctx, o, v, info.Accel)
 		}
 		res.Figures = append(res.Figures, figs...)
@@ -259,7 +301,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			return res, fmt.Errorf("bench %s: %w", v.name, err)
 		}
 	}
-	if slices.Contains(vmms, "qemu") && !o.ScaleOnly {
+	if slices.Contains(vmms, "qemu") && !o.ScaleOnly && !o.E2BOnly {
 		figs, err := networkFigures(ctx, o, o.Progress)
 		res.Figures = append(res.Figures, figs...)
 		if err != nil && o.NetworkOnly {
@@ -313,6 +355,16 @@ func variants(vmms []string, quick bool) []variant {
 		case "cloud-hypervisor":
 			out = append(out, variant{name: "cloud-hypervisor, Copy restore", vmm: v, flags: []string{"--restore-copy"}, compare: true})
 		}
+	}
+	return out
+}
+
+// e2bVariants are the E2B mode's daemons: each VMM as den runs it, with
+// E2B's API on a free loopback port.
+func e2bVariants(vmms []string) []variant {
+	var out []variant
+	for _, v := range vmms {
+		out = append(out, variant{name: v, vmm: v, flags: []string{"--e2b-listen", "127.0.0.1:0"}})
 	}
 	return out
 }

@@ -40,10 +40,11 @@ func WriteTable(w io.Writer, r Result) error {
 	}
 	fmt.Fprintf(w, "  kvm: %s\n\n", r.Machine.KVM)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "figure\tvmm\taccel\tguest\tmedian\tmin\tmax\t")
+	p99 := hasP99(r)
+	fmt.Fprintln(tw, "figure\tvmm\taccel\tguest\tmedian\tmin\tmax\t"+p99Cell(p99, "p99\t"))
 	for _, f := range r.Figures {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", f.Name, f.VMM, f.Accel, f.Memory,
-			format(f.Median, f.Unit), format(f.Min, f.Unit), format(f.Max, f.Unit))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Name, f.VMM, f.Accel, f.Memory,
+			format(f.Median, f.Unit), format(f.Min, f.Unit), format(f.Max, f.Unit), p99Cell(p99, format(f.P99, f.Unit)+"\t"))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -60,6 +61,25 @@ func WriteTable(w io.Writer, r Result) error {
 		}
 	}
 	return nil
+}
+
+// hasP99 is whether any figure has a p99 (the tables then have its
+// column).
+func hasP99(r Result) bool {
+	for _, f := range r.Figures {
+		if f.P99 != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// p99Cell is cell when the table has a p99 column, else "".
+func p99Cell(on bool, cell string) string {
+	if on {
+		return cell
+	}
+	return ""
 }
 
 func format(v float64, unit string) string {
@@ -86,10 +106,12 @@ func Markdown(r Result) string {
 	for v, ver := range r.VMMs {
 		fmt.Fprintf(&b, "- %s: %s\n", v, ver)
 	}
-	b.WriteString("\n| figure | vmm | accel | guest | median | min | max |\n|---|---|---|---|---:|---:|---:|\n")
+	p99 := hasP99(r)
+	b.WriteString("\n| figure | vmm | accel | guest | median | min | max |" + p99Cell(p99, " p99 |") +
+		"\n|---|---|---|---|---:|---:|---:|" + p99Cell(p99, "---:|") + "\n")
 	for _, f := range r.Figures {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", f.Name, f.VMM, f.Accel, f.Memory,
-			format(f.Median, f.Unit), format(f.Min, f.Unit), format(f.Max, f.Unit))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |%s\n", f.Name, f.VMM, f.Accel, f.Memory,
+			format(f.Median, f.Unit), format(f.Min, f.Unit), format(f.Max, f.Unit), p99Cell(p99, " "+format(f.P99, f.Unit)+" |"))
 	}
 	if len(r.Ratios) > 0 {
 		b.WriteString("\n| ratio | value |\n|---|---:|\n")

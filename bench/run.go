@@ -170,7 +170,8 @@ func (d *daemon) exec(ctx context.Context, name, cmd string) (string, error) {
 	return out.String(), err
 }
 
-// firstOutput times a command until its first byte of output.
+// firstOutput times a command until its first byte of output; the end
+// of ctx ends the session.
 func (d *daemon) firstOutput(ctx context.Context, name string) (time.Duration, error) {
 	start := time.Now()
 	sc, err := d.client.SSH(ctx, name)
@@ -178,6 +179,7 @@ func (d *daemon) firstOutput(ctx context.Context, name string) (time.Duration, e
 		return 0, err
 	}
 	defer sc.Close()
+	defer context.AfterFunc(ctx, func() { _ = sc.Close() })()
 	sess, err := sc.NewSession()
 	if err != nil {
 		return 0, err

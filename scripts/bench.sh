@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# make bench: den's headline figures (den bench), then the storage
-# figures, with each operation's steps (--breakdown). BENCH_ARGS passes
-# more options to den bench (e.g. --quick).
+# make bench: den's headline figures (den bench), with each operation's
+# steps (--breakdown), then the official e2b SDK against den's own path
+# (den bench --e2b), then the storage figures. BENCH_ARGS passes more
+# options to den bench (e.g. --quick), BENCH_E2B_ARGS to den bench --e2b
+# (e.g. --runs 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then
@@ -11,6 +13,8 @@ fi
 export DEN_JUICEFS="$PWD/bin/juicefs"
 # shellcheck disable=SC2086
 bin/den bench --breakdown ${BENCH_ARGS:-}
+# shellcheck disable=SC2086
+bin/den bench --e2b ${BENCH_E2B_ARGS:-}
 if [ -x scripts/bench-storage.sh ]; then
 	scripts/bench-storage.sh
 fi
