@@ -86,9 +86,9 @@ func startDaemon(ctx context.Context, o Options, v variant) (*daemon, error) {
 			break
 		}
 		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(dir, "daemon.log")) // before stop removes it
 			d.stop()
-			log, _ := os.ReadFile(filepath.Join(dir, "daemon.log"))
-			return nil, fmt.Errorf("daemon did not start: %s", log)
+			return nil, fmt.Errorf("daemon did not start: %s", tail(log, 2000))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
