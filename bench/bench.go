@@ -27,7 +27,8 @@ type Options struct {
 	// Images is the guest image directory.
 	Images string
 	// Image is the root filesystem benchmarked (default "minimal": under
-	// TCG the Debian image's systemd dominates every figure).
+	// TCG the Debian image's systemd dominates every figure; the E2B
+	// figures need "debian", whose /bin/bash the SDK runs commands with).
 	Image string
 	// Runs per figure after a warm-up (default 5; quick: 3).
 	Runs int

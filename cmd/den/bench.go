@@ -37,7 +37,7 @@ Examples:
 			&cli.StringFlag{Name: "e2b-sdk", Value: "e2e/e2bsdk", Usage: "directory of bench.mjs and the e2b SDK's node_modules (--e2b)"},
 			&cli.BoolFlag{Name: "breakdown", Usage: "each timed operation's steps, as the daemon traced them: where every millisecond goes"},
 			&cli.IntFlag{Name: "runs", Usage: "runs per figure after a warm-up (default 5, quick 3, e2b 20)"},
-			&cli.StringFlag{Name: "image", Value: image.Minimal, Usage: "guest image"},
+			&cli.StringFlag{Name: "image", Value: image.Minimal, Usage: "guest image (--e2b: debian, for the SDK's /bin/bash)"},
 			&cli.StringSliceFlag{Name: "vmm", Usage: "VMMs to measure (default: every one present)"},
 			&cli.StringFlag{Name: "images", EnvVars: []string{image.EnvDir}, Usage: "guest image directory"},
 			&cli.StringFlag{Name: "out", Value: "bench/results", Usage: "where results are written"},
@@ -64,10 +64,14 @@ Examples:
 			if imgs, err = filepath.Abs(imgs); err != nil {
 				return err
 			}
+			img := c.String("image")
+			if c.Bool("e2b") && !c.IsSet("image") {
+				img = image.Debian // the SDK runs every command with /bin/bash, which minimal has not
+			}
 			ctx, cancel := withSignals(c)
 			defer cancel()
 			res, err := bench.Run(ctx, bench.Options{
-				Den: self, Images: imgs, Image: c.String("image"), Runs: c.Int("runs"), Quick: c.Bool("quick"), NetworkOnly: c.Bool("network"), ScaleOnly: c.Bool("scale"), E2BOnly: c.Bool("e2b"), E2BSDK: c.String("e2b-sdk"), Breakdown: c.Bool("breakdown"),
+				Den: self, Images: imgs, Image: img, Runs: c.Int("runs"), Quick: c.Bool("quick"), NetworkOnly: c.Bool("network"), ScaleOnly: c.Bool("scale"), E2BOnly: c.Bool("e2b"), E2BSDK: c.String("e2b-sdk"), Breakdown: c.Bool("breakdown"),
 				VMMs:     c.StringSlice("vmm"),
 				Progress: func(s string) { fmt.Fprintln(c.App.ErrWriter, "bench: "+s) },
 			})

@@ -83,7 +83,8 @@ async function run() {
 try {
   for (let i = 0; i < runs; i++) console.log(JSON.stringify(await run()))
 } catch (e) {
-  console.error(`bench.mjs: ${e?.constructor?.name}: ${e?.message}`)
+  const exit = e?.exitCode === undefined ? '' : ` (exit ${e.exitCode}, stderr ${JSON.stringify(e.stderr)})`
+  console.error(`bench.mjs: ${e?.constructor?.name}: ${e?.message}${exit}`)
   await killAll(made).catch(() => {})
   process.exit(1)
 }
