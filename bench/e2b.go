@@ -33,6 +33,7 @@ const e2bRunTimeout = 15 * time.Minute
 // Figure names of the E2B mode; each is taken on both paths.
 const (
 	e2bCreate  = "create to first command output (time to interactive)"
+	e2bCreated = "create until it answers (running)"
 	e2bPause   = "pause (den sleep)"
 	e2bConnect = "connect to a paused sandbox to first command output (wake)"
 )
@@ -50,12 +51,14 @@ type e2bSide struct {
 var (
 	sdkSide = e2bSide{", e2b sdk", map[string]string{
 		e2bCreate:  "Sandbox.create('base') until the first stdout of commands.run('echo ready')",
+		e2bCreated: "Sandbox.create('base') until it answers",
 		e2bPause:   "sandbox.pause()",
 		e2bConnect: "Sandbox.connect(id) until the first stdout of commands.run('echo ready')",
 		"fork":     "sandbox.fork({count}) until every fork is answered (one checkpoint, then the forks in turn)",
 	}}
 	cliSide = e2bSide{"", map[string]string{
 		e2bCreate:  "den create (API client) until the first byte of den exec's echo",
+		e2bCreated: "den create (API client) until it answers",
 		e2bPause:   "den sleep",
 		e2bConnect: "den exec into the sleeping VM (it wakes) until the first byte of echo",
 		"fork":     "den checkpoint, then den fork VM@CP for each fork in turn (as the E2B fork is made)",
@@ -64,8 +67,8 @@ var (
 
 // e2bRun is one run's times on one side.
 type e2bRun struct {
-	create, pause, connect time.Duration
-	forks                  map[int]time.Duration
+	create, created, pause, connect time.Duration
+	forks                           map[int]time.Duration
 }
 
 // E2BCheck returns the node binary and bench.mjs in sdkDir, or an error
@@ -161,6 +164,7 @@ func e2bFigures(vmmName, accel string, side e2bSide, runs []e2bRun) []Figure {
 		return ds
 	}
 	add(e2bCreate, side.notes[e2bCreate], pick(func(r e2bRun) time.Duration { return r.create }))
+	add(e2bCreated, side.notes[e2bCreated], pick(func(r e2bRun) time.Duration { return r.created }))
 	add(e2bPause, side.notes[e2bPause], pick(func(r e2bRun) time.Duration { return r.pause }))
 	add(e2bConnect, side.notes[e2bConnect], pick(func(r e2bRun) time.Duration { return r.connect }))
 	for _, n := range e2bForks {
@@ -188,6 +192,7 @@ func sdkRun(ctx context.Context, node, script, url, key string, forks []int) (e2
 	}
 	var out struct {
 		Create  float64            `json:"create_ms"`
+		Created float64            `json:"created_ms"`
 		Pause   float64            `json:"pause_ms"`
 		Connect float64            `json:"connect_ms"`
 		Forks   map[string]float64 `json:"fork_ms"`
@@ -197,7 +202,7 @@ func sdkRun(ctx context.Context, node, script, url, key string, forks []int) (e2
 		return e2bRun{}, fmt.Errorf("e2b sdk: its output %q: %w", line, err)
 	}
 	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
-	r := e2bRun{create: ms(out.Create), pause: ms(out.Pause), connect: ms(out.Connect), forks: map[int]time.Duration{}}
+	r := e2bRun{create: ms(out.Create), created: ms(out.Created), pause: ms(out.Pause), connect: ms(out.Connect), forks: map[int]time.Duration{}}
 	for _, n := range forks {
 		v, ok := out.Forks[strconv.Itoa(n)]
 		if !ok {
@@ -215,10 +220,12 @@ func (d *daemon) cliRun(ctx context.Context, name string, forks []int) (r e2bRun
 	r.forks = map[int]time.Duration{}
 	made := []string{name}
 	defer func() { d.removeAll(context.WithoutCancel(ctx), made) }()
+	start := time.Now()
 	if r.create, err = timed(func() error {
 		if _, err := d.client.CreateVM(ctx, api.CreateRequest{Name: name}, nil); err != nil {
 			return err
 		}
+		r.created = time.Since(start)
 		_, err := d.firstOutput(ctx, name)
 		return err
 	}); err != nil {
@@ -273,7 +280,7 @@ func (d *daemon) removeAll(ctx context.Context, names []string) {
 // e2bRatios are the SDK's figures over the CLI path's, p50 and p99 (the
 // goal: at most 1.2).
 func (r *Result) e2bRatios(v string, put func(string, float64, float64)) {
-	names := []string{e2bCreate, e2bPause, e2bConnect}
+	names := []string{e2bCreate, e2bCreated, e2bPause, e2bConnect}
 	for _, n := range e2bForks {
 		names = append(names, e2bForkTotal(n), e2bForkEach(n))
 	}

@@ -3,6 +3,7 @@
 // E2B_API_KEY set to its --e2b-listen address and a den token). Each run
 // prints one JSON line of milliseconds on stdout:
 //   create_ms   Sandbox.create() to the first stdout of commands.run
+//   created_ms  Sandbox.create() until it answers (the sandbox running)
 //   pause_ms    sandbox.pause()
 //   connect_ms  Sandbox.connect() of the paused sandbox to the first
 //               stdout of commands.run
@@ -53,6 +54,7 @@ async function run() {
   const out = { fork_ms: {} }
   let t = performance.now()
   const sbx = await within(stepMs, Sandbox.create(template, opts), 'Sandbox.create')
+  out.created_ms = performance.now() - t
   made.add(sbx.sandboxId)
   out.create_ms = (await firstOutput(sbx)) - t
 
