@@ -26,8 +26,8 @@ const maxMessage = 16 << 20
 
 func (s *Server) envdRoutes() {
 	opts := []connect.HandlerOption{connect.WithCodec(jsonCodec{}), connect.WithReadMaxBytes(maxMessage)}
-	s.processRoutes(opts)
-	s.filesystemRoutes(opts)
+	processService{s}.routes(opts)
+	filesystemService{s}.routes(opts)
 	s.envd.HandleFunc("GET /health", s.health)
 	s.envd.HandleFunc("GET /files", s.authed(s.download))
 	s.envd.HandleFunc("POST /files", s.authed(s.upload))

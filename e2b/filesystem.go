@@ -15,16 +15,18 @@ import (
 	"github.com/pkg/sftp"
 )
 
-// The filesystem service works through the guest agent's SFTP server.
+// filesystemService is envd's filesystem service (filesystem.Filesystem):
+// its Connect handlers, through the guest agent's SFTP server.
+type filesystemService struct{ s *Server }
 
-func (s *Server) filesystemRoutes(opts []connect.HandlerOption) {
-	s.envd.Handle("/filesystem.Filesystem/Stat", connect.NewUnaryHandler("/filesystem.Filesystem/Stat", s.stat, opts...))
-	s.envd.Handle("/filesystem.Filesystem/ListDir", connect.NewUnaryHandler("/filesystem.Filesystem/ListDir", s.listDir, opts...))
-	s.envd.Handle("/filesystem.Filesystem/MakeDir", connect.NewUnaryHandler("/filesystem.Filesystem/MakeDir", s.makeDir, opts...))
-	s.envd.Handle("/filesystem.Filesystem/Move", connect.NewUnaryHandler("/filesystem.Filesystem/Move", s.move, opts...))
-	s.envd.Handle("/filesystem.Filesystem/Remove", connect.NewUnaryHandler("/filesystem.Filesystem/Remove", s.remove, opts...))
-	s.watcherRoutes(opts)
-	s.envd.Handle("/filesystem.Filesystem/WatchDir", connect.NewServerStreamHandler("/filesystem.Filesystem/WatchDir", s.watchDir, opts...))
+func (svc filesystemService) routes(opts []connect.HandlerOption) {
+	svc.s.envd.Handle("/filesystem.Filesystem/Stat", connect.NewUnaryHandler("/filesystem.Filesystem/Stat", svc.stat, opts...))
+	svc.s.envd.Handle("/filesystem.Filesystem/ListDir", connect.NewUnaryHandler("/filesystem.Filesystem/ListDir", svc.listDir, opts...))
+	svc.s.envd.Handle("/filesystem.Filesystem/MakeDir", connect.NewUnaryHandler("/filesystem.Filesystem/MakeDir", svc.makeDir, opts...))
+	svc.s.envd.Handle("/filesystem.Filesystem/Move", connect.NewUnaryHandler("/filesystem.Filesystem/Move", svc.move, opts...))
+	svc.s.envd.Handle("/filesystem.Filesystem/Remove", connect.NewUnaryHandler("/filesystem.Filesystem/Remove", svc.remove, opts...))
+	svc.watcherRoutes(opts)
+	svc.s.envd.Handle("/filesystem.Filesystem/WatchDir", connect.NewServerStreamHandler("/filesystem.Filesystem/WatchDir", svc.watchDir, opts...))
 }
 
 // files is one call's view of a sandbox's files.
@@ -37,8 +39,8 @@ type files struct {
 
 // openFiles authenticates a filesystem call and opens the sandbox's
 // files; close them with the returned func.
-func (s *Server) openFiles(ctx context.Context, req connect.AnyRequest) (*files, func(), error) {
-	c, id, err := s.envdCaller(ctx, req.Header())
+func (svc filesystemService) openFiles(ctx context.Context, req connect.AnyRequest) (*files, func(), error) {
+	c, id, err := svc.s.envdCaller(ctx, req.Header())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -138,8 +140,8 @@ func (f *files) stat(p string) (*entryInfo, error) {
 	return &e, nil
 }
 
-func (s *Server) stat(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[entryResponse], error) {
-	f, done, err := s.openFiles(ctx, req)
+func (svc filesystemService) stat(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[entryResponse], error) {
+	f, done, err := svc.openFiles(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -154,12 +156,12 @@ func (s *Server) stat(ctx context.Context, req *connect.Request[pathRequest]) (*
 // maxEntries caps one listing.
 const maxEntries = 100000
 
-func (s *Server) listDir(ctx context.Context, req *connect.Request[listDirRequest]) (*connect.Response[listDirResponse], error) {
+func (svc filesystemService) listDir(ctx context.Context, req *connect.Request[listDirRequest]) (*connect.Response[listDirResponse], error) {
 	depth := req.Msg.Depth
 	if depth == 0 {
 		depth = 1
 	}
-	f, done, err := s.openFiles(ctx, req)
+	f, done, err := svc.openFiles(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -200,8 +202,8 @@ func (s *Server) listDir(ctx context.Context, req *connect.Request[listDirReques
 	return connect.NewResponse(out), nil
 }
 
-func (s *Server) makeDir(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[entryResponse], error) {
-	f, done, err := s.openFiles(ctx, req)
+func (svc filesystemService) makeDir(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[entryResponse], error) {
+	f, done, err := svc.openFiles(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -223,8 +225,8 @@ func (s *Server) makeDir(ctx context.Context, req *connect.Request[pathRequest])
 	return connect.NewResponse(&entryResponse{Entry: e}), nil
 }
 
-func (s *Server) move(ctx context.Context, req *connect.Request[moveRequest]) (*connect.Response[entryResponse], error) {
-	f, done, err := s.openFiles(ctx, req)
+func (svc filesystemService) move(ctx context.Context, req *connect.Request[moveRequest]) (*connect.Response[entryResponse], error) {
+	f, done, err := svc.openFiles(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -246,8 +248,8 @@ func (s *Server) move(ctx context.Context, req *connect.Request[moveRequest]) (*
 	return connect.NewResponse(&entryResponse{Entry: e}), nil
 }
 
-func (s *Server) remove(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[empty], error) {
-	f, done, err := s.openFiles(ctx, req)
+func (svc filesystemService) remove(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[empty], error) {
+	f, done, err := svc.openFiles(ctx, req)
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,10 @@ import (
 // Its pid is the guest's: the command line prints the shell's pid on
 // stderr (a marker line den removes) and then execs the command.
 
+// processService is envd's process service (process.Process): its
+// Connect handlers, over the server's processes.
+type processService struct{ s *Server }
+
 // pidMarker starts the line that carries the guest pid.
 const pidMarker = "\x1eden-pid "
 
@@ -247,15 +251,15 @@ func (o *output) Write(b []byte) (int, error) {
 	return n, nil
 }
 
-func (s *Server) processRoutes(opts []connect.HandlerOption) {
-	s.envd.Handle("/process.Process/Start", connect.NewServerStreamHandler("/process.Process/Start", s.startProcess, opts...))
-	s.envd.Handle("/process.Process/Connect", connect.NewServerStreamHandler("/process.Process/Connect", s.connectProcess, opts...))
-	s.envd.Handle("/process.Process/List", connect.NewUnaryHandler("/process.Process/List", s.listProcesses, opts...))
-	s.envd.Handle("/process.Process/SendInput", connect.NewUnaryHandler("/process.Process/SendInput", s.sendInput, opts...))
-	s.envd.Handle("/process.Process/StreamInput", connect.NewClientStreamHandler("/process.Process/StreamInput", s.streamInput, opts...))
-	s.envd.Handle("/process.Process/SendSignal", connect.NewUnaryHandler("/process.Process/SendSignal", s.sendSignal, opts...))
-	s.envd.Handle("/process.Process/CloseStdin", connect.NewUnaryHandler("/process.Process/CloseStdin", s.closeStdin, opts...))
-	s.envd.Handle("/process.Process/Update", connect.NewUnaryHandler("/process.Process/Update", s.update, opts...))
+func (svc processService) routes(opts []connect.HandlerOption) {
+	svc.s.envd.Handle("/process.Process/Start", connect.NewServerStreamHandler("/process.Process/Start", svc.startProcess, opts...))
+	svc.s.envd.Handle("/process.Process/Connect", connect.NewServerStreamHandler("/process.Process/Connect", svc.connectProcess, opts...))
+	svc.s.envd.Handle("/process.Process/List", connect.NewUnaryHandler("/process.Process/List", svc.listProcesses, opts...))
+	svc.s.envd.Handle("/process.Process/SendInput", connect.NewUnaryHandler("/process.Process/SendInput", svc.sendInput, opts...))
+	svc.s.envd.Handle("/process.Process/StreamInput", connect.NewClientStreamHandler("/process.Process/StreamInput", svc.streamInput, opts...))
+	svc.s.envd.Handle("/process.Process/SendSignal", connect.NewUnaryHandler("/process.Process/SendSignal", svc.sendSignal, opts...))
+	svc.s.envd.Handle("/process.Process/CloseStdin", connect.NewUnaryHandler("/process.Process/CloseStdin", svc.closeStdin, opts...))
+	svc.s.envd.Handle("/process.Process/Update", connect.NewUnaryHandler("/process.Process/Update", svc.update, opts...))
 }
 
 // keepaliveEvery is the interval of keepalive events the client asks
@@ -268,8 +272,8 @@ func keepaliveEvery(h http.Header) time.Duration {
 	return time.Duration(n) * time.Second
 }
 
-func (s *Server) startProcess(ctx context.Context, req *connect.Request[startRequest], stream *connect.ServerStream[eventResponse]) error {
-	c, id, err := s.envdCaller(ctx, req.Header())
+func (svc processService) startProcess(ctx context.Context, req *connect.Request[startRequest], stream *connect.ServerStream[eventResponse]) error {
+	c, id, err := svc.s.envdCaller(ctx, req.Header())
 	if err != nil {
 		return err
 	}
@@ -279,7 +283,7 @@ func (s *Server) startProcess(ctx context.Context, req *connect.Request[startReq
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("den: process.cmd is required"))
 	}
 	env := []string{}
-	rec, _ := s.recs.get(id)
+	rec, _ := svc.s.recs.get(id)
 	merged := maps.Clone(rec.EnvVars)
 	if merged == nil {
 		merged = map[string]string{}
@@ -318,8 +322,8 @@ func (s *Server) startProcess(ctx context.Context, req *connect.Request[startReq
 		once.Do(func() {
 			p.pid = pid
 			if pid != 0 {
-				s.procs.add(p)
-				s.logs.add(id, "info", fmt.Sprintf("process %d started as %s: %s", pid, who, cmdline), "pid", strconv.FormatUint(uint64(pid), 10), "user", who)
+				svc.s.procs.add(p)
+				svc.s.logs.add(id, "info", fmt.Sprintf("process %d started as %s: %s", pid, who, cmdline), "pid", strconv.FormatUint(uint64(pid), 10), "user", who)
 			}
 			close(p.started)
 		})
@@ -379,7 +383,7 @@ func (s *Server) startProcess(ctx context.Context, req *connect.Request[startReq
 				p.stdin.Close()
 			}
 			p.emit(&processEvent{End: end})
-			s.logs.add(id, "info", fmt.Sprintf("process %d detached: the sandbox's connection ended; it runs on", p.pid), "pid", strconv.FormatUint(uint64(p.pid), 10))
+			svc.s.logs.add(id, "info", fmt.Sprintf("process %d detached: the sandbox's connection ended; it runs on", p.pid), "pid", strconv.FormatUint(uint64(p.pid), 10))
 			g.Close()
 			return
 		}
@@ -387,13 +391,13 @@ func (s *Server) startProcess(ctx context.Context, req *connect.Request[startReq
 			msg := err.Error()
 			end.Error, end.Status, level = &msg, "error", "error"
 		}
-		s.logs.add(id, level, fmt.Sprintf("process %d ended: %s after %s", p.pid, end.Status, time.Since(started).Round(time.Millisecond)),
+		svc.s.logs.add(id, level, fmt.Sprintf("process %d ended: %s after %s", p.pid, end.Status, time.Since(started).Round(time.Millisecond)),
 			"pid", strconv.FormatUint(uint64(p.pid), 10))
 		if p.stdin != nil {
 			p.stdin.Close()
 		}
 		p.emit(&processEvent{End: end})
-		s.procs.remove(p)
+		svc.s.procs.remove(p)
 		g.Close()
 	}()
 	select {
@@ -403,12 +407,12 @@ func (s *Server) startProcess(ctx context.Context, req *connect.Request[startReq
 		return ctx.Err()
 	}
 	// With pid 0 the command never ran: its end (and why) follows.
-	return s.follow(ctx, req.Header(), stream, p, follow)
+	return svc.follow(ctx, req.Header(), stream, p, follow)
 }
 
 // follow streams p's events to a client: its start (pid) first, then
 // output until it ends or the client leaves (the process goes on).
-func (s *Server) follow(ctx context.Context, h http.Header, stream *connect.ServerStream[eventResponse], p *proc, f *sub) error {
+func (svc processService) follow(ctx context.Context, h http.Header, stream *connect.ServerStream[eventResponse], p *proc, f *sub) error {
 	defer p.unsubscribe(f)
 	if err := stream.Send(&eventResponse{Event: &processEvent{Start: &startEvent{PID: p.pid}}}); err != nil {
 		return err
@@ -438,13 +442,13 @@ func (s *Server) follow(ctx context.Context, h http.Header, stream *connect.Serv
 	}
 }
 
-func (s *Server) connectProcess(ctx context.Context, req *connect.Request[selectRequest], stream *connect.ServerStream[eventResponse]) error {
-	c, id, err := s.envdCaller(ctx, req.Header())
+func (svc processService) connectProcess(ctx context.Context, req *connect.Request[selectRequest], stream *connect.ServerStream[eventResponse]) error {
+	c, id, err := svc.s.envdCaller(ctx, req.Header())
 	if err != nil {
 		return err
 	}
 	c.api.CloseIdle()
-	p, err := s.procs.find(id, req.Msg.Process)
+	p, err := svc.s.procs.find(id, req.Msg.Process)
 	if err != nil {
 		return err
 	}
@@ -455,20 +459,20 @@ func (s *Server) connectProcess(ctx context.Context, req *connect.Request[select
 	if f == nil {
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("den: process %d has ended", p.pid))
 	}
-	return s.follow(ctx, req.Header(), stream, p, f)
+	return svc.follow(ctx, req.Header(), stream, p, f)
 }
 
-func (s *Server) listProcesses(ctx context.Context, req *connect.Request[empty]) (*connect.Response[listResponse], error) {
-	c, id, err := s.envdCaller(ctx, req.Header())
+func (svc processService) listProcesses(ctx context.Context, req *connect.Request[empty]) (*connect.Response[listResponse], error) {
+	c, id, err := svc.s.envdCaller(ctx, req.Header())
 	if err != nil {
 		return nil, err
 	}
 	defer c.api.CloseIdle()
-	if err := s.pruneDetached(ctx, c, id); err != nil {
+	if err := svc.pruneDetached(ctx, c, id); err != nil {
 		return nil, err
 	}
 	out := &listResponse{Processes: []processInfo{}}
-	for _, p := range s.procs.list(id) {
+	for _, p := range svc.s.procs.list(id) {
 		cfg := p.cfg
 		out.Processes = append(out.Processes, processInfo{Config: &cfg, PID: p.pid, Tag: p.tag})
 	}
@@ -477,13 +481,13 @@ func (s *Server) listProcesses(ctx context.Context, req *connect.Request[empty])
 }
 
 // selected authenticates a call about one process and finds it.
-func (s *Server) selected(ctx context.Context, h http.Header, sel *selector) (*proc, error) {
-	c, id, err := s.envdCaller(ctx, h)
+func (svc processService) selected(ctx context.Context, h http.Header, sel *selector) (*proc, error) {
+	c, id, err := svc.s.envdCaller(ctx, h)
 	if err != nil {
 		return nil, err
 	}
 	c.api.CloseIdle()
-	return s.procs.find(id, sel)
+	return svc.s.procs.find(id, sel)
 }
 
 // write gives a process input, waiting for it to be taken until ctx
@@ -527,8 +531,8 @@ func (p *proc) write(ctx context.Context, in *processInput) error {
 	}
 }
 
-func (s *Server) sendInput(ctx context.Context, req *connect.Request[sendInputRequest]) (*connect.Response[empty], error) {
-	p, err := s.selected(ctx, req.Header(), req.Msg.Process)
+func (svc processService) sendInput(ctx context.Context, req *connect.Request[sendInputRequest]) (*connect.Response[empty], error) {
+	p, err := svc.selected(ctx, req.Header(), req.Msg.Process)
 	if err != nil {
 		return nil, err
 	}
@@ -538,14 +542,14 @@ func (s *Server) sendInput(ctx context.Context, req *connect.Request[sendInputRe
 	return connect.NewResponse(&empty{}), nil
 }
 
-func (s *Server) streamInput(ctx context.Context, stream *connect.ClientStream[streamInputRequest]) (*connect.Response[empty], error) {
+func (svc processService) streamInput(ctx context.Context, stream *connect.ClientStream[streamInputRequest]) (*connect.Response[empty], error) {
 	var p *proc
 	for stream.Receive() {
 		m := stream.Msg()
 		switch {
 		case m.Start != nil:
 			var err error
-			if p, err = s.selected(ctx, stream.RequestHeader(), m.Start.Process); err != nil {
+			if p, err = svc.selected(ctx, stream.RequestHeader(), m.Start.Process); err != nil {
 				return nil, err
 			}
 		case m.Data != nil:
@@ -563,8 +567,8 @@ func (s *Server) streamInput(ctx context.Context, stream *connect.ClientStream[s
 	return connect.NewResponse(&empty{}), nil
 }
 
-func (s *Server) closeStdin(ctx context.Context, req *connect.Request[selectRequest]) (*connect.Response[empty], error) {
-	p, err := s.selected(ctx, req.Header(), req.Msg.Process)
+func (svc processService) closeStdin(ctx context.Context, req *connect.Request[selectRequest]) (*connect.Response[empty], error) {
+	p, err := svc.selected(ctx, req.Header(), req.Msg.Process)
 	if err != nil {
 		return nil, err
 	}
@@ -575,8 +579,8 @@ func (s *Server) closeStdin(ctx context.Context, req *connect.Request[selectRequ
 	return connect.NewResponse(&empty{}), nil
 }
 
-func (s *Server) update(ctx context.Context, req *connect.Request[updateRequest]) (*connect.Response[empty], error) {
-	p, err := s.selected(ctx, req.Header(), req.Msg.Process)
+func (svc processService) update(ctx context.Context, req *connect.Request[updateRequest]) (*connect.Response[empty], error) {
+	p, err := svc.selected(ctx, req.Header(), req.Msg.Process)
 	if err != nil {
 		return nil, err
 	}
@@ -598,22 +602,22 @@ func (s *Server) update(ctx context.Context, req *connect.Request[updateRequest]
 	return connect.NewResponse(&empty{}), nil
 }
 
-func (s *Server) sendSignal(ctx context.Context, req *connect.Request[sendSignalRequest]) (*connect.Response[empty], error) {
-	c, id, err := s.envdCaller(ctx, req.Header())
+func (svc processService) sendSignal(ctx context.Context, req *connect.Request[sendSignalRequest]) (*connect.Response[empty], error) {
+	c, id, err := svc.s.envdCaller(ctx, req.Header())
 	if err != nil {
 		return nil, err
 	}
 	defer c.api.CloseIdle()
-	p, err := s.procs.find(id, req.Msg.Process)
+	p, err := svc.s.procs.find(id, req.Msg.Process)
 	if err != nil {
 		return nil, err
 	}
 	if p.isDetached() {
 		// Alive still? (Its pid may be another's by now.)
-		if err := s.pruneDetached(ctx, c, id); err != nil {
+		if err := svc.pruneDetached(ctx, c, id); err != nil {
 			return nil, err
 		}
-		if p, err = s.procs.find(id, req.Msg.Process); err != nil {
+		if p, err = svc.s.procs.find(id, req.Msg.Process); err != nil {
 			return nil, err
 		}
 	}
@@ -643,7 +647,7 @@ func (s *Server) sendSignal(ctx context.Context, req *connect.Request[sendSignal
 	}
 	if p.isDetached() {
 		// No end event comes for it: it leaves the list now.
-		s.procs.remove(p)
+		svc.s.procs.remove(p)
 	}
 	if status != 0 {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("den: signal %d: %s", p.pid, strings.TrimSpace(stderr.String())))
@@ -653,10 +657,10 @@ func (s *Server) sendSignal(ctx context.Context, req *connect.Request[sendSignal
 
 // pruneDetached drops from sandbox id's list the detached processes
 // that are no longer alive in the guest (one look for all of them).
-func (s *Server) pruneDetached(ctx context.Context, c *caller, id string) error {
+func (svc processService) pruneDetached(ctx context.Context, c *caller, id string) error {
 	var pids []string
 	detached := map[string]*proc{}
-	for _, p := range s.procs.list(id) {
+	for _, p := range svc.s.procs.list(id) {
 		if p.isDetached() {
 			pid := strconv.FormatUint(uint64(p.pid), 10)
 			pids = append(pids, pid)
@@ -684,7 +688,7 @@ func (s *Server) pruneDetached(ctx context.Context, c *caller, id string) error 
 	}
 	for pid, p := range detached {
 		if !alive[pid] {
-			s.procs.remove(p)
+			svc.s.procs.remove(p)
 		}
 	}
 	return nil

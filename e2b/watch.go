@@ -107,8 +107,8 @@ func changes(before, after map[string]seen) []fsEvent {
 	return out
 }
 
-func (s *Server) watchDir(ctx context.Context, req *connect.Request[watchDirRequest], stream *connect.ServerStream[watchDirResponse]) error {
-	f, done, err := s.openFiles(ctx, req)
+func (svc filesystemService) watchDir(ctx context.Context, req *connect.Request[watchDirRequest], stream *connect.ServerStream[watchDirResponse]) error {
+	f, done, err := svc.openFiles(ctx, req)
 	if err != nil {
 		return err
 	}

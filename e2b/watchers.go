@@ -106,14 +106,14 @@ func (ws *watchers) forget(sandbox string) {
 	}
 }
 
-func (s *Server) watcherRoutes(opts []connect.HandlerOption) {
-	s.envd.Handle("/filesystem.Filesystem/CreateWatcher", connect.NewUnaryHandler("/filesystem.Filesystem/CreateWatcher", s.createWatcher, opts...))
-	s.envd.Handle("/filesystem.Filesystem/GetWatcherEvents", connect.NewUnaryHandler("/filesystem.Filesystem/GetWatcherEvents", s.watcherEvents, opts...))
-	s.envd.Handle("/filesystem.Filesystem/RemoveWatcher", connect.NewUnaryHandler("/filesystem.Filesystem/RemoveWatcher", s.removeWatcher, opts...))
+func (svc filesystemService) watcherRoutes(opts []connect.HandlerOption) {
+	svc.s.envd.Handle("/filesystem.Filesystem/CreateWatcher", connect.NewUnaryHandler("/filesystem.Filesystem/CreateWatcher", svc.createWatcher, opts...))
+	svc.s.envd.Handle("/filesystem.Filesystem/GetWatcherEvents", connect.NewUnaryHandler("/filesystem.Filesystem/GetWatcherEvents", svc.watcherEvents, opts...))
+	svc.s.envd.Handle("/filesystem.Filesystem/RemoveWatcher", connect.NewUnaryHandler("/filesystem.Filesystem/RemoveWatcher", svc.removeWatcher, opts...))
 }
 
-func (s *Server) createWatcher(ctx context.Context, req *connect.Request[createWatcherRequest]) (*connect.Response[createWatcherResponse], error) {
-	f, done, err := s.openFiles(ctx, req)
+func (svc filesystemService) createWatcher(ctx context.Context, req *connect.Request[createWatcherRequest]) (*connect.Response[createWatcherResponse], error) {
+	f, done, err := svc.openFiles(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -140,15 +140,15 @@ func (s *Server) createWatcher(ctx context.Context, req *connect.Request[createW
 	id := hex.EncodeToString(b)
 	wctx, stop := context.WithCancel(context.Background())
 	w := &watcher{sandbox: sandbox, stop: stop, asked: time.Now()}
-	s.watches.mu.Lock()
-	if s.watches.count(sandbox) >= maxWatchers {
-		s.watches.mu.Unlock()
+	svc.s.watches.mu.Lock()
+	if svc.s.watches.count(sandbox) >= maxWatchers {
+		svc.s.watches.mu.Unlock()
 		stop()
 		done()
 		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("den: sandbox %s has %d watchers: remove one first", sandbox, maxWatchers))
 	}
-	s.watches.m[id] = w
-	s.watches.mu.Unlock()
+	svc.s.watches.m[id] = w
+	svc.s.watches.mu.Unlock()
 	go func() {
 		defer done()
 		tick := time.NewTicker(watchEvery)
@@ -163,7 +163,7 @@ func (s *Server) createWatcher(ctx context.Context, req *connect.Request[createW
 			idle := time.Since(w.asked) > watcherIdle
 			w.mu.Unlock()
 			if idle {
-				s.watches.take(sandbox, id)
+				svc.s.watches.take(sandbox, id)
 				return
 			}
 			after, err := f.look(root, req.Msg.Recursive)
@@ -184,7 +184,7 @@ func (s *Server) createWatcher(ctx context.Context, req *connect.Request[createW
 				select {
 				case <-wctx.Done():
 				case <-time.After(watcherIdle):
-					s.watches.take(sandbox, id)
+					svc.s.watches.take(sandbox, id)
 				}
 				return
 			}
@@ -194,13 +194,13 @@ func (s *Server) createWatcher(ctx context.Context, req *connect.Request[createW
 	return connect.NewResponse(&createWatcherResponse{WatcherID: id}), nil
 }
 
-func (s *Server) watcherEvents(ctx context.Context, req *connect.Request[watcherRequest]) (*connect.Response[watcherEventsResponse], error) {
-	c, id, err := s.envdCaller(ctx, req.Header())
+func (svc filesystemService) watcherEvents(ctx context.Context, req *connect.Request[watcherRequest]) (*connect.Response[watcherEventsResponse], error) {
+	c, id, err := svc.s.envdCaller(ctx, req.Header())
 	if err != nil {
 		return nil, err
 	}
 	c.api.CloseIdle()
-	w := s.watches.get(id, req.Msg.WatcherID)
+	w := svc.s.watches.get(id, req.Msg.WatcherID)
 	if w == nil {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("den: no watcher %q in sandbox %s", req.Msg.WatcherID, id))
 	}
@@ -213,20 +213,20 @@ func (s *Server) watcherEvents(ctx context.Context, req *connect.Request[watcher
 		return connect.NewResponse(&watcherEventsResponse{Events: events}), nil
 	}
 	if werr != nil {
-		s.watches.take(id, req.Msg.WatcherID)
+		svc.s.watches.take(id, req.Msg.WatcherID)
 		w.stop()
 		return nil, fileError("watcher "+req.Msg.WatcherID, werr)
 	}
 	return connect.NewResponse(&watcherEventsResponse{Events: nonNil(events)}), nil
 }
 
-func (s *Server) removeWatcher(ctx context.Context, req *connect.Request[watcherRequest]) (*connect.Response[empty], error) {
-	c, id, err := s.envdCaller(ctx, req.Header())
+func (svc filesystemService) removeWatcher(ctx context.Context, req *connect.Request[watcherRequest]) (*connect.Response[empty], error) {
+	c, id, err := svc.s.envdCaller(ctx, req.Header())
 	if err != nil {
 		return nil, err
 	}
 	c.api.CloseIdle()
-	w := s.watches.take(id, req.Msg.WatcherID)
+	w := svc.s.watches.take(id, req.Msg.WatcherID)
 	if w == nil {
 		return nil, connect.NewError(connect.CodeNotFound, errors.New("den: no such watcher"))
 	}

@@ -102,7 +102,7 @@ func create(ctx context.Context, g *sftp.Client, root, p string, f *fsdiff.File)
 	}
 	switch f.Type {
 	case fsdiff.TypeDir:
-		if err := g.Mkdir(p); err != nil && !isExist(g, p) {
+		if err := g.Mkdir(p); err != nil && !isDir(g, p) {
 			return "", "", fmt.Errorf("make directory %s: %w", p, err)
 		}
 		if err := attrs(g, p, f); err != nil {
@@ -232,7 +232,7 @@ func fileMode(octal string) fs.FileMode {
 	return m
 }
 
-func isExist(g *sftp.Client, p string) bool {
+func isDir(g *sftp.Client, p string) bool {
 	fi, err := g.Lstat(p)
 	return err == nil && fi.IsDir()
 }
