@@ -121,22 +121,12 @@ const (
 // Images compares the ext4 filesystems in two image files, mounting
 // each read-only for the duration of the call.
 func Images(ctx context.Context, oldImage, newImage string, opts Options) (Result, error) {
-	oldImage, doneOld, err := prepare(ctx, oldImage, opts)
-	if err != nil {
-		return Result{}, err
-	}
-	defer doneOld()
-	newImage, doneNew, err := prepare(ctx, newImage, opts)
-	if err != nil {
-		return Result{}, err
-	}
-	defer doneNew()
-	a, err := Mount(ctx, oldImage, opts.TmpDir)
+	a, err := Open(ctx, oldImage, opts)
 	if err != nil {
 		return Result{}, err
 	}
 	defer a.Close()
-	b, err := Mount(ctx, newImage, opts.TmpDir)
+	b, err := Open(ctx, newImage, opts)
 	if err != nil {
 		return Result{}, err
 	}
