@@ -26,6 +26,11 @@ import (
 // e2bForks are the fork counts timed.
 var e2bForks = []int{4, 16}
 
+// e2bCommand is the command line the CLI path runs: the one the SDK's
+// commands.run('echo ready') has the guest run (a bash login shell), so
+// that both paths time the same work in the guest.
+const e2bCommand = "/bin/bash -l -c 'echo ready'"
+
 // e2bRunTimeout bounds one run of one side (create, pause, wake, every
 // fork and the removals).
 const e2bRunTimeout = 15 * time.Minute
@@ -57,10 +62,10 @@ var (
 		"fork":     "sandbox.fork({count}) until every fork is answered (one checkpoint, then the forks in turn)",
 	}}
 	cliSide = e2bSide{"", map[string]string{
-		e2bCreate:  "den create (API client) until the first byte of den exec's echo",
+		e2bCreate:  "den create (API client) until the first byte of den exec VM -- " + e2bCommand,
 		e2bCreated: "den create (API client) until it answers",
 		e2bPause:   "den sleep",
-		e2bConnect: "den exec into the sleeping VM (it wakes) until the first byte of echo",
+		e2bConnect: "den exec VM -- " + e2bCommand + " into the sleeping VM (it wakes) until its first byte",
 		"fork":     "den checkpoint, then den fork VM@CP for each fork in turn (as the E2B fork is made)",
 	}}
 )
@@ -215,7 +220,8 @@ func sdkRun(ctx context.Context, node, script, url, key string, forks []int) (e2
 
 // cliRun is one run of the CLI side on a VM called name: den create and a
 // first exec's output, den sleep, an exec's output (the wake), and for
-// each count a checkpoint and that many forks of it.
+// each count a checkpoint and that many forks of it. Its commands are
+// e2bCommand.
 func (d *daemon) cliRun(ctx context.Context, name string, forks []int) (r e2bRun, err error) {
 	r.forks = map[int]time.Duration{}
 	made := []string{name}
@@ -226,7 +232,7 @@ func (d *daemon) cliRun(ctx context.Context, name string, forks []int) (r e2bRun
 			return err
 		}
 		r.created = time.Since(start)
-		_, err := d.firstOutput(ctx, name)
+		_, err := d.firstOutputOf(ctx, name, e2bCommand)
 		return err
 	}); err != nil {
 		return r, fmt.Errorf("den create %s: %w", name, err)
@@ -234,7 +240,7 @@ func (d *daemon) cliRun(ctx context.Context, name string, forks []int) (r e2bRun
 	if r.pause, err = timed(func() error { _, err := d.client.Sleep(ctx, name, api.SleepRequest{}); return err }); err != nil {
 		return r, fmt.Errorf("den sleep %s: %w", name, err)
 	}
-	if r.connect, err = d.firstOutput(ctx, name); err != nil {
+	if r.connect, err = d.firstOutputOf(ctx, name, e2bCommand); err != nil {
 		return r, fmt.Errorf("den exec %s (wake): %w", name, err)
 	}
 	for _, n := range forks {

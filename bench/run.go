@@ -170,9 +170,15 @@ func (d *daemon) exec(ctx context.Context, name, cmd string) (string, error) {
 	return out.String(), err
 }
 
-// firstOutput times a command until its first byte of output; the end
-// of ctx ends the session.
+// firstOutput times echo until its first byte of output; the end of ctx
+// ends the session.
 func (d *daemon) firstOutput(ctx context.Context, name string) (time.Duration, error) {
+	return d.firstOutputOf(ctx, name, "echo ready")
+}
+
+// firstOutputOf times the command line cmd until its first byte of
+// output; the end of ctx ends the session.
+func (d *daemon) firstOutputOf(ctx context.Context, name, cmd string) (time.Duration, error) {
 	start := time.Now()
 	sc, err := d.client.SSH(ctx, name)
 	if err != nil {
@@ -189,7 +195,7 @@ func (d *daemon) firstOutput(ctx context.Context, name string) (time.Duration, e
 	if err != nil {
 		return 0, err
 	}
-	if err := sess.Start("echo ready"); err != nil {
+	if err := sess.Start(cmd); err != nil {
 		return 0, err
 	}
 	b := make([]byte, 1)

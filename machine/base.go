@@ -188,8 +188,11 @@ func (b *bases) snapshotBase(ctx context.Context, vm registry.VM, sp spec, dir s
 		return fmt.Errorf("grow the base's root filesystem: %w", err)
 	}
 	// Snapshot a settled system: with systemd, once its boot is over, so
-	// that every VM created from the base does not redo the boot's work.
-	settle := "if command -v systemctl >/dev/null; then timeout 120 systemctl is-system-running --wait >/dev/null 2>&1; fi; sync"
+	// that every VM created from the base does not redo the boot's work;
+	// and with root's login shell run once, so that a VM's first login
+	// or E2B command (bash -l -c) finds it in memory, not on disk.
+	settle := "if command -v systemctl >/dev/null; then timeout 120 systemctl is-system-running --wait >/dev/null 2>&1; fi; " +
+		"if [ -x /bin/bash ]; then /bin/bash -l -c true </dev/null >/dev/null 2>&1; fi; sync"
 	if code, err := c.Exec(ctx, agent.ExecRequest{CmdLine: settle}); err != nil || code != 0 {
 		return fmt.Errorf("settle the base guest: exit %d: %v", code, err)
 	}
