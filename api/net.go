@@ -36,7 +36,7 @@ type Denied struct {
 
 // EgressRequest changes a VM's egress policy.
 type EgressRequest struct {
-	// Policy is allow-all, deny-all or allow:LIST.
+	// Policy is allow-all, deny-all, allow:LIST or deny:LIST[;allow:LIST].
 	Policy string `json:"policy"`
 }
 

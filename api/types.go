@@ -69,8 +69,9 @@ type CreateRequest struct {
 	IdleTimeout string `json:"idle_timeout,omitempty"`
 	// Cold boots instead of restoring the image's warm base snapshot.
 	Cold bool `json:"cold,omitempty"`
-	// Egress is the VM's egress policy: allow-all, deny-all or
-	// allow:LIST (CIDRs and domain names); empty takes the daemon's
+	// Egress is the VM's egress policy: allow-all, deny-all,
+	// allow:LIST (CIDRs and domain names) or deny:LIST (CIDRs, then
+	// optionally ;allow:LIST); empty takes the daemon's
 	// default.
 	Egress string `json:"egress,omitempty"`
 }

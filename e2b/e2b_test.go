@@ -82,7 +82,13 @@ func TestEgressOf(t *testing.T) {
 		{`{"allow_internet_access":false}`, "deny-all", false},
 		{`{"network":{"denyOut":["0.0.0.0/0"]}}`, "deny-all", false},
 		{`{"network":{"denyOut":["0.0.0.0/0"],"allowOut":["1.1.1.1","example.org"]}}`, "allow:1.1.1.1,example.org", false},
-		{`{"network":{"denyOut":["10.0.0.0/8"]}}`, "", true},
+		{`{"network":{"denyOut":["10.0.0.0/8","169.254.169.254"]}}`, "deny:10.0.0.0/8,169.254.169.254", false},
+		{`{"network":{"denyOut":["10.0.0.0/8"],"allowOut":["10.1.2.3","example.org"]}}`, "deny:10.0.0.0/8;allow:10.1.2.3,example.org", false},
+		{`{"allow_internet_access":false,"network":{"denyOut":["10.0.0.0/8"],"allowOut":["10.1.2.3"]}}`, "allow:10.1.2.3", false},
+		{`{"network":{"allowOut":["10.1.2.3"]}}`, "", false},
+		{`{"network":{"allowOut":["example.org"]}}`, "", true},
+		{`{"network":{"denyOut":["example.org"]}}`, "", true},
+		{`{"network":{"denyOut":["10.0.0.1/8"]}}`, "", true},
 		{`{"network":{"egressProxy":{"address":"p:1080"}}}`, "", true},
 	} {
 		var b newSandbox

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/denhq/den/egress"
 	"io"
 	"net/http"
 	"net/url"
@@ -162,30 +163,55 @@ func seconds(n int64) (time.Duration, error) {
 	return time.Duration(n) * time.Second, nil
 }
 
-// egressOf maps E2B's network settings onto a den egress policy.
+// egressOf maps E2B's network settings onto a den egress policy. As on
+// E2B, nothing is denied unless denyOut (or allowInternetAccess false,
+// which is denyOut 0.0.0.0/0) says so, and allowOut wins over denyOut:
+// denyOut 0.0.0.0/0 is den's allow list (or deny-all), any other denyOut
+// den's deny list with allowOut its exceptions. allowOut without denyOut
+// changes nothing, and with a domain it is refused, as E2B refuses it.
 func egressOf(b newSandbox) (string, error) {
 	n := b.Network
 	if n != nil && (len(n.EgressProxy) > 0 && string(n.EgressProxy) != "null" || len(n.Rules) > 0 && string(n.Rules) != "null") {
 		return "", errors.New("den does not support egress proxies or per-host rules: give allowOut and denyOut (den's egress policy)")
 	}
-	deny := b.AllowInternetAccess != nil && !*b.AllowInternetAccess
-	var allow []string
+	all := b.AllowInternetAccess != nil && !*b.AllowInternetAccess
+	var allow, deny []string
 	if n != nil {
 		allow = n.AllowOut
 		for _, d := range n.DenyOut {
-			if d != "0.0.0.0/0" {
-				return "", fmt.Errorf("den denies by allow list only: denyOut takes 0.0.0.0/0 (everything not in allowOut), not %q", d)
+			if d == "0.0.0.0/0" {
+				all = true
+			} else {
+				deny = append(deny, d)
 			}
-			deny = true
 		}
 	}
+	var policy string
 	switch {
+	case all && len(allow) > 0:
+		policy = "allow:" + strings.Join(allow, ",")
+	case all:
+		policy = "deny-all"
+	case len(deny) > 0 && len(allow) > 0:
+		policy = "deny:" + strings.Join(deny, ",") + ";allow:" + strings.Join(allow, ",")
+	case len(deny) > 0:
+		policy = "deny:" + strings.Join(deny, ",")
 	case len(allow) > 0:
-		return "allow:" + strings.Join(allow, ","), nil
-	case deny:
-		return "deny-all", nil
+		p, err := egress.Parse("allow:" + strings.Join(allow, ","))
+		if err != nil {
+			return "", err
+		}
+		if len(p.Domains) > 0 {
+			return "", fmt.Errorf("allowOut names a domain (%s) but denyOut does not block all traffic: add 0.0.0.0/0 (ALL_TRAFFIC) to denyOut, or nothing is restricted", p.Domains[0])
+		}
+		return "", nil
+	default:
+		return "", nil
 	}
-	return "", nil
+	if _, err := egress.Parse(policy); err != nil {
+		return "", err
+	}
+	return policy, nil
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
@@ -213,7 +239,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
 		writeError(w, http.StatusBadRequest, "den: "+err.Error())
 		return
 	}
-	egress, err := egressOf(b)
+	policy, err := egressOf(b)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "den: "+err.Error())
 		return
@@ -243,7 +269,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
 	if b.Network != nil && b.Network.AllowPublicTraffic != nil && !*b.Network.AllowPublicTraffic {
 		rec.TrafficToken = newToken()
 	}
-	rec.Egress = egress
+	rec.Egress = policy
 	// The record comes first, so that a sandbox is never without one;
 	// its timeout starts once it runs (the sweeper leaves it alone while
 	// it is made).
@@ -256,14 +282,14 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, c *caller) {
 	}
 	var vm api.VM
 	if fromSnapshot {
-		if egress != "" {
+		if policy != "" {
 			_ = s.recs.remove(id)
 			writeError(w, http.StatusBadRequest, "den: a sandbox from a snapshot keeps its source's egress policy: network settings are not taken")
 			return
 		}
 		vm, err = c.api.Fork(r.Context(), srcVM, api.ForkRequest{Checkpoint: srcCP, Name: id}, nil)
 	} else {
-		vm, err = c.api.CreateVM(r.Context(), api.CreateRequest{Name: id, Image: image, Egress: egress}, nil)
+		vm, err = c.api.CreateVM(r.Context(), api.CreateRequest{Name: id, Image: image, Egress: policy}, nil)
 	}
 	s.made(c, id, rec, vm, err, timeout)
 	if err != nil {

@@ -17,23 +17,27 @@ import (
 // TestE2BEgress: the network settings of an E2B create, enforced. A
 // daemon with TAP networking (den's egress policy is nftables there) and
 // --e2b-listen runs in the test network's den namespace
-// (startNetDaemon), two HTTP servers, A and B, in its wan namespace.
+// (startNetDaemon), three HTTP servers, A, B and C, in its wan namespace
+// (A and B in 10.99.1.0/24, C not).
 // e2e/e2bsdk/egress.mjs, run with the official SDK in the den namespace
 // (where the E2B listener is), makes sandboxes and connects from inside
 // each: allowInternetAccess false reaches neither server (also after
 // pause and connect); network allowOut [B] with denyOut [ALL_TRAFFIC]
-// reaches B and not A, and so does its fork; the default network
-// reaches both; a denyOut of one address is refused at create (den's
-// policy is an allow list). Then the servers' logs say no blocked
-// request arrived, and den net log shows each sandbox's policy and its
-// dropped packets.
+// reaches B and not A, and so does its fork; denyOut [10.99.1.0/24] with
+// allowOut [B] (den's deny list with an exception) reaches C and B, not
+// A; a denyOut of a domain is refused at create. Then the servers' logs
+// say no blocked request arrived, and den net log shows each sandbox's
+// policy and its dropped packets.
+// wanDeny holds wanHostA and wanHostB, not wanAddr.
+const wanDeny = "10.99.1.0/24"
+
 func TestE2BEgress(t *testing.T) {
 	node, sdkDir := e2bSDK(t)
 	n := newTestNet(t)
 	// Each server logs the paths asked for: /SANDBOX/TAG.
 	var mu sync.Mutex
 	seen := map[string][]string{}
-	for _, addr := range []string{wanHostA, wanHostB} {
+	for _, addr := range []string{wanHostA, wanHostB, wanAddr} {
 		addr := addr
 		n.serveHTTP(n.wan, addr+":80", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			mu.Lock()
@@ -53,7 +57,8 @@ func TestE2BEgress(t *testing.T) {
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", n.den, node, "egress.mjs")
 	cmd.Dir = sdkDir
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+e2bURL, "E2B_SANDBOX_URL="+e2bURL, "E2B_API_KEY="+key,
-		"DEN_E2B_TEMPLATE=debian", "DEN_E2B_HOST_A="+wanHostA, "DEN_E2B_HOST_B="+wanHostB)
+		"DEN_E2B_TEMPLATE=debian", "DEN_E2B_HOST_A="+wanHostA, "DEN_E2B_HOST_B="+wanHostB, "DEN_E2B_HOST_C="+wanAddr,
+		"DEN_E2B_DENY="+wanDeny)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
@@ -62,21 +67,24 @@ func TestE2BEgress(t *testing.T) {
 		log, _ := os.ReadFile(d.logPath)
 		t.Fatalf("the SDK program: %v\ndaemon log:\n%s", err, log)
 	}
-	var ids struct{ Closed, Listed, Open, Forked string }
+	var ids struct{ Closed, Listed, Denied, Forked string }
 	last := out.String()[strings.LastIndex(out.String(), "RESULT ")+len("RESULT "):]
-	if err := json.Unmarshal([]byte(last), &ids); err != nil || ids.Closed == "" || ids.Listed == "" || ids.Open == "" || ids.Forked == "" {
+	if err := json.Unmarshal([]byte(last), &ids); err != nil || ids.Closed == "" || ids.Listed == "" || ids.Denied == "" || ids.Forked == "" {
 		t.Fatalf("no RESULT line with the sandboxes: %v %+v", err, ids)
 	}
 
 	// The servers' side: what got through, by sandbox.
 	mu.Lock()
-	got := map[string]string{wanHostA: strings.Join(seen[wanHostA], " "), wanHostB: strings.Join(seen[wanHostB], " ")}
+	got := map[string]string{}
+	for addr, paths := range seen {
+		got[addr] = strings.Join(paths, " ")
+	}
 	mu.Unlock()
 	for _, c := range []struct {
 		addr, sandbox string
 		want          bool
 	}{
-		{wanHostA, ids.Open, true}, {wanHostB, ids.Open, true},
+		{wanHostA, ids.Denied, false}, {wanHostB, ids.Denied, true}, {wanAddr, ids.Denied, true},
 		{wanHostA, ids.Closed, false}, {wanHostB, ids.Closed, false},
 		{wanHostA, ids.Listed, false}, {wanHostB, ids.Listed, true},
 		{wanHostA, ids.Forked, false}, {wanHostB, ids.Forked, true},
@@ -96,7 +104,7 @@ func TestE2BEgress(t *testing.T) {
 		DeniedPackets uint64   `json:"denied_packets"`
 		Denied        []denied `json:"denied"`
 	}{}
-	all := []string{ids.Closed, ids.Listed, ids.Open, ids.Forked}
+	all := []string{ids.Closed, ids.Listed, ids.Denied, ids.Forked}
 	for _, id := range all {
 		l := logs[id]
 		if err := json.Unmarshal([]byte(d.must("net", "log", id, "--json")), &l); err != nil {
@@ -111,7 +119,7 @@ func TestE2BEgress(t *testing.T) {
 	}{
 		{ids.Closed, "deny-all", []string{wanHostA, wanHostB}},
 		{ids.Listed, "allow:" + wanHostB, []string{wanHostA}},
-		{ids.Open, "allow-all", nil},
+		{ids.Denied, "deny:" + wanDeny + ";allow:" + wanHostB, []string{wanHostA}},
 		{ids.Forked, "allow:" + wanHostB, []string{wanHostA}},
 	} {
 		l := logs[c.id]

@@ -314,6 +314,28 @@ func TestEgress(t *testing.T) {
 		t.Fatalf("other.test after the policy change: %q %v", out, err)
 	}
 	d.must("exec", "box", "--", "sh", "-c", "kill -0 $(cat /tmp/pid)")
+	// A deny list: what it lists is closed, the rest open; the names of
+	// its allow list open their addresses even inside it.
+	d.must("net", "policy", "box", "deny:"+wanHostA)
+	if out, err := d.fetch("box", "http://other.test/"); err != nil || out != "this is "+wanHostB+"\n" {
+		t.Fatalf("other.test under deny:%s: %q %v", wanHostA, out, err)
+	}
+	if out, ok := d.blocked("box", "http://"+wanHostA+"/"); !ok {
+		t.Fatalf("deny:%s let a connection to it through: %q", wanHostA, out)
+	}
+	d.must("net", "policy", "box", "deny:10.99.1.0/24;allow:allowed.test")
+	if out, ok := d.blocked("box", "http://"+wanHostA+"/"); !ok {
+		t.Fatalf("a denied address before its listed name resolved went through: %q", out)
+	}
+	if out, err := d.fetch("box", "http://allowed.test/"); err != nil || out != "this is "+wanHostA+"\n" {
+		t.Fatalf("allowed.test, the deny list's exception: %q %v", out, err)
+	}
+	if out, ok := d.blocked("box", "http://other.test/"); !ok {
+		t.Fatalf("other.test, in the deny list and not an exception, went through: %q", out)
+	}
+	if vm := d.netInfo("box"); vm.Egress != "deny:10.99.1.0/24;allow:allowed.test" {
+		t.Fatalf("egress %q after den net policy deny:...", vm.Egress)
+	}
 	d.must("net", "policy", "box", "allow:"+wanHostB)
 	if out, err := d.fetch("box", "http://"+wanHostB+"/"); err != nil {
 		t.Fatalf("a CIDR entry: %q %v", out, err)
@@ -331,6 +353,7 @@ func TestEgress(t *testing.T) {
 		{[]string{"net", "policy", "box", "allow:ex ample.com"}, "bad egress entry"},
 		{[]string{"net", "policy", "box", "allow:10.0.0.1/8"}, "10.0.0.0/8"},
 		{[]string{"net", "policy", "box", "permit-all"}, "bad egress policy"},
+		{[]string{"net", "policy", "box", "deny:other.test"}, "a deny list takes IPv4 addresses and CIDRs"},
 		{[]string{"create", "x", "--egress", "allow:*"}, "bad egress entry"},
 		{[]string{"url", "box", "--port", "70000"}, "1 to 65535"},
 	} {

@@ -72,8 +72,8 @@ func (s *served) answer(req *dns.Msg) (*dns.Msg, *dns.EDNS0_EDE) {
 }
 
 // forward is the upstreams' answer to q, nil if the VM was stopped in
-// the meantime. Under an allow list it tells Allow the answer's
-// addresses first.
+// the meantime. When the policy lists the name it tells Allow the
+// answer's addresses first.
 func (s *served) forward(req *dns.Msg, q dns.Question, p *Policy) *dns.Msg {
 	select {
 	case s.forwards <- struct{}{}:
@@ -90,7 +90,9 @@ func (s *served) forward(req *dns.Msg, q dns.Question, p *Policy) *dns.Msg {
 		s.r.warnUpstream(s.vm, q.Name, err)
 		return new(dns.Msg).SetRcode(req, dns.RcodeServerFailure)
 	}
-	if p.Mode == AllowList {
+	// The answer's addresses open when the policy lists the name (under
+	// a deny list, as exceptions to it).
+	if p.Mode == AllowList || p.Mode == DenyList && p.Lists(q.Name) {
 		addrs, ttl := aRecords(resp)
 		for _, rr := range resp.Answer {
 			rr.Header().Ttl = min(rr.Header().Ttl, uint32(maxAllowTTL/time.Second))

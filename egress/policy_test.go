@@ -31,6 +31,9 @@ func TestParse(t *testing.T) {
 			Domains: []string{"1a", "a-b.c0", "localhost", "xn--bcher-kva.de"}}},
 		{"allow:" + strings.Repeat("a", 63) + ".com", Policy{Mode: AllowList,
 			Domains: []string{strings.Repeat("a", 63) + ".com"}}},
+		{"deny:169.254.169.254", Policy{Mode: DenyList, Deny: []netip.Prefix{pfx("169.254.169.254/32")}}},
+		{" deny:10.0.0.0/8, 8.8.8.8 ; allow: 10.1.2.3,Example.ORG,10.1.2.3 ", Policy{Mode: DenyList,
+			Deny: []netip.Prefix{pfx("8.8.8.8/32"), pfx("10.0.0.0/8")}, CIDRs: []netip.Prefix{pfx("10.1.2.3/32")}, Domains: []string{"example.org"}}},
 	} {
 		got, err := Parse(c.in)
 		if err != nil || !reflect.DeepEqual(got, c.want) {
@@ -47,12 +50,19 @@ func TestParseErrors(t *testing.T) {
 	}
 	domainRule := "not an IPv4 address, CIDR or domain name (domain labels are 1-63 letters, digits and '-', not starting or ending with '-')"
 	for _, c := range []struct{ in, want string }{
-		{"", `bad egress policy "": use allow-all, deny-all or allow:LIST (comma-separated IPv4 addresses, CIDRs and domains)`},
-		{"allow", `bad egress policy "allow": use allow-all, deny-all or allow:LIST (comma-separated IPv4 addresses, CIDRs and domains)`},
-		{"Allow-All", `bad egress policy "Allow-All": use allow-all, deny-all or allow:LIST (comma-separated IPv4 addresses, CIDRs and domains)`},
-		{"deny:a.com", `bad egress policy "deny:a.com": use allow-all, deny-all or allow:LIST (comma-separated IPv4 addresses, CIDRs and domains)`},
-		{"allow:", `bad egress policy "allow:": the list is empty (use deny-all to block everything)`},
-		{"allow: ", `bad egress policy "allow:": the list is empty (use deny-all to block everything)`},
+		{"", `bad egress policy "": use allow-all, deny-all, allow:LIST or deny:LIST[;allow:LIST] (comma-separated IPv4 addresses, CIDRs and domains; a deny list takes no domains)`},
+		{"allow", `bad egress policy "allow": use allow-all, deny-all, allow:LIST or deny:LIST[;allow:LIST] (comma-separated IPv4 addresses, CIDRs and domains; a deny list takes no domains)`},
+		{"Allow-All", `bad egress policy "Allow-All": use allow-all, deny-all, allow:LIST or deny:LIST[;allow:LIST] (comma-separated IPv4 addresses, CIDRs and domains; a deny list takes no domains)`},
+		{"deny:a.com", `bad egress policy "deny:a.com": a deny list takes IPv4 addresses and CIDRs, not "a.com" (a name's addresses can be reached without it)`},
+		{"deny:10.0.0.0/8,*.a.com", `bad egress policy "deny:10.0.0.0/8,*.a.com": a deny list takes IPv4 addresses and CIDRs, not "*.a.com" (a name's addresses can be reached without it)`},
+		{"deny:", `bad egress policy "deny:": the list is empty (use deny-all to block everything, allow-all to block nothing)`},
+		{"deny:10.0.0.0/8;", `bad egress policy "deny:10.0.0.0/8;": after a deny list's ';' comes allow:LIST (what it may reach even so)`},
+		{"deny:10.0.0.0/8;deny:1.2.3.4", `bad egress policy "deny:10.0.0.0/8;deny:1.2.3.4": after a deny list's ';' comes allow:LIST (what it may reach even so)`},
+		{"deny:10.0.0.0/8;allow:", `bad egress policy "deny:10.0.0.0/8;allow:": the list is empty (use deny-all to block everything, allow-all to block nothing)`},
+		{"deny:10.0.0.1/8", `bad egress entry "10.0.0.1/8": host bits are set (use 10.0.0.0/8)`},
+		{"allow:a.com;allow:b.com", `bad egress policy "allow:a.com;allow:b.com": ';' follows a deny list only (deny:LIST;allow:LIST)`},
+		{"allow:", `bad egress policy "allow:": the list is empty (use deny-all to block everything, allow-all to block nothing)`},
+		{"allow: ", `bad egress policy "allow:": the list is empty (use deny-all to block everything, allow-all to block nothing)`},
 		{"allow:a.com,,b.com", `bad egress policy "allow:a.com,,b.com": entry 2 is empty (remove the extra comma)`},
 		{"allow:a.com,", `bad egress policy "allow:a.com,": entry 2 is empty (remove the extra comma)`},
 		{"allow:ex ample.com", `bad egress entry "ex ample.com": ` + domainRule},
@@ -117,6 +127,7 @@ func TestString(t *testing.T) {
 	for _, in := range []string{
 		"allow-all", "deny-all", "allow:github.com",
 		"allow:b.com,*.a.com,10.1.0.0/16,10.0.0.1,A.com.,10.0.0.0/8,0.0.0.0/0,10.0.0.0/16",
+		"deny:169.254.169.254", "deny:10.0.0.0/8,1.1.1.1;allow:*.a.com,10.0.0.1",
 	} {
 		p, err := Parse(in)
 		if err != nil {
@@ -133,6 +144,10 @@ func TestString(t *testing.T) {
 	}
 	p, _ := Parse("allow:b.com,*.a.com,10.1.0.0/16,10.0.0.1,A.com.,10.0.0.0/8")
 	if got, want := p.String(), "allow:10.0.0.0/8,10.0.0.1,10.1.0.0/16,*.a.com,a.com,b.com"; got != want {
+		t.Errorf("String = %q, want %q", got, want)
+	}
+	p, _ = Parse("deny:10.0.0.0/8, 1.1.1.1 ;allow:B.com,10.0.0.1")
+	if got, want := p.String(), "deny:1.1.1.1,10.0.0.0/8;allow:10.0.0.1,b.com"; got != want {
 		t.Errorf("String = %q, want %q", got, want)
 	}
 }
@@ -214,5 +229,35 @@ func TestAllowsAddr(t *testing.T) {
 	}
 	if (Policy{Mode: DenyAll}).AllowsAddr(a) || (Policy{Mode: AllowList}).AllowsAddr(a) {
 		t.Error("deny-all or an empty allow list allows an address")
+	}
+	// A deny list: everything but its list, its exceptions winning.
+	d, err := Parse("deny:10.0.0.0/8,169.254.169.254;allow:10.1.2.3,10.2.0.0/16,github.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for a, want := range map[string]bool{
+		"10.0.0.1": false, "10.255.255.255": false, "169.254.169.254": false, "169.254.169.253": true,
+		"10.1.2.3": true, "10.1.2.4": false, "10.2.9.9": true, "1.2.3.4": true, "::ffff:10.0.0.1": false,
+	} {
+		if got := d.AllowsAddr(netip.MustParseAddr(a)); got != want {
+			t.Errorf("deny list AllowsAddr(%s) = %v, want %v", a, got, want)
+		}
+	}
+}
+
+func TestDenyListNames(t *testing.T) {
+	d, err := Parse("deny:10.0.0.0/8;allow:*.github.com,example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every name resolves under a deny list; the listed ones open their
+	// addresses even inside the denied CIDRs.
+	for name, listed := range map[string]bool{"api.github.com.": true, "github.com": false, "EXAMPLE.org": true, "other.test": false} {
+		if !d.AllowsName(name) {
+			t.Errorf("a deny list refuses the name %q", name)
+		}
+		if got := d.Lists(name); got != listed {
+			t.Errorf("Lists(%q) = %v, want %v", name, got, listed)
+		}
 	}
 }

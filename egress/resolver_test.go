@@ -354,6 +354,36 @@ func TestAllowList(t *testing.T) {
 	}
 }
 
+// TestDenyList: under a deny list every name resolves; only the names
+// its exceptions list open their addresses (Allow), before the answer.
+func TestDenyList(t *testing.T) {
+	up := startUpstream(t)
+	h := newHarness(t, time.Second, up.addr)
+	addr := h.serve(t, "box", mustParse(t, "deny:192.0.2.0/24;allow:plain.test,*.example.org"))
+	for _, c := range []struct {
+		name   string
+		addrs  []netip.Addr
+		listed bool
+	}{
+		{"plain.test.", parseAddrs("192.0.2.1"), true},
+		{"short.test.", parseAddrs("192.0.2.5"), false},
+		{"www.example.org.", parseAddrs("198.51.100.1", "198.51.100.2"), true},
+	} {
+		before := len(h.allowed())
+		r := query(t, addr, c.name, dns.TypeA, "udp", true)
+		if rcode(r) != "NOERROR" || !reflect.DeepEqual(addrs(r), c.addrs) {
+			t.Errorf("%s: %s %v", c.name, rcode(r), r.Answer)
+		}
+		calls := h.allowed()[before:]
+		if c.listed && (len(calls) != 1 || !reflect.DeepEqual(calls[0].addrs, c.addrs)) || !c.listed && len(calls) != 0 {
+			t.Errorf("%s (listed %v): Allow calls %v", c.name, c.listed, calls)
+		}
+	}
+	if st := h.r.Stats("box"); st.Refused != 0 {
+		t.Errorf("a deny list refused names: %+v", st)
+	}
+}
+
 // Allow runs before the answer is sent: while Allow runs, the VM's
 // socket has no answer waiting (on loopback a datagram sent is queued
 // at once).

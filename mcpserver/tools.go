@@ -36,7 +36,7 @@ type CreateInput struct {
 	Memory      string `json:"memory,omitempty" jsonschema:"guest RAM in whole MiB with K, M, G or T, e.g. 512M or 2G (default 512M)"`
 	Disk        string `json:"disk,omitempty" jsonschema:"disk size, e.g. 20G (default 4G, or the image's disk when larger)"`
 	IdleTimeout string `json:"idle_timeout,omitempty" jsonschema:"sleep after this long idle, e.g. 10m; 0 never (default 10m)"`
-	Egress      string `json:"egress,omitempty" jsonschema:"egress policy: allow-all, deny-all or allow:LIST of CIDRs and domain names (default: the daemon's)"`
+	Egress      string `json:"egress,omitempty" jsonschema:"egress policy: allow-all, deny-all, allow:LIST of CIDRs and domain names, or deny:LIST of CIDRs[;allow:LIST] (default: the daemon's)"`
 	Cold        bool   `json:"cold,omitempty" jsonschema:"boot instead of restoring the image's warm snapshot (slower)"`
 }
 

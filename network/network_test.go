@@ -76,13 +76,19 @@ func TestTableScripts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	deny, err := egress.Parse("deny:10.0.0.0/8,169.254.169.254,10.9.0.0/16;allow:10.1.2.3,example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
 	atts := []attachment{
 		{vm: "a", slot: 0, lease: Lease{Subnet: pool.Subnet(0), Tap: "dntest-0"}},
 		{vm: "b", slot: 1, lease: Lease{Subnet: pool.Subnet(1), Tap: "dntest-1"}, policy: allow},
 		{vm: "c", slot: 7, lease: Lease{Subnet: pool.Subnet(7), Tap: "dntest-7"}, policy: egress.Policy{Mode: egress.DenyAll}},
+		{vm: "d", slot: 3, lease: Lease{Subnet: pool.Subnet(3), Tap: "dntest-3"}, policy: deny},
 	}
 	script := tb.base(atts) +
 		tb.vm(atts[0], false) + // re-attached as is
+		tb.vm(atts[3], true) +
 		tb.allow(1, []netip.Addr{netip.MustParseAddr("140.82.112.3"), netip.MustParseAddr("140.82.112.4")}, time.Minute) +
 		tb.remove(7, "dntest-7") +
 		tb.remove(9, "dntest-9") // never attached
@@ -96,6 +102,16 @@ func TestTableScripts(t *testing.T) {
 	}
 	if !strings.Contains(script, "ip daddr @cidr_1 accept") || strings.Contains(tb.vm(atts[2], true), "@dns_7 accept") {
 		t.Fatal("policies are not rendered as they say")
+	}
+	// A deny list: its exceptions first, then what it blocks.
+	d := tb.vm(atts[3], true)
+	for _, rule := range []string{"add element inet den_test block_3 { 10.0.0.0/8, 169.254.169.254/32 }", "add element inet den_test cidr_3 { 10.1.2.3/32 }"} {
+		if !strings.Contains(d, rule) {
+			t.Errorf("the deny list's script lacks %q:\n%s", rule, d)
+		}
+	}
+	if i, j := strings.Index(d, "ip daddr @dns_3 accept"), strings.Index(d, "ip daddr != @block_3 accept"); i < 0 || j < i {
+		t.Errorf("the deny list's rules are not its exceptions, then everything but its list:\n%s", d)
 	}
 	// Every drop of a VM's packets is counted and logged: to other VMs,
 	// to the host, by the policy.

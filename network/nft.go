@@ -119,6 +119,7 @@ func vmChain(slot int) string    { return fmt.Sprintf("vm_%d", slot) }
 func inChain(slot int) string    { return fmt.Sprintf("in_%d", slot) }
 func dnsSet(slot int) string     { return fmt.Sprintf("dns_%d", slot) }
 func cidrSet(slot int) string    { return fmt.Sprintf("cidr_%d", slot) }
+func blockSet(slot int) string   { return fmt.Sprintf("block_%d", slot) }
 func logSet(slot int) string     { return fmt.Sprintf("log_%d", slot) }
 func deniedName(slot int) string { return fmt.Sprintf("denied_%d", slot) }
 func denyChain(slot int) string  { return fmt.Sprintf("deny_%d", slot) }
@@ -142,12 +143,13 @@ func (t table) vm(a attachment, flushDNS bool) string {
 	}
 	w("add set inet %s %s { type ipv4_addr; flags interval; }", T, cidrSet(n))
 	w("flush set inet %s %s", T, cidrSet(n))
-	if cidrs := collapse(a.policy.CIDRs); len(cidrs) > 0 {
-		var els []string
-		for _, c := range cidrs {
-			els = append(els, c.String())
-		}
-		w("add element inet %s %s { %s }", T, cidrSet(n), strings.Join(els, ", "))
+	if els := elements(a.policy.CIDRs); els != "" {
+		w("add element inet %s %s { %s }", T, cidrSet(n), els)
+	}
+	w("add set inet %s %s { type ipv4_addr; flags interval; }", T, blockSet(n))
+	w("flush set inet %s %s", T, blockSet(n))
+	if els := elements(a.policy.Deny); els != "" {
+		w("add element inet %s %s { %s }", T, blockSet(n), els)
 	}
 	w("add set inet %s %s { type ipv4_addr . inet_proto . inet_service; flags dynamic,timeout; timeout 1h; size 256; counter; }", T, logSet(n))
 	w("add counter inet %s %s", T, deniedName(n))
@@ -166,6 +168,11 @@ func (t table) vm(a attachment, flushDNS bool) string {
 	case egress.AllowList:
 		w("add rule inet %s %s ip daddr @%s accept", T, vmChain(n), cidrSet(n))
 		w("add rule inet %s %s ip daddr @%s accept", T, vmChain(n), dnsSet(n))
+	case egress.DenyList:
+		// What the list allows wins over what it denies.
+		w("add rule inet %s %s ip daddr @%s accept", T, vmChain(n), cidrSet(n))
+		w("add rule inet %s %s ip daddr @%s accept", T, vmChain(n), dnsSet(n))
+		w("add rule inet %s %s ip daddr != @%s accept", T, vmChain(n), blockSet(n))
 	default:
 		w("add rule inet %s %s accept", T, vmChain(n))
 	}
@@ -181,6 +188,15 @@ func (t table) vm(a attachment, flushDNS bool) string {
 	w(`add element inet %s egress { "%s" : jump %s }`, T, a.lease.Tap, vmChain(n))
 	w(`add element inet %s ingress { "%s" : jump %s }`, T, a.lease.Tap, inChain(n))
 	return b.String()
+}
+
+// elements are ps as the elements of an interval set ("" for none).
+func elements(ps []netip.Prefix) string {
+	var els []string
+	for _, c := range collapse(ps) {
+		els = append(els, c.String())
+	}
+	return strings.Join(els, ", ")
 }
 
 // collapse drops the prefixes another of the list contains: an interval
@@ -230,6 +246,8 @@ func (t table) remove(slot int, tap string) string {
 	w("delete set inet %s %s", T, dnsSet(n))
 	w("add set inet %s %s { type ipv4_addr; flags interval; }", T, cidrSet(n))
 	w("delete set inet %s %s", T, cidrSet(n))
+	w("add set inet %s %s { type ipv4_addr; flags interval; }", T, blockSet(n))
+	w("delete set inet %s %s", T, blockSet(n))
 	w("add set inet %s %s { type ipv4_addr . inet_proto . inet_service; flags dynamic,timeout; timeout 1h; size 256; counter; }", T, logSet(n))
 	w("delete set inet %s %s", T, logSet(n))
 	w("add counter inet %s %s", T, deniedName(n))

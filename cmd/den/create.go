@@ -36,7 +36,7 @@ Examples:
 			&cli.StringFlag{Name: "disk", Usage: "disk size (sparse; default " + size.Format(api.DefaultDisk) + ", or the image's disk when larger)"},
 			&cli.StringFlag{Name: "image", Usage: "root filesystem: debian or minimal (default: the daemon's)"},
 			&cli.BoolFlag{Name: "cold", Usage: "boot instead of restoring the image's warm base snapshot"},
-			&cli.StringFlag{Name: "egress", Usage: "egress policy: allow-all, deny-all or allow:LIST of CIDRs and domains (default: the daemon's)"},
+			&cli.StringFlag{Name: "egress", Usage: "egress policy: allow-all, deny-all, allow:LIST of CIDRs and domains, or deny:LIST of CIDRs[;allow:LIST] (default: the daemon's)"},
 			&cli.StringFlag{Name: "idle-timeout", Usage: "sleep after this long idle; 0 never", Value: api.DefaultIdleTimeout.String()},
 		),
 		Action: func(c *cli.Context) error {

@@ -70,7 +70,7 @@ Examples:
 			&cli.StringFlag{Name: "net", Value: machine.NetAuto, Usage: "how VMs reach the network: tap (a TAP and a routed subnet each, NAT and egress policy through nftables), user (QEMU's user-mode network), auto (tap where possible)"},
 			&cli.StringFlag{Name: "net-pool", Value: network.DefaultPool, Usage: "where VMs' subnets (a /30 each) come from"},
 			&cli.StringSliceFlag{Name: "dns-upstream", Usage: "resolver (host[:port]) the VMs' resolver asks; repeat for more (default: the host's /etc/resolv.conf)"},
-			&cli.StringFlag{Name: "egress-default", Value: "allow-all", Usage: "egress policy of VMs created without --egress: allow-all, deny-all or allow:LIST"},
+			&cli.StringFlag{Name: "egress-default", Value: "allow-all", Usage: "egress policy of VMs created without --egress: allow-all, deny-all, allow:LIST or deny:LIST[;allow:LIST]"},
 			&cli.StringFlag{Name: "netns", Usage: "run in this network namespace (a name from ip netns, or a path): VMs' TAPs, NAT and the listeners live there"},
 			&cli.StringFlag{Name: "http-listen", Value: "off", Usage: "serve VMs' URLs (den url) on this address; off: none"},
 			&cli.StringFlag{Name: "http-domain", Usage: "route Host NAME.DOMAIN to VM NAME on --http-listen (else only /vm/NAME/ paths)"},

@@ -17,15 +17,18 @@ func netCommand() *cli.Command {
 		Usage:     "a VM's network: its egress policy, and what the policy refused",
 		UsageText: "den net policy NAME POLICY\n   den net log NAME",
 		Description: `Every VM has a TAP device and an address of its own, NAT out through the
-host, and an egress policy: allow-all, deny-all, or allow:LIST where LIST
+host, and an egress policy: allow-all, deny-all, allow:LIST where LIST
 mixes CIDRs (10.0.0.0/8, 1.2.3.4) and domain names (github.com,
-*.example.org). Names are enforced by the VM's resolver in the daemon: it
-answers only allowed names and lets their answers through the firewall;
-traffic to any other address is dropped.
+*.example.org), or deny:LIST of CIDRs, everything else allowed (with
+;allow:LIST after it, what may be reached even so). Names are enforced by
+the VM's resolver in the daemon: it answers only allowed names and lets
+their answers through the firewall; traffic to any other address is
+dropped.
 
 Examples:
    den net policy box allow:github.com,*.githubusercontent.com,10.0.0.0/8
    den net policy box deny-all
+   den net policy box 'deny:169.254.169.254,10.0.0.0/8;allow:10.1.2.3'
    den net log box`,
 		Subcommands: []*cli.Command{netPolicyCommand(), netLogCommand()},
 	}
@@ -36,7 +39,7 @@ func netPolicyCommand() *cli.Command {
 		Name:      "policy",
 		Usage:     "change a VM's egress policy, at once (running VMs too)",
 		ArgsUsage: "NAME POLICY",
-		UsageText: "den net policy NAME allow-all|deny-all|allow:LIST",
+		UsageText: "den net policy NAME allow-all|deny-all|allow:LIST|deny:LIST[;allow:LIST]",
 		Description: `Open connections are cut and meet the new policy when they go on.
 
 Examples:

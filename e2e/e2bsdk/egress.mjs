@@ -3,14 +3,16 @@
 // namespace, with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set to
 // the daemon's --e2b-listen address and a den token, and DEN_E2B_HOST_A
 // and DEN_E2B_HOST_B to two test servers' addresses (port 80) in the
-// test's "wan" namespace. The daemon runs with TAP networking, where
+// test's "wan" namespace, DEN_E2B_HOST_C to a third server outside
+// DEN_E2B_DENY (a CIDR holding A and B). The daemon runs with TAP networking, where
 // den's egress policy is enforced (nftables).
 //
 // Makes three sandboxes (allowInternetAccess: false; allowOut [B] with
-// denyOut [ALL_TRAFFIC]; default network) and checks from inside each
-// which server a TCP connection reaches; a denyOut other than
-// ALL_TRAFFIC is refused at create; the policy holds after pause and
-// connect, and in a fork. Leaves the sandboxes running and
+// denyOut [ALL_TRAFFIC]; denyOut [DENY] with allowOut [B], den's deny
+// list with an exception) and checks from inside each which server a
+// TCP connection reaches; a denyOut den cannot enforce (a domain) is
+// refused at create; the policy holds after pause and connect, and in a
+// fork. Leaves the sandboxes running and
 // prints their ids on a last line, RESULT {json}, for the Go test to read
 // den's own view of them (den net log) before it removes them. Every
 // request path names the sandbox, so the servers' logs say who got
@@ -21,7 +23,9 @@ import { Sandbox, CommandExitError, ALL_TRAFFIC } from 'e2b'
 const template = process.env.DEN_E2B_TEMPLATE || 'debian'
 const hostA = process.env.DEN_E2B_HOST_A
 const hostB = process.env.DEN_E2B_HOST_B
-assert.ok(hostA && hostB, 'DEN_E2B_HOST_A and DEN_E2B_HOST_B are required')
+const hostC = process.env.DEN_E2B_HOST_C
+const deny = process.env.DEN_E2B_DENY
+assert.ok(hostA && hostB && hostC && deny, 'DEN_E2B_HOST_A, _B, _C and DEN_E2B_DENY are required')
 const t0 = Date.now()
 const step = (what) => console.log(`[${((Date.now() - t0) / 1000).toFixed(1)}s] ${what}`)
 
@@ -55,33 +59,35 @@ async function blocked(sbx, addr, tag, what) {
   step(`${what}: ${addr} blocked (${r.out.trim()})`)
 }
 
-// A denyOut list den cannot enforce is refused, not ignored: den's
-// policy is an allow list, denyOut takes ALL_TRAFFIC only.
+// A denyOut den cannot enforce is refused, not ignored: a domain (its
+// addresses are reached without it; E2B takes none there either).
 let refused = null
 try {
-  const s = await Sandbox.create(template, { timeoutMs: 600_000, network: { denyOut: [hostA] } })
+  const s = await Sandbox.create(template, { timeoutMs: 600_000, network: { denyOut: ['example.org'] } })
   await s.kill()
 } catch (e) {
   refused = e
 }
-assert.ok(refused, 'a create with denyOut [A] was not refused')
-assert.match(refused.message, /denyOut takes 0\.0\.0\.0\/0/, `the refusal: ${refused.message}`)
-step(`denyOut [${hostA}] refused: ${refused.message}`)
+assert.ok(refused, 'a create with denyOut [example.org] was not refused')
+assert.match(refused.message, /a deny list takes IPv4 addresses and CIDRs/, `the refusal: ${refused.message}`)
+step(`denyOut [example.org] refused: ${refused.message}`)
 
 step(`create three sandboxes from ${template}`)
 const opts = { timeoutMs: 600_000, metadata: { suite: 'den-e2e-egress' } }
-const [closed, listed, open] = await Promise.all([
+const [closed, listed, denied] = await Promise.all([
   Sandbox.create(template, { ...opts, allowInternetAccess: false }),
   Sandbox.create(template, { ...opts, network: { allowOut: [hostB], denyOut: [ALL_TRAFFIC] } }),
-  Sandbox.create(template, opts),
+  Sandbox.create(template, { ...opts, network: { denyOut: [deny], allowOut: [hostB] } }),
 ])
-step(`created: closed ${closed.sandboxId}, listed ${listed.sandboxId}, open ${open.sandboxId}`)
+step(`created: closed ${closed.sandboxId}, listed ${listed.sandboxId}, denied ${denied.sandboxId}`)
 
-// The default: both servers answer (and the network works, so the
-// blocks below are the policy's).
-await reaches(open, hostA, 'open', 'default network')
-await reaches(open, hostB, 'open', 'default network')
-step('default network: A and B reached')
+// denyOut [DENY] with allowOut [B]: C (not listed) and B (allowOut wins
+// over denyOut) answer, so the network works and the blocks below are
+// the policy's; A (in DENY) does not.
+await reaches(denied, hostC, 'denied', `denyOut [${deny}]`)
+await reaches(denied, hostB, 'denied', `denyOut [${deny}], allowOut [B]`)
+step(`denyOut [${deny}], allowOut [B]: C and B reached`)
+await blocked(denied, hostA, 'denied', `denyOut [${deny}]`)
 
 // allowInternetAccess: false: neither server, and commands still run.
 await blocked(closed, hostA, 'closed', 'allowInternetAccess false')
@@ -110,5 +116,5 @@ step('a fork of allowOut [B]: B reached')
 await blocked(forked, hostA, 'forked', 'a fork of allowOut [B]')
 
 console.log('RESULT ' + JSON.stringify({
-  closed: closed.sandboxId, listed: listed.sandboxId, open: open.sandboxId, forked: forked.sandboxId,
+  closed: closed.sandboxId, listed: listed.sandboxId, denied: denied.sandboxId, forked: forked.sandboxId,
 }))
