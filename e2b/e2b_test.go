@@ -71,6 +71,26 @@ func TestParseFilter(t *testing.T) {
 	}
 }
 
+func TestOnTimeout(t *testing.T) {
+	for _, c := range []struct {
+		rec    record
+		asleep bool
+		want   timeoutAction
+	}{
+		{record{}, false, kill},
+		{record{}, true, kill}, // den's idle sleep does not spare it
+		{record{AutoPause: true}, false, pause},
+		{record{AutoPause: true}, true, pauseAsleep},
+		{record{AutoPause: true, Paused: true}, true, noEnd},
+		{record{Paused: true}, true, noEnd},
+		{record{Paused: true}, false, kill}, // resumed by den's means, then timed out
+	} {
+		if got := onTimeout(c.rec, c.asleep); got != c.want {
+			t.Errorf("onTimeout(%+v, asleep %v) = %v, want %v", c.rec, c.asleep, got, c.want)
+		}
+	}
+}
+
 func TestEgressOf(t *testing.T) {
 	for _, c := range []struct {
 		body string

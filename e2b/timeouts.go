@@ -10,7 +10,7 @@ import (
 
 // expire ends the sandboxes whose timeout has passed: each is killed,
 // or put to sleep (den sleep, memory kept) when its lifecycle says
-// pause. Paused sandboxes have no end.
+// pause (onTimeout). Sandboxes E2B paused have no end.
 func (s *Server) expire(ctx context.Context) {
 	now := time.Now()
 	for id, rec := range s.recs.all() {
@@ -41,11 +41,17 @@ func (s *Server) end(ctx context.Context, id string, rec record) {
 		_ = s.recs.remove(id)
 		return
 	}
-	if state(vm) == "paused" {
+	switch onTimeout(rec, state(vm) == "paused") {
+	case noEnd:
 		s.clearEnd(id)
 		return
-	}
-	if rec.AutoPause {
+	case pauseAsleep:
+		s.log.Info("e2b: sandbox timed out: paused (den's idle sleep had put it to sleep)", "sandbox", id)
+		s.dropSessions(id, false)
+		s.logs.add(id, "info", "timed out: paused (it slept already: memory kept)")
+		s.paused(id)
+		return
+	case pause:
 		s.log.Info("e2b: sandbox timed out: pausing", "sandbox", id)
 		if _, err := cl.Sleep(ctx, id, api.SleepRequest{Force: true}); err != nil {
 			s.log.Warn("e2b: timeout: sleep", "sandbox", id, "err", err)
@@ -74,6 +80,31 @@ func (s *Server) end(ctx context.Context, id string, rec record) {
 	s.dropSessions(id, true)
 	s.logs.forget(id)
 	_ = s.recs.remove(id)
+}
+
+// What a sandbox's timeout does.
+type timeoutAction int
+
+const (
+	kill        timeoutAction = iota // kill it (its vm sleeps on when it has snapshots)
+	pause                            // put it to sleep, as E2B paused
+	pauseAsleep                      // record it as E2B paused: den's idle sleep put it to sleep already
+	noEnd                            // nothing: E2B paused it, and a paused sandbox has no end
+)
+
+// onTimeout is what rec's timeout does to its sandbox, asleep or not. A
+// sandbox that den's idle sleep (not E2B) put to sleep is running as E2B
+// sees it: its timeout kills or pauses it all the same.
+func onTimeout(rec record, asleep bool) timeoutAction {
+	switch {
+	case asleep && rec.Paused:
+		return noEnd
+	case rec.AutoPause && asleep:
+		return pauseAsleep
+	case rec.AutoPause:
+		return pause
+	}
+	return kill
 }
 
 // paused records that E2B paused sandbox id: no end, and (without
