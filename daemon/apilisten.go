@@ -79,10 +79,11 @@ func (a *apiListener) close() {
 	}
 }
 
-// selfSigned makes a self-signed certificate for the listener's address
-// (and localhost) unless certFile exists already.
-func selfSigned(certFile, keyFile, listen string) error {
-	if _, err := os.Stat(certFile); err == nil {
+// selfSigned makes a self-signed certificate for the listener's address,
+// localhost and names (DNS names, wildcards too) unless certFile exists
+// already and covers names.
+func selfSigned(certFile, keyFile, listen string, names ...string) error {
+	if _, err := os.Stat(certFile); err == nil && covers(certFile, names) {
 		return nil
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -101,7 +102,7 @@ func selfSigned(certFile, keyFile, listen string) error {
 		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		IsCA:         true, BasicConstraintsValid: true,
-		DNSNames:    []string{"localhost"},
+		DNSNames:    append([]string{"localhost"}, names...),
 		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 	}
 	if host, _, err := net.SplitHostPort(listen); err == nil {
@@ -129,6 +130,32 @@ func selfSigned(certFile, keyFile, listen string) error {
 		return err
 	}
 	return atomicfile.Write(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+}
+
+// covers says whether the certificate in certFile is valid for every
+// name (a wildcard *.D: for a name under D).
+func covers(certFile string, names []string) bool {
+	data, err := os.ReadFile(certFile)
+	if err != nil {
+		return false
+	}
+	block, _ := pem.Decode(data)
+	if block == nil {
+		return false
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return false
+	}
+	for _, n := range names {
+		if rest, ok := strings.CutPrefix(n, "*."); ok {
+			n = "den-name-check." + rest
+		}
+		if cert.VerifyHostname(n) != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // tokenCaller establishes a TLS request's caller from its bearer token.

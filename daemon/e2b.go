@@ -61,7 +61,7 @@ func startE2B(ctx context.Context, o Options, state machine.StateDir, tokens use
 	}
 	l := &e2bListener{ln: ln, addr: ln.Addr().String()}
 	if host, _, _ := net.SplitHostPort(o.E2BListen); !isLoopback(host) {
-		cfg, err := e2bTLS(o, state)
+		cfg, err := e2bTLS(o, state, e2bDomain(o.E2BDomain, ln.Addr()))
 		if err != nil {
 			ln.Close()
 			return nil, err
@@ -103,16 +103,25 @@ func isLoopback(host string) bool {
 }
 
 // e2bTLS is the TLS configuration of a non-loopback E2B listener: the
-// --api-tls-cert and --api-tls-key files, or the daemon's self-signed
-// certificate.
-func e2bTLS(o Options, state machine.StateDir) (*tls.Config, error) {
+// --api-tls-cert and --api-tls-key files, or a self-signed certificate
+// of its own, for its address and, with a domain, the sandboxes' host
+// names (*.DOMAIN: PORT-ID.DOMAIN is one label under it), made anew when
+// the one kept lacks them.
+func e2bTLS(o Options, state machine.StateDir, domain string) (*tls.Config, error) {
 	certFile, keyFile := o.APITLSCert, o.APITLSKey
 	if (certFile == "") != (keyFile == "") {
 		return nil, errors.New("e2b listener: give both --api-tls-cert and --api-tls-key, or neither (a self-signed certificate)")
 	}
 	if certFile == "" {
-		certFile, keyFile = state.APICert(), state.APIKey()
-		if err := selfSigned(certFile, keyFile, o.E2BListen); err != nil {
+		certFile, keyFile = state.E2BCert(), state.E2BKey()
+		var names []string
+		if domain != "" {
+			if host, _, err := net.SplitHostPort(domain); err == nil {
+				domain = host
+			}
+			names = []string{domain, "*." + domain}
+		}
+		if err := selfSigned(certFile, keyFile, o.E2BListen, names...); err != nil {
 			return nil, fmt.Errorf("e2b listener: %w", err)
 		}
 	}

@@ -28,6 +28,12 @@ func (s StateDir) GatewayKey() string { return filepath.Join(string(s), "keys", 
 func (s StateDir) APICert() string { return filepath.Join(string(s), "keys", "api.crt") }
 func (s StateDir) APIKey() string  { return filepath.Join(string(s), "keys", "api.key") }
 
+// E2BCert and E2BKey are the TLS certificate and key of a non-loopback
+// E2B listener when the daemon made them itself (self-signed, with the
+// sandboxes' host names).
+func (s StateDir) E2BCert() string { return filepath.Join(string(s), "keys", "e2b.crt") }
+func (s StateDir) E2BKey() string  { return filepath.Join(string(s), "keys", "e2b.key") }
+
 // MemoryCopies holds local copies of snapshots' memory (memcopy.go), a
 // directory per VM.
 func (s StateDir) MemoryCopies() string { return filepath.Join(string(s), "memory") }
