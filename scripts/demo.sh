@@ -139,7 +139,6 @@ sshgw() {
 step "sleep it again" "$den" sleep box
 step "ssh through the gateway wakes it (plain OpenSSH)" sshgw box@127.0.0.1 'echo hello from $(hostname); cat /root/work.txt'
 step "den verbs over ssh" sshgw den@127.0.0.1 ls
-step "remove the VMs" "$den" rm box box2 experiment
 
 # An E2B program, unchanged, with den's address and a den token.
 if [ -f e2e/e2bsdk/node_modules/e2b/package.json ] && command -v node >/dev/null; then
@@ -153,6 +152,10 @@ if [ -f e2e/e2bsdk/node_modules/e2b/package.json ] && command -v node >/dev/null
 else
 	echo "demo: no e2b SDK (make deps-node installs it): the E2B step is skipped"
 fi
+
+step "change a file and start a project" "$den" exec box -- sh -c 'echo "more work" >> /root/work.txt; mkdir -p /root/project && printf "print(\"hello\")\n" > /root/project/main.py'
+step "what the demo changed in box since its checkpoint (den diff: the disks, read on the host)" "$den" diff box@cp-1 --path /root -p
+step "remove the VMs" "$den" rm box box2 experiment
 
 printf '\n\033[1m== what each step took (%s, %s)\033[0m\n' "$("$den" info --json | sed -n 's/.*"vmm": "\(.*\)",/\1/p')" "$("$den" info --json | sed -n 's/.*"accel": "\(.*\)",/\1/p')"
 printf '   %s\n' "${timings[@]}"
