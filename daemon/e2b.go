@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -120,6 +121,13 @@ func e2bTLS(o Options, state machine.StateDir, domain string) (*tls.Config, erro
 				domain = host
 			}
 			names = []string{domain, "*." + domain}
+		}
+		// The kept certificate must also hold the listener's address,
+		// which may have changed: one that does not is made anew.
+		if host, _, err := net.SplitHostPort(o.E2BListen); err == nil {
+			if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) && !covers(certFile, []string{host}) {
+				_ = os.Remove(certFile)
+			}
 		}
 		if err := selfSigned(certFile, keyFile, o.E2BListen, names...); err != nil {
 			return nil, fmt.Errorf("e2b listener: %w", err)

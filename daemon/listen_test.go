@@ -97,6 +97,14 @@ func TestE2BCertificate(t *testing.T) {
 	if err := leaf(cfg).VerifyHostname("8000-abc123.other.test"); err != nil {
 		t.Errorf("a new domain: %v", err)
 	}
+	// Another address: a new certificate for it.
+	o.E2BListen = "192.0.2.8:3000"
+	if cfg, err = e2bTLS(o, state, "other.test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := leaf(cfg).VerifyHostname("192.0.2.8"); err != nil {
+		t.Errorf("a new address: %v", err)
+	}
 	if _, err := os.Stat(state.APICert()); !os.IsNotExist(err) {
 		t.Errorf("the API's certificate file: %v", err)
 	}

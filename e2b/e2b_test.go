@@ -109,6 +109,7 @@ func TestEgressOf(t *testing.T) {
 		{`{"network":{"allowOut":["example.org"]}}`, "", true},
 		{`{"network":{"denyOut":["example.org"]}}`, "", true},
 		{`{"network":{"denyOut":["10.0.0.1/8"]}}`, "", true},
+		{`{"network":{"denyOut":["0.0.0.0/0","bad..name"],"allowOut":["1.1.1.1"]}}`, "", true},
 		{`{"network":{"egressProxy":{"address":"p:1080"}}}`, "", true},
 	} {
 		var b newSandbox

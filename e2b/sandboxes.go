@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/denhq/den/egress"
 	"io"
 	"net/http"
 	"net/url"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/egress"
 	"github.com/denhq/den/internal/validate"
 )
 
@@ -169,6 +169,8 @@ func seconds(n int64) (time.Duration, error) {
 // denyOut 0.0.0.0/0 is den's allow list (or deny-all), any other denyOut
 // den's deny list with allowOut its exceptions. allowOut without denyOut
 // changes nothing, and with a domain it is refused, as E2B refuses it.
+// (E2B also refuses domains in allowOut beside a denyOut without
+// 0.0.0.0/0; den takes them, as exceptions its resolver opens.)
 func egressOf(b newSandbox) (string, error) {
 	n := b.Network
 	if n != nil && (len(n.EgressProxy) > 0 && string(n.EgressProxy) != "null" || len(n.Rules) > 0 && string(n.Rules) != "null") {
@@ -184,6 +186,12 @@ func egressOf(b newSandbox) (string, error) {
 			} else {
 				deny = append(deny, d)
 			}
+		}
+	}
+	if len(deny) > 0 {
+		// Each denyOut entry is checked, beside 0.0.0.0/0 too.
+		if _, err := egress.Parse("deny:" + strings.Join(deny, ",")); err != nil {
+			return "", err
 		}
 	}
 	var policy string

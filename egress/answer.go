@@ -97,7 +97,7 @@ func (s *served) forward(req *dns.Msg, q dns.Question, p *Policy) *dns.Msg {
 		for _, rr := range resp.Answer {
 			rr.Header().Ttl = min(rr.Header().Ttl, uint32(maxAllowTTL/time.Second))
 		}
-		if len(addrs) > 0 && !s.allow(addrs, ttl) {
+		if len(addrs) > 0 && !s.allow(p, addrs, ttl) {
 			return nil
 		}
 	}

@@ -12,7 +12,7 @@ import (
 // trailing dot.
 const maxName = 253
 
-// parseEntry reads one entry of an allow list: an IPv4 address (a /32),
+// parseEntry reads one entry of a policy's list: an IPv4 address (a /32),
 // a canonical IPv4 CIDR, or a domain name or wildcard, which it returns
 // lower case without a trailing dot.
 func parseEntry(e string) (netip.Prefix, string, error) {

@@ -25,11 +25,13 @@ type Options struct {
 	// whenever the file changes.
 	Upstreams []string
 	// Allow, if set, is called with the A records of every answer to a
-	// VM under an allow list, before the VM gets the answer: the
-	// firewall should let the VM reach addrs for ttl (the smallest TTL
-	// of the records, between one minute and one hour). Once Stop(vm)
-	// or Close returned, no new call for vm begins.
-	Allow func(vm string, addrs []netip.Addr, ttl time.Duration)
+	// name the VM's policy lists (an allow list's, or a deny list's
+	// exceptions), before the VM gets the answer: the firewall should
+	// let the VM reach addrs for ttl (the smallest TTL of the records,
+	// between one minute and one hour), unless the VM's policy is no
+	// longer p, the one the answer was made under. Once Stop(vm) or
+	// Close returned, no new call for vm begins.
+	Allow func(vm string, p Policy, addrs []netip.Addr, ttl time.Duration)
 	// Logger gets the resolver's warnings and, at debug level, its
 	// refusals (slog.Default() if nil).
 	Logger *slog.Logger

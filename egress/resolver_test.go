@@ -146,7 +146,7 @@ func newHarness(t *testing.T, timeout time.Duration, upstreams ...string) *harne
 	h := &harness{}
 	h.r = NewResolver(Options{
 		Upstreams: upstreams,
-		Allow: func(vm string, addrs []netip.Addr, ttl time.Duration) {
+		Allow: func(vm string, _ Policy, addrs []netip.Addr, ttl time.Duration) {
 			h.mu.Lock()
 			h.calls = append(h.calls, allowCall{vm, addrs, ttl})
 			hook := h.hook

@@ -134,12 +134,17 @@ func (s *served) stop() {
 
 // allow calls Options.Allow unless the VM is stopped (stop waits for
 // the calls that began before); it says whether the answer may go out.
-func (s *served) allow(addrs []netip.Addr, ttl time.Duration) bool {
+func (s *served) allow(p *Policy, addrs []netip.Addr, ttl time.Duration) bool {
 	if s.ctx.Err() != nil {
 		return false
 	}
+	if s.policy.Load() != p {
+		// The policy changed while the upstream answered: the answer
+		// was made under the old one. The VM asks again.
+		return false
+	}
 	if s.r.o.Allow != nil {
-		s.r.o.Allow(s.vm, addrs, ttl)
+		s.r.o.Allow(s.vm, *p, addrs, ttl)
 	}
 	return true
 }

@@ -65,7 +65,8 @@ sed -i 's/^root:[^:]*:/root:*:/' "$r/etc/shadow"
 # bash -l -c) runs no mesg: it has no terminal to guard, and under TCG
 # each program run costs tens of milliseconds.
 sed -i 's/^mesg n 2> \/dev\/null || true$/if [ -t 0 ]; then mesg n 2>\/dev\/null || true; fi/' "$r/root/.profile"
-grep -q '^if \[ -t 0 \]; then mesg n' "$r/root/.profile"
+grep -q '^if \[ -t 0 \]; then mesg n' "$r/root/.profile" ||
+	{ echo "rootfs-debian: /root/.profile has no 'mesg n' line to guard" >&2; exit 1; }
 
 # Nothing periodic wakes an idle VM; no VGA console on a microVM.
 for u in apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer \

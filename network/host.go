@@ -55,6 +55,10 @@ type Host struct {
 	res   *egress.Resolver
 	log   *slog.Logger
 
+	// policyMu orders a policy change against the resolver's openings:
+	// an answer made under the old policy never opens the new rules.
+	policyMu sync.Mutex
+
 	mu    sync.Mutex
 	slots map[int]string         // slot -> vm
 	vms   map[string]*attachment // attached
@@ -246,13 +250,18 @@ func (h *Host) up(a attachment) error {
 // new policy, and its open connections are cut so that they meet the new
 // rules.
 func (h *Host) SetPolicy(ctx context.Context, vm string, p egress.Policy) error {
+	h.policyMu.Lock()
+	defer h.policyMu.Unlock()
 	h.mu.Lock()
 	old, ok := h.vms[vm]
 	h.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("set egress policy of vm %q: it is not on the network", vm)
 	}
-	a, _, err := h.register(vm, old.lease, p)
+	a, changed, err := h.register(vm, old.lease, p)
+	if err == nil && !changed {
+		return nil // the same policy: its rules and what it opened stay
+	}
 	if err == nil {
 		err = h.table.run(ctx, h.table.vm(a, true))
 	}
@@ -368,13 +377,19 @@ func (h *Host) prune() error {
 	return errors.Join(errs...)
 }
 
-// allow is the resolver's hook: a VM may reach addrs for ttl. Addresses
-// the table lets through for more than half of ttl yet are left as they
-// are.
-func (h *Host) allow(vm string, addrs []netip.Addr, ttl time.Duration) {
+// allow is the resolver's hook: a VM whose policy is p may reach addrs
+// for ttl. Addresses the table lets through for more than half of ttl
+// yet are left as they are; nothing opens once the VM's policy is
+// another.
+func (h *Host) allow(vm string, p egress.Policy, addrs []netip.Addr, ttl time.Duration) {
+	h.policyMu.Lock()
+	defer h.policyMu.Unlock()
 	now := time.Now()
 	h.mu.Lock()
 	a, ok := h.vms[vm]
+	if ok && a.policy.String() != p.String() {
+		ok = false
+	}
 	var need []netip.Addr
 	for _, ad := range addrs {
 		if h.opened[vm][ad].Sub(now) < ttl/2 {

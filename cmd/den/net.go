@@ -20,10 +20,12 @@ func netCommand() *cli.Command {
 host, and an egress policy: allow-all, deny-all, allow:LIST where LIST
 mixes CIDRs (10.0.0.0/8, 1.2.3.4) and domain names (github.com,
 *.example.org), or deny:LIST of CIDRs, everything else allowed (with
-;allow:LIST after it, what may be reached even so). Names are enforced by
-the VM's resolver in the daemon: it answers only allowed names and lets
-their answers through the firewall; traffic to any other address is
-dropped.
+;allow:LIST after it, what may be reached even so: quote it for the
+shell). Names are enforced by the VM's resolver in the daemon: under an
+allow list it answers only the listed names and lets their answers
+through the firewall, and traffic to any other address is dropped; under
+a deny list it answers every name, and the names of its allow list open
+their answers even inside the denied CIDRs.
 
 Examples:
    den net policy box allow:github.com,*.githubusercontent.com,10.0.0.0/8
