@@ -168,13 +168,24 @@ func (s Store) Sizes(ctx context.Context, vm, id string) (memory, disk int64, er
 // pausedSnapshot pauses the guest, writes the VMM snapshot into the
 // pending checkpoint and, at the same time, clones the disk (the VMM
 // flushed it, the guest cannot write), and resumes: memory and disk of
-// one instant.
+// one instant. First the guest writes out what its page cache holds
+// (a freeze, thawed at once), so that the disk alone, which den diff
+// and restore --path read, has what was written before the checkpoint
+// was asked; a guest that cannot is checkpointed all the same (memory
+// and disk together are whole).
 func (s Store) pausedSnapshot(ctx context.Context, from From, p *Pending, h TakeHooks) (err error) {
 	dir := p.Path(VMMDir)
 	if err := s.Vol.MkdirAll(ctx, dir); err != nil {
 		return err
 	}
-	end := phase.Begin(ctx, "pause")
+	end := phase.Begin(ctx, "flush the guest's filesystems")
+	if err := from.Guest.Freeze(ctx); err != nil {
+		h.Log.Debug("checkpoint: the guest's filesystems not flushed", "err", err)
+	} else if err := from.Guest.Thaw(ctx); err != nil {
+		h.Log.Warn("checkpoint: thaw after the flush", "err", err)
+	}
+	end()
+	end = phase.Begin(ctx, "pause")
 	err = from.Guest.Pause(ctx)
 	end()
 	if err != nil {
