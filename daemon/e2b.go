@@ -122,12 +122,16 @@ func e2bTLS(o Options, state machine.StateDir, domain string) (*tls.Config, erro
 			}
 			names = []string{domain, "*." + domain}
 		}
-		// The kept certificate must also hold the listener's address,
-		// which may have changed: one that does not is made anew.
+		// The kept certificate must hold these names and the listener's
+		// address, which may have changed: one that does not is made anew.
+		need := names
 		if host, _, err := net.SplitHostPort(o.E2BListen); err == nil {
-			if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) && !covers(certFile, []string{host}) {
-				_ = os.Remove(certFile)
+			if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+				need = append(need[:len(need):len(need)], host)
 			}
+		}
+		if !covers(certFile, need) {
+			_ = os.Remove(certFile)
 		}
 		if err := selfSigned(certFile, keyFile, o.E2BListen, names...); err != nil {
 			return nil, fmt.Errorf("e2b listener: %w", err)

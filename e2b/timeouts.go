@@ -41,24 +41,24 @@ func (s *Server) end(ctx context.Context, id string, rec record) {
 		_ = s.recs.remove(id)
 		return
 	}
-	switch onTimeout(rec, state(vm) == "paused") {
+	switch action := onTimeout(rec, state(vm) == "paused"); action {
 	case noEnd:
 		s.clearEnd(id)
 		return
-	case pauseAsleep:
-		s.log.Info("e2b: sandbox timed out: paused (den's idle sleep had put it to sleep)", "sandbox", id)
-		s.dropSessions(id, false)
-		s.logs.add(id, "info", "timed out: paused (it slept already: memory kept)")
-		s.paused(id)
-		return
-	case pause:
-		s.log.Info("e2b: sandbox timed out: pausing", "sandbox", id)
-		if _, err := cl.Sleep(ctx, id, api.SleepRequest{Force: true}); err != nil {
-			s.log.Warn("e2b: timeout: sleep", "sandbox", id, "err", err)
-			return
+	case pause, pauseAsleep:
+		how := "it slept already"
+		if action == pause {
+			s.log.Info("e2b: sandbox timed out: pausing", "sandbox", id)
+			if _, err := cl.Sleep(ctx, id, api.SleepRequest{Force: true}); err != nil {
+				s.log.Warn("e2b: timeout: sleep", "sandbox", id, "err", err)
+				return
+			}
+			how = "den sleep"
+		} else {
+			s.log.Info("e2b: sandbox timed out: paused (den's idle sleep had put it to sleep)", "sandbox", id)
 		}
 		s.dropSessions(id, false)
-		s.logs.add(id, "info", "timed out: paused (den sleep: memory kept)")
+		s.logs.add(id, "info", "timed out: paused ("+how+": memory kept)")
 		s.paused(id)
 		return
 	}

@@ -55,9 +55,11 @@ type Host struct {
 	res   *egress.Resolver
 	log   *slog.Logger
 
-	// policyMu orders a policy change against the resolver's openings:
-	// an answer made under the old policy never opens the new rules.
-	policyMu sync.Mutex
+	// policyMu orders a VM's policy change against its resolver's
+	// openings (an answer made under the old policy never opens the new
+	// rules): one lock per slot modulo its length, so that VMs' openings
+	// do not wait for each other's nft runs.
+	policyMu [16]sync.Mutex
 
 	mu    sync.Mutex
 	slots map[int]string         // slot -> vm
@@ -250,14 +252,15 @@ func (h *Host) up(a attachment) error {
 // new policy, and its open connections are cut so that they meet the new
 // rules.
 func (h *Host) SetPolicy(ctx context.Context, vm string, p egress.Policy) error {
-	h.policyMu.Lock()
-	defer h.policyMu.Unlock()
 	h.mu.Lock()
 	old, ok := h.vms[vm]
 	h.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("set egress policy of vm %q: it is not on the network", vm)
 	}
+	mu := h.policyLock(old.slot)
+	mu.Lock()
+	defer mu.Unlock()
 	a, changed, err := h.register(vm, old.lease, p)
 	if err == nil && !changed {
 		return nil // the same policy: its rules and what it opened stay
@@ -382,14 +385,9 @@ func (h *Host) prune() error {
 // yet are left as they are; nothing opens once the VM's policy is
 // another.
 func (h *Host) allow(vm string, p egress.Policy, addrs []netip.Addr, ttl time.Duration) {
-	h.policyMu.Lock()
-	defer h.policyMu.Unlock()
 	now := time.Now()
 	h.mu.Lock()
 	a, ok := h.vms[vm]
-	if ok && a.policy.String() != p.String() {
-		ok = false
-	}
 	var need []netip.Addr
 	for _, ad := range addrs {
 		if h.opened[vm][ad].Sub(now) < ttl/2 {
@@ -399,6 +397,15 @@ func (h *Host) allow(vm string, p egress.Policy, addrs []netip.Addr, ttl time.Du
 	h.mu.Unlock()
 	if !ok || len(need) == 0 {
 		return
+	}
+	mu := h.policyLock(a.slot)
+	mu.Lock()
+	defer mu.Unlock()
+	h.mu.Lock()
+	current := h.vms[vm] == a
+	h.mu.Unlock()
+	if !current || a.policy.String() != p.String() {
+		return // detached, or its policy changed since the answer
 	}
 	s := h.table.allow(a.slot, need, ttl)
 	if s == "" {
@@ -420,6 +427,9 @@ func (h *Host) allow(vm string, p egress.Policy, addrs []netip.Addr, ttl time.Du
 		h.opened[vm][ad] = now.Add(ttl)
 	}
 }
+
+// policyLock is the lock that orders slot's policy changes and openings.
+func (h *Host) policyLock(slot int) *sync.Mutex { return &h.policyMu[slot%len(h.policyMu)] }
 
 // Status is what den net log shows of a VM.
 type Status struct {
