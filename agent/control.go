@@ -102,6 +102,14 @@ func (c *Client) Activity(ctx context.Context) (Activity, error) {
 	return r, err
 }
 
+// ProcLog reads the guest's process record after sequence number after
+// (0: from its oldest), at most max events (0: the agent's bound).
+func (c *Client) ProcLog(ctx context.Context, after uint64, max int) (ProcLogReply, error) {
+	var r ProcLogReply
+	err := c.call(ctx, ReqProcLog, ProcLogRequest{After: after, Max: max}, &r)
+	return r, err
+}
+
 // Poweroff asks the guest to stop its processes, unmount and power off.
 // It returns once the agent has accepted; the VM stops shortly after.
 func (c *Client) Poweroff(ctx context.Context) error {

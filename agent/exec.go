@@ -39,6 +39,9 @@ type ExecRequest struct {
 	// Keep leaves the command running in the guest when this session
 	// ends before it does (see EnvKeep); its output is dropped then.
 	Keep bool
+	// Session names the den session the command belongs to in the
+	// activity record (see EnvSession); empty: none.
+	Session string
 }
 
 // MaxCommandLine is the longest command line, in bytes, that the guest
@@ -93,6 +96,9 @@ func (c *Client) run(ctx context.Context, req ExecRequest, line string, shell bo
 	}
 	if req.Keep {
 		env = append(env[:len(env):len(env)], EnvKeep+"=1")
+	}
+	if req.Session != "" {
+		env = append(env[:len(env):len(env)], EnvSession+"="+req.Session)
 	}
 	for _, kv := range env {
 		k, v, ok := strings.Cut(kv, "=")

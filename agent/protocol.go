@@ -21,6 +21,10 @@ const (
 	// no SIGHUP, and its output is read and dropped from then on. The
 	// agent does not pass it on.
 	EnvKeep = "DEN_KEEP"
+	// EnvSession, sent in an "env" request, names the den session (who
+	// ran it, through what) the command and its descendants belong to in
+	// the activity record. The agent does not pass it on.
+	EnvSession = "DEN_SESSION"
 	// ExitSetupFailed is the exit status of a session whose command could
 	// not be set up (unknown user, missing working directory, exec
 	// failure); the reason is on stderr.
@@ -42,7 +46,62 @@ const (
 	ReqActivity = "den-activity@den"
 	ReqPoweroff = "den-poweroff@den"
 	ReqGrowRoot = "den-growroot@den"
+	ReqProcLog  = "den-proclog@den"
 )
+
+// ProcLogRequest asks for the process events the agent recorded after
+// sequence number After of its ring (0: from the oldest it holds), at
+// most Max of them (0: the agent's own bound).
+type ProcLogRequest struct {
+	After uint64 `json:"after"`
+	Max   int    `json:"max,omitempty"`
+}
+
+// ProcLogReply is a page of the agent's process record.
+type ProcLogReply struct {
+	// Ring names the agent's record: a new one on every start of the
+	// agent (a boot, a restart), the same after a memory snapshot is
+	// restored. Sequence numbers count within it from 1.
+	Ring string `json:"ring"`
+	// Events are those after the request's After, oldest first.
+	Events []ProcEvent `json:"events"`
+	// Last is the sequence number of the newest event the agent holds
+	// (0: none yet).
+	Last uint64 `json:"last"`
+	// Oldest is the sequence number of the oldest event it still holds:
+	// events between After and Oldest were dropped by its bound.
+	Oldest uint64 `json:"oldest"`
+	// Off says the agent records nothing (no proc connector in the
+	// guest kernel, or not allowed); Reason says why.
+	Off    bool   `json:"off,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Process event kinds.
+const (
+	ProcExec = "exec"
+	ProcExit = "exit"
+)
+
+// ProcEvent is one process started (exec) or ended (exit) in the guest.
+type ProcEvent struct {
+	Seq  uint64    `json:"seq"`
+	Time time.Time `json:"time"`
+	Kind string    `json:"kind"`
+	PID  int       `json:"pid"`
+	PPID int       `json:"ppid,omitempty"`
+	UID  int       `json:"uid"`
+	// Argv is the command line, cut to a bound (ArgvTruncated then).
+	Argv          []string `json:"argv,omitempty"`
+	ArgvTruncated bool     `json:"argv_truncated,omitempty"`
+	// Session is the den session (EnvSession) the process descends from.
+	Session string `json:"session,omitempty"`
+	// Exit: the status, or the signal that ended it, and how long it ran
+	// since its exec.
+	Status   *int          `json:"status,omitempty"`
+	Signal   string        `json:"signal,omitempty"`
+	Duration time.Duration `json:"duration_ns,omitempty"`
+}
 
 // ReadyRequest is the payload of ReqReady. An empty one (from an older
 // den) asks for nothing more than ReadyInfo.

@@ -67,6 +67,11 @@ type Options struct {
 	// MemoryCopies bounds the local copies of snapshots' memory (see
 	// machine.Config).
 	MemoryCopies int64
+	// ActivityCap bounds each VM's activity record (0: the default);
+	// ActivityPull is how often running VMs' guest records are read (see
+	// machine.Config).
+	ActivityCap  int64
+	ActivityPull time.Duration
 	// IdleCheck is how often the idle monitor looks at the VMs
 	// (default 5 s).
 	IdleCheck time.Duration
@@ -226,6 +231,7 @@ func Run(ctx context.Context, o Options) error {
 	m, err = machine.New(ctx, machine.Config{
 		State: state, HostName: o.HostName, TakenFrom: takenFrom, Volume: vol, Registry: db, AgentKey: agentKey, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
 		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, MemoryFiles: o.MemoryFiles, CollectGrace: o.CollectGrace, RAMDir: o.RAMDir, MemoryCopies: o.MemoryCopies,
+		RecordCap: o.ActivityCap, RecordPull: o.ActivityPull,
 		Memory: o.Memory, Network: o.Network, VMUser: o.VMUser,
 	})
 	if err != nil {

@@ -104,6 +104,7 @@ func (b gatewayBackend) Open(ctx context.Context, vm, user string) (*sshgw.Upstr
 	if err != nil {
 		return nil, err
 	}
+	s.Tag(user+" (ssh gateway)", "gateway")
 	start := time.Now()
 	release := func() {
 		s.Release()

@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+
+	"github.com/denhq/den/activity"
 	"io"
 
 	"github.com/denhq/den/checkpoint"
@@ -40,6 +42,7 @@ type Lifecycle interface {
 	Restore(ctx context.Context, name, id string, o machine.RestoreOptions, progress machine.Progress) (saved string, err error)
 	Fork(ctx context.Context, src, id, name string, progress machine.Progress) (registry.VM, error)
 	Diff(ctx context.Context, o machine.DiffOptions, progress machine.Progress) (machine.DiffResult, error)
+	Activity(ctx context.Context, name string, f activity.Filter) ([]activity.Entry, error)
 	RestorePaths(ctx context.Context, o machine.RestorePathsOptions, progress machine.Progress) (machine.RestorePathsResult, error)
 	SetEgress(ctx context.Context, name string, p egress.Policy) error
 	SetURL(ctx context.Context, name string, c machine.URLChange) (machine.URLSettings, error)

@@ -124,6 +124,8 @@ func TestOpenAPITour(t *testing.T) {
 	call("GET", "/v1/tokens", "", 200)
 	call("DELETE", "/v1/tokens?ref=ci", "", 200)
 	call("GET", "/v1/audit?vm=box&limit=5", "", 200)
+	call("GET", "/v1/vms/box/activity?kind=vm,session&last=5", "", 200)
+	call("GET", "/v1/vms/box/activity?kind=files", "", 400)
 	call("DELETE", "/v1/vms/twin?force=1", "", 204)
 	call("DELETE", "/v1/vms/box", "", 204)
 

@@ -33,6 +33,7 @@ func (s *Server) sshUpgrade(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer sess.Release()
+	sess.Tag(whoOf(callerOf(r)), "den")
 	hj, ok := w.(http.Hijacker)
 	if !ok {
 		writeJSON(w, http.StatusInternalServerError, api.ErrorBody{Error: "connection cannot be upgraded", Code: "internal"})
@@ -76,6 +77,22 @@ func (s *Server) sshUpgrade(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	sshrelay.Serve(ctx, chans, sess.Conn, sshrelay.Hooks{Logger: s.log})
+}
+
+// whoOf names a caller in a VM's activity record: the user, and the
+// token or the connection it came through.
+func whoOf(c Caller) string {
+	who := c.User
+	if who == "" {
+		who = "admin"
+	}
+	if c.Token != "" {
+		return who + " (token " + c.Token + ")"
+	}
+	if c.Source != "" {
+		return who + " (" + c.Source + ")"
+	}
+	return who
 }
 
 // readerConn reads first what the HTTP server buffered.

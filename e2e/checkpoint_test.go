@@ -61,6 +61,8 @@ func TestCheckpointRestoreFork(t *testing.T) {
 		}
 	})
 
+	t.Run("activity record", func(t *testing.T) { testActivity(t, d) })
+
 	t.Run("fork twice", func(t *testing.T) {
 		d.must("fork", "box@cp-1", "f1")
 		d.must("fork", "box@cp-1", "f2")

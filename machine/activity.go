@@ -24,7 +24,7 @@ const DefaultActivitySave = 30 * time.Second
 
 // startActivitySaver starts writing last activity every ActivitySave
 // until stopActivitySaver.
-func (ac *activity) startActivitySaver() {
+func (ac *lastActivity) startActivitySaver() {
 	every := ac.m.cfg.ActivitySave
 	if every <= 0 {
 		every = DefaultActivitySave
@@ -47,7 +47,7 @@ func (ac *activity) startActivitySaver() {
 
 // stopActivitySaver ends the saver (m.closed is closed) and writes what
 // it has not written yet.
-func (ac *activity) stopActivitySaver() {
+func (ac *lastActivity) stopActivitySaver() {
 	ac.m.actWG.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -57,7 +57,7 @@ func (ac *activity) stopActivitySaver() {
 // saveActivity writes the last activity of every open instance whose
 // activity is newer than its record's. Instances being closed (sleep,
 // restore, rm) are their operation's to record.
-func (ac *activity) saveActivity(ctx context.Context) {
+func (ac *lastActivity) saveActivity(ctx context.Context) {
 	ac.m.mu.Lock()
 	insts := make([]*instance, 0, len(ac.m.instances))
 	for _, in := range ac.m.instances {
@@ -85,4 +85,4 @@ func (ac *activity) saveActivity(ctx context.Context) {
 
 // activity saves running VMs' last activity to the registry, at most every
 // Config.ActivitySave (activity.go).
-type activity struct{ m *Manager }
+type lastActivity struct{ m *Manager }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/denhq/den/activity"
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/internal/validate"
@@ -72,6 +73,14 @@ func (o *op) checkpoint(ctx context.Context, opts CheckpointOptions, progress Pr
 	if err := m.guard.needSpace(need, fmt.Sprintf("checkpoint vm %q", vm.Name)); err != nil {
 		return registry.Checkpoint{}, err
 	}
+	mark := vmEvent(activity.EventCheckpoint, id, "")
+	if running {
+		// The record up to the checkpoint's instant, and where a restore
+		// to it reads the guest's record on from (what the guest records
+		// between this read and the pause is in its memory, and read
+		// after such a restore).
+		mark.Cursor = m.records.pullBefore(ctx, vm.Name, in)
+	}
 	rec := checkpoint.Record{VM: vm.Name, ID: id, Seq: seq, Parent: sp.Head, Comment: opts.Comment, VMM: vm.VMM}
 	var memCopy *memCopyJob // the RAM file's local copy, made while paused
 	from := checkpoint.From{Disk: storage.VMDisk(vm.Name), DiskOnly: opts.DiskOnly}
@@ -117,6 +126,10 @@ func (o *op) checkpoint(ctx context.Context, opts CheckpointOptions, progress Pr
 	if err := m.db.AddCheckpoint(ctx, rec); err != nil {
 		return rec, err
 	}
+	if rec.Kind != checkpoint.KindMemoryDisk {
+		mark.Detail = "disk only"
+	}
+	m.records.mark(vm.Name, mark)
 	m.snaps.sizesLater(vm.Name, id)
 	m.integrity.sealLater(checkpoint.Dir(vm.Name, id), m.snaps.withLocalMemory(checkpointRef(rec), checkpointKey(id, rec.Seal)))
 	// No spare disk is made for it here (spares.go): its clone would

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/denhq/den/activity"
 	"github.com/denhq/den/egress"
 	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/internal/validate"
@@ -276,6 +277,14 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	if src.memory != "" {
 		m.snaps.fillBaseCopy(src.ref, warmKey) // for the next create
 	}
+	mark := vmEvent(activity.EventBoot, "", "created from "+src.what)
+	if in := op.instance(); src.memory != "" && in != nil {
+		// What ran in the warm base before its snapshot is not this
+		// VM's.
+		mark.Detail = "created from " + src.what + " (a warm base's memory)"
+		mark.Cursor = m.records.skipCursor(ctx, in)
+	}
+	m.records.mark(o.Name, mark)
 	return op.vm, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/denhq/den/activity"
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/registry"
 )
@@ -129,7 +130,18 @@ func (o *op) forkFrom(ctx context.Context, src, id string, progress Progress) (e
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		from.memory = checkpoint.Dir(src, id).Join(checkpoint.VMMDir)
 	}
-	return o.bringUp(ctx, from, progress) // the fork's stack removes it on failure
+	if err := o.bringUp(ctx, from, progress); err != nil {
+		return err // the fork's stack removes it
+	}
+	mark := vmEvent(activity.EventFork, "", "")
+	mark.From, mark.Cursor = src+"@"+id, unknownCursor
+	if from.memory != "" {
+		mark.Cursor = m.records.cursorAt(src, id)
+	} else {
+		mark.Detail = "booted from the checkpoint's disk"
+	}
+	m.records.mark(name, mark)
+	return nil
 }
 
 // rollBackAutoCheckpoint drops the checkpoint a fork took, when a crash

@@ -19,7 +19,8 @@
 // delta.go), integrity (digests: integrity.go), volumeGuard (volume loss
 // and space: volume.go, space.go), disks (disk.go), memoryBudget
 // (admission.go, pressure.go), agents (agentconn.go, identity.go),
-// activity (activity.go), hostLife (the host's shutdown and boot:
+// activity (last activity: activity.go), records (activity records:
+// record.go), hostLife (the host's shutdown and boot:
 // hostlife.go); and vmNet (network.go), spares (spares.go), confinement
 // (confine.go) and guestRAM (ram.go), which need nothing of the Manager.
 package machine
@@ -119,6 +120,12 @@ type Config struct {
 	// to the registry, at most (default DefaultActivitySave); see
 	// activity.go.
 	ActivitySave time.Duration
+	// RecordPull is how often a running VM's guest process record is read
+	// into its activity record (default DefaultRecordPull; below 0: only
+	// before operations and reads); RecordCap bounds a VM's record
+	// (default activity.DefaultCap). See record.go.
+	RecordPull time.Duration
+	RecordCap  int64
 	// Network is how VMs reach the network (network.go).
 	Network NetworkConfig
 	// VMUser is the unprivileged user VMMs run as (made when missing);
@@ -192,7 +199,8 @@ type Manager struct {
 	disks     disks
 	budget    memoryBudget
 	agents    agents
-	activity  activity
+	activity  lastActivity
+	records   records
 	host      hostLife
 	gc        collector
 	sched     schedules
@@ -296,6 +304,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	go m.guard.watchVolume()
 	go m.budget.watchPressure()
 	m.activity.startActivitySaver()
+	m.records.startPuller()
 	m.gc.start()
 	m.sched.start()
 	m.inBackground(func(ctx context.Context) { m.usage.warm(ctx, m.db, m.vol, m.state.UsageFile(), m.log) })
@@ -348,6 +357,7 @@ func (m *Manager) Close() error {
 		in.closeAgent()
 	}
 	m.activity.stopActivitySaver() // and the last activity written, for the next daemon
+	m.records.wg.Wait()
 	if m.net.host != nil {
 		m.net.host.Close() // the resolvers; TAPs and rules stay with the VMs
 	}
@@ -376,7 +386,8 @@ func wire(m *Manager) *Manager {
 	m.locks = locks{m}
 	m.procs = procs{m}
 	m.agents = agents{m}
-	m.activity = activity{m}
+	m.activity = lastActivity{m}
+	m.records = records{m: m}
 	m.gc = collector{m: m}
 	m.sched = schedules{m: m}
 	return m

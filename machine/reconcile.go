@@ -326,6 +326,7 @@ func (pr *procs) destroy(ctx context.Context, name string) {
 	if err := pr.m.vol.Remove(ctx, storage.VMDir(name)); err != nil {
 		pr.m.log.Warn("den: remove vm files", "vm", name, "err", err)
 	}
+	pr.m.records.forget(name)
 	pr.m.net.down(ctx, name)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/denhq/den/activity"
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
@@ -112,6 +113,9 @@ func (o *op) restore(ctx context.Context, id string, opts RestoreOptions, progre
 			return "", fmt.Errorf("restore vm %q: save current state: %w", name, err)
 		}
 		saved = row.ID
+	}
+	if in != nil && saved == "" {
+		m.records.pullBefore(ctx, name, in) // what ran until the restore
 	}
 	if in != nil {
 		// Killed, not quit: its memory and its disk's writes since the
@@ -272,5 +276,14 @@ func (o *op) finishRestore(ctx context.Context, cp registry.Checkpoint, staged *
 	if err != nil {
 		return fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 	}
+	// The guest's record goes on from where it was at the checkpoint.
+	mark := vmEvent(activity.EventRestore, id, "")
+	mark.Cursor = unknownCursor
+	if cp.Kind == checkpoint.KindMemoryDisk {
+		mark.Cursor = m.records.cursorAt(name, id)
+	} else {
+		mark.Detail = "booted from the checkpoint's disk"
+	}
+	m.records.mark(name, mark)
 	return nil
 }

@@ -2,11 +2,15 @@ package machine
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/denhq/den/activity"
+	"github.com/denhq/den/agent"
 	"github.com/denhq/den/registry"
 )
 
@@ -19,7 +23,40 @@ type Session struct {
 	// Done is closed when the agent connection breaks (the VM stopped).
 	Done <-chan struct{}
 	in   *instance
+	m    *Manager
 	done bool
+}
+
+// Tag gives the session an id in the VM's activity record, marked there
+// with who opened it and through what: every command it runs, and their
+// descendants, carry the id in the record. It returns the id.
+func (s *Session) Tag(who, via string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	id := via + "-" + hex.EncodeToString(b[:])
+	s.m.RecordSession(s.in.name, activity.Entry{Session: id, Who: who, Via: via})
+	s.Conn = taggedConn{Conn: s.Conn, id: id}
+	return id
+}
+
+// taggedConn opens session channels that carry their den session's id
+// (agent.EnvSession) before anything else.
+type taggedConn struct {
+	ssh.Conn
+	id string
+}
+
+func (c taggedConn) OpenChannel(name string, data []byte) (ssh.Channel, <-chan *ssh.Request, error) {
+	ch, reqs, err := c.Conn.OpenChannel(name, data)
+	if err != nil || name != "session" {
+		return ch, reqs, err
+	}
+	msg := struct{ Name, Value string }{agent.EnvSession, c.id}
+	if _, err := ch.SendRequest("env", false, ssh.Marshal(&msg)); err != nil {
+		ch.Close()
+		return nil, nil, err
+	}
+	return ch, reqs, nil
 }
 
 // Release ends the session's claim on the VM.
@@ -41,7 +78,7 @@ func (m *Manager) Open(ctx context.Context, name, owner string) (*Session, error
 	if err != nil {
 		return nil, err
 	}
-	s := &Session{in: in}
+	s := &Session{in: in, m: m}
 	c, err := m.agents.agentClient(ctx, in)
 	if err != nil {
 		s.Release()
@@ -98,8 +135,12 @@ func (o *op) run(ctx context.Context) (*instance, error) {
 	if in == nil || !alive(in) {
 		switch o.vm.State {
 		case registry.StateStopped:
+			restoring := o.spec.Restoring != ""
 			if err := o.start(ctx); err != nil {
 				return nil, err
+			}
+			if !restoring { // a restore marks itself
+				o.m.records.mark(o.name(), vmEvent(activity.EventBoot, "", "booted from its disk"))
 			}
 		case registry.StateSleeping:
 			if err := o.wake(ctx); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/denhq/den/activity"
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/atomicfile"
 	"github.com/denhq/den/internal/phase"
@@ -50,8 +51,11 @@ func (o *op) sleep(ctx context.Context, force bool) error {
 		}
 		return nil
 	})
+	end := phase.Begin(ctx, "activity record")
+	m.records.pullBefore(ctx, name, in)
+	end()
 	tmp := suspendNew(name)
-	end := phase.Begin(ctx, "volume: make the slot")
+	end = phase.Begin(ctx, "volume: make the slot")
 	err := m.vol.Remove(ctx, tmp)
 	if err == nil {
 		err = m.vol.MkdirAll(ctx, tmp)
@@ -108,6 +112,7 @@ func (o *op) sleep(ctx context.Context, force bool) error {
 		return fmt.Errorf("sleep vm %q: %w", name, err)
 	}
 	crashpoint("sleep-after-record")
+	m.records.mark(name, vmEvent(activity.EventSleep, "", ""))
 	key := suspendKey(seal, o.vm.Generation)
 	end = phase.Begin(ctx, "wait for the local memory copy")
 	memCopy.keep(key) // before the VMM and its RAM file go

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/denhq/den/activity"
 	"github.com/denhq/den/storage"
 )
 
@@ -44,6 +45,7 @@ func (o *op) wake(ctx context.Context) error {
 		m.snaps.dropRunSlot(ctx, vm.Name, err)
 		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
 	}
+	m.records.mark(vm.Name, vmEvent(activity.EventWake, "", ""))
 	return nil
 }
 

@@ -67,6 +67,9 @@ func VMDir(vm string) Path { return join(vmsDir, vm) }
 // VMDisk is the active disk image of the VM called vm.
 func VMDisk(vm string) Path { return join(vmsDir, vm, diskFile) }
 
+// VMActivity is the directory of the VM's activity record.
+func VMActivity(vm string) Path { return join(vmsDir, vm, "activity") }
+
 // CheckpointsDir holds every checkpoint of the VM called vm.
 func CheckpointsDir(vm string) Path { return join(vmsDir, vm, checkpointsDir) }
 

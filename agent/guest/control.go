@@ -56,6 +56,7 @@ func (s *Server) requestHandlers() map[string]ssh.RequestHandler {
 		agent.ReqActivity: wrap(agent.ReqActivity, s.ctlActivity),
 		agent.ReqPoweroff: wrap(agent.ReqPoweroff, s.ctlPoweroff),
 		agent.ReqGrowRoot: wrap(agent.ReqGrowRoot, s.ctlGrowRoot),
+		agent.ReqProcLog:  wrap(agent.ReqProcLog, s.ctlProcLog),
 		"keepalive@openssh.com": func(ssh.Context, *ssh.Server, *gossh.Request) (bool, []byte) {
 			return true, nil
 		},
@@ -164,6 +165,22 @@ func (s *Server) ctlIdentity(_ ssh.Context, payload []byte) (any, error) {
 
 func (s *Server) ctlActivity(ssh.Context, []byte) (any, error) {
 	return s.activity()
+}
+
+func (s *Server) ctlProcLog(_ ssh.Context, payload []byte) (any, error) {
+	var req agent.ProcLogRequest
+	if err := decode("proclog", payload, &req); err != nil {
+		return nil, err
+	}
+	rec := s.cfg.ProcRecord
+	if rec == nil {
+		reason := s.cfg.ProcRecordOff
+		if reason == "" {
+			reason = "the agent was started without a process record"
+		}
+		return agent.ProcLogReply{Off: true, Reason: reason, Events: []agent.ProcEvent{}}, nil
+	}
+	return rec.Read(req.After, req.Max), nil
 }
 
 func (s *Server) ctlPoweroff(_ ssh.Context, payload []byte) (any, error) {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/agent"
+	"github.com/denhq/den/agent/guest/procrec"
 	"github.com/denhq/den/internal/atomicfile"
 	"github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
@@ -39,6 +40,12 @@ type Config struct {
 	// Reaper, when the agent is init, reaps orphans; the server starts
 	// its processes through it.
 	Reaper *Reaper
+	// ProcRecord, when set, is the guest's process record: sessions tag
+	// their commands in it and ReqProcLog reads it. Nil: no record.
+	ProcRecord *procrec.Recorder
+	// ProcRecordOff says why there is no ProcRecord (ReqProcLog answers
+	// it).
+	ProcRecordOff string
 	// Logger; nil uses slog.Default().
 	Logger *slog.Logger
 }

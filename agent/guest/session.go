@@ -53,7 +53,8 @@ type session struct {
 	pty      *ptyReqMsg
 	agentFwd bool
 	started  bool
-	keep     bool // EnvKeep: the command outlives the session
+	keep     bool   // EnvKeep: the command outlives the session
+	tag      string // EnvSession: its session in the process record
 
 	winch chan agent.WindowSize // latest size, for the running PTY
 	done  chan struct{}         // closed when the command has finished
@@ -131,6 +132,10 @@ func (ss *session) handle(req *gossh.Request) (bool, func() exitInfo) {
 		}
 		if m.Name == agent.EnvKeep {
 			ss.keep = m.Value == "1"
+			return true, nil
+		}
+		if m.Name == agent.EnvSession {
+			ss.tag = m.Value
 			return true, nil
 		}
 		ss.env = append(ss.env, m.Name+"="+m.Value)
@@ -225,6 +230,9 @@ func (ss *session) fail(format string, args ...any) exitInfo {
 // setProc records the started process; if the channel already closed,
 // the process is hung up at once.
 func (ss *session) setProc(p *running) {
+	if rec := ss.s.cfg.ProcRecord; rec != nil && ss.tag != "" {
+		rec.Tag(p.pid, ss.tag)
+	}
 	ss.mu.Lock()
 	ss.proc = p
 	hung := ss.hungUp

@@ -17,12 +17,17 @@ import (
 
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/agent/guest"
+	"github.com/denhq/den/agent/guest/procrec"
 	"github.com/denhq/den/agent/guest/sysinit"
 	"golang.org/x/sys/unix"
 )
 
 // LogPath is the agent's log in the guest (tmpfs: never on a frozen fs).
 const LogPath = "/run/den-agent.log"
+
+// procRecordSize is how many process events the agent keeps until den
+// reads them (den reads them every few seconds while the VM runs).
+const procRecordSize = 8192
 
 type serveOptions struct {
 	unix     string
@@ -102,7 +107,17 @@ func runAgent(o serveOptions) int {
 		default:
 		}
 	}
+	rec, recErr := procrec.Open(procRecordSize, log)
+	recOff := ""
+	if recErr != nil {
+		log.Warn("no process record", "err", recErr)
+		recOff = recErr.Error()
+	} else {
+		defer rec.Close()
+	}
 	srv, err := guest.New(guest.Config{
+		ProcRecord:     rec,
+		ProcRecordOff:  recOff,
 		HostKey:        hostKey,
 		HostKeyPath:    keyPath,
 		AuthorizedKeys: guest.AuthorizedKeys(guest.AuthorizedKeysPath, cmdline.Keys, log),

@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/denhq/den/activity"
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/daemon"
 	"github.com/denhq/den/egress"
@@ -60,6 +61,8 @@ Examples:
 			&cli.BoolFlag{Name: "memory-files", Usage: "for comparison: each snapshot's memory a file of its own, not stored by content"},
 			&cli.DurationFlag{Name: "gc-grace", Value: memstore.DefaultGrace, Usage: "the memory store keeps packs no snapshot names for this long after they were written"},
 			&cli.StringFlag{Name: "ram-dir", Usage: "where guest RAM files go (default: a tmpfs den mounts at STATE/ram)"},
+			&cli.StringFlag{Name: "activity-cap", Value: size.Format(activity.DefaultCap), Usage: "how much of the volume each VM's activity record (den activity) may take; the oldest half goes beyond it"},
+			&cli.DurationFlag{Name: "activity-pull", Value: machine.DefaultRecordPull, Usage: "how often a running VM's process record is read into its activity record (also read before a sleep, checkpoint or restore, and by den activity)"},
 			&cli.StringFlag{Name: "memory-copies", Value: size.Format(machine.DefaultMemoryCopies), Usage: "disk in the state dir den may fill with local copies of snapshots' memory, which wakes and restores read instead of the volume's; 0: none"},
 			&cli.StringFlag{Name: "memory-budget", Usage: "guest RAM (plus --vmm-overhead per VM) den commits at most: a size (12G), a share of the host's RAM (75%) or off; " +
 				"a start that would exceed it first puts the least recently active idle VMs to sleep (default: 80% of the host's RAM, leaving it at least 1 GiB)"},
@@ -120,6 +123,13 @@ Examples:
 			if err != nil {
 				return err
 			}
+			actCap, err := size.Parse(c.String("activity-cap"))
+			if err != nil || actCap < 64<<10 {
+				return usageExit(c, "--activity-cap %q: give a size of 64KiB or more", c.String("activity-cap"))
+			}
+			if c.Duration("activity-pull") <= 0 {
+				return usageExit(c, "--activity-pull: give a duration above 0")
+			}
 			copies, err := size.Parse(c.String("memory-copies"))
 			if err != nil {
 				return usageExit(c, "--memory-copies: %v", err)
@@ -133,7 +143,7 @@ Examples:
 				StateDir: c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"), ClusterConfig: c.String("cluster"),
 				Images: imgs, DefaultImage: c.String("default-image"), VMM: c.String("vmm"), Version: version, Logger: log,
 				IdleCheck: c.Duration("idle-check"), QEMUStreamRAM: c.Bool("qemu-stream-ram"), RestoreCopy: c.Bool("restore-copy"), NoDigests: c.Bool("no-digests"),
-				MemoryFiles: c.Bool("memory-files"), CollectGrace: c.Duration("gc-grace"), RAMDir: c.String("ram-dir"), SSHListen: c.String("ssh-listen"),
+				MemoryFiles: c.Bool("memory-files"), CollectGrace: c.Duration("gc-grace"), ActivityCap: actCap, ActivityPull: c.Duration("activity-pull"), RAMDir: c.String("ram-dir"), SSHListen: c.String("ssh-listen"),
 				Memory: mem, Network: nc, MemoryCopies: copies,
 				HTTPListen: c.String("http-listen"), HTTPDomain: c.String("http-domain"), TLSCert: c.String("tls-cert"), TLSKey: c.String("tls-key"),
 				APIListen: c.String("api-listen"), APITLSCert: c.String("api-tls-cert"), APITLSKey: c.String("api-tls-key"), E2BListen: c.String("e2b-listen"), E2BDomain: c.String("e2b-domain"),

@@ -1,0 +1,424 @@
+//go:build linux
+
+// Package procrec records the guest's processes (each exec and the exit
+// that follows it) from the kernel's proc connector into a bounded ring.
+package procrec
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/denhq/den/agent"
+)
+
+// Bounds of what one exec event keeps of its command line.
+const (
+	maxArgs     = 64
+	maxArgBytes = 256
+	maxArgvSum  = 2048
+	// maxChain bounds the walk up a process's ancestors for its session.
+	maxChain = 32
+	// patchBack is how many of the newest events a Tag looks through
+	// for processes that started before the tag was known.
+	patchBack = 64
+	// DefaultMax is the largest page a Read returns.
+	DefaultMax = 1024
+)
+
+// Proc connector constants (linux/connector.h, linux/cn_proc.h).
+const (
+	cnIdxProc         = 1
+	cnValProc         = 1
+	procCnMcastListen = 1
+	procEventFork     = 0x00000001
+	procEventExec     = 0x00000002
+	procEventExit     = 0x80000000
+	nlmsgHdrLen       = 16
+	cnMsgLen          = 20
+	procEventHdrLen   = 16 // what, cpu, timestamp_ns
+)
+
+// live is what the recorder keeps of a process while it lives.
+type live struct {
+	ppid    int
+	uid     int
+	session string    // tagged on it, or found on an ancestor at exec
+	exec    time.Time // its last exec; zero: it never exec'd since we saw it
+}
+
+// Recorder reads process events and keeps the newest in a ring.
+type Recorder struct {
+	fd   int
+	ring string
+	proc string // procfs mount
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	events []agent.ProcEvent // ring buffer, len == cap when full
+	next   int               // where the next event goes
+	seq    uint64            // sequence number of the newest event
+	procs  map[int]*live
+	tags   map[int]string // pid → session, tagged by the agent
+	closed bool
+}
+
+// Open subscribes to the proc connector and starts recording, keeping
+// the newest size events. It fails when the kernel has no proc connector
+// or the caller may not listen (CAP_NET_ADMIN).
+func Open(size int, log *slog.Logger) (*Recorder, error) {
+	if size <= 0 {
+		size = 8192
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_CONNECTOR)
+	if err != nil {
+		return nil, fmt.Errorf("process record: netlink connector socket: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: cnIdxProc}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("process record: bind to the proc connector: %w", err)
+	}
+	// A burst of forks must not overflow the socket between reads.
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+	if err := listen(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("process record: subscribe to the proc connector: %w", err)
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	r := &Recorder{
+		fd: fd, ring: hex.EncodeToString(id[:]), proc: "/proc", log: log,
+		events: make([]agent.ProcEvent, 0, size),
+		procs:  map[int]*live{},
+		tags:   map[int]string{},
+	}
+	go r.run()
+	return r, nil
+}
+
+// listen sends PROC_CN_MCAST_LISTEN (or _IGNORE).
+func listen(fd int, on bool) error {
+	op := uint32(procCnMcastListen)
+	if !on {
+		op = 2
+	}
+	msg := make([]byte, nlmsgHdrLen+cnMsgLen+4)
+	le := binary.LittleEndian
+	le.PutUint32(msg[0:], uint32(len(msg)))
+	le.PutUint16(msg[4:], unix.NLMSG_DONE)
+	cn := msg[nlmsgHdrLen:]
+	le.PutUint32(cn[0:], cnIdxProc)
+	le.PutUint32(cn[4:], cnValProc)
+	le.PutUint16(cn[16:], 4)
+	le.PutUint32(cn[cnMsgLen:], op)
+	return unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+}
+
+// Close stops recording; what was recorded can still be read.
+func (r *Recorder) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	r.mu.Unlock()
+	_ = listen(r.fd, false)
+	// Shutdown wakes the blocked Recvfrom; the fd is closed by run.
+	return unix.Shutdown(r.fd, unix.SHUT_RDWR)
+}
+
+func (r *Recorder) run() {
+	defer unix.Close(r.fd)
+	buf := make([]byte, 64<<10)
+	for {
+		n, _, err := unix.Recvfrom(r.fd, buf, 0)
+		r.mu.Lock()
+		closed := r.closed
+		r.mu.Unlock()
+		if closed {
+			return
+		}
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if errors.Is(err, unix.ENOBUFS) {
+				r.log.Warn("process record: events lost (socket buffer full)")
+				continue
+			}
+			r.log.Warn("process record stopped", "err", err)
+			return
+		}
+		if n == 0 {
+			// A shutdown reads as 0 bytes.
+			return
+		}
+		r.parse(buf[:n])
+	}
+}
+
+// parse handles one datagram of netlink messages.
+func (r *Recorder) parse(b []byte) {
+	le := binary.LittleEndian
+	for len(b) >= nlmsgHdrLen {
+		l := int(le.Uint32(b[0:]))
+		if l < nlmsgHdrLen || l > len(b) {
+			return
+		}
+		msg := b[nlmsgHdrLen:l]
+		b = b[(l+3)&^3:]
+		if len(msg) < cnMsgLen+procEventHdrLen {
+			continue
+		}
+		if le.Uint32(msg[0:]) != cnIdxProc || le.Uint32(msg[4:]) != cnValProc {
+			continue
+		}
+		ev := msg[cnMsgLen:]
+		what := le.Uint32(ev[0:])
+		data := ev[procEventHdrLen:]
+		switch what {
+		case procEventFork:
+			if len(data) >= 16 {
+				ppid, tgid, pid := int(le.Uint32(data[4:])), int(le.Uint32(data[12:])), int(le.Uint32(data[8:]))
+				if pid == tgid { // a process, not a thread
+					r.fork(ppid, pid)
+				}
+			}
+		case procEventExec:
+			if len(data) >= 8 && le.Uint32(data[0:]) == le.Uint32(data[4:]) {
+				r.exec(int(le.Uint32(data[4:])))
+			}
+		case procEventExit:
+			if len(data) >= 16 && le.Uint32(data[0:]) == le.Uint32(data[4:]) {
+				r.exit(int(le.Uint32(data[4:])), le.Uint32(data[8:]))
+			}
+		}
+	}
+}
+
+func (r *Recorder) fork(ppid, pid int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.procs[pid] = &live{ppid: ppid}
+}
+
+func (r *Recorder) exec(pid int) {
+	now := time.Now()
+	argv, cut := r.argv(pid)
+	ppid, uid := r.status(pid)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.procs[pid]
+	if p == nil {
+		p = &live{ppid: ppid}
+		r.procs[pid] = p
+	}
+	if ppid > 0 {
+		p.ppid = ppid
+	}
+	p.exec, p.uid = now, uid
+	p.session = r.sessionOf(pid)
+	r.add(agent.ProcEvent{Time: now, Kind: agent.ProcExec, PID: pid, PPID: p.ppid, UID: uid,
+		Argv: argv, ArgvTruncated: cut, Session: p.session})
+}
+
+func (r *Recorder) exit(pid int, code uint32) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.procs[pid]
+	delete(r.procs, pid)
+	delete(r.tags, pid)
+	if p == nil || p.exec.IsZero() {
+		return // a fork that never exec'd, or one from before we listened
+	}
+	ev := agent.ProcEvent{Time: now, Kind: agent.ProcExit, PID: pid, PPID: p.ppid, UID: p.uid, Session: p.session,
+		Duration: now.Sub(p.exec)}
+	ws := syscall.WaitStatus(code)
+	switch {
+	case ws.Signaled():
+		ev.Signal = unix.SignalName(ws.Signal())
+		if ev.Signal == "" {
+			ev.Signal = strconv.Itoa(int(ws.Signal()))
+		}
+	default:
+		st := ws.ExitStatus()
+		ev.Status = &st
+	}
+	r.add(ev)
+}
+
+// sessionOf is the session tagged on pid or its nearest ancestor
+// (r.mu held).
+func (r *Recorder) sessionOf(pid int) string {
+	for i := 0; i < maxChain && pid > 1; i++ {
+		if s, ok := r.tags[pid]; ok {
+			return s
+		}
+		p := r.procs[pid]
+		if p == nil {
+			return ""
+		}
+		if p.session != "" {
+			return p.session
+		}
+		pid = p.ppid
+	}
+	return ""
+}
+
+// descends says whether pid is root or one of its descendants as far
+// as the recorder knows (r.mu held).
+func (r *Recorder) descends(pid, root int) bool {
+	for i := 0; i < maxChain && pid > 1; i++ {
+		if pid == root {
+			return true
+		}
+		p := r.procs[pid]
+		if p == nil {
+			return false
+		}
+		pid = p.ppid
+	}
+	return false
+}
+
+// add appends ev to the ring (r.mu held).
+func (r *Recorder) add(ev agent.ProcEvent) {
+	r.seq++
+	ev.Seq = r.seq
+	if len(r.events) < cap(r.events) {
+		r.events = append(r.events, ev)
+		r.next = len(r.events) % cap(r.events)
+		return
+	}
+	r.events[r.next] = ev
+	r.next = (r.next + 1) % len(r.events)
+}
+
+// Tag puts pid and its descendants in session: the agent calls it when
+// it started a session's command. Events of pid and its descendants
+// recorded before the tag (the exec comes before the agent learns the
+// pid) are tagged too, among the newest few.
+func (r *Recorder) Tag(pid int, session string) {
+	if session == "" || pid <= 1 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.tags[pid] = session
+	n := len(r.events)
+	for i := 0; i < patchBack && i < n; i++ {
+		j := (r.next - 1 - i + 2*n) % n
+		ev := &r.events[j]
+		if ev.Session != "" {
+			continue
+		}
+		if ev.PID == pid || ev.PPID == pid || r.descends(ev.PPID, pid) {
+			ev.Session = session
+			if p := r.procs[ev.PID]; p != nil && p.session == "" {
+				p.session = session
+			}
+		}
+	}
+}
+
+// Ring names this recorder: events are numbered within it.
+func (r *Recorder) Ring() string { return r.ring }
+
+// Read returns up to max events after sequence number after, oldest first.
+func (r *Recorder) Read(after uint64, max int) agent.ProcLogReply {
+	if max <= 0 || max > DefaultMax {
+		max = DefaultMax
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := agent.ProcLogReply{Ring: r.ring, Last: r.seq, Events: []agent.ProcEvent{}}
+	n := len(r.events)
+	if n == 0 {
+		return out
+	}
+	oldest := r.seq - uint64(n) + 1
+	out.Oldest = oldest
+	from := after + 1
+	if from < oldest {
+		from = oldest
+	}
+	for s := from; s <= r.seq && len(out.Events) < max; s++ {
+		idx := (r.next - int(r.seq-s) - 1 + 2*n) % n
+		out.Events = append(out.Events, r.events[idx])
+	}
+	return out
+}
+
+// argv reads a process's command line, cut to the bounds.
+func (r *Recorder) argv(pid int) ([]string, bool) {
+	b, err := os.ReadFile(r.proc + "/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || len(b) == 0 {
+		comm, _ := os.ReadFile(r.proc + "/" + strconv.Itoa(pid) + "/comm")
+		if c := strings.TrimSpace(string(comm)); c != "" {
+			return []string{"[" + c + "]"}, false
+		}
+		return nil, false
+	}
+	b = bytes.TrimSuffix(b, []byte{0})
+	parts := bytes.Split(b, []byte{0})
+	cut := false
+	sum := 0
+	var argv []string
+	for i, p := range parts {
+		if i == maxArgs || sum >= maxArgvSum {
+			cut = true
+			break
+		}
+		if len(p) > maxArgBytes {
+			p, cut = p[:maxArgBytes], true
+		}
+		sum += len(p)
+		argv = append(argv, string(p))
+	}
+	return argv, cut
+}
+
+// status reads a process's parent and real uid.
+func (r *Recorder) status(pid int) (ppid, uid int) {
+	b, err := os.ReadFile(r.proc + "/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, -1
+	}
+	uid = -1
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		switch k {
+		case "PPid":
+			ppid, _ = strconv.Atoi(f[0])
+		case "Uid":
+			uid, _ = strconv.Atoi(f[0])
+			return ppid, uid
+		}
+	}
+	return ppid, uid
+}

@@ -1,0 +1,110 @@
+//go:build linux
+
+package procrec
+
+import (
+	"os"
+	"os/exec"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/denhq/den/agent"
+)
+
+func open(t *testing.T, size int) *Recorder {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the proc connector needs root (CAP_NET_ADMIN)")
+	}
+	r, err := Open(size, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// waitFor reads the recorder until match finds an event, for up to 10 s.
+func waitFor(t *testing.T, r *Recorder, match func(agent.ProcEvent) bool) agent.ProcEvent {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, ev := range r.Read(0, 0).Events {
+			if match(ev) {
+				return ev
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("no such event among %+v", r.Read(0, 0).Events)
+	return agent.ProcEvent{}
+}
+
+// TestRecord: a command's exec (argv, uid, parent), its child's exec in
+// the same session, and both exits (status, signal) are recorded.
+func TestRecord(t *testing.T) {
+	r := open(t, 0)
+	cmd := exec.Command("/bin/sh", "-c", "read x; /bin/sh -c 'kill -TERM $$'; exit 3")
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	r.Tag(pid, "exec:alice:1")
+	in.Write([]byte("go\n"))
+	in.Close()
+	_ = cmd.Wait()
+
+	ex := waitFor(t, r, func(ev agent.ProcEvent) bool { return ev.Kind == agent.ProcExec && ev.PID == pid })
+	if !slices.Equal(ex.Argv, cmd.Args) || ex.UID != 0 || ex.PPID != os.Getpid() || ex.Session != "exec:alice:1" {
+		t.Errorf("exec event %+v, want argv %q uid 0 ppid %d session exec:alice:1", ex, cmd.Args, os.Getpid())
+	}
+	child := waitFor(t, r, func(ev agent.ProcEvent) bool { return ev.Kind == agent.ProcExec && ev.PPID == pid })
+	if child.Session != "exec:alice:1" {
+		t.Errorf("child %+v: not in the parent's session", child)
+	}
+	cexit := waitFor(t, r, func(ev agent.ProcEvent) bool { return ev.Kind == agent.ProcExit && ev.PID == child.PID })
+	if cexit.Signal != "SIGTERM" || cexit.Status != nil || cexit.Session != "exec:alice:1" {
+		t.Errorf("child's exit %+v, want SIGTERM", cexit)
+	}
+	exit := waitFor(t, r, func(ev agent.ProcEvent) bool { return ev.Kind == agent.ProcExit && ev.PID == pid })
+	if exit.Status == nil || *exit.Status != 3 || exit.Duration <= 0 {
+		t.Errorf("exit event %+v, want status 3 and a duration", exit)
+	}
+	// Sequence numbers grow; a read after one starts after it.
+	all := r.Read(0, 0)
+	for i := 1; i < len(all.Events); i++ {
+		if all.Events[i].Seq != all.Events[i-1].Seq+1 {
+			t.Fatalf("sequence not contiguous: %d after %d", all.Events[i].Seq, all.Events[i-1].Seq)
+		}
+	}
+	if got := r.Read(ex.Seq, 1).Events; len(got) != 1 || got[0].Seq != ex.Seq+1 {
+		t.Errorf("read after %d: %+v", ex.Seq, got)
+	}
+}
+
+// TestRing: the ring keeps the newest events only and says where it
+// starts.
+func TestRing(t *testing.T) {
+	r := open(t, 4)
+	for i := 0; i < 5; i++ {
+		if err := exec.Command("/bin/true").Run(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for r.Read(0, 0).Last < 10 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	got := r.Read(0, 0)
+	if got.Last < 10 || len(got.Events) != 4 || got.Oldest != got.Last-3 || got.Events[0].Seq != got.Oldest {
+		t.Fatalf("ring of 4 after 10+ events: last %d oldest %d events %d", got.Last, got.Oldest, len(got.Events))
+	}
+	if page := r.Read(got.Last, 0); len(page.Events) != 0 {
+		t.Errorf("read after the newest: %+v", page.Events)
+	}
+}

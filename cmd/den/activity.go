@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/denhq/den/agent"
+	"github.com/denhq/den/api"
+)
+
+// activityPoll is how often --follow asks for new entries.
+const activityPoll = 2 * time.Second
+
+func activityCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "activity",
+		Usage:     "show what ran in a VM, who ran it, and what happened to the VM",
+		ArgsUsage: "VM[@CHECKPOINT]",
+		UsageText: "den activity VM[@CHECKPOINT] [--since DURATION|TIME] [--process] [--sessions] [--vm-events] [--session ID] [--last N] [--json] [--follow]",
+		Description: `The VM's activity record, oldest first: every process started in the guest
+(its command line, uid and parent) and how it ended (status or signal, and
+how long it ran); every den session opened on the VM (den exec, den ssh, the
+SSH gateway: who, and its id, which the processes it started carry); and
+what happened to the VM (boot, sleep, wake, checkpoint, restore, fork).
+
+The guest's agent records processes from the kernel's proc connector; den
+reads the record while the VM runs and keeps it with the VM on the volume,
+bounded (den daemon --activity-cap). VM@CHECKPOINT is the record up to that
+checkpoint's instant, along its own line: what a restore set aside is left
+out. A sleeping VM is not woken.
+
+Examples:
+   den activity box
+   den activity box --since 10m --process
+   den activity box@cp-2
+   den activity box --session den-3fa2c1d0
+   den activity box --follow
+   den activity box --json | jq -r 'select(.kind == "exit" and .status != 0) | .pid'`,
+		Flags: withDaemon(
+			jsonFlag(),
+			&cli.StringFlag{Name: "since", Usage: "only entries from this long ago (10m, 1h) or this RFC 3339 time on"},
+			&cli.BoolFlag{Name: "process", Usage: "only processes started and ended"},
+			&cli.BoolFlag{Name: "sessions", Usage: "only den sessions opened"},
+			&cli.BoolFlag{Name: "vm-events", Usage: "only what happened to the VM"},
+			&cli.StringFlag{Name: "session", Usage: "only this session's entries"},
+			&cli.IntFlag{Name: "last", Usage: "only the newest N entries"},
+			&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "keep printing new entries until interrupted"},
+		),
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return usageExit(c, "give one VM (den activity box)")
+			}
+			name, id, err := parseSpec(c, c.Args().First(), false)
+			if err != nil {
+				return err
+			}
+			q := api.ActivityQuery{Checkpoint: id, Session: c.String("session"), Last: c.Int("last")}
+			if q.Last < 0 {
+				return usageExit(c, "--last %d: use 0 or more", q.Last)
+			}
+			if c.Bool("process") {
+				q.Kinds = append(q.Kinds, agent.ProcExec, agent.ProcExit)
+			}
+			if c.Bool("sessions") {
+				q.Kinds = append(q.Kinds, "session")
+			}
+			if c.Bool("vm-events") {
+				q.Kinds = append(q.Kinds, "vm", "lost")
+			}
+			if s := c.String("since"); s != "" {
+				if d, err := time.ParseDuration(s); err == nil && d > 0 {
+					q.Since = time.Now().Add(-d)
+				} else if t, err := time.Parse(time.RFC3339, s); err == nil {
+					q.Since = t
+				} else {
+					return usageExit(c, "--since %q: use a duration (10m) or an RFC 3339 time", s)
+				}
+			}
+			if c.Bool("follow") && id != "" {
+				return usageExit(c, "--follow: a checkpoint's record does not grow (den activity %s --follow)", name)
+			}
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			entries, err := cl.Activity(c.Context, name, q)
+			if err != nil {
+				return err
+			}
+			if !c.Bool("follow") {
+				if c.Bool("json") {
+					return printJSON(c.App.Writer, entries)
+				}
+				if len(entries) == 0 {
+					fmt.Fprintf(c.App.Writer, "nothing recorded for %s yet\n", c.Args().First())
+					return nil
+				}
+				printActivity(c.App.Writer, entries, true)
+				return nil
+			}
+			return followActivity(c.Context, c.App.Writer, cl, name, q, entries, c.Bool("json"))
+		},
+	}
+}
+
+// followActivity prints entries and then new ones as they come, until
+// ctx ends (an interrupt).
+func followActivity(ctx context.Context, w io.Writer, cl *api.Client, name string, q api.ActivityQuery, entries []api.ActivityEntry, asJSON bool) error {
+	enc := json.NewEncoder(w)
+	header := true
+	q.Last = 0
+	for {
+		for _, e := range entries {
+			q.After = e.N
+		}
+		if asJSON {
+			for _, e := range entries {
+				if err := enc.Encode(e); err != nil {
+					return err
+				}
+			}
+		} else if len(entries) > 0 {
+			printActivity(w, entries, header)
+			header = false
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(activityPoll):
+		}
+		var err error
+		if entries, err = cl.Activity(ctx, name, q); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// printActivity writes entries for people, a line each.
+func printActivity(w io.Writer, entries []api.ActivityEntry, header bool) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if header {
+		fmt.Fprintln(tw, "TIME\tWHAT\tPID\tSESSION\tDETAIL")
+	}
+	for _, e := range entries {
+		pid, sess := "-", e.Session
+		if e.PID > 0 {
+			pid = fmt.Sprint(e.PID)
+		}
+		if sess == "" {
+			sess = "-"
+		}
+		what, detail := e.Kind, e.Detail
+		switch e.Kind {
+		case agent.ProcExec:
+			detail = strings.Join(e.Argv, " ")
+			if e.ArgvTruncated {
+				detail += " ..."
+			}
+			if e.UID != nil && *e.UID != 0 {
+				detail = fmt.Sprintf("uid %d: %s", *e.UID, detail)
+			}
+		case agent.ProcExit:
+			switch {
+			case e.Signal != "":
+				detail = "killed by " + e.Signal
+			case e.Status != nil:
+				detail = fmt.Sprintf("status %d", *e.Status)
+			}
+			detail += " after " + e.Duration.Round(time.Millisecond).String()
+		case "session":
+			detail = "opened by " + e.Who + " via " + e.Via
+		case "vm":
+			what = e.Event
+			parts := []string{}
+			if e.Checkpoint != "" {
+				parts = append(parts, e.Checkpoint)
+			}
+			if e.From != "" {
+				parts = append(parts, "from "+e.From)
+			}
+			if e.Detail != "" {
+				parts = append(parts, e.Detail)
+			}
+			detail = strings.Join(parts, ": ")
+		case "lost":
+			if e.Lost > 0 {
+				detail = fmt.Sprintf("%d events: %s", e.Lost, e.Detail)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.Time.Local().Format("2006-01-02 15:04:05.000"), what, pid, sess, detail)
+	}
+	tw.Flush()
+}

@@ -1,0 +1,297 @@
+package machine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/denhq/den/activity"
+	"github.com/denhq/den/agent"
+	"github.com/denhq/den/storage"
+)
+
+// DefaultRecordPull is how often a running VM's process record is read
+// into its activity record.
+const DefaultRecordPull = 10 * time.Second
+
+// recordPullTimeout bounds one read of a guest's process record.
+const recordPullTimeout = 5 * time.Second
+
+// maxRecordPages bounds the pages one pull reads (of the agent's 1,024
+// events each); the rest waits for the next pull.
+const maxRecordPages = 16
+
+// unknownCursor is the cursor of a VM whose place in its guest's record
+// den does not know (a restore to a checkpoint the record has no mark
+// of): it names no ring, so the next pull reads all the guest holds.
+var unknownCursor = activity.Cursor{Ring: "unknown"}
+
+// records keeps each VM's activity record (package activity) beside its
+// disk on the volume: it reads the guest's process record while the VM
+// runs (every RecordPull, and before the operations that stop or
+// snapshot the guest) and marks what happens to the VM. Sessions mark
+// themselves (RecordSession).
+type records struct {
+	m    *Manager
+	mu   sync.Mutex
+	logs map[string]*vmRecord
+	wg   sync.WaitGroup
+}
+
+type vmRecord struct {
+	log *activity.Log
+	// pull serialises reads of the guest's record.
+	pull sync.Mutex
+	// off is why the guest records nothing, once noted in the record.
+	off string
+}
+
+// of returns a VM's record (opened on first use).
+func (rc *records) of(name string) (*vmRecord, error) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if r := rc.logs[name]; r != nil {
+		return r, nil
+	}
+	dir, err := rc.m.vol.Path(storage.VMActivity(name))
+	if err != nil {
+		return nil, err
+	}
+	if rc.logs == nil {
+		rc.logs = map[string]*vmRecord{}
+	}
+	r := &vmRecord{log: activity.Open(dir, rc.m.cfg.RecordCap)}
+	rc.logs[name] = r
+	return r, nil
+}
+
+// forget drops what is kept of a VM's record in memory (the VM was
+// removed: one made later under its name has a record of its own).
+func (rc *records) forget(name string) {
+	rc.mu.Lock()
+	delete(rc.logs, name)
+	rc.mu.Unlock()
+}
+
+// mark appends entries to a VM's record; a failure is logged, never an
+// operation's failure.
+func (rc *records) mark(name string, entries ...activity.Entry) {
+	r, err := rc.of(name)
+	if err == nil {
+		err = r.log.Append(entries...)
+	}
+	if err != nil {
+		rc.m.log.Warn("den: activity record not written", "vm", name, "err", err)
+	}
+}
+
+// vmEvent is a mark of something that happened to the VM.
+func vmEvent(event, checkpoint, detail string) activity.Entry {
+	return activity.Entry{Kind: activity.KindVM, Event: event, Checkpoint: checkpoint, Detail: detail}
+}
+
+// pull reads what the guest recorded since the last pull into the VM's
+// record, and returns the record's cursor after it. The caller holds
+// the VM (an operation) or knows it runs.
+func (rc *records) pull(ctx context.Context, name string, in *instance) (activity.Cursor, error) {
+	r, err := rc.of(name)
+	if err != nil {
+		return activity.Cursor{}, err
+	}
+	r.pull.Lock()
+	defer r.pull.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, recordPullTimeout)
+	defer cancel()
+	c, err := rc.m.agents.agentClient(ctx, in)
+	if err != nil {
+		return activity.Cursor{}, fmt.Errorf("read the process record of vm %q: %w", name, err)
+	}
+	cur, err := r.log.Cursor()
+	if err != nil {
+		return cur, err
+	}
+	after := cur.Seq
+	for page := 0; page < maxRecordPages; page++ {
+		rep, err := c.ProcLog(ctx, after, 0)
+		if errors.Is(err, agent.ErrUnsupported) {
+			rep = agent.ProcLogReply{Off: true, Reason: "its agent is older than den's process record (VMs made from an image built since have it)"}
+		} else if err != nil {
+			return cur, fmt.Errorf("read the process record of vm %q: %w", name, err)
+		}
+		if rep.Off {
+			if r.off != rep.Reason {
+				r.off = rep.Reason
+				if err := r.log.Append(activity.Entry{Kind: activity.KindLost, Detail: "the guest records no processes: " + rep.Reason}); err != nil {
+					return cur, err
+				}
+			}
+			return cur, nil
+		}
+		if rep.Ring != cur.Ring && after != 0 {
+			// Another ring (the guest booted, its agent restarted):
+			// everything it holds is new.
+			after = 0
+			cur.Ring = rep.Ring
+			continue
+		}
+		var entries []activity.Entry
+		if rep.Oldest > after+1 {
+			entries = append(entries, activity.Entry{Kind: activity.KindLost, Lost: rep.Oldest - after - 1,
+				Detail: "the guest's record was full before den read it", Cursor: activity.Cursor{Ring: rep.Ring, Seq: rep.Oldest - 1}})
+		}
+		for _, ev := range rep.Events {
+			entries = append(entries, activity.FromProc(rep.Ring, ev))
+		}
+		if len(rep.Events) == 0 && rep.Ring != cur.Ring {
+			// A new ring with nothing in it yet: the cursor moves to it.
+			entries = append(entries, activity.Entry{Kind: activity.KindVM, Event: activity.EventBoot,
+				Detail: "the guest's agent started", Cursor: activity.Cursor{Ring: rep.Ring}})
+		}
+		if err := r.log.Append(entries...); err != nil {
+			return cur, err
+		}
+		if cur, err = r.log.Cursor(); err != nil {
+			return cur, err
+		}
+		if len(rep.Events) == 0 || cur.Seq >= rep.Last {
+			return cur, nil
+		}
+		after = cur.Seq
+	}
+	return cur, nil
+}
+
+// pullBefore reads the guest's record before an operation stops or
+// snapshots it; a failure is logged (the operation goes on) and the
+// cursor is then the record's.
+func (rc *records) pullBefore(ctx context.Context, name string, in *instance) activity.Cursor {
+	cur, err := rc.pull(ctx, name, in)
+	if err != nil {
+		rc.m.log.Warn("den: activity record", "vm", name, "err", err)
+		if r, err := rc.of(name); err == nil {
+			cur, _ = r.log.Cursor()
+		}
+	}
+	return cur
+}
+
+// skipCursor is where the guest's record stands now: a VM made from a
+// warm base starts its record there, after what ran in the base.
+func (rc *records) skipCursor(ctx context.Context, in *instance) activity.Cursor {
+	ctx, cancel := context.WithTimeout(ctx, recordPullTimeout)
+	defer cancel()
+	c, err := rc.m.agents.agentClient(ctx, in)
+	if err != nil {
+		return activity.Cursor{}
+	}
+	rep, err := c.ProcLog(ctx, math.MaxUint64, 1)
+	if err != nil || rep.Off {
+		return activity.Cursor{}
+	}
+	return activity.Cursor{Ring: rep.Ring, Seq: rep.Last}
+}
+
+// cursorAt is where a VM restored to, or forked from, checkpoint id of
+// vm reads its guest's record on from.
+func (rc *records) cursorAt(vm, id string) activity.Cursor {
+	r, err := rc.of(vm)
+	if err != nil {
+		return unknownCursor
+	}
+	cur, err := r.log.CursorAt(id)
+	if err != nil {
+		return unknownCursor
+	}
+	return cur
+}
+
+// startPuller reads every running VM's guest record every RecordPull
+// until the Manager closes.
+func (rc *records) startPuller() {
+	every := rc.m.cfg.RecordPull
+	if every < 0 {
+		return
+	}
+	if every == 0 {
+		every = DefaultRecordPull
+	}
+	rc.wg.Add(1)
+	go func() {
+		defer rc.wg.Done()
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-rc.m.closed:
+				return
+			case <-t.C:
+				rc.pullAll()
+			}
+		}
+	}()
+}
+
+func (rc *records) pullAll() {
+	rc.m.mu.Lock()
+	names := make([]string, 0, len(rc.m.instances))
+	for name := range rc.m.instances {
+		names = append(names, name)
+	}
+	rc.m.mu.Unlock()
+	for _, name := range names {
+		rc.pullIdle(context.Background(), name)
+	}
+}
+
+// pullIdle reads a running VM's guest record unless an operation holds
+// the VM (it reads it itself where it matters).
+func (rc *records) pullIdle(ctx context.Context, name string) {
+	unlock, err := rc.m.locks.tryLockVM(name, "activity")
+	if err != nil || unlock == nil {
+		return
+	}
+	defer unlock()
+	in := rc.m.procs.instance(name)
+	if in == nil || !alive(in) || !in.isOpen() {
+		return
+	}
+	if _, err := rc.pull(ctx, name, in); err != nil {
+		rc.m.log.Debug("den: activity record", "vm", name, "err", err)
+	}
+}
+
+// RecordSession marks a session opened on a VM in its record: its id
+// tags the processes it starts (agent.EnvSession).
+func (m *Manager) RecordSession(name string, e activity.Entry) {
+	e.Kind = activity.KindSession
+	m.records.mark(name, e)
+}
+
+// Activity reads a VM's activity record; a running VM's guest record is
+// read first, unless an operation holds the VM. With f.Checkpoint, the
+// record is the checkpoint's (errors.Is ErrNotFound when the record has
+// no mark of it).
+func (m *Manager) Activity(ctx context.Context, name string, f activity.Filter) ([]activity.Entry, error) {
+	if _, err := m.get(ctx, name); err != nil {
+		return nil, err
+	}
+	if f.Checkpoint != "" {
+		if _, err := m.getCheckpoint(ctx, name, f.Checkpoint); err != nil {
+			return nil, err
+		}
+	} else {
+		m.records.pullIdle(ctx, name)
+	}
+	r, err := m.records.of(name)
+	if err != nil {
+		return nil, err
+	}
+	out, err := r.log.Read(f)
+	if errors.Is(err, activity.ErrNoCheckpoint) {
+		return nil, fmt.Errorf("activity of vm %q at %s: %w (it was taken before den kept activity records): %w", name, f.Checkpoint, err, ErrNotFound)
+	}
+	return out, err
+}
