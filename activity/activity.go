@@ -24,6 +24,8 @@ const (
 	// KindExec and KindExit are a guest process started and ended.
 	KindExec = agent.ProcExec
 	KindExit = agent.ProcExit
+	// KindFile is a file a guest process closed after writing it.
+	KindFile = agent.ProcFile
 	// KindSession is a den session opened on the VM: an exec, an SSH
 	// login, a URL request; its processes carry its id.
 	KindSession = "session"
@@ -70,6 +72,12 @@ type Entry struct {
 	Signal        string        `json:"signal,omitempty"`
 	Duration      time.Duration `json:"duration_ns,omitempty"`
 
+	// A file written: its path, its size then, and how many closes
+	// after a write it stands for.
+	Path   string `json:"path,omitempty"`
+	Bytes  int64  `json:"bytes,omitempty"`
+	Writes int    `json:"writes,omitempty"`
+
 	// Session is the session a process belongs to, or the one a
 	// session entry opens.
 	Session string `json:"session,omitempty"`
@@ -97,7 +105,7 @@ type Entry struct {
 func FromProc(ring string, ev agent.ProcEvent) Entry {
 	e := Entry{Time: ev.Time, Kind: ev.Kind, PID: ev.PID, PPID: ev.PPID, Argv: ev.Argv,
 		ArgvTruncated: ev.ArgvTruncated, Status: ev.Status, Signal: ev.Signal, Duration: ev.Duration,
-		Session: ev.Session, Cursor: Cursor{Ring: ring, Seq: ev.Seq}}
+		Session: ev.Session, Path: ev.Path, Bytes: ev.Bytes, Writes: ev.Writes, Cursor: Cursor{Ring: ring, Seq: ev.Seq}}
 	if ev.UID >= 0 {
 		uid := ev.UID
 		e.UID = &uid

@@ -81,9 +81,11 @@ type ProcLogReply struct {
 const (
 	ProcExec = "exec"
 	ProcExit = "exit"
+	ProcFile = "file"
 )
 
-// ProcEvent is one process started (exec) or ended (exit) in the guest.
+// ProcEvent is one process started (exec) or ended (exit) in the guest,
+// or a file it wrote (file).
 type ProcEvent struct {
 	Seq  uint64    `json:"seq"`
 	Time time.Time `json:"time"`
@@ -101,6 +103,11 @@ type ProcEvent struct {
 	Status   *int          `json:"status,omitempty"`
 	Signal   string        `json:"signal,omitempty"`
 	Duration time.Duration `json:"duration_ns,omitempty"`
+	// File: the file closed after a write, its size then, and how many
+	// such closes by the process within a moment the event stands for.
+	Path   string `json:"path,omitempty"`
+	Bytes  int64  `json:"bytes,omitempty"`
+	Writes int    `json:"writes,omitempty"`
 }
 
 // ReadyRequest is the payload of ReqReady. An empty one (from an older

@@ -11,7 +11,7 @@ import (
 
 // ActivityEntry is one entry of a VM's activity record (GET
 // /v1/vms/{name}/activity): a guest process started (exec) or ended
-// (exit), a den session opened (session), something that happened to
+// (exit), a file it wrote (file), a den session opened (session), something that happened to
 // the VM (vm), or events den could not read (lost).
 type ActivityEntry struct {
 	N             uint64        `json:"n"`
@@ -25,6 +25,9 @@ type ActivityEntry struct {
 	Status        *int          `json:"status,omitempty"`
 	Signal        string        `json:"signal,omitempty"`
 	Duration      time.Duration `json:"duration_ns,omitempty"`
+	Path          string        `json:"path,omitempty"`
+	Bytes         int64         `json:"bytes,omitempty"`
+	Writes        int           `json:"writes,omitempty"`
 	Session       string        `json:"session,omitempty"`
 	Who           string        `json:"who,omitempty"`
 	Via           string        `json:"via,omitempty"`

@@ -34,6 +34,7 @@ func (s *Server) activityOf(w http.ResponseWriter, r *http.Request) {
 	for _, e := range entries {
 		out = append(out, api.ActivityEntry{N: e.N, Time: e.Time, Kind: e.Kind, PID: e.PID, PPID: e.PPID, UID: e.UID,
 			Argv: e.Argv, ArgvTruncated: e.ArgvTruncated, Status: e.Status, Signal: e.Signal, Duration: e.Duration,
+			Path: e.Path, Bytes: e.Bytes, Writes: e.Writes,
 			Session: e.Session, Who: e.Who, Via: e.Via, Event: e.Event, Checkpoint: e.Checkpoint, From: e.From,
 			Detail: e.Detail, Lost: e.Lost})
 	}
@@ -41,7 +42,7 @@ func (s *Server) activityOf(w http.ResponseWriter, r *http.Request) {
 }
 
 // activityKinds are the kinds a filter may name.
-var activityKinds = map[string]bool{activity.KindExec: true, activity.KindExit: true, activity.KindSession: true,
+var activityKinds = map[string]bool{activity.KindExec: true, activity.KindExit: true, activity.KindFile: true, activity.KindSession: true,
 	activity.KindVM: true, activity.KindLost: true}
 
 // activityFilter reads the query of an activity request.
@@ -67,7 +68,7 @@ func activityFilter(q url.Values) (activity.Filter, error) {
 	if v := q.Get("kind"); v != "" {
 		for _, k := range strings.Split(v, ",") {
 			if !activityKinds[k] {
-				return f, fmt.Errorf("kind: %q is none of exec, exit, session, vm, lost", k)
+				return f, fmt.Errorf("kind: %q is none of exec, exit, file, session, vm, lost", k)
 			}
 			f.Kinds = append(f.Kinds, k)
 		}

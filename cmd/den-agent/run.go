@@ -114,6 +114,9 @@ func runAgent(o serveOptions) int {
 		recOff = recErr.Error()
 	} else {
 		defer rec.Close()
+		if err := rec.WatchFiles(procrec.DefaultFilePaths); err != nil {
+			log.Warn("no file record", "err", err)
+		}
 	}
 	srv, err := guest.New(guest.Config{
 		ProcRecord:     rec,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/internal/size"
 )
 
 // activityPoll is how often --follow asks for new entries.
@@ -23,14 +24,15 @@ func activityCommand() *cli.Command {
 		Name:      "activity",
 		Usage:     "show what ran in a VM, who ran it, and what happened to the VM",
 		ArgsUsage: "VM[@CHECKPOINT]",
-		UsageText: "den activity VM[@CHECKPOINT] [--since DURATION|TIME] [--process] [--sessions] [--vm-events] [--session ID] [--last N] [--json] [--follow]",
+		UsageText: "den activity VM[@CHECKPOINT] [--since DURATION|TIME] [--process] [--files] [--sessions] [--vm-events] [--session ID] [--last N] [--json] [--follow]",
 		Description: `The VM's activity record, oldest first: every process started in the guest
 (its command line, uid and parent) and how it ended (status or signal, and
-how long it ran); every den session opened on the VM (den exec, den ssh, the
+how long it ran); every file a process wrote under /root, /home, /etc and
+/srv (its size then); every den session opened on the VM (den exec, den ssh, the
 SSH gateway: who, and its id, which the processes it started carry); and
 what happened to the VM (boot, sleep, wake, checkpoint, restore, fork).
 
-The guest's agent records processes from the kernel's proc connector; den
+The guest's agent records processes from the kernel's proc connector and files from fanotify; den
 reads the record while the VM runs and keeps it with the VM on the volume,
 bounded (den daemon --activity-cap). VM@CHECKPOINT is the record up to that
 checkpoint's instant, along its own line: what a restore set aside is left
@@ -47,6 +49,7 @@ Examples:
 			jsonFlag(),
 			&cli.StringFlag{Name: "since", Usage: "only entries from this long ago (10m, 1h) or this RFC 3339 time on"},
 			&cli.BoolFlag{Name: "process", Usage: "only processes started and ended"},
+			&cli.BoolFlag{Name: "files", Usage: "only files written"},
 			&cli.BoolFlag{Name: "sessions", Usage: "only den sessions opened"},
 			&cli.BoolFlag{Name: "vm-events", Usage: "only what happened to the VM"},
 			&cli.StringFlag{Name: "session", Usage: "only this session's entries"},
@@ -67,6 +70,9 @@ Examples:
 			}
 			if c.Bool("process") {
 				q.Kinds = append(q.Kinds, agent.ProcExec, agent.ProcExit)
+			}
+			if c.Bool("files") {
+				q.Kinds = append(q.Kinds, agent.ProcFile)
 			}
 			if c.Bool("sessions") {
 				q.Kinds = append(q.Kinds, "session")
@@ -177,6 +183,12 @@ func printActivity(w io.Writer, entries []api.ActivityEntry, header bool) {
 				detail = fmt.Sprintf("status %d", *e.Status)
 			}
 			detail += " after " + e.Duration.Round(time.Millisecond).String()
+		case agent.ProcFile:
+			what = "write"
+			detail = fmt.Sprintf("%s (%s)", e.Path, size.Format(e.Bytes))
+			if e.Writes > 1 {
+				detail += fmt.Sprintf(", %d writes", e.Writes)
+			}
 		case "session":
 			detail = "opened by " + e.Who + " via " + e.Via
 		case "vm":

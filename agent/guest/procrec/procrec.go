@@ -1,7 +1,8 @@
 //go:build linux
 
 // Package procrec records the guest's processes (each exec and the exit
-// that follows it) from the kernel's proc connector into a bounded ring.
+// that follows it, from the kernel's proc connector) and the files they
+// write (from fanotify) into a bounded ring.
 package procrec
 
 import (

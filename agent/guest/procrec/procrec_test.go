@@ -108,3 +108,46 @@ func TestRing(t *testing.T) {
 		t.Errorf("read after the newest: %+v", page.Events)
 	}
 }
+
+// TestFiles: a file closed after a write under a watched path is
+// recorded with its writer, session and size; writes elsewhere are not;
+// quick rewrites by one process are one event.
+func TestFiles(t *testing.T) {
+	r := open(t, 0)
+	dir, other := t.TempDir(), t.TempDir()
+	if err := r.WatchFiles([]string{dir, "/nonexistent"}); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/bin/sh", "-c", "read x; for i in 1 2 3; do echo line >> "+dir+"/log; done; echo x > "+other+"/no")
+	in, _ := cmd.StdinPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r.Tag(cmd.Process.Pid, "s2")
+	in.Write([]byte("go\n"))
+	in.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	ev := waitFor(t, r, func(ev agent.ProcEvent) bool { return ev.Kind == agent.ProcFile && ev.Path == dir+"/log" })
+	if ev.PID != cmd.Process.Pid || ev.Session != "s2" || ev.Writes < 1 {
+		t.Errorf("file event %+v: want pid %d, session s2", ev, cmd.Process.Pid)
+	}
+	// The kernel may merge the closes, and the recorder merges what
+	// comes within a moment: one event, with the last size.
+	waitFor(t, r, func(ev agent.ProcEvent) bool {
+		return ev.Kind == agent.ProcFile && ev.Path == dir+"/log" && ev.Bytes == 15
+	})
+	n := 0
+	for _, e := range r.Read(0, 0).Events {
+		if e.Kind == agent.ProcFile && e.Path != dir+"/log" {
+			t.Errorf("a file outside the watched paths: %+v", e)
+		}
+		if e.Kind == agent.ProcFile {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d file events for three appends in a moment, want 1", n)
+	}
+}

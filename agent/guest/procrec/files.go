@@ -1,0 +1,146 @@
+//go:build linux
+
+package procrec
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/denhq/den/agent"
+)
+
+// DefaultFilePaths are where files written are recorded by default.
+var DefaultFilePaths = []string{"/root", "/home", "/etc", "/srv"}
+
+// coalesce merges a file written again by the same process within it
+// into the newest event (a log appended to line by line).
+const coalesce = 2 * time.Second
+
+// fanotify_event_metadata: event_len u32, vers u8, reserved u8,
+// metadata_len u16, mask u64, fd s32, pid s32.
+const fanMetaLen = 24
+
+// WatchFiles records the files closed after a write under paths (the
+// file, the process, its size then), from the kernel's fanotify: one
+// mark on each file system the paths are on. Paths that do not exist
+// are skipped.
+func (r *Recorder) WatchFiles(paths []string) error {
+	fd, err := unix.FanotifyInit(unix.FAN_CLASS_NOTIF|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK, unix.O_RDONLY|unix.O_LARGEFILE|unix.O_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("file record: fanotify: %w", err)
+	}
+	var prefixes []string
+	marked := map[uint64]bool{}
+	for _, p := range paths {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			continue
+		}
+		prefixes = append(prefixes, strings.TrimSuffix(p, "/")+"/")
+		if marked[st.Dev] {
+			continue
+		}
+		if err := unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, unix.FAN_CLOSE_WRITE, unix.AT_FDCWD, p); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("file record: mark the file system of %s: %w", p, err)
+		}
+		marked[st.Dev] = true
+	}
+	if len(prefixes) == 0 {
+		unix.Close(fd)
+		return errors.New("file record: none of the paths exists")
+	}
+	go r.readFiles(fd, prefixes)
+	return nil
+}
+
+func (r *Recorder) readFiles(fd int, prefixes []string) {
+	defer unix.Close(fd)
+	buf := make([]byte, 64<<10)
+	self := os.Getpid()
+	for {
+		r.mu.Lock()
+		closed := r.closed
+		r.mu.Unlock()
+		if closed {
+			return
+		}
+		// Polled with a bound, so that Close is seen.
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if _, err := unix.Poll(pfd, 500); err != nil && !errors.Is(err, unix.EINTR) {
+			r.log.Warn("file record stopped", "err", err)
+			return
+		}
+		n, err := unix.Read(fd, buf)
+		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
+			continue
+		}
+		if err != nil || n <= 0 {
+			r.log.Warn("file record stopped", "err", err)
+			return
+		}
+		le := binary.LittleEndian
+		b := buf[:n]
+		for len(b) >= fanMetaLen {
+			l := int(le.Uint32(b[0:]))
+			if l < fanMetaLen || l > len(b) {
+				break
+			}
+			efd, pid := int(int32(le.Uint32(b[16:]))), int(int32(le.Uint32(b[20:])))
+			b = b[l:]
+			if efd < 0 {
+				continue // the queue overflowed
+			}
+			r.file(efd, pid, self, prefixes)
+			unix.Close(efd)
+		}
+	}
+}
+
+// file records one file closed after a write, when it is under one of
+// prefixes.
+func (r *Recorder) file(fd, pid, self int, prefixes []string) {
+	path, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil {
+		return
+	}
+	under := false
+	for _, p := range prefixes {
+		under = under || strings.HasPrefix(path, p)
+	}
+	if !under {
+		return
+	}
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return
+	}
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n := len(r.events); n > 0 {
+		last := &r.events[(r.next-1+n)%n]
+		if last.Kind == agent.ProcFile && last.PID == pid && last.Path == path && now.Sub(last.Time) < coalesce {
+			last.Bytes = st.Size
+			last.Writes++
+			return
+		}
+	}
+	ev := agent.ProcEvent{Time: now, Kind: agent.ProcFile, PID: pid, Path: path, Bytes: st.Size, Writes: 1}
+	if p := r.procs[pid]; p != nil {
+		ev.PPID, ev.UID = p.ppid, p.uid
+	}
+	if pid == self {
+		ev.Session = "den-agent" // sftp, den cp, E2B files: written by the agent for a session
+	} else {
+		ev.Session = r.sessionOf(pid)
+	}
+	r.add(ev)
+}
