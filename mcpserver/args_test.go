@@ -137,7 +137,7 @@ func TestCatalog(t *testing.T) {
 			t.Errorf("tool %s: no description or input schema", tool.Name)
 		}
 	}
-	for _, name := range []string{"list", "create", "exec", "read_file", "write_file", "checkpoint", "checkpoints", "restore", "fork", "diff", "sleep", "wake", "url", "info"} {
+	for _, name := range []string{"list", "create", "exec", "read_file", "write_file", "checkpoint", "checkpoints", "restore", "fork", "diff", "activity", "sleep", "wake", "url", "info"} {
 		if !have[name] {
 			t.Errorf("no tool %s (have %v)", name, have)
 		}

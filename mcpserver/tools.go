@@ -76,6 +76,23 @@ type DiffInput struct {
 	Patch bool   `json:"patch,omitempty" jsonschema:"include unified diffs of text files"`
 }
 
+// ActivityInput asks for a VM's activity record.
+type ActivityInput struct {
+	Name       string   `json:"name" jsonschema:"the VM's name"`
+	Checkpoint string   `json:"checkpoint,omitempty" jsonschema:"a checkpoint, e.g. cp-2: the record up to it (default: up to now)"`
+	Kinds      []string `json:"kinds,omitempty" jsonschema:"only these kinds: exec, exit, file, session, vm, lost"`
+	Session    string   `json:"session,omitempty" jsonschema:"only this session's entries"`
+	Last       int      `json:"last,omitempty" jsonschema:"only the newest this many (default 200, at most 2000)"`
+}
+
+// ActivityOutput is a VM's activity record, oldest first.
+type ActivityOutput struct {
+	Entries []api.ActivityEntry `json:"entries"`
+}
+
+// maxActivity caps the entries an activity call returns.
+const maxActivity = 2000
+
 // SleepInput puts a VM to sleep.
 type SleepInput struct {
 	Name  string `json:"name" jsonschema:"the VM's name"`
@@ -96,6 +113,7 @@ func (t *tools) add(s *mcp.Server) {
 	mcp.AddTool(s, &mcp.Tool{Name: "restore", Description: "Bring a VM's memory, processes and disk back to a checkpoint (its current state is checkpointed first unless no_save)."}, t.restore)
 	mcp.AddTool(s, &mcp.Tool{Name: "fork", Description: "Make a new VM from a checkpoint of another (or from it as it is now), with its own identity."}, t.fork)
 	mcp.AddTool(s, &mcp.Tool{Name: "diff", Description: "The files added, changed and removed between two checkpoints' disks (path, type, size, mode, owner, symlink targets, hard links, renames; unified diffs of text files with patch), or between a checkpoint and the VM as it is now. Read on the host: the VM is not woken."}, t.diff)
+	mcp.AddTool(s, &mcp.Tool{Name: "activity", Description: "What ran in a VM (each process's command line, uid, exit status and duration), the files processes wrote under /root, /home, /etc and /srv, the sessions that ran them (who) and what happened to the VM (boot, sleep, wake, checkpoint, restore, fork), oldest first. The VM is not woken.", Annotations: ro}, t.activity)
 	mcp.AddTool(s, &mcp.Tool{Name: "sleep", Description: "Put a VM to sleep: its memory is saved and it holds no RAM or CPU; anything that reaches it wakes it."}, t.sleep)
 	mcp.AddTool(s, &mcp.Tool{Name: "wake", Description: "Wake a sleeping or stopped VM.", Annotations: &mcp.ToolAnnotations{IdempotentHint: true}}, t.wake)
 	mcp.AddTool(s, &mcp.Tool{Name: "url", Description: "A VM's HTTP URL: the daemon's HTTP listener reaches a port of the VM through it (8080 unless set with den url --port), waking it; private URLs carry a token.", Annotations: ro}, t.url)
@@ -251,6 +269,28 @@ func (t *tools) diff(ctx context.Context, req *mcp.CallToolRequest, in DiffInput
 		return nil, api.Diff{}, err
 	}
 	return nil, *d, nil
+}
+
+func (t *tools) activity(ctx context.Context, _ *mcp.CallToolRequest, in ActivityInput) (*mcp.CallToolResult, ActivityOutput, error) {
+	if err := validate.VMName(in.Name); err != nil {
+		return nil, ActivityOutput{}, err
+	}
+	if in.Checkpoint != "" {
+		if err := validate.CheckpointID(in.Checkpoint); err != nil {
+			return nil, ActivityOutput{}, err
+		}
+	}
+	switch {
+	case in.Last < 0 || in.Last > maxActivity:
+		return nil, ActivityOutput{}, fmt.Errorf("last: %d is not between 0 and %d", in.Last, maxActivity)
+	case in.Last == 0:
+		in.Last = 200
+	}
+	es, err := t.api.Activity(ctx, in.Name, api.ActivityQuery{Checkpoint: in.Checkpoint, Kinds: in.Kinds, Session: in.Session, Last: in.Last})
+	if err != nil {
+		return nil, ActivityOutput{}, err
+	}
+	return nil, ActivityOutput{Entries: es}, nil
 }
 
 func (t *tools) sleep(ctx context.Context, _ *mcp.CallToolRequest, in SleepInput) (*mcp.CallToolResult, api.VM, error) {
