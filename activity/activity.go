@@ -30,7 +30,7 @@ const (
 	// login, a URL request; its processes carry its id.
 	KindSession = "session"
 	// KindVM is something that happened to the VM (Event says what:
-	// boot, sleep, wake, checkpoint, restore, fork, stop).
+	// boot, sleep, wake, checkpoint, restore, fork, record).
 	KindVM = "vm"
 	// KindLost says events were dropped before den read them (the
 	// guest's ring was full, or its record was off).
@@ -45,7 +45,8 @@ const (
 	EventCheckpoint = "checkpoint"
 	EventRestore    = "restore"
 	EventFork       = "fork"
-	EventStop       = "stop"
+	// EventRecord: the guest's record was switched on or off (Detail).
+	EventRecord = "record"
 )
 
 // Cursor is how far den has read a guest's process record: the agent's

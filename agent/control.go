@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"math"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -107,6 +108,18 @@ func (c *Client) Activity(ctx context.Context) (Activity, error) {
 func (c *Client) ProcLog(ctx context.Context, after uint64, max int) (ProcLogReply, error) {
 	var r ProcLogReply
 	err := c.call(ctx, ReqProcLog, ProcLogRequest{After: after, Max: max}, &r)
+	return r, err
+}
+
+// SetProcRecord switches the guest's process and file record on or off
+// (until its next boot) and reads where it stands.
+func (c *Client) SetProcRecord(ctx context.Context, on bool) (ProcLogReply, error) {
+	req := ProcLogRequest{After: math.MaxUint64, Max: 1, Record: "off"}
+	if on {
+		req.Record = "on"
+	}
+	var r ProcLogReply
+	err := c.call(ctx, ReqProcLog, req, &r)
 	return r, err
 }
 

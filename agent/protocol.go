@@ -55,6 +55,9 @@ const (
 type ProcLogRequest struct {
 	After uint64 `json:"after"`
 	Max   int    `json:"max,omitempty"`
+	// Record, "on" or "off", switches the record on or off first (until
+	// the guest's next boot); "" leaves it as it is.
+	Record string `json:"record,omitempty"`
 }
 
 // ProcLogReply is a page of the agent's process record.
@@ -71,6 +74,8 @@ type ProcLogReply struct {
 	// Oldest is the sequence number of the oldest event it still holds:
 	// events between After and Oldest were dropped by its bound.
 	Oldest uint64 `json:"oldest"`
+	// Paused says the record was switched off (ProcLogRequest.Record).
+	Paused bool `json:"paused,omitempty"`
 	// Off says the agent records nothing (no proc connector in the
 	// guest kernel, or not allowed); Reason says why.
 	Off    bool   `json:"off,omitempty"`

@@ -38,6 +38,20 @@ type ActivityEntry struct {
 	Lost          uint64        `json:"lost,omitempty"`
 }
 
+// ActivityRecordRequest switches a running VM's guest record on or off
+// (POST /v1/vms/{name}/activity/record); the answer says where it stands.
+type ActivityRecordRequest struct {
+	On bool `json:"on"`
+}
+
+// SetActivityRecord switches a running VM's guest record of processes
+// and files on or off, until its next boot.
+func (c *Client) SetActivityRecord(ctx context.Context, name string, on bool) (bool, error) {
+	var out ActivityRecordRequest
+	err := c.do(ctx, http.MethodPost, vmPath(name, "activity", "record"), ActivityRecordRequest{On: on}, &out)
+	return out.On, err
+}
+
 // ActivityQuery chooses entries of a VM's activity record; zero fields
 // choose all.
 type ActivityQuery struct {

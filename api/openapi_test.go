@@ -42,7 +42,7 @@ var wireTypes = map[string]struct {
 	v       any
 	request bool
 }{
-	"ErrorBody": {v: ErrorBody{}}, "VM": {v: VM{}}, "ActivityEntry": {v: ActivityEntry{}}, "Cgroup": {v: Cgroup{}}, "Event": {v: Event{}},
+	"ErrorBody": {v: ErrorBody{}}, "VM": {v: VM{}}, "ActivityEntry": {v: ActivityEntry{}}, "ActivityRecordRequest": {v: ActivityRecordRequest{}, request: true}, "Cgroup": {v: Cgroup{}}, "Event": {v: Event{}},
 	"DaemonInfo": {v: DaemonInfo{}}, "Confinement": {v: Confinement{}}, "MemoryInfo": {v: MemoryInfo{}},
 	"Checkpoint": {v: Checkpoint{}}, "Verification": {v: Verification{}}, "VerifiedFile": {v: VerifiedFile{}},
 	"DiffRequest": {v: DiffRequest{}, request: true}, "Diff": {v: Diff{}}, "DiffChange": {v: DiffChange{}},

@@ -41,6 +41,21 @@ func (s *Server) activityOf(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+// setActivityRecord switches a running VM's guest record on or off.
+func (s *Server) setActivityRecord(w http.ResponseWriter, r *http.Request) {
+	var req api.ActivityRecordRequest
+	name, ok := s.ownedRequest(w, r, &req)
+	if !ok {
+		return
+	}
+	on, err := s.m.SetActivityRecord(r.Context(), name, req.On, whoOf(callerOf(r)))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.ActivityRecordRequest{On: on})
+}
+
 // activityKinds are the kinds a filter may name.
 var activityKinds = map[string]bool{activity.KindExec: true, activity.KindExit: true, activity.KindFile: true, activity.KindSession: true,
 	activity.KindVM: true, activity.KindLost: true}

@@ -43,6 +43,7 @@ type Lifecycle interface {
 	Fork(ctx context.Context, src, id, name string, progress machine.Progress) (registry.VM, error)
 	Diff(ctx context.Context, o machine.DiffOptions, progress machine.Progress) (machine.DiffResult, error)
 	Activity(ctx context.Context, name string, f activity.Filter) ([]activity.Entry, error)
+	SetActivityRecord(ctx context.Context, name string, on bool, who string) (bool, error)
 	RestorePaths(ctx context.Context, o machine.RestorePathsOptions, progress machine.Progress) (machine.RestorePathsResult, error)
 	SetEgress(ctx context.Context, name string, p egress.Policy) error
 	SetURL(ctx context.Context, name string, c machine.URLChange) (machine.URLSettings, error)

@@ -126,6 +126,7 @@ func TestOpenAPITour(t *testing.T) {
 	call("GET", "/v1/audit?vm=box&limit=5", "", 200)
 	call("GET", "/v1/vms/box/activity?kind=vm,session&last=5", "", 200)
 	call("GET", "/v1/vms/box/activity?kind=files", "", 400)
+	call("POST", "/v1/vms/box/activity/record", `{"on":false}`, 409) // the in-process agent records nothing
 	call("DELETE", "/v1/vms/twin?force=1", "", 204)
 	call("DELETE", "/v1/vms/box", "", 204)
 

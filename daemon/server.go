@@ -86,6 +86,7 @@ var routes = []route{
 	{"POST /v1/vms/{name}/fork", (*Server).fork},
 	{"POST /v1/vms/{name}/diff", (*Server).diff},
 	{"GET /v1/vms/{name}/activity", (*Server).activityOf},
+	{"POST /v1/vms/{name}/activity/record", (*Server).setActivityRecord},
 	{"POST /v1/vms/{name}/sleep", (*Server).sleep},
 	{"POST /v1/vms/{name}/wake", (*Server).wake},
 	{"POST /v1/vms/{name}/resize", (*Server).resize},

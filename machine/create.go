@@ -281,7 +281,6 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	if in := op.instance(); src.memory != "" && in != nil {
 		// What ran in the warm base before its snapshot is not this
 		// VM's.
-		mark.Detail = "created from " + src.what + " (a warm base's memory)"
 		mark.Cursor = m.records.skipCursor(ctx, in)
 	}
 	m.records.mark(o.Name, mark)

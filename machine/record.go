@@ -10,6 +10,7 @@ import (
 
 	"github.com/denhq/den/activity"
 	"github.com/denhq/den/agent"
+	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
 
@@ -263,11 +264,37 @@ func (rc *records) pullIdle(ctx context.Context, name string) {
 	}
 }
 
-// RecordSession marks a session opened on a VM in its record: its id
-// tags the processes it starts (agent.EnvSession).
-func (m *Manager) RecordSession(name string, e activity.Entry) {
-	e.Kind = activity.KindSession
-	m.records.mark(name, e)
+// SetActivityRecord switches the guest's process and file record of a
+// running VM on or off, until its next boot (a restore or fork of a
+// checkpoint takes the switch the checkpoint's memory holds), and marks
+// it, with who, in the VM's record. It returns whether it is on now.
+func (m *Manager) SetActivityRecord(ctx context.Context, name string, on bool, who string) (bool, error) {
+	o, err := m.begin(ctx, name, "activity record")
+	if err != nil {
+		return false, err
+	}
+	defer o.unlock()
+	in := o.instance()
+	if o.vm.State != registry.StateRunning || in == nil || !alive(in) {
+		return false, fmt.Errorf("switch the activity record of vm %q: it is %s, not running: %w", name, o.vm.State, ErrConflict)
+	}
+	m.records.pullBefore(ctx, name, in) // what came before the switch
+	ctx, cancel := context.WithTimeout(ctx, recordPullTimeout)
+	defer cancel()
+	c, err := m.agents.agentClient(ctx, in)
+	if err != nil {
+		return false, fmt.Errorf("switch the activity record of vm %q: %w", name, err)
+	}
+	rep, err := c.SetProcRecord(ctx, on)
+	if errors.Is(err, agent.ErrUnsupported) || err == nil && rep.Off {
+		return false, fmt.Errorf("switch the activity record of vm %q: its guest records nothing: %w", name, ErrConflict)
+	}
+	if err != nil {
+		return false, fmt.Errorf("switch the activity record of vm %q: %w", name, err)
+	}
+	state := map[bool]string{true: "on", false: "off"}[!rep.Paused]
+	m.records.mark(name, vmEvent(activity.EventRecord, "", "switched "+state+" by "+who))
+	return !rep.Paused, nil
 }
 
 // Activity reads a VM's activity record; a running VM's guest record is

@@ -180,6 +180,15 @@ func (s *Server) ctlProcLog(_ ssh.Context, payload []byte) (any, error) {
 		}
 		return agent.ProcLogReply{Off: true, Reason: reason, Events: []agent.ProcEvent{}}, nil
 	}
+	switch req.Record {
+	case "":
+	case "on", "off":
+		if err := rec.SetRecording(req.Record == "on"); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("proclog: record %q is neither on nor off", req.Record)
+	}
 	return rec.Read(req.After, req.Max), nil
 }
 

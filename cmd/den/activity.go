@@ -24,7 +24,7 @@ func activityCommand() *cli.Command {
 		Name:      "activity",
 		Usage:     "show what ran in a VM, who ran it, and what happened to the VM",
 		ArgsUsage: "VM[@CHECKPOINT]",
-		UsageText: "den activity VM[@CHECKPOINT] [--since DURATION|TIME] [--process] [--files] [--sessions] [--vm-events] [--session ID] [--last N] [--json] [--follow]",
+		UsageText: "den activity VM[@CHECKPOINT] [--since DURATION|TIME] [--process] [--files] [--sessions] [--vm-events] [--session ID] [--last N] [--json] [--follow] | den activity VM --record on|off",
 		Description: `The VM's activity record, oldest first: every process started in the guest
 (its command line, uid and parent) and how it ended (status or signal, and
 how long it ran); every file a process wrote under /root, /home, /etc and
@@ -36,7 +36,9 @@ The guest's agent records processes from the kernel's proc connector and files f
 reads the record while the VM runs and keeps it with the VM on the volume,
 bounded (den daemon --activity-cap). VM@CHECKPOINT is the record up to that
 checkpoint's instant, along its own line: what a restore set aside is left
-out. A sleeping VM is not woken.
+out. A sleeping VM is not woken. --record off switches the guest's record off
+until its next boot (it costs nothing then), --record on back on; the switch
+is in the record.
 
 Examples:
    den activity box
@@ -44,6 +46,7 @@ Examples:
    den activity box@cp-2
    den activity box --session den-3fa2c1d0
    den activity box --follow
+   den activity box --record off
    den activity box --json | jq -r 'select(.kind == "exit" and .status != 0) | .pid'`,
 		Flags: withDaemon(
 			jsonFlag(),
@@ -55,6 +58,7 @@ Examples:
 			&cli.StringFlag{Name: "session", Usage: "only this session's entries"},
 			&cli.IntFlag{Name: "last", Usage: "only the newest N entries"},
 			&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "keep printing new entries until interrupted"},
+			&cli.StringFlag{Name: "record", Usage: "switch the running VM's guest record on or off (until its next boot), and say so"},
 		),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
@@ -63,6 +67,24 @@ Examples:
 			name, id, err := parseSpec(c, c.Args().First(), false)
 			if err != nil {
 				return err
+			}
+			if sw := c.String("record"); c.IsSet("record") {
+				if sw != "on" && sw != "off" || id != "" {
+					return usageExit(c, "--record: give on or off, and a VM without a checkpoint (den activity box --record off)")
+				}
+				cl, err := newClient(c)
+				if err != nil {
+					return err
+				}
+				on, err := cl.SetActivityRecord(c.Context, name, sw == "on")
+				if err != nil {
+					return err
+				}
+				if c.Bool("json") {
+					return printJSON(c.App.Writer, api.ActivityRecordRequest{On: on})
+				}
+				fmt.Fprintf(c.App.Writer, "%s's activity record is %s until its next boot\n", name, map[bool]string{true: "on", false: "off"}[on])
+				return nil
 			}
 			q := api.ActivityQuery{Checkpoint: id, Session: c.String("session"), Last: c.Int("last")}
 			if q.Last < 0 {

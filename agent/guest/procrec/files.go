@@ -36,28 +36,53 @@ func (r *Recorder) WatchFiles(paths []string) error {
 	if err != nil {
 		return fmt.Errorf("file record: fanotify: %w", err)
 	}
-	var prefixes []string
-	marked := map[uint64]bool{}
+	w := &fanWatch{fd: fd}
+	seen := map[uint64]bool{}
 	for _, p := range paths {
 		var st unix.Stat_t
 		if err := unix.Stat(p, &st); err != nil {
 			continue
 		}
-		prefixes = append(prefixes, strings.TrimSuffix(p, "/")+"/")
-		if marked[st.Dev] {
-			continue
+		w.prefixes = append(w.prefixes, strings.TrimSuffix(p, "/")+"/")
+		if !seen[st.Dev] {
+			seen[st.Dev] = true
+			w.marks = append(w.marks, p)
 		}
-		if err := unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, unix.FAN_CLOSE_WRITE, unix.AT_FDCWD, p); err != nil {
-			unix.Close(fd)
-			return fmt.Errorf("file record: mark the file system of %s: %w", p, err)
-		}
-		marked[st.Dev] = true
 	}
-	if len(prefixes) == 0 {
+	if len(w.prefixes) == 0 {
 		unix.Close(fd)
 		return errors.New("file record: none of the paths exists")
 	}
-	go r.readFiles(fd, prefixes)
+	if err := w.mark(true); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	r.mu.Lock()
+	r.fan = w
+	r.mu.Unlock()
+	go r.readFiles(fd, w.prefixes)
+	return nil
+}
+
+// fanWatch is the file record's fanotify group: one mark on the file
+// system of each of marks.
+type fanWatch struct {
+	fd       int
+	marks    []string
+	prefixes []string
+}
+
+// mark adds the marks, or removes them.
+func (w *fanWatch) mark(on bool) error {
+	op := uint(unix.FAN_MARK_ADD)
+	if !on {
+		op = unix.FAN_MARK_REMOVE
+	}
+	for _, p := range w.marks {
+		if err := unix.FanotifyMark(w.fd, op|unix.FAN_MARK_FILESYSTEM, unix.FAN_CLOSE_WRITE, unix.AT_FDCWD, p); err != nil {
+			return fmt.Errorf("file record: mark the file system of %s: %w", p, err)
+		}
+	}
 	return nil
 }
 
@@ -125,6 +150,9 @@ func (r *Recorder) file(fd, pid, self int, prefixes []string) {
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.paused {
+		return // queued before the marks went
+	}
 	if n := len(r.events); n > 0 {
 		last := &r.events[(r.next-1+n)%n]
 		if last.Kind == agent.ProcFile && last.PID == pid && last.Path == path && now.Sub(last.Time) < coalesce {

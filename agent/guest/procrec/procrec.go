@@ -74,6 +74,8 @@ type Recorder struct {
 	procs  map[int]*live
 	tags   map[int]string // pid → session, tagged by the agent
 	closed bool
+	paused bool
+	fan    *fanWatch // the file record, if any (files.go)
 }
 
 // Open subscribes to the proc connector and starts recording, keeping
@@ -302,6 +304,9 @@ func (r *Recorder) descends(pid, root int) bool {
 
 // add appends ev to the ring (r.mu held).
 func (r *Recorder) add(ev agent.ProcEvent) {
+	if r.paused {
+		return // queued before the record was switched off
+	}
 	r.seq++
 	ev.Seq = r.seq
 	if len(r.events) < cap(r.events) {
@@ -340,6 +345,31 @@ func (r *Recorder) Tag(pid int, session string) {
 	}
 }
 
+// SetRecording switches the record off (the proc connector and the
+// file marks are let go: recording costs nothing then) or on again.
+func (r *Recorder) SetRecording(on bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.paused == !on {
+		return nil
+	}
+	if err := listen(r.fd, on); err != nil {
+		return fmt.Errorf("process record: %w", err)
+	}
+	if r.fan != nil {
+		if err := r.fan.mark(on); err != nil {
+			return err
+		}
+	}
+	r.paused = !on
+	if !on {
+		// What lived before cannot be followed to its exit.
+		clear(r.procs)
+		clear(r.tags)
+	}
+	return nil
+}
+
 // Ring names this recorder: events are numbered within it.
 func (r *Recorder) Ring() string { return r.ring }
 
@@ -350,7 +380,7 @@ func (r *Recorder) Read(after uint64, max int) agent.ProcLogReply {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := agent.ProcLogReply{Ring: r.ring, Last: r.seq, Events: []agent.ProcEvent{}}
+	out := agent.ProcLogReply{Ring: r.ring, Last: r.seq, Paused: r.paused, Events: []agent.ProcEvent{}}
 	n := len(r.events)
 	if n == 0 {
 		return out

@@ -151,3 +151,35 @@ func TestFiles(t *testing.T) {
 		t.Errorf("%d file events for three appends in a moment, want 1", n)
 	}
 }
+
+// TestSwitchedOff: nothing is recorded while the record is off; it goes
+// on when switched on again.
+func TestSwitchedOff(t *testing.T) {
+	r := open(t, 0)
+	dir := t.TempDir()
+	if err := r.WatchFiles([]string{dir}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetRecording(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := exec.Command("/bin/sh", "-c", "echo off-marker > "+dir+"/off").Run(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetRecording(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := exec.Command("/bin/sh", "-c", "echo on-marker > "+dir+"/on").Run(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, r, func(ev agent.ProcEvent) bool { return ev.Kind == agent.ProcFile && ev.Path == dir+"/on" })
+	waitFor(t, r, func(ev agent.ProcEvent) bool { return ev.Kind == agent.ProcExec && slices.Contains(ev.Argv, "echo on-marker > "+dir+"/on") })
+	for _, ev := range r.Read(0, 0).Events {
+		if ev.Path == dir+"/off" || slices.Contains(ev.Argv, "echo off-marker > "+dir+"/off") {
+			t.Errorf("recorded while off: %+v", ev)
+		}
+	}
+	if r.Read(0, 0).Paused {
+		t.Error("paused after switched on")
+	}
+}
