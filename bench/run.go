@@ -299,6 +299,13 @@ func (d *daemon) runAll(ctx context.Context, o Options, v variant, accel string)
 			return figs, err
 		}
 	}
+	if !v.compare {
+		f, err := d.activityCost(ctx, o, accel, say)
+		figs = append(figs, f...)
+		if err != nil {
+			return figs, err
+		}
+	}
 	figs, err := d.hostlife(ctx, o, v, accel, figs, say)
 	if err != nil {
 		return figs, err

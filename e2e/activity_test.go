@@ -48,7 +48,7 @@ func vmEventsOf(es []api.ActivityEntry) string {
 // session; cp-1's record is its own line; reading the record wakes
 // nothing, and the record outlives sleep and wake.
 func testActivity(t *testing.T, d *daemon) {
-	if _, err := d.run("exec", "box", "--", "sh", "-c", "echo activity-marker; exit 3"); exitCode(err) != 3 {
+	if _, err := d.run("exec", "box", "--", "sh", "-c", "echo activity-marker > /root/act-file; exit 3"); exitCode(err) != 3 {
 		t.Fatalf("exec exit 3: %v", err)
 	}
 	live := d.activity(t, "box")
@@ -68,8 +68,17 @@ func testActivity(t *testing.T, d *daemon) {
 	if opened == nil || opened.Via != "den" || opened.Who == "" {
 		t.Errorf("the exec's session %q: %+v", ex.Session, opened)
 	}
-	if got := d.activity(t, "box", "--session", ex.Session); len(got) < 3 {
-		t.Errorf("--session %s: %d entries, want its session, exec and exit", ex.Session, len(got))
+	if got := d.activity(t, "box", "--session", ex.Session); len(got) < 4 {
+		t.Errorf("--session %s: %d entries, want its session, exec, file and exit", ex.Session, len(got))
+	}
+	var file *api.ActivityEntry
+	for _, e := range d.activity(t, "box", "--files") {
+		if e.Path == "/root/act-file" {
+			file = &e
+		}
+	}
+	if file == nil || file.Kind != "file" || file.Bytes != int64(len("activity-marker\n")) || file.Session != ex.Session {
+		t.Errorf("the file written: %+v", file)
 	}
 	for _, want := range []string{"checkpoint:cp-1", "checkpoint:cp-2", "restore:cp-1", "restore:cp-2"} {
 		if !strings.Contains(vmEventsOf(live), want) {
@@ -106,7 +115,19 @@ func testActivity(t *testing.T, d *daemon) {
 	if e, _ := execOf(woke, "activity-marker"); e == nil {
 		t.Error("the record lost what came before the sleep")
 	}
-	for _, bad := range [][]string{{"activity", "box@cp-99"}, {"activity", "ghost"}, {"activity", "box@cp-1", "--follow"}} {
+	// Switched off, nothing is recorded; the switch is.
+	d.must("activity", "box", "--record", "off")
+	d.must("exec", "box", "--", "sh", "-c", "echo while-off > /root/off-file")
+	d.must("activity", "box", "--record", "on")
+	d.must("exec", "box", "--", "sh", "-c", "echo back-on")
+	after := d.activity(t, "box")
+	if e, _ := execOf(after, "while-off"); e != nil {
+		t.Errorf("recorded while off: %+v", e)
+	}
+	if e, _ := execOf(after, "back-on"); e == nil || !strings.Contains(vmEventsOf(after), "record: record:") {
+		t.Errorf("after switching back on: exec %v, vm events %q", e, vmEventsOf(after))
+	}
+	for _, bad := range [][]string{{"activity", "box@cp-99"}, {"activity", "ghost"}, {"activity", "box@cp-1", "--follow"}, {"activity", "box", "--record", "maybe"}} {
 		if _, err := d.run(bad...); exitCode(err) == 0 {
 			t.Errorf("den %s succeeded", strings.Join(bad, " "))
 		}

@@ -102,14 +102,8 @@ Examples:
 			if c.Bool("vm-events") {
 				q.Kinds = append(q.Kinds, "vm", "lost")
 			}
-			if s := c.String("since"); s != "" {
-				if d, err := time.ParseDuration(s); err == nil && d > 0 {
-					q.Since = time.Now().Add(-d)
-				} else if t, err := time.Parse(time.RFC3339, s); err == nil {
-					q.Since = t
-				} else {
-					return usageExit(c, "--since %q: use a duration (10m) or an RFC 3339 time", s)
-				}
+			if q.Since, err = sinceFlag(c); err != nil {
+				return err
 			}
 			if c.Bool("follow") && id != "" {
 				return usageExit(c, "--follow: a checkpoint's record does not grow (den activity %s --follow)", name)

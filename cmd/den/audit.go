@@ -50,14 +50,9 @@ Examples:
 			if q.Limit < 0 {
 				return usageExit(c, "--limit %d: use 0 or more", q.Limit)
 			}
-			if s := c.String("since"); s != "" {
-				if d, err := time.ParseDuration(s); err == nil && d > 0 {
-					q.Since = time.Now().Add(-d)
-				} else if t, err := time.Parse(time.RFC3339, s); err == nil {
-					q.Since = t
-				} else {
-					return usageExit(c, "--since %q: use a duration (1h) or an RFC 3339 time", s)
-				}
+			var err error
+			if q.Since, err = sinceFlag(c); err != nil {
+				return err
 			}
 			cl, err := newClient(c)
 			if err != nil {
@@ -86,4 +81,20 @@ Examples:
 			return tw.Flush()
 		},
 	}
+}
+
+// sinceFlag reads --since: a duration back from now (1h, 10m) or an RFC
+// 3339 time; zero when not given.
+func sinceFlag(c *cli.Context) (time.Time, error) {
+	s := c.String("since")
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d > 0 {
+		return time.Now().Add(-d), nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	return time.Time{}, usageExit(c, "--since %q: use a duration (1h, 10m) or an RFC 3339 time", s)
 }
