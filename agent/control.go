@@ -1,11 +1,11 @@
 package agent
 
 import (
-	"math"
 	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"time"
 

@@ -173,7 +173,9 @@ func TestSwitchedOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, r, func(ev agent.ProcEvent) bool { return ev.Kind == agent.ProcFile && ev.Path == dir+"/on" })
-	waitFor(t, r, func(ev agent.ProcEvent) bool { return ev.Kind == agent.ProcExec && slices.Contains(ev.Argv, "echo on-marker > "+dir+"/on") })
+	waitFor(t, r, func(ev agent.ProcEvent) bool {
+		return ev.Kind == agent.ProcExec && slices.Contains(ev.Argv, "echo on-marker > "+dir+"/on")
+	})
 	for _, ev := range r.Read(0, 0).Events {
 		if ev.Path == dir+"/off" || slices.Contains(ev.Argv, "echo off-marker > "+dir+"/off") {
 			t.Errorf("recorded while off: %+v", ev)
