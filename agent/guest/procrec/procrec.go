@@ -224,10 +224,23 @@ func (r *Recorder) fork(ppid, pid int) {
 func (r *Recorder) exec(pid int) {
 	now := time.Now()
 	argv, cut := r.argv(pid)
-	ppid, uid := r.status(pid)
+	r.mu.Lock()
+	p := r.procs[pid]
+	r.mu.Unlock()
+	// The parent is known from the fork; the uid is the owner of the
+	// process's /proc directory: a stat, where /proc/PID/status would be
+	// an open, a read and a close (costly under emulation).
+	ppid, uid := 0, -1
+	var st unix.Stat_t
+	if unix.Stat(r.proc+"/"+strconv.Itoa(pid), &st) == nil {
+		uid = int(st.Uid)
+	}
+	if p == nil || uid < 0 {
+		ppid, uid = r.status(pid)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	p := r.procs[pid]
+	p = r.procs[pid]
 	if p == nil {
 		p = &live{ppid: ppid}
 		r.procs[pid] = p
