@@ -137,6 +137,7 @@ func (b ingressBackend) Dial(ctx context.Context, vm string, port int) (net.Conn
 	if err != nil {
 		return nil, nil, err
 	}
+	sess.NoteURL(port)
 	conn, err := dialGuest(sess.Conn, vm, port)
 	if err != nil {
 		sess.Release()

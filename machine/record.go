@@ -42,12 +42,20 @@ type records struct {
 	wg   sync.WaitGroup
 }
 
+// urlNoteEvery bounds the entries requests through a VM's URL make in
+// its record: one per VM in this time, counting the requests since.
+const urlNoteEvery = 10 * time.Second
+
 type vmRecord struct {
 	log *activity.Log
 	// pull serialises reads of the guest's record.
 	pull sync.Mutex
 	// off is why the guest records nothing, once noted in the record.
 	off string
+	// urlAt is when a URL request was last marked; urlSince counts
+	// those not marked since (records.mu).
+	urlAt    time.Time
+	urlSince int
 }
 
 // of returns a VM's record (opened on first use).
@@ -85,6 +93,34 @@ func (rc *records) mark(name string, entries ...activity.Entry) {
 		err = r.log.Append(entries...)
 	}
 	if err != nil {
+		rc.m.log.Warn("den: activity record not written", "vm", name, "err", err)
+	}
+}
+
+// noteURL marks a request through the VM's URL to port, at most one
+// entry per urlNoteEvery (counting the requests in between): the first
+// request of such a time waits for one append to the volume.
+func (rc *records) noteURL(name string, port int) {
+	r, err := rc.of(name)
+	if err != nil {
+		return
+	}
+	rc.mu.Lock()
+	now := time.Now()
+	if now.Sub(r.urlAt) < urlNoteEvery {
+		r.urlSince++
+		rc.mu.Unlock()
+		return
+	}
+	more := r.urlSince
+	r.urlAt, r.urlSince = now, 0
+	rc.mu.Unlock()
+	e := activity.Entry{Kind: activity.KindSession, Time: now, Via: "url", Who: "a request through its URL",
+		Detail: fmt.Sprintf("to port %d", port)}
+	if more > 0 {
+		e.Detail += fmt.Sprintf(" (and %d more since the last such entry)", more)
+	}
+	if err := r.log.Append(e); err != nil {
 		rc.m.log.Warn("den: activity record not written", "vm", name, "err", err)
 	}
 }

@@ -54,6 +54,16 @@ func TestActivityRecord(t *testing.T) {
 	if !strings.HasPrefix(id, "den-") {
 		t.Errorf("session id %q", id)
 	}
+	for i := 0; i < 3; i++ {
+		u, err := e.m.Open(ctx, "a", "")
+		must(err)
+		u.NoteURL(8080)
+		u.Release()
+	}
+	urls, _ := e.m.Activity(ctx, "a", activity.Filter{Kinds: []string{activity.KindSession}})
+	if n := len(urls); n != 2 || urls[1].Via != "url" || urls[1].Detail != "to port 8080" {
+		t.Errorf("three URL requests at once: %+v, want one url entry after the session", urls)
+	}
 	saved, err := e.m.Restore(ctx, "a", cp1.ID, machine.RestoreOptions{}, nil)
 	must(err)
 

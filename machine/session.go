@@ -39,6 +39,13 @@ func (s *Session) Tag(who, via string) string {
 	return id
 }
 
+// NoteURL marks, in the VM's activity record, a request through the
+// VM's URL to port that this session serves; requests close together
+// share an entry.
+func (s *Session) NoteURL(port int) {
+	s.m.records.noteURL(s.in.name, port)
+}
+
 // taggedConn opens session channels that carry their den session's id
 // (agent.EnvSession) before anything else.
 type taggedConn struct {
