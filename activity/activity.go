@@ -102,16 +102,53 @@ type Entry struct {
 	Cursor Cursor `json:"cursor"`
 }
 
-// FromProc is the entry of a guest process event read from ring.
-func FromProc(ring string, ev agent.ProcEvent) Entry {
-	e := Entry{Time: ev.Time, Kind: ev.Kind, PID: ev.PID, PPID: ev.PPID, Argv: ev.Argv,
-		ArgvTruncated: ev.ArgvTruncated, Status: ev.Status, Signal: ev.Signal, Duration: ev.Duration,
-		Session: ev.Session, Path: ev.Path, Bytes: ev.Bytes, Writes: ev.Writes, Cursor: Cursor{Ring: ring, Seq: ev.Seq}}
+// Bounds on what a guest's event may bring into the record: the guest
+// is not trusted.
+const (
+	maxArgs    = 64
+	maxArg     = 256
+	maxPath    = 4096
+	maxSession = 64
+	maxSignal  = 16
+)
+
+// FromProc is the entry of a guest process event read from ring, cut
+// to the record's bounds; ok is false for an event of a kind a guest
+// does not make.
+func FromProc(ring string, ev agent.ProcEvent) (e Entry, ok bool) {
+	switch ev.Kind {
+	case agent.ProcExec, agent.ProcExit, agent.ProcFile:
+	case agent.ProcLost:
+		return Entry{Time: ev.Time, Kind: KindLost, Detail: "the guest's kernel dropped process events (its agent did not read them in time)",
+			Cursor: Cursor{Ring: ring, Seq: ev.Seq}}, true
+	default:
+		return e, false
+	}
+	e = Entry{Time: ev.Time, Kind: ev.Kind, PID: ev.PID, PPID: ev.PPID, ArgvTruncated: ev.ArgvTruncated,
+		Status: ev.Status, Signal: cut(ev.Signal, maxSignal), Duration: ev.Duration, Session: cut(ev.Session, maxSession),
+		Path: cut(ev.Path, maxPath), Bytes: ev.Bytes, Writes: ev.Writes, Cursor: Cursor{Ring: ring, Seq: ev.Seq}}
+	for i, a := range ev.Argv {
+		if i == maxArgs {
+			e.ArgvTruncated = true
+			break
+		}
+		if len(a) > maxArg {
+			a, e.ArgvTruncated = a[:maxArg], true
+		}
+		e.Argv = append(e.Argv, a)
+	}
 	if ev.UID >= 0 {
 		uid := ev.UID
 		e.UID = &uid
 	}
-	return e
+	return e, true
+}
+
+func cut(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }
 
 // File names in a record's directory: the record is two halves, the
@@ -234,7 +271,13 @@ func (l *Log) Cursor() (Cursor, error) {
 // Append writes entries, numbering them, and makes them durable. An
 // entry without a cursor of its own gets the record's; the last entry's
 // cursor becomes the record's.
-func (l *Log) Append(entries ...Entry) error {
+func (l *Log) Append(entries ...Entry) error { return l.append(true, entries) }
+
+// AppendLazy is Append without waiting for the volume to make the
+// entries durable (marks on a request's path: a session's).
+func (l *Log) AppendLazy(entries ...Entry) error { return l.append(false, entries) }
+
+func (l *Log) append(durable bool, entries []Entry) error {
 	if len(entries) == 0 {
 		return nil
 	}
@@ -275,7 +318,7 @@ func (l *Log) Append(entries ...Entry) error {
 		return fmt.Errorf("activity record: %w", err)
 	}
 	_, err = f.Write(buf.Bytes())
-	if err == nil {
+	if err == nil && durable {
 		err = f.Sync()
 	}
 	var size int64
@@ -379,7 +422,9 @@ func (l *Log) CursorAt(id string) (Cursor, error) {
 	is := func(e Entry) bool { return e.Kind == KindVM && e.Event == EventCheckpoint && e.Checkpoint == id }
 	// A checkpoint just taken (a fork's, one a restore goes back to
 	// soon after) is near the end.
+	l.mu.Lock()
 	tail, _, err := readTail(filepath.Join(l.dir, currentFile))
+	l.mu.Unlock()
 	if err != nil {
 		return Cursor{}, err
 	}
@@ -403,6 +448,8 @@ func (l *Log) CursorAt(id string) (Cursor, error) {
 // readAll reads both halves, older first; lines a crash cut short are
 // skipped.
 func (l *Log) readAll() ([]Entry, error) {
+	l.mu.Lock() // not across a rotation
+	defer l.mu.Unlock()
 	var out []Entry
 	for _, name := range []string{previousFile, currentFile} {
 		f, err := os.Open(filepath.Join(l.dir, name))

@@ -12,7 +12,8 @@ import (
 )
 
 func proc(ring string, seq uint64, kind string, pid int, session string, argv ...string) Entry {
-	return FromProc(ring, agent.ProcEvent{Seq: seq, Time: time.Now(), Kind: kind, PID: pid, UID: 0, Argv: argv, Session: session})
+	e, _ := FromProc(ring, agent.ProcEvent{Seq: seq, Time: time.Now(), Kind: kind, PID: pid, UID: 0, Argv: argv, Session: session})
+	return e
 }
 
 func vmEvent(event, cp string) Entry {
@@ -158,5 +159,27 @@ func TestLineage(t *testing.T) {
 	}
 	if c, _ := l.Cursor(); c != (Cursor{Ring: "r", Seq: 3}) {
 		t.Errorf("cursor %+v", c)
+	}
+}
+
+// TestFromProc: what a guest sends is cut to the record's bounds, and a
+// kind a guest does not make is refused.
+func TestFromProc(t *testing.T) {
+	long := strings.Repeat("<", 10000)
+	argv := make([]string, 100)
+	for i := range argv {
+		argv[i] = long
+	}
+	e, ok := FromProc("r", agent.ProcEvent{Seq: 1, Kind: KindExec, Argv: argv, Session: long, Path: long + long})
+	if !ok || len(e.Argv) != maxArgs || len(e.Argv[0]) != maxArg || !e.ArgvTruncated || len(e.Session) != maxSession || len(e.Path) != maxPath {
+		t.Errorf("not cut: %d args, first %d bytes, session %d, path %d", len(e.Argv), len(e.Argv[0]), len(e.Session), len(e.Path))
+	}
+	for _, kind := range []string{KindSession, KindVM, "x"} {
+		if _, ok := FromProc("r", agent.ProcEvent{Seq: 1, Kind: kind}); ok {
+			t.Errorf("a guest's event of kind %q taken", kind)
+		}
+	}
+	if e, ok := FromProc("r", agent.ProcEvent{Seq: 2, Kind: agent.ProcLost}); !ok || e.Kind != KindLost {
+		t.Errorf("lost: %+v", e)
 	}
 }

@@ -87,6 +87,9 @@ const (
 	ProcExec = "exec"
 	ProcExit = "exit"
 	ProcFile = "file"
+	// ProcLost: the guest's kernel dropped process events (the agent's
+	// socket was full).
+	ProcLost = "lost"
 )
 
 // ProcEvent is one process started (exec) or ended (exit) in the guest,

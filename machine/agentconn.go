@@ -77,6 +77,23 @@ func (ag *agents) agentClient(ctx context.Context, in *instance) (*agent.Client,
 	return in.agent, nil
 }
 
+// connectedAgent is the instance's agent connection while it is up
+// (nil when none is, or it broke): no dial.
+func (in *instance) connectedAgent() *agent.Client {
+	in.agentMu.Lock()
+	c := in.agent
+	in.agentMu.Unlock()
+	if c == nil {
+		return nil
+	}
+	select {
+	case <-c.Done():
+		return nil
+	default:
+		return c
+	}
+}
+
 // agents are the connections to the guests' agents, and the identity a
 // restored guest is given through them (agentconn.go, identity.go).
 type agents struct{ m *Manager }

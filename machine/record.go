@@ -18,8 +18,17 @@ import (
 // into its activity record.
 const DefaultRecordPull = 10 * time.Second
 
-// recordPullTimeout bounds one read of a guest's process record.
-const recordPullTimeout = 5 * time.Second
+// recordPullTimeout bounds one read of a guest's process record;
+// recordBeforeTimeout the read an operation makes before it stops or
+// snapshots the guest (a hung guest must not hold it up long).
+const (
+	recordPullTimeout   = 5 * time.Second
+	recordBeforeTimeout = time.Second
+)
+
+// recordPage is how many events den asks for at a time (the agent also
+// stops a page at 128 KiB of JSON).
+const recordPage = 256
 
 // maxRecordPages bounds the pages one pull reads (of the agent's 1,024
 // events each); the rest waits for the next pull.
@@ -88,9 +97,23 @@ func (rc *records) forget(name string) {
 // mark appends entries to a VM's record; a failure is logged, never an
 // operation's failure.
 func (rc *records) mark(name string, entries ...activity.Entry) {
+	rc.write(name, true, entries)
+}
+
+// markLazy is mark without waiting for the volume to make the entries
+// durable: a mark on a request's path.
+func (rc *records) markLazy(name string, entries ...activity.Entry) {
+	rc.write(name, false, entries)
+}
+
+func (rc *records) write(name string, durable bool, entries []activity.Entry) {
 	r, err := rc.of(name)
 	if err == nil {
-		err = r.log.Append(entries...)
+		if durable {
+			err = r.log.Append(entries...)
+		} else {
+			err = r.log.AppendLazy(entries...)
+		}
 	}
 	if err != nil {
 		rc.m.log.Warn("den: activity record not written", "vm", name, "err", err)
@@ -120,7 +143,7 @@ func (rc *records) noteURL(name string, port int) {
 	if more > 0 {
 		e.Detail += fmt.Sprintf(" (and %d more since the last such entry)", more)
 	}
-	if err := r.log.Append(e); err != nil {
+	if err := r.log.AppendLazy(e); err != nil {
 		rc.m.log.Warn("den: activity record not written", "vm", name, "err", err)
 	}
 }
@@ -131,19 +154,26 @@ func vmEvent(event, checkpoint, detail string) activity.Entry {
 }
 
 // pull reads what the guest recorded since the last pull into the VM's
-// record, and returns the record's cursor after it. The caller holds
-// the VM (an operation) or knows it runs.
-func (rc *records) pull(ctx context.Context, name string, in *instance) (activity.Cursor, error) {
+// record, within timeout, and returns the record's cursor after it. It
+// uses the agent connection the instance has, and dials one only with
+// dial. The caller holds the VM (an operation) or knows it runs.
+func (rc *records) pull(ctx context.Context, name string, in *instance, timeout time.Duration, dial bool) (activity.Cursor, error) {
 	r, err := rc.of(name)
 	if err != nil {
 		return activity.Cursor{}, err
 	}
 	r.pull.Lock()
 	defer r.pull.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, recordPullTimeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	c, err := rc.m.agents.agentClient(ctx, in)
-	if err != nil {
+	c := in.connectedAgent()
+	if c == nil && dial {
+		c, err = rc.m.agents.agentClient(ctx, in)
+	}
+	if c == nil {
+		if err == nil {
+			err = errors.New("no agent connection")
+		}
 		return activity.Cursor{}, fmt.Errorf("read the process record of vm %q: %w", name, err)
 	}
 	cur, err := r.log.Cursor()
@@ -152,7 +182,7 @@ func (rc *records) pull(ctx context.Context, name string, in *instance) (activit
 	}
 	after := cur.Seq
 	for page := 0; page < maxRecordPages; page++ {
-		rep, err := c.ProcLog(ctx, after, 0)
+		rep, err := c.ProcLog(ctx, after, recordPage)
 		if errors.Is(err, agent.ErrUnsupported) {
 			rep = agent.ProcLogReply{Off: true, Reason: "its agent is older than den's process record (VMs made from an image built since have it)"}
 		} else if err != nil {
@@ -179,8 +209,17 @@ func (rc *records) pull(ctx context.Context, name string, in *instance) (activit
 			entries = append(entries, activity.Entry{Kind: activity.KindLost, Lost: rep.Oldest - after - 1,
 				Detail: "the guest's record was full before den read it", Cursor: activity.Cursor{Ring: rep.Ring, Seq: rep.Oldest - 1}})
 		}
+		// The guest is not trusted: an event out of sequence, or of a
+		// kind it does not make, is dropped.
+		last := after
 		for _, ev := range rep.Events {
-			entries = append(entries, activity.FromProc(rep.Ring, ev))
+			if ev.Seq <= last || ev.Seq > rep.Last {
+				continue
+			}
+			if e, ok := activity.FromProc(rep.Ring, ev); ok {
+				entries = append(entries, e)
+				last = ev.Seq
+			}
 		}
 		if len(rep.Events) == 0 && rep.Ring != cur.Ring {
 			// A new ring with nothing in it yet: the cursor moves to it.
@@ -193,7 +232,7 @@ func (rc *records) pull(ctx context.Context, name string, in *instance) (activit
 		if cur, err = r.log.Cursor(); err != nil {
 			return cur, err
 		}
-		if len(rep.Events) == 0 || cur.Seq >= rep.Last {
+		if last == after || cur.Seq >= rep.Last {
 			return cur, nil
 		}
 		after = cur.Seq
@@ -205,7 +244,7 @@ func (rc *records) pull(ctx context.Context, name string, in *instance) (activit
 // snapshots it; a failure is logged (the operation goes on) and the
 // cursor is then the record's.
 func (rc *records) pullBefore(ctx context.Context, name string, in *instance) activity.Cursor {
-	cur, err := rc.pull(ctx, name, in)
+	cur, err := rc.pull(ctx, name, in, recordBeforeTimeout, false)
 	if err != nil {
 		rc.m.log.Warn("den: activity record", "vm", name, "err", err)
 		if r, err := rc.of(name); err == nil {
@@ -218,10 +257,10 @@ func (rc *records) pullBefore(ctx context.Context, name string, in *instance) ac
 // skipCursor is where the guest's record stands now: a VM made from a
 // warm base starts its record there, after what ran in the base.
 func (rc *records) skipCursor(ctx context.Context, in *instance) activity.Cursor {
-	ctx, cancel := context.WithTimeout(ctx, recordPullTimeout)
+	ctx, cancel := context.WithTimeout(ctx, recordBeforeTimeout)
 	defer cancel()
-	c, err := rc.m.agents.agentClient(ctx, in)
-	if err != nil {
+	c := in.connectedAgent()
+	if c == nil {
 		return activity.Cursor{}
 	}
 	rep, err := c.ProcLog(ctx, math.MaxUint64, 1)
@@ -283,19 +322,23 @@ func (rc *records) pullAll() {
 	}
 }
 
-// pullIdle reads a running VM's guest record unless an operation holds
-// the VM (it reads it itself where it matters).
+// pullIdle reads a running VM's guest record over its agent connection
+// unless an operation holds the VM (it reads it itself where it
+// matters) or the connection is down (it is not redialed for this). It
+// takes no lock of the VM: an operation that begins meanwhile waits for
+// the read before its own.
 func (rc *records) pullIdle(ctx context.Context, name string) {
-	unlock, err := rc.m.locks.tryLockVM(name, "activity")
-	if err != nil || unlock == nil {
+	rc.m.mu.Lock()
+	_, held := rc.m.holders[name]
+	rc.m.mu.Unlock()
+	if held {
 		return
 	}
-	defer unlock()
 	in := rc.m.procs.instance(name)
 	if in == nil || !alive(in) || !in.isOpen() {
 		return
 	}
-	if _, err := rc.pull(ctx, name, in); err != nil {
+	if _, err := rc.pull(ctx, name, in, recordPullTimeout, false); err != nil {
 		rc.m.log.Debug("den: activity record", "vm", name, "err", err)
 	}
 }

@@ -34,7 +34,7 @@ func (s *Session) Tag(who, via string) string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	id := via + "-" + hex.EncodeToString(b[:])
-	s.m.records.mark(s.in.name, activity.Entry{Kind: activity.KindSession, Session: id, Who: who, Via: via})
+	s.m.records.markLazy(s.in.name, activity.Entry{Kind: activity.KindSession, Session: id, Who: who, Via: via})
 	s.Conn = taggedConn{Conn: s.Conn, id: id}
 	return id
 }

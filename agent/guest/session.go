@@ -135,7 +135,11 @@ func (ss *session) handle(req *gossh.Request) (bool, func() exitInfo) {
 			return true, nil
 		}
 		if m.Name == agent.EnvSession {
-			ss.tag = m.Value
+			// The first is den's own (the daemon sends it before any of
+			// the client's): a client's cannot replace it.
+			if ss.tag == "" {
+				ss.tag = m.Value
+			}
 			return true, nil
 		}
 		ss.env = append(ss.env, m.Name+"="+m.Value)

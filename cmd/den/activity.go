@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/urfave/cli/v2"
 
@@ -174,17 +176,21 @@ func printActivity(w io.Writer, entries []api.ActivityEntry, header bool) {
 		fmt.Fprintln(tw, "TIME\tWHAT\tPID\tSESSION\tDETAIL")
 	}
 	for _, e := range entries {
-		pid, sess := "-", e.Session
+		pid, sess := "-", printable(e.Session)
 		if e.PID > 0 {
 			pid = fmt.Sprint(e.PID)
 		}
 		if sess == "" {
 			sess = "-"
 		}
-		what, detail := e.Kind, e.Detail
+		what, detail := e.Kind, printable(e.Detail)
 		switch e.Kind {
 		case agent.ProcExec:
-			detail = strings.Join(e.Argv, " ")
+			args := make([]string, len(e.Argv))
+			for i, a := range e.Argv {
+				args[i] = printable(a)
+			}
+			detail = strings.Join(args, " ")
 			if e.ArgvTruncated {
 				detail += " ..."
 			}
@@ -201,12 +207,12 @@ func printActivity(w io.Writer, entries []api.ActivityEntry, header bool) {
 			detail += " after " + e.Duration.Round(time.Millisecond).String()
 		case agent.ProcFile:
 			what = "write"
-			detail = fmt.Sprintf("%s (%s)", e.Path, size.Format(e.Bytes))
+			detail = fmt.Sprintf("%s (%s)", printable(e.Path), size.Format(e.Bytes))
 			if e.Writes > 1 {
 				detail += fmt.Sprintf(", %d writes", e.Writes)
 			}
 		case "session":
-			detail = "opened by " + e.Who + " via " + e.Via
+			detail = "opened by " + printable(e.Who) + " via " + printable(e.Via)
 		case "vm":
 			what = e.Event
 			parts := []string{}
@@ -216,16 +222,28 @@ func printActivity(w io.Writer, entries []api.ActivityEntry, header bool) {
 			if e.From != "" {
 				parts = append(parts, "from "+e.From)
 			}
-			if e.Detail != "" {
-				parts = append(parts, e.Detail)
+			if detail != "" {
+				parts = append(parts, detail)
 			}
 			detail = strings.Join(parts, ": ")
 		case "lost":
 			if e.Lost > 0 {
-				detail = fmt.Sprintf("%d events: %s", e.Lost, e.Detail)
+				detail = fmt.Sprintf("%d events: %s", e.Lost, detail)
 			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.Time.Local().Format("2006-01-02 15:04:05.000"), what, pid, sess, detail)
 	}
 	tw.Flush()
+}
+
+// printable is s as it is when it prints as it reads, else quoted: what
+// a guest records (argv, paths) must not drive the terminal or forge
+// lines.
+func printable(s string) string {
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }

@@ -155,13 +155,14 @@ func (r *Recorder) file(fd, pid, self int, prefixes []string) {
 	}
 	if n := len(r.events); n > 0 {
 		last := &r.events[(r.next-1+n)%n]
-		if last.Kind == agent.ProcFile && last.PID == pid && last.Path == path && now.Sub(last.Time) < coalesce {
+		// Merged only into an event den has not read yet.
+		if last.Kind == agent.ProcFile && last.Seq > r.read && last.PID == pid && last.Path == path && now.Sub(last.Time) < coalesce {
 			last.Bytes = st.Size
 			last.Writes++
 			return
 		}
 	}
-	ev := agent.ProcEvent{Time: now, Kind: agent.ProcFile, PID: pid, Path: path, Bytes: st.Size, Writes: 1}
+	ev := agent.ProcEvent{Time: now, Kind: agent.ProcFile, PID: pid, UID: -1, Path: path, Bytes: st.Size, Writes: 1}
 	if p := r.procs[pid]; p != nil {
 		ev.PPID, ev.UID = p.ppid, p.uid
 	}

@@ -10,10 +10,13 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,8 +38,16 @@ const (
 	// patchBack is how many of the newest events a Tag looks through
 	// for processes that started before the tag was known.
 	patchBack = 64
-	// DefaultMax is the largest page a Read returns.
+	// DefaultMax is the most events a Read returns.
 	DefaultMax = 1024
+	// maxPageBytes bounds a Read's events, JSON-encoded: the reply goes
+	// in one SSH packet, and SSH closes a connection that carries a
+	// packet over 256 KiB.
+	maxPageBytes = 128 << 10
+	// maxCmdline is how much of /proc/PID/cmdline is read.
+	maxCmdline = 16 << 10
+	// maxSession bounds a session tag.
+	maxSession = 64
 )
 
 // Proc connector constants (linux/connector.h, linux/cn_proc.h).
@@ -75,7 +86,12 @@ type Recorder struct {
 	tags   map[int]string // pid → session, tagged by the agent
 	closed bool
 	paused bool
-	fan    *fanWatch // the file record, if any (files.go)
+	fan    *fanWatch     // the file record, if any (files.go)
+	read   uint64        // the newest sequence number a Read returned
+	done   chan struct{} // closed when run returns
+	wake   int           // an eventfd Close writes to: run's poll returns
+	exited [patchBack]int // the pids of the newest exits
+	nexit  int
 }
 
 // Open subscribes to the proc connector and starts recording, keeping
@@ -96,11 +112,19 @@ func Open(size int, log *slog.Logger) (*Recorder, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("process record: bind to the proc connector: %w", err)
 	}
-	// A burst of forks must not overflow the socket between reads.
-	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+	// A burst of forks must not overflow the socket between reads
+	// (FORCE: past rmem_max, the agent being root).
+	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20) != nil {
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+	}
 	if err := listen(fd, true); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("process record: subscribe to the proc connector: %w", err)
+	}
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("process record: eventfd: %w", err)
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
@@ -109,6 +133,8 @@ func Open(size int, log *slog.Logger) (*Recorder, error) {
 		events: make([]agent.ProcEvent, 0, size),
 		procs:  map[int]*live{},
 		tags:   map[int]string{},
+		done:   make(chan struct{}),
+		wake:   wake,
 	}
 	go r.run()
 	return r, nil
@@ -142,27 +168,47 @@ func (r *Recorder) Close() error {
 	r.closed = true
 	r.mu.Unlock()
 	_ = listen(r.fd, false)
-	// Shutdown wakes the blocked Recvfrom; the fd is closed by run.
-	return unix.Shutdown(r.fd, unix.SHUT_RDWR)
+	// The eventfd wakes run's poll; the fds are closed once run has
+	// returned.
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	_, err := unix.Write(r.wake, one[:])
+	select {
+	case <-r.done:
+		unix.Close(r.fd)
+		unix.Close(r.wake)
+	case <-time.After(time.Second):
+		// run is stuck somewhere: leave the fds to the process's end
+		// rather than close ones it may still use.
+	}
+	return err
 }
 
 func (r *Recorder) run() {
-	defer unix.Close(r.fd)
+	defer close(r.done)
 	buf := make([]byte, 64<<10)
 	for {
-		n, _, err := unix.Recvfrom(r.fd, buf, 0)
+		pfd := []unix.PollFd{{Fd: int32(r.fd), Events: unix.POLLIN}, {Fd: int32(r.wake), Events: unix.POLLIN}}
+		_, perr := unix.Poll(pfd, -1)
 		r.mu.Lock()
 		closed := r.closed
 		r.mu.Unlock()
 		if closed {
 			return
 		}
+		if perr != nil && !errors.Is(perr, unix.EINTR) {
+			r.log.Warn("process record stopped", "err", perr)
+			return
+		}
+		n, from, err := unix.Recvfrom(r.fd, buf, unix.MSG_DONTWAIT)
 		if err != nil {
-			if errors.Is(err, unix.EINTR) {
+			if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
 				continue
 			}
 			if errors.Is(err, unix.ENOBUFS) {
-				r.log.Warn("process record: events lost (socket buffer full)")
+				r.mu.Lock()
+				r.add(agent.ProcEvent{Time: time.Now(), Kind: agent.ProcLost})
+				r.mu.Unlock()
 				continue
 			}
 			r.log.Warn("process record stopped", "err", err)
@@ -171,6 +217,9 @@ func (r *Recorder) run() {
 		if n == 0 {
 			// A shutdown reads as 0 bytes.
 			return
+		}
+		if nl, ok := from.(*unix.SockaddrNetlink); !ok || nl.Pid != 0 {
+			continue // only the kernel speaks for the proc connector
 		}
 		r.parse(buf[:n])
 	}
@@ -185,7 +234,7 @@ func (r *Recorder) parse(b []byte) {
 			return
 		}
 		msg := b[nlmsgHdrLen:l]
-		b = b[(l+3)&^3:]
+		b = b[min((l+3)&^3, len(b)):]
 		if len(msg) < cnMsgLen+procEventHdrLen {
 			continue
 		}
@@ -261,6 +310,8 @@ func (r *Recorder) exit(pid int, code uint32) {
 	p := r.procs[pid]
 	delete(r.procs, pid)
 	delete(r.tags, pid)
+	r.exited[r.nexit%patchBack] = pid
+	r.nexit++
 	if p == nil || p.exec.IsZero() {
 		return // a fork that never exec'd, or one from before we listened
 	}
@@ -339,9 +390,16 @@ func (r *Recorder) Tag(pid int, session string) {
 	if session == "" || pid <= 1 {
 		return
 	}
+	if len(session) > maxSession {
+		session = session[:maxSession]
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.tags[pid] = session
+	if !slices.Contains(r.exited[:], pid) {
+		// A pid whose exit was seen is not tagged: it may be reused.
+		// One whose fork is not read yet is: its exit removes the tag.
+		r.tags[pid] = session
+	}
 	n := len(r.events)
 	for i := 0; i < patchBack && i < n; i++ {
 		j := (r.next - 1 - i + 2*n) % n
@@ -363,6 +421,9 @@ func (r *Recorder) Tag(pid int, session string) {
 func (r *Recorder) SetRecording(on bool) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.closed {
+		return errors.New("process record: closed")
+	}
 	if r.paused == !on {
 		return nil
 	}
@@ -386,10 +447,11 @@ func (r *Recorder) SetRecording(on bool) error {
 // Ring names this recorder: events are numbered within it.
 func (r *Recorder) Ring() string { return r.ring }
 
-// Read returns up to max events after sequence number after, oldest first.
-func (r *Recorder) Read(after uint64, max int) agent.ProcLogReply {
-	if max <= 0 || max > DefaultMax {
-		max = DefaultMax
+// Read returns up to limit events after sequence number after, oldest
+// first, and no more than fit in maxPageBytes of JSON (at least one).
+func (r *Recorder) Read(after uint64, limit int) agent.ProcLogReply {
+	if limit <= 0 || limit > DefaultMax {
+		limit = DefaultMax
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -400,20 +462,28 @@ func (r *Recorder) Read(after uint64, max int) agent.ProcLogReply {
 	}
 	oldest := r.seq - uint64(n) + 1
 	out.Oldest = oldest
-	from := after + 1
-	if from < oldest {
-		from = oldest
+	if after >= r.seq {
+		return out
 	}
-	for s := from; s <= r.seq && len(out.Events) < max; s++ {
-		idx := (r.next - int(r.seq-s) - 1 + 2*n) % n
-		out.Events = append(out.Events, r.events[idx])
+	from := max(after+1, oldest)
+	size := 0
+	for s := from; s <= r.seq && len(out.Events) < limit; s++ {
+		ev := r.events[(r.next-int(r.seq-s)-1+2*n)%n]
+		b, _ := json.Marshal(ev)
+		if size += len(b) + 1; size > maxPageBytes && len(out.Events) > 0 {
+			break
+		}
+		out.Events = append(out.Events, ev)
+	}
+	if k := len(out.Events); k > 0 && out.Events[k-1].Seq > r.read {
+		r.read = out.Events[k-1].Seq
 	}
 	return out
 }
 
 // argv reads a process's command line, cut to the bounds.
 func (r *Recorder) argv(pid int) ([]string, bool) {
-	b, err := os.ReadFile(r.proc + "/" + strconv.Itoa(pid) + "/cmdline")
+	b, err := readBounded(r.proc+"/"+strconv.Itoa(pid)+"/cmdline", maxCmdline)
 	if err != nil || len(b) == 0 {
 		comm, _ := os.ReadFile(r.proc + "/" + strconv.Itoa(pid) + "/comm")
 		if c := strings.TrimSpace(string(comm)); c != "" {
@@ -440,7 +510,22 @@ func (r *Recorder) argv(pid int) ([]string, bool) {
 	return argv, cut
 }
 
-// status reads a process's parent and real uid.
+// readBounded reads at most n bytes of a file.
+func readBounded(path string, n int) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b := make([]byte, n)
+	k, err := io.ReadFull(f, b)
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		err = nil
+	}
+	return b[:k], err
+}
+
+// status reads a process's parent and effective uid.
 func (r *Recorder) status(pid int) (ppid, uid int) {
 	b, err := os.ReadFile(r.proc + "/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
@@ -460,7 +545,9 @@ func (r *Recorder) status(pid int) (ppid, uid int) {
 		case "PPid":
 			ppid, _ = strconv.Atoi(f[0])
 		case "Uid":
-			uid, _ = strconv.Atoi(f[0])
+			if len(f) > 1 {
+				uid, _ = strconv.Atoi(f[1]) // real, effective, saved, fs
+			}
 			return ppid, uid
 		}
 	}
