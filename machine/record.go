@@ -397,7 +397,7 @@ func (m *Manager) Activity(ctx context.Context, name string, f activity.Filter) 
 	}
 	out, err := r.log.Read(f)
 	if errors.Is(err, activity.ErrNoCheckpoint) {
-		return nil, fmt.Errorf("activity of vm %q at %s: %w (it was taken before den kept activity records): %w", name, f.Checkpoint, err, ErrNotFound)
+		return nil, fmt.Errorf("activity of vm %q at %s: %w (taken before den kept activity records, or its mark went with the record's oldest half): %w", name, f.Checkpoint, err, ErrNotFound)
 	}
 	return out, err
 }
