@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/denhq/den/api"
 	"github.com/denhq/den/internal/netns"
 )
 
@@ -460,6 +461,15 @@ func TestVMURL(t *testing.T) {
 		t.Fatalf("a request to the sleeping vm: %d %q", code, body)
 	}
 	t.Logf("request to a sleeping vm answered in %s", time.Since(start).Round(time.Millisecond))
+	// The requests through its URL are in its activity record (runs
+	// of them share an entry), this one after its wake.
+	var es []api.ActivityEntry
+	if err := json.Unmarshal([]byte(d.must("activity", "web", "--sessions", "--json")), &es); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(es); n == 0 || es[n-1].Via != "url" || es[n-1].Detail != "to port 8080" {
+		t.Errorf("url requests in the activity record: %+v", es)
+	}
 
 	// A streaming response keeps it awake past the idle timeout: a CGI
 	// that writes a line a second for 12 s.
