@@ -461,8 +461,8 @@ func TestVMURL(t *testing.T) {
 		t.Fatalf("a request to the sleeping vm: %d %q", code, body)
 	}
 	t.Logf("request to a sleeping vm answered in %s", time.Since(start).Round(time.Millisecond))
-	// The requests through its URL are in its activity record (runs
-	// of them share an entry), this one after its wake.
+	// The requests through its URL are in its activity record (those
+	// within 10 s of each other share an entry).
 	var es []api.ActivityEntry
 	if err := json.Unmarshal([]byte(d.must("activity", "web", "--sessions", "--json")), &es); err != nil {
 		t.Fatal(err)
