@@ -86,10 +86,10 @@ type Recorder struct {
 	tags   map[int]string // pid → session, tagged by the agent
 	closed bool
 	paused bool
-	fan    *fanWatch     // the file record, if any (files.go)
-	read   uint64        // the newest sequence number a Read returned
-	done   chan struct{} // closed when run returns
-	wake   int           // an eventfd Close writes to: run's poll returns
+	fan    *fanWatch      // the file record, if any (files.go)
+	read   uint64         // the newest sequence number a Read returned
+	done   chan struct{}  // closed when run returns
+	wake   int            // an eventfd Close writes to: run's poll returns
 	exited [patchBack]int // the pids of the newest exits
 	nexit  int
 }
