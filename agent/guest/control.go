@@ -189,6 +189,7 @@ func (s *Server) ctlProcLog(_ ssh.Context, payload []byte) (any, error) {
 	default:
 		return nil, fmt.Errorf("proclog: record %q is neither on nor off", req.Record)
 	}
+	rec.Drain() // what happened before this request is in the reply
 	return rec.Read(req.After, req.Max), nil
 }
 

@@ -60,7 +60,7 @@ func (r *Recorder) WatchFiles(paths []string) error {
 	r.mu.Lock()
 	r.fan = w
 	r.mu.Unlock()
-	go r.readFiles(fd, w.prefixes)
+	go r.readFiles(w)
 	return nil
 }
 
@@ -86,10 +86,14 @@ func (w *fanWatch) mark(on bool) error {
 	return nil
 }
 
-func (r *Recorder) readFiles(fd int, prefixes []string) {
-	defer unix.Close(fd)
+func (r *Recorder) readFiles(w *fanWatch) {
+	defer func() {
+		r.rx.Lock()
+		unix.Close(w.fd)
+		w.fd = -1
+		r.rx.Unlock()
+	}()
 	buf := make([]byte, 64<<10)
-	self := os.Getpid()
 	for {
 		r.mu.Lock()
 		closed := r.closed
@@ -98,35 +102,53 @@ func (r *Recorder) readFiles(fd int, prefixes []string) {
 			return
 		}
 		// Polled with a bound, so that Close is seen.
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		pfd := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
 		if _, err := unix.Poll(pfd, 500); err != nil && !errors.Is(err, unix.EINTR) {
 			r.log.Warn("file record stopped", "err", err)
 			return
 		}
-		n, err := unix.Read(fd, buf)
-		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
-			continue
-		}
-		if err != nil || n <= 0 {
+		if _, err := r.recvFiles(w, buf); err != nil {
 			r.log.Warn("file record stopped", "err", err)
 			return
 		}
-		le := binary.LittleEndian
-		b := buf[:n]
-		for len(b) >= fanMetaLen {
-			l := int(le.Uint32(b[0:]))
-			if l < fanMetaLen || l > len(b) {
-				break
-			}
-			efd, pid := int(int32(le.Uint32(b[16:]))), int(int32(le.Uint32(b[20:])))
-			b = b[l:]
-			if efd < 0 {
-				continue // the queue overflowed
-			}
-			r.file(efd, pid, self, prefixes)
-			unix.Close(efd)
-		}
 	}
+}
+
+// recvFiles reads and handles the fanotify events waiting, if any; got
+// says there were.
+func (r *Recorder) recvFiles(w *fanWatch, buf []byte) (got bool, err error) {
+	r.rx.Lock()
+	defer r.rx.Unlock()
+	if w.fd < 0 {
+		return false, nil
+	}
+	n, err := unix.Read(w.fd, buf)
+	if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if n <= 0 {
+		return false, nil
+	}
+	self := os.Getpid()
+	le := binary.LittleEndian
+	b := buf[:n]
+	for len(b) >= fanMetaLen {
+		l := int(le.Uint32(b[0:]))
+		if l < fanMetaLen || l > len(b) {
+			break
+		}
+		efd, pid := int(int32(le.Uint32(b[16:]))), int(int32(le.Uint32(b[20:])))
+		b = b[l:]
+		if efd < 0 {
+			continue // the queue overflowed
+		}
+		r.file(efd, pid, self, w.prefixes)
+		unix.Close(efd)
+	}
+	return true, nil
 }
 
 // file records one file closed after a write, when it is under one of

@@ -78,6 +78,7 @@ type Recorder struct {
 	proc string // procfs mount
 	log  *slog.Logger
 
+	rx     sync.Mutex // held while a datagram or a fanotify batch is read and handled: they go in order
 	mu     sync.Mutex
 	events []agent.ProcEvent // ring buffer, len == cap when full
 	next   int               // where the next event goes
@@ -175,7 +176,10 @@ func (r *Recorder) Close() error {
 	_, err := unix.Write(r.wake, one[:])
 	select {
 	case <-r.done:
+		r.rx.Lock()
 		unix.Close(r.fd)
+		r.fd = -1
+		r.rx.Unlock()
 		unix.Close(r.wake)
 	case <-time.After(time.Second):
 		// run is stuck somewhere: leave the fds to the process's end
@@ -200,28 +204,64 @@ func (r *Recorder) run() {
 			r.log.Warn("process record stopped", "err", perr)
 			return
 		}
-		n, from, err := unix.Recvfrom(r.fd, buf, unix.MSG_DONTWAIT)
-		if err != nil {
-			if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
-				continue
-			}
-			if errors.Is(err, unix.ENOBUFS) {
-				r.mu.Lock()
-				r.add(agent.ProcEvent{Time: time.Now(), Kind: agent.ProcLost})
-				r.mu.Unlock()
-				continue
-			}
+		if _, err := r.recvProc(buf); err != nil {
 			r.log.Warn("process record stopped", "err", err)
 			return
 		}
-		if n == 0 {
-			// A shutdown reads as 0 bytes.
-			return
-		}
-		if nl, ok := from.(*unix.SockaddrNetlink); !ok || nl.Pid != 0 {
-			continue // only the kernel speaks for the proc connector
-		}
+	}
+}
+
+// recvProc reads and handles one datagram of the proc connector, if one
+// is waiting; got says one was.
+func (r *Recorder) recvProc(buf []byte) (got bool, err error) {
+	r.rx.Lock()
+	defer r.rx.Unlock()
+	if r.fd < 0 {
+		return false, nil
+	}
+	n, from, err := unix.Recvfrom(r.fd, buf, unix.MSG_DONTWAIT)
+	switch {
+	case errors.Is(err, unix.EINTR), errors.Is(err, unix.EAGAIN):
+		return false, nil
+	case errors.Is(err, unix.ENOBUFS):
+		r.mu.Lock()
+		r.add(agent.ProcEvent{Time: time.Now(), Kind: agent.ProcLost})
+		r.mu.Unlock()
+		return true, nil
+	case err != nil:
+		return false, err
+	case n == 0:
+		return false, nil
+	}
+	if nl, ok := from.(*unix.SockaddrNetlink); ok && nl.Pid == 0 { // only the kernel speaks for the proc connector
 		r.parse(buf[:n])
+	}
+	return true, nil
+}
+
+// drainMax bounds the datagrams a Drain reads from each source.
+const drainMax = 8192
+
+// Drain handles the events the kernel has queued for the recorder and
+// its reader has not read yet: a Read after it holds every process
+// event and file close that happened before it.
+func (r *Recorder) Drain() {
+	buf := make([]byte, 64<<10)
+	for i := 0; i < drainMax; i++ {
+		if got, err := r.recvProc(buf); !got || err != nil {
+			break
+		}
+	}
+	r.mu.Lock()
+	fan := r.fan
+	r.mu.Unlock()
+	if fan == nil {
+		return
+	}
+	for i := 0; i < drainMax; i++ {
+		if got, err := r.recvFiles(fan, buf); !got || err != nil {
+			break
+		}
 	}
 }
 

@@ -3,6 +3,7 @@
 package procrec
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"slices"
@@ -183,5 +184,33 @@ func TestSwitchedOff(t *testing.T) {
 	}
 	if r.Read(0, 0).Paused {
 		t.Error("paused after switched on")
+	}
+}
+
+// TestDrain: once a command has ended, a Drain and a Read hold its exec,
+// its exit and the file it wrote, with no wait: the kernel queued them
+// before its parent saw it end.
+func TestDrain(t *testing.T) {
+	r := open(t, 0)
+	dir := t.TempDir()
+	if err := r.WatchFiles([]string{dir}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ {
+		marker := fmt.Sprintf("drain-%d", i)
+		cmd := exec.Command("/bin/sh", "-c", "echo "+marker+" > "+dir+"/"+marker)
+		if err := cmd.Run(); err != nil {
+			t.Fatal(err)
+		}
+		r.Drain()
+		var ex, exit, file bool
+		for _, ev := range r.Read(0, 0).Events {
+			ex = ex || ev.Kind == agent.ProcExec && ev.PID == cmd.Process.Pid
+			exit = exit || ev.Kind == agent.ProcExit && ev.PID == cmd.Process.Pid
+			file = file || ev.Kind == agent.ProcFile && ev.Path == dir+"/"+marker
+		}
+		if !ex || !exit || !file {
+			t.Fatalf("run %d: exec %v, exit %v, file %v right after it ended", i, ex, exit, file)
+		}
 	}
 }
