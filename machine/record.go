@@ -30,8 +30,8 @@ const (
 // stops a page at 128 KiB of JSON).
 const recordPage = 256
 
-// maxRecordPages bounds the pages one pull reads (of the agent's 1,024
-// events each); the rest waits for the next pull.
+// maxRecordPages bounds the pages one pull reads (of recordPage events
+// at most each); the rest waits for the next pull.
 const maxRecordPages = 16
 
 // unknownCursor is the cursor of a VM whose place in its guest's record
@@ -43,7 +43,7 @@ var unknownCursor = activity.Cursor{Ring: "unknown"}
 // disk on the volume: it reads the guest's process record while the VM
 // runs (every RecordPull, and before the operations that stop or
 // snapshot the guest) and marks what happens to the VM. Sessions mark
-// themselves (RecordSession).
+// themselves (Session.Tag, Session.NoteURL).
 type records struct {
 	m    *Manager
 	mu   sync.Mutex
