@@ -88,10 +88,8 @@ func activityFilter(q url.Values) (activity.Filter, error) {
 			f.Kinds = append(f.Kinds, k)
 		}
 	}
-	if v := q.Get("session"); len(v) > 64 {
+	if f.Session = q.Get("session"); len(f.Session) > 64 {
 		return f, fmt.Errorf("session: longer than 64 bytes")
-	} else {
-		f.Session = v
 	}
 	if v := q.Get("after"); v != "" {
 		if f.After, err = strconv.ParseUint(v, 10, 64); err != nil {

@@ -247,19 +247,18 @@ const drainMax = 8192
 // event and file close that happened before it.
 func (r *Recorder) Drain() {
 	buf := make([]byte, 64<<10)
-	for i := 0; i < drainMax; i++ {
-		if got, err := r.recvProc(buf); !got || err != nil {
-			break
-		}
-	}
+	// Files first: a process's writes come before its exit, which ends
+	// what is known of it (its session).
 	r.mu.Lock()
 	fan := r.fan
 	r.mu.Unlock()
-	if fan == nil {
-		return
+	for i := 0; fan != nil && i < drainMax; i++ {
+		if got, err := r.recvFiles(fan, buf); !got || err != nil {
+			break
+		}
 	}
 	for i := 0; i < drainMax; i++ {
-		if got, err := r.recvFiles(fan, buf); !got || err != nil {
+		if got, err := r.recvProc(buf); !got || err != nil {
 			break
 		}
 	}

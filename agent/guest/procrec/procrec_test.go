@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/agent"
+	"github.com/denhq/den/internal/testutil"
 )
 
 func open(t *testing.T, size int) *Recorder {
@@ -29,17 +30,17 @@ func open(t *testing.T, size int) *Recorder {
 // waitFor reads the recorder until match finds an event, for up to 10 s.
 func waitFor(t *testing.T, r *Recorder, match func(agent.ProcEvent) bool) agent.ProcEvent {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	var found agent.ProcEvent
+	testutil.WaitForWithin(t, 10*time.Second, "an event that matches", func() bool {
 		for _, ev := range r.Read(0, 0).Events {
 			if match(ev) {
-				return ev
+				found = ev
+				return true
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("no such event among %+v", r.Read(0, 0).Events)
-	return agent.ProcEvent{}
+		return false
+	})
+	return found
 }
 
 // TestRecord: a command's exec (argv, uid, parent), its child's exec in
@@ -97,10 +98,7 @@ func TestRing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for r.Read(0, 0).Last < 10 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.WaitForWithin(t, 10*time.Second, "10 events", func() bool { return r.Read(0, 0).Last >= 10 })
 	got := r.Read(0, 0)
 	if got.Last < 10 || len(got.Events) != 4 || got.Oldest != got.Last-3 || got.Events[0].Seq != got.Oldest {
 		t.Fatalf("ring of 4 after 10+ events: last %d oldest %d events %d", got.Last, got.Oldest, len(got.Events))
@@ -130,6 +128,9 @@ func TestFiles(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatal(err)
 	}
+	// Every close is handled before the first read: an event den has
+	// read takes no more merges.
+	r.Drain()
 	ev := waitFor(t, r, func(ev agent.ProcEvent) bool { return ev.Kind == agent.ProcFile && ev.Path == dir+"/log" })
 	if ev.PID != cmd.Process.Pid || ev.Session != "s2" || ev.Writes < 1 {
 		t.Errorf("file event %+v: want pid %d, session s2", ev, cmd.Process.Pid)
