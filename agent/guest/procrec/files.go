@@ -175,10 +175,14 @@ func (r *Recorder) file(fd, pid, self int, prefixes []string) {
 	if r.paused {
 		return // queued before the marks went
 	}
-	if n := len(r.events); n > 0 {
-		last := &r.events[(r.next-1+n)%n]
-		// Merged only into an event den has not read yet.
-		if last.Kind == agent.ProcFile && last.Seq > r.read && last.PID == pid && last.Path == path && now.Sub(last.Time) < coalesce {
+	// Merged into a recent event of the same process and file (other
+	// processes' events may lie between), only one den has not read.
+	for i, n := 0, len(r.events); i < patchBack && i < n; i++ {
+		last := &r.events[(r.next-1-i+2*n)%n]
+		if last.Seq <= r.read || now.Sub(last.Time) >= coalesce {
+			break
+		}
+		if last.Kind == agent.ProcFile && last.PID == pid && last.Path == path {
 			last.Bytes = st.Size
 			last.Writes++
 			return

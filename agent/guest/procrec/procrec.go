@@ -93,6 +93,15 @@ type Recorder struct {
 	wake   int            // an eventfd Close writes to: run's poll returns
 	exited [patchBack]int // the pids of the newest exits
 	nexit  int
+	gone   map[int]goneProc // sessions of processes that exited in the last goneFor
+}
+
+// goneFor is how long a process's session is kept after its exit.
+const goneFor = 5 * time.Second
+
+type goneProc struct {
+	session string
+	at      time.Time
 }
 
 // Open subscribes to the proc connector and starts recording, keeping
@@ -134,6 +143,7 @@ func Open(size int, log *slog.Logger) (*Recorder, error) {
 		events: make([]agent.ProcEvent, 0, size),
 		procs:  map[int]*live{},
 		tags:   map[int]string{},
+		gone:   map[int]goneProc{},
 		done:   make(chan struct{}),
 		wake:   wake,
 	}
@@ -347,6 +357,16 @@ func (r *Recorder) exit(pid int, code uint32) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	p := r.procs[pid]
+	// Its session is kept a moment: its last writes may be read after
+	// its exit (files and processes come through two readers).
+	if s := r.sessionOf(pid); s != "" {
+		r.gone[pid] = goneProc{session: s, at: now}
+	}
+	for g, gp := range r.gone {
+		if now.Sub(gp.at) > goneFor {
+			delete(r.gone, g)
+		}
+	}
 	delete(r.procs, pid)
 	delete(r.tags, pid)
 	r.exited[r.nexit%patchBack] = pid
@@ -379,7 +399,7 @@ func (r *Recorder) sessionOf(pid int) string {
 		}
 		p := r.procs[pid]
 		if p == nil {
-			return ""
+			return r.gone[pid].session
 		}
 		if p.session != "" {
 			return p.session
@@ -479,6 +499,7 @@ func (r *Recorder) SetRecording(on bool) error {
 		// What lived before cannot be followed to its exit.
 		clear(r.procs)
 		clear(r.tags)
+		clear(r.gone)
 	}
 	return nil
 }

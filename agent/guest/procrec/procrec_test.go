@@ -171,13 +171,19 @@ func TestSwitchedOff(t *testing.T) {
 	if err := r.SetRecording(true); err != nil {
 		t.Fatal(err)
 	}
-	if err := exec.Command("/bin/sh", "-c", "echo on-marker > "+dir+"/on").Run(); err != nil {
+	// It lives until its exec is seen: the command line is read from
+	// the live process.
+	on := exec.Command("/bin/sh", "-c", "echo on-marker > "+dir+"/on; read x")
+	in, _ := on.StdinPipe()
+	if err := on.Start(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, r, func(ev agent.ProcEvent) bool { return ev.Kind == agent.ProcFile && ev.Path == dir+"/on" })
 	waitFor(t, r, func(ev agent.ProcEvent) bool {
-		return ev.Kind == agent.ProcExec && slices.Contains(ev.Argv, "echo on-marker > "+dir+"/on")
+		return ev.Kind == agent.ProcExec && slices.Contains(ev.Argv, "echo on-marker > "+dir+"/on; read x")
 	})
+	in.Close()
+	_ = on.Wait()
 	for _, ev := range r.Read(0, 0).Events {
 		if ev.Path == dir+"/off" || slices.Contains(ev.Argv, "echo off-marker > "+dir+"/off") {
 			t.Errorf("recorded while off: %+v", ev)
