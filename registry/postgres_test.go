@@ -175,3 +175,55 @@ func TestPostgresUnreachable(t *testing.T) {
 		t.Fatalf("an unreachable server: %v", err)
 	}
 }
+
+// TestPostgresRestart: after PostgreSQL restarts, every pooled connection
+// is dead; the first reads and writes after it (of the record and of the
+// leases' own pool, outside a transaction and in one) still succeed.
+func TestPostgresRestart(t *testing.T) {
+	ctx := context.Background()
+	pg := pgtest.Start(t)
+	db, err := OpenPostgres(ctx, pg.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	newVM(t, db, "box")
+	l, err := db.AcquireLease(ctx, "box", "host-a", "i1", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Several connections in each pool, all idle.
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := db.GetVM(ctx, "box"); err != nil {
+				t.Error(err)
+			}
+			if _, err := db.RenewLeases(ctx, "host-a", "i1", time.Minute); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+
+	if err := pg.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := db.GetVM(ctx, "box"); err != nil {
+			t.Fatalf("read %d after the restart: %v", i, err)
+		}
+	}
+	if _, err := db.RenewLeases(ctx, "host-a", "i1", time.Minute); err != nil {
+		t.Fatalf("renewal after the restart: %v", err)
+	}
+	db.Fence(l)
+	if _, err := db.UpdateVM(ctx, "box", func(v *VM) error { v.Reason = "after"; return nil }); err != nil {
+		t.Fatalf("fenced update after the restart: %v", err)
+	}
+	if err := db.TouchVM(ctx, "box", time.Now()); err != nil {
+		t.Fatalf("fenced statement after the restart: %v", err)
+	}
+}
