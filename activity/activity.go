@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,6 +27,9 @@ const (
 	KindExit = agent.ProcExit
 	// KindFile is a file a guest process closed after writing it.
 	KindFile = agent.ProcFile
+	// KindConnect is a connection a guest process opened to an address
+	// outside the guest.
+	KindConnect = agent.ProcConnect
 	// KindSession is a den session opened on the VM: an exec, an SSH
 	// login, a URL request; its processes carry its id.
 	KindSession = "session"
@@ -79,6 +83,14 @@ type Entry struct {
 	Bytes  int64  `json:"bytes,omitempty"`
 	Writes int    `json:"writes,omitempty"`
 
+	// A connection: the address and port, tcp or udp, the name den's
+	// resolver gave the VM for that address (if it did), and the
+	// process's name.
+	Addr  string `json:"addr,omitempty"`
+	Proto string `json:"proto,omitempty"`
+	Name  string `json:"name,omitempty"`
+	Comm  string `json:"comm,omitempty"`
+
 	// Session is the session a process belongs to, or the one a
 	// session entry opens.
 	Session string `json:"session,omitempty"`
@@ -110,6 +122,7 @@ const (
 	maxPath    = 4096
 	maxSession = 64
 	maxSignal  = 16
+	maxComm    = 16
 )
 
 // FromProc is the entry of a guest process event read from ring, cut
@@ -118,6 +131,12 @@ const (
 func FromProc(ring string, ev agent.ProcEvent) (e Entry, ok bool) {
 	switch ev.Kind {
 	case agent.ProcExec, agent.ProcExit, agent.ProcFile:
+	case agent.ProcConnect:
+		ap, err := netip.ParseAddrPort(ev.Addr)
+		if err != nil || ev.Proto != "tcp" && ev.Proto != "udp" {
+			return e, false
+		}
+		ev.Addr = ap.String()
 	case agent.ProcLost:
 		return Entry{Time: ev.Time, Kind: KindLost, Detail: "the guest's kernel dropped process events (its agent did not read them in time)",
 			Cursor: Cursor{Ring: ring, Seq: ev.Seq}}, true
@@ -126,7 +145,8 @@ func FromProc(ring string, ev agent.ProcEvent) (e Entry, ok bool) {
 	}
 	e = Entry{Time: ev.Time, Kind: ev.Kind, PID: ev.PID, PPID: ev.PPID, ArgvTruncated: ev.ArgvTruncated,
 		Status: ev.Status, Signal: cut(ev.Signal, maxSignal), Duration: ev.Duration, Session: cut(ev.Session, maxSession),
-		Path: cut(ev.Path, maxPath), Bytes: ev.Bytes, Writes: ev.Writes, Cursor: Cursor{Ring: ring, Seq: ev.Seq}}
+		Path: cut(ev.Path, maxPath), Bytes: ev.Bytes, Writes: ev.Writes, Addr: ev.Addr, Proto: ev.Proto, Comm: cut(ev.Comm, maxComm),
+		Cursor: Cursor{Ring: ring, Seq: ev.Seq}}
 	for i, a := range ev.Argv {
 		if i == maxArgs {
 			e.ArgvTruncated = true

@@ -182,4 +182,14 @@ func TestFromProc(t *testing.T) {
 	if e, ok := FromProc("r", agent.ProcEvent{Seq: 2, Kind: agent.ProcLost}); !ok || e.Kind != KindLost {
 		t.Errorf("lost: %+v", e)
 	}
+	e, ok = FromProc("r", agent.ProcEvent{Seq: 3, Kind: agent.ProcConnect, Addr: "10.0.0.1:443", Proto: "tcp", Comm: long})
+	if !ok || e.Kind != KindConnect || e.Addr != "10.0.0.1:443" || e.Proto != "tcp" || len(e.Comm) != maxComm {
+		t.Errorf("connect: %+v", e)
+	}
+	for _, bad := range []agent.ProcEvent{{Addr: "10.0.0.1", Proto: "tcp"}, {Addr: "x:1", Proto: "tcp"}, {Addr: "10.0.0.1:1", Proto: "sctp"}} {
+		bad.Seq, bad.Kind = 4, agent.ProcConnect
+		if _, ok := FromProc("r", bad); ok {
+			t.Errorf("a connect event with addr %q proto %q taken", bad.Addr, bad.Proto)
+		}
+	}
 }

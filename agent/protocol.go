@@ -87,6 +87,9 @@ const (
 	ProcExec = "exec"
 	ProcExit = "exit"
 	ProcFile = "file"
+	// ProcConnect: a process connected a socket to an address outside
+	// the guest.
+	ProcConnect = "connect"
 	// ProcLost: the guest's kernel dropped process events (the agent's
 	// socket was full).
 	ProcLost = "lost"
@@ -116,6 +119,11 @@ type ProcEvent struct {
 	Path   string `json:"path,omitempty"`
 	Bytes  int64  `json:"bytes,omitempty"`
 	Writes int    `json:"writes,omitempty"`
+	// Connect: the address and port (ip:port), tcp or udp, and the
+	// process's name as the kernel knows it.
+	Addr  string `json:"addr,omitempty"`
+	Proto string `json:"proto,omitempty"`
+	Comm  string `json:"comm,omitempty"`
 }
 
 // ReadyRequest is the payload of ReqReady. An empty one (from an older

@@ -11,8 +11,9 @@ import (
 
 // ActivityEntry is one entry of a VM's activity record (GET
 // /v1/vms/{name}/activity): a guest process started (exec) or ended
-// (exit), a file it wrote (file), a den session opened (session), something that happened to
-// the VM (vm), or events den could not read (lost).
+// (exit), a file it wrote (file), a connection it opened (connect), a den
+// session opened (session), something that happened to the VM (vm), or
+// events den could not read (lost).
 type ActivityEntry struct {
 	N             uint64        `json:"n"`
 	Time          time.Time     `json:"time"`
@@ -28,6 +29,10 @@ type ActivityEntry struct {
 	Path          string        `json:"path,omitempty"`
 	Bytes         int64         `json:"bytes,omitempty"`
 	Writes        int           `json:"writes,omitempty"`
+	Addr          string        `json:"addr,omitempty"`
+	Proto         string        `json:"proto,omitempty"`
+	Name          string        `json:"name,omitempty"`
+	Comm          string        `json:"comm,omitempty"`
 	Session       string        `json:"session,omitempty"`
 	Who           string        `json:"who,omitempty"`
 	Via           string        `json:"via,omitempty"`

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -288,6 +289,19 @@ func TestEgress(t *testing.T) {
 	if out, err := d.fetch("box", "http://allowed.test/"); err != nil || out != "this is "+wanHostA+"\n" {
 		t.Fatalf("allowed.test: %q %v", out, err)
 	}
+	// The connection is in the VM's activity record: its address, the
+	// name den's resolver answered for it, the process and its session.
+	var conns []struct{ Addr, Proto, Name, Comm, Session string }
+	out := d.must("activity", "box", "--net", "--json")
+	if err := json.Unmarshal([]byte(out), &conns); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(conns, func(c struct{ Addr, Proto, Name, Comm, Session string }) bool {
+		return c.Addr == wanHostA+":80" && c.Proto == "tcp" && c.Name == "allowed.test" && c.Comm == "wget" && strings.HasPrefix(c.Session, "den-")
+	}) {
+		t.Fatalf("the connection to allowed.test is not in den activity box --net:\n%s", out)
+	}
+	t.Logf("den activity box --net:\n%s", d.must("activity", "box", "--net"))
 	// What the resolver let through survives a daemon restart (the table
 	// is made anew): the address answers without a new lookup.
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)

@@ -90,10 +90,11 @@ func (s *served) forward(req *dns.Msg, q dns.Question, p *Policy) *dns.Msg {
 		s.r.warnUpstream(s.vm, q.Name, err)
 		return new(dns.Msg).SetRcode(req, dns.RcodeServerFailure)
 	}
+	addrs, ttl := aRecords(resp)
+	s.stats.answered(strings.TrimSuffix(strings.ToLower(q.Name), "."), addrs)
 	// The answer's addresses open when the policy lists the name (under
 	// a deny list, as exceptions to it).
 	if p.Mode == AllowList || p.Mode == DenyList && p.Lists(q.Name) {
-		addrs, ttl := aRecords(resp)
 		for _, rr := range resp.Answer {
 			rr.Header().Ttl = min(rr.Header().Ttl, uint32(maxAllowTTL/time.Second))
 		}

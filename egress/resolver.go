@@ -165,6 +165,18 @@ type Stats struct {
 	LastRefused []string
 }
 
+// NameOf is the name whose answer to vm last gave address a, "" if the
+// resolver does not remember one (it keeps the newest few thousand).
+func (r *Resolver) NameOf(vm string, a netip.Addr) string {
+	r.mu.Lock()
+	s := r.vms[vm]
+	r.mu.Unlock()
+	if s == nil {
+		return ""
+	}
+	return s.stats.nameOf(a.Unmap())
+}
+
 // Stats are vm's counters since it was first served (zero if it is not
 // served).
 func (r *Resolver) Stats(vm string) Stats {

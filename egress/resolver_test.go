@@ -271,6 +271,16 @@ func TestAllowAll(t *testing.T) {
 	if calls := h.allowed(); len(calls) != 0 {
 		t.Errorf("allow-all called Allow: %v", calls)
 	}
+	// The names answered are remembered for the activity record.
+	if n := h.r.NameOf("box", netip.MustParseAddr("192.0.2.1")); n != "plain.test" {
+		t.Errorf("NameOf 192.0.2.1: %q, want plain.test", n)
+	}
+	if n := h.r.NameOf("box", netip.MustParseAddr("192.0.2.99")); n != "" {
+		t.Errorf("NameOf an address never answered: %q", n)
+	}
+	if n := h.r.NameOf("other", netip.MustParseAddr("192.0.2.1")); n != "" {
+		t.Errorf("NameOf for another VM: %q", n)
+	}
 }
 
 func TestDenyAll(t *testing.T) {

@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"net/netip"
 	"slices"
 	"sync"
 )
@@ -8,13 +9,41 @@ import (
 // lastRefused is how many refused names Stats keeps.
 const lastRefused = 16
 
-// stats are one VM's counters; they outlive a Serve that replaces its
-// listeners.
+// maxNames bounds each of the two generations of addresses answered.
+const maxNames = 2048
+
+// stats are one VM's counters and the names its answers gave addresses;
+// they outlive a Serve that replaces its listeners.
 type stats struct {
 	mu      sync.Mutex
 	queries uint64
 	refused uint64
 	last    []string // oldest first, each name once
+	// names maps an address answered to the name asked: the newer
+	// generation, and the one before it.
+	names, older map[netip.Addr]string
+}
+
+// answered remembers that the answer for name gave addrs.
+func (s *stats) answered(name string, addrs []netip.Addr) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, a := range addrs {
+		if s.names == nil || len(s.names) >= maxNames {
+			s.older, s.names = s.names, make(map[netip.Addr]string)
+		}
+		s.names[a] = name
+	}
+}
+
+// nameOf is the name whose answer last gave a, if it is remembered.
+func (s *stats) nameOf(a netip.Addr) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n, ok := s.names[a]; ok {
+		return n
+	}
+	return s.older[a]
 }
 
 func (s *stats) query() {

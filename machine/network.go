@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"net/netip"
 
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/egress"
@@ -129,6 +130,15 @@ func CheckNetwork(state StateDir, c NetworkConfig) error {
 
 // policyOf is a VM's egress policy (the daemon's default if it has none
 // recorded, or a record that does not parse).
+// nameOf is the name den's resolver answered vm for address a, if it
+// remembers one.
+func (n *vmNet) nameOf(vm string, a netip.Addr) string {
+	if n.host == nil {
+		return ""
+	}
+	return n.host.NameOf(vm, a)
+}
+
 func (n *vmNet) policyOf(sp spec) egress.Policy {
 	if sp.Egress == "" {
 		return n.egress

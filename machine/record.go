@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -217,6 +218,11 @@ func (rc *records) pull(ctx context.Context, name string, in *instance, timeout 
 				continue
 			}
 			if e, ok := activity.FromProc(rep.Ring, ev); ok {
+				if e.Kind == activity.KindConnect {
+					if ap, err := netip.ParseAddrPort(e.Addr); err == nil {
+						e.Name = rc.m.net.nameOf(name, ap.Addr())
+					}
+				}
 				entries = append(entries, e)
 				last = ev.Seq
 			}

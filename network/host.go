@@ -449,6 +449,10 @@ type Status struct {
 	RefusedNames []string `json:"refused_names,omitempty"`
 }
 
+// NameOf is the name whose answer from den's resolver last gave vm the
+// address a, "" if it remembers none.
+func (h *Host) NameOf(vm string, a netip.Addr) string { return h.res.NameOf(vm, a) }
+
 // Status reads a VM's network counters.
 func (h *Host) Status(ctx context.Context, vm string) (Status, error) {
 	h.mu.Lock()

@@ -117,6 +117,9 @@ func runAgent(o serveOptions) int {
 		if err := rec.WatchFiles(procrec.DefaultFilePaths); err != nil {
 			log.Warn("no file record", "err", err)
 		}
+		if err := rec.WatchConnections(); err != nil {
+			log.Warn("no connection record", "err", err)
+		}
 	}
 	srv, err := guest.New(guest.Config{
 		ProcRecord:     rec,

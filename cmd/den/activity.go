@@ -26,15 +26,18 @@ func activityCommand() *cli.Command {
 		Name:      "activity",
 		Usage:     "show what ran in a VM, who ran it, and what happened to the VM",
 		ArgsUsage: "VM[@CHECKPOINT]",
-		UsageText: "den activity VM[@CHECKPOINT] [--since DURATION|TIME] [--process] [--files] [--sessions] [--vm-events] [--session ID] [--last N] [--json] [--follow] | den activity VM --record on|off",
+		UsageText: "den activity VM[@CHECKPOINT] [--since DURATION|TIME] [--process] [--files] [--net] [--sessions] [--vm-events] [--session ID] [--last N] [--json] [--follow] | den activity VM --record on|off",
 		Description: `The VM's activity record, oldest first: every process started in the guest
 (its command line, uid and parent) and how it ended (status or signal, and
 how long it ran); every file a process wrote under /root, /home, /etc and
-/srv (its size then); every den session opened on the VM (den exec, den ssh, the
+/srv (its size then); every connection a process opened to an address outside
+the guest (TCP, or a connected UDP socket: address, port, the process, and the
+name den's resolver answered for that address); every den session opened on the VM (den exec, den ssh, the
 SSH gateway: who, and its id, which the processes it started carry); and
 what happened to the VM (boot, sleep, wake, checkpoint, restore, fork).
 
-The guest's agent records processes from the kernel's proc connector and files from fanotify; den
+The guest's agent records processes from the kernel's proc connector, files
+from fanotify and connections from eBPF connect hooks; den
 reads the record while the VM runs and keeps it with the VM on the volume,
 bounded (den daemon --activity-cap). VM@CHECKPOINT is the record up to that
 checkpoint's instant, along its own line: what a restore set aside is left
@@ -45,6 +48,7 @@ is in the record.
 Examples:
    den activity box
    den activity box --since 10m --process
+   den activity box --net
    den activity box@cp-2
    den activity box --session den-3fa2c1d0
    den activity box --follow
@@ -55,6 +59,7 @@ Examples:
 			&cli.StringFlag{Name: "since", Usage: "only entries from this long ago (10m, 1h) or this RFC 3339 time on"},
 			&cli.BoolFlag{Name: "process", Usage: "only processes started and ended"},
 			&cli.BoolFlag{Name: "files", Usage: "only files written"},
+			&cli.BoolFlag{Name: "net", Usage: "only connections opened"},
 			&cli.BoolFlag{Name: "sessions", Usage: "only den sessions opened"},
 			&cli.BoolFlag{Name: "vm-events", Usage: "only what happened to the VM"},
 			&cli.StringFlag{Name: "session", Usage: "only this session's entries"},
@@ -97,6 +102,9 @@ Examples:
 			}
 			if c.Bool("files") {
 				q.Kinds = append(q.Kinds, agent.ProcFile)
+			}
+			if c.Bool("net") {
+				q.Kinds = append(q.Kinds, agent.ProcConnect)
 			}
 			if c.Bool("sessions") {
 				q.Kinds = append(q.Kinds, "session")
@@ -210,6 +218,14 @@ func printActivity(w io.Writer, entries []api.ActivityEntry, header bool) {
 			detail = fmt.Sprintf("%s (%s)", printable(e.Path), size.Format(e.Bytes))
 			if e.Writes > 1 {
 				detail += fmt.Sprintf(", %d writes", e.Writes)
+			}
+		case agent.ProcConnect:
+			detail = e.Proto + " " + printable(e.Addr)
+			if e.Name != "" {
+				detail += " (" + printable(e.Name) + ")"
+			}
+			if e.Comm != "" {
+				detail += " by " + printable(e.Comm)
 			}
 		case "session":
 			detail = "opened by " + printable(e.Who) + " via " + printable(e.Via)

@@ -1,8 +1,9 @@
 //go:build linux
 
 // Package procrec records the guest's processes (each exec and the exit
-// that follows it, from the kernel's proc connector) and the files they
-// write (from fanotify) into a bounded ring.
+// that follows it, from the kernel's proc connector), the files they
+// write (from fanotify) and the connections they open (from eBPF connect
+// hooks) into a bounded ring.
 package procrec
 
 import (
@@ -88,6 +89,7 @@ type Recorder struct {
 	closed bool
 	paused bool
 	fan    *fanWatch      // the file record, if any (files.go)
+	conns  *connWatch     // the connection record, if any (conns.go)
 	read   uint64         // the newest sequence number a Read returned
 	done   chan struct{}  // closed when run returns
 	wake   int            // an eventfd Close writes to: run's poll returns
@@ -177,8 +179,12 @@ func (r *Recorder) Close() error {
 		return nil
 	}
 	r.closed = true
+	conns := r.conns
 	r.mu.Unlock()
 	_ = listen(r.fd, false)
+	if conns != nil {
+		conns.close()
+	}
 	// The eventfd wakes run's poll; the fds are closed once run has
 	// returned.
 	var one [8]byte
@@ -260,8 +266,11 @@ func (r *Recorder) Drain() {
 	// Files first: a process's writes come before its exit, which ends
 	// what is known of it (its session).
 	r.mu.Lock()
-	fan := r.fan
+	fan, conns := r.fan, r.conns
 	r.mu.Unlock()
+	if conns != nil {
+		conns.drain()
+	}
 	for i := 0; fan != nil && i < drainMax; i++ {
 		if got, err := r.recvFiles(fan, buf); !got || err != nil {
 			break
@@ -491,6 +500,11 @@ func (r *Recorder) SetRecording(on bool) error {
 	}
 	if r.fan != nil {
 		if err := r.fan.mark(on); err != nil {
+			return err
+		}
+	}
+	if r.conns != nil {
+		if err := r.conns.hook(on); err != nil {
 			return err
 		}
 	}

@@ -4,6 +4,7 @@ package procrec
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -220,4 +221,67 @@ func TestDrain(t *testing.T) {
 			t.Fatalf("run %d: exec %v, exit %v, file %v right after it ended", i, ex, exit, file)
 		}
 	}
+}
+
+// TestConnections: a connect to an address outside the host is recorded
+// (process, uid, address, port, protocol) and is in a Read right after
+// a Drain; one to loopback is not; none while the record is off. (UDP
+// connects send nothing: no traffic leaves this machine.)
+func TestConnections(t *testing.T) {
+	r := open(t, 0)
+	if err := r.WatchConnections(); err != nil {
+		t.Fatal(err)
+	}
+	connect := func(network, addr string) {
+		t.Helper()
+		c, err := net.Dial(network, addr)
+		if err == nil {
+			c.Close()
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	find := func(addr string) (agent.ProcEvent, bool) {
+		for _, ev := range r.Read(0, 0).Events {
+			if ev.Kind == agent.ProcConnect && ev.Addr == addr {
+				return ev, true
+			}
+		}
+		return agent.ProcEvent{}, false
+	}
+	for i := range 5 {
+		addr := fmt.Sprintf("192.0.2.%d:53", 10+i)
+		connect("tcp", ln.Addr().String())
+		connect("udp", addr)
+		r.Drain()
+		ev, ok := find(addr)
+		if !ok {
+			t.Fatalf("round %d: connect to %s not in the record after a drain", i, addr)
+		}
+		if ev.PID != os.Getpid() || ev.UID != 0 || ev.Proto != "udp" || ev.Comm == "" {
+			t.Errorf("connect event %+v, want pid %d uid 0 udp and a comm", ev, os.Getpid())
+		}
+	}
+	connect("udp6", "[2001:db8::1]:443")
+	waitFor(t, r, func(ev agent.ProcEvent) bool { return ev.Kind == agent.ProcConnect && ev.Addr == "[2001:db8::1]:443" })
+	if _, ok := find(ln.Addr().String()); ok {
+		t.Error("a loopback connect was recorded")
+	}
+
+	if err := r.SetRecording(false); err != nil {
+		t.Fatal(err)
+	}
+	connect("udp", "192.0.2.99:53")
+	r.Drain()
+	if _, ok := find("192.0.2.99:53"); ok {
+		t.Error("a connect while the record was off was recorded")
+	}
+	if err := r.SetRecording(true); err != nil {
+		t.Fatal(err)
+	}
+	connect("udp", "192.0.2.98:53")
+	waitFor(t, r, func(ev agent.ProcEvent) bool { return ev.Kind == agent.ProcConnect && ev.Addr == "192.0.2.98:53" })
 }
