@@ -58,7 +58,17 @@ var (
 	tokIDRE  = regexp.MustCompile(`^tok_[0-9a-f]{8}$`)
 	tokRE    = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._@-]{0,63}$`)
 	hostRE   = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9.-]{0,62}[a-zA-Z0-9])?$`)
+	secretRE = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9_.-]{0,63}$`)
 )
+
+// SecretName checks a secret's name: 1 to 64 letters, digits, '_', '.'
+// and '-', starting with a letter.
+func SecretName(name string) error {
+	if !secretRE.MatchString(name) {
+		return fmt.Errorf("bad secret name %s: use 1-64 letters, digits, '_', '.' and '-', starting with a letter: %w", Quote(name), ErrInvalid)
+	}
+	return nil
+}
 
 // reserved VM names mean something else to the SSH gateway ("den"), or
 // to den's CLI ("help": every verb takes it as a subcommand).
