@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -275,3 +276,29 @@ var (
 	// ErrClosed is wrapped by calls on a connection that has ended.
 	ErrClosed = errors.New("agent connection closed")
 )
+
+// ServeKeyAgent serves den's SSH secrets to the guest on this
+// connection: it tells the agent so (ReqKeyAgent), and hands serve each
+// channel the agent opens for a connection to its SSH agent socket, in
+// a goroutine of its own, closing it when serve returns. An agent older
+// than the request answers ErrUnsupported.
+func (c *Client) ServeKeyAgent(ctx context.Context, serve func(io.ReadWriter)) error {
+	chans := c.ssh.HandleChannelOpen(ChanKeyAgent)
+	if chans == nil {
+		return errors.New("ssh agent channels: served already on this connection")
+	}
+	go func() {
+		for nc := range chans {
+			ch, reqs, err := nc.Accept()
+			if err != nil {
+				continue
+			}
+			go ssh.DiscardRequests(reqs)
+			go func() {
+				defer ch.Close()
+				serve(ch)
+			}()
+		}
+	}()
+	return c.call(ctx, ReqKeyAgent, nil, nil)
+}

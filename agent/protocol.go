@@ -47,6 +47,11 @@ const (
 	ReqPoweroff = "den-poweroff@den"
 	ReqGrowRoot = "den-growroot@den"
 	ReqProcLog  = "den-proclog@den"
+	// ReqKeyAgent (no payload) tells the agent that this connection
+	// serves den's SSH secrets: the agent carries each connection to its
+	// SSH agent socket (KeyAgentSocket) to den over a ChanKeyAgent
+	// channel it opens on the newest such connection.
+	ReqKeyAgent = "den-keyagent@den"
 )
 
 // ProcLogRequest asks for the process events the agent recorded after
@@ -362,3 +367,12 @@ type LeaseReply struct {
 	Error  string  `json:"error,omitempty"`
 	Leases []Lease `json:"leases,omitempty"`
 }
+
+// ChanKeyAgent is the channel type the agent opens to den for one
+// connection to KeyAgentSocket; on it den speaks the SSH agent protocol.
+const ChanKeyAgent = "den-keyagent@den"
+
+// KeyAgentSocket is the guest's SSH agent socket for den's SSH secrets:
+// sessions get it as SSH_AUTH_SOCK (one with agent forwarding gets the
+// forwarded agent instead).
+const KeyAgentSocket = "/run/den-agent/ssh-agent.sock"

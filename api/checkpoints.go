@@ -46,6 +46,9 @@ type RestoreRequest struct {
 type ForkRequest struct {
 	Checkpoint string `json:"checkpoint,omitempty"`
 	Name       string `json:"name"`
+	// WithSecrets gives the fork the source's grants of den's secrets
+	// (a fork has none otherwise).
+	WithSecrets bool `json:"with_secrets,omitempty"`
 }
 
 // SleepRequest asks a VM to sleep.

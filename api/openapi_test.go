@@ -58,7 +58,8 @@ var wireTypes = map[string]struct {
 	"VerifyRequest": {VerifyRequest{}, true}, "EgressRequest": {EgressRequest{}, true},
 	"URLRequest": {URLRequest{}, true}, "HostSleepRequest": {HostSleepRequest{}, true},
 	"HostWakeRequest": {HostWakeRequest{}, true}, "AddKeyRequest": {AddKeyRequest{}, true},
-	"AddTokenRequest": {AddTokenRequest{}, true},
+	"AddTokenRequest": {AddTokenRequest{}, true}, "Secret": {v: Secret{}},
+	"AddSecretRequest": {AddSecretRequest{}, true}, "SetSecretRequest": {SetSecretRequest{}, true}, "GrantRequest": {GrantRequest{}, true},
 
 	"HostList": {v: HostList{}}, "Host": {v: Host{}},
 	"Storage": {v: Storage{}}, "Usage": {v: Usage{}}, "VMStorage": {v: VMStorage{}}, "CheckpointStorage": {v: CheckpointStorage{}},

@@ -2,12 +2,14 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
+	"github.com/denhq/den/secrets"
 )
 
 // The checkpoints API: list, take, delete, restore and fork.
@@ -126,6 +128,15 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		vm, err := s.m.Fork(ctx, src, req.Checkpoint, req.Name, progress)
 		if err != nil {
 			return api.Event{}, err
+		}
+		if req.WithSecrets && s.secrets != nil {
+			from, err := s.vmRef(ctx, src)
+			if err == nil {
+				err = s.secrets.CopyGrants(from, secrets.VMRef{Name: vm.Name, Created: vm.CreatedAt})
+			}
+			if err != nil {
+				return api.Event{}, fmt.Errorf("fork %q: give it %q's secrets: %w", vm.Name, src, err)
+			}
 		}
 		return s.vmEvent(ctx, vm.Name)
 	})

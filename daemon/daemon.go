@@ -20,6 +20,7 @@ import (
 	"github.com/denhq/den/idle"
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/machine"
+	"github.com/denhq/den/secrets"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/users"
 )
@@ -228,8 +229,14 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("daemon: %w", err)
 		}
 	}
+	secretStore, err := secrets.Open(state.Secrets(), state.SecretsKey())
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	keyAgents := &keyAgents{store: secretStore, log: o.Logger}
 	m, err = machine.New(ctx, machine.Config{
-		State: state, HostName: o.HostName, TakenFrom: takenFrom, Volume: vol, Registry: db, AgentKey: agentKey, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
+		OnAgent: keyAgents.onAgent,
+		State:   state, HostName: o.HostName, TakenFrom: takenFrom, Volume: vol, Registry: db, AgentKey: agentKey, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
 		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, MemoryFiles: o.MemoryFiles, CollectGrace: o.CollectGrace, RAMDir: o.RAMDir, MemoryCopies: o.MemoryCopies,
 		RecordCap: o.ActivityCap, RecordPull: o.ActivityPull,
 		Memory: o.Memory, Network: o.Network, VMUser: o.VMUser,
@@ -238,6 +245,7 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	undo.push(func() { _ = m.Close() })
+	keyAgents.m.Store(m)
 	if takenFrom != "" {
 		// The VMs that ran there are dealt with (reconcile).
 		if err := os.Remove(state.Takeover()); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -258,6 +266,7 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	undo.push(func() { _ = auditLog.Close() })
+	keyAgents.audit.Store(auditLog)
 	inproc := newInProcess()
 	undo.push(func() { _ = inproc.Close() })
 	gw, err := startGateway(o, m, keys, hostKey, inproc, auditLog)
@@ -277,6 +286,7 @@ func Run(ctx context.Context, o Options) error {
 	apiSrv := NewServer(m, keys, info, hostKey, o.Logger)
 	apiSrv.web = web
 	apiSrv.audit = auditLog
+	apiSrv.secrets = secretStore
 	apiSrv.hosts = &hostsView{store: db, backend: db.Backend(), self: o.HostName, lease: o.Lease}
 	apiSrv.tokens = users.Tokens{Store: db}
 	apiSrv.bearer = tokenCaller(apiSrv.tokens)

@@ -7,12 +7,15 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/json"
+	"encoding/pem"
 	"io"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
 
+	"github.com/denhq/den/api"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/crypto/ssh"
 )
@@ -123,6 +126,26 @@ func TestOpenAPITour(t *testing.T) {
 	call("POST", "/v1/tokens", `{"name":"ci","user":"alice"}`, 201)
 	call("GET", "/v1/tokens", "", 200)
 	call("DELETE", "/v1/tokens?ref=ci", "", 200)
+	secretJSON := func(v any) string {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	_, secPriv, _ := ed25519.GenerateKey(rand.Reader)
+	secPEM, err := ssh.MarshalPrivateKey(secPriv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	call("POST", "/v1/secrets", secretJSON(api.AddSecretRequest{Name: "deploy", Kind: "ssh", Value: string(pem.EncodeToMemory(secPEM)),
+		KnownHosts: "git.test " + pub}), 201)
+	call("GET", "/v1/secrets", "", 200)
+	call("PUT", "/v1/secrets/deploy", secretJSON(api.SetSecretRequest{Value: string(pem.EncodeToMemory(secPEM))}), 200)
+	call("POST", "/v1/vms/box/secrets", `{"secret":"deploy"}`, 200)
+	call("GET", "/v1/vms/box/secrets", "", 200)
+	call("DELETE", "/v1/vms/box/secrets/deploy", "", 200)
+	call("DELETE", "/v1/secrets/deploy", "", 200)
 	call("GET", "/v1/audit?vm=box&limit=5", "", 200)
 	call("GET", "/v1/vms/box/activity?kind=vm,session&last=5", "", 200)
 	call("GET", "/v1/vms/box/activity?kind=files", "", 400)

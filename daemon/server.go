@@ -22,6 +22,7 @@ import (
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/mcpserver"
 	"github.com/denhq/den/registry"
+	"github.com/denhq/den/secrets"
 	"github.com/denhq/den/users"
 )
 
@@ -42,7 +43,9 @@ type Server struct {
 	tokens users.Tokens
 	held   tokenConns // connections each bearer token holds open
 	audit  *audit.Log // nil: none
-	hosts  *hostsView // the registry's host records (nil: none)
+	// secrets are den's secrets and their grants (nil: none).
+	secrets *secrets.Store
+	hosts   *hostsView // the registry's host records (nil: none)
 	// inproc makes the connections the MCP handler's calls take, as its
 	// request's caller (nil: no MCP).
 	inproc *inProcess
@@ -108,6 +111,13 @@ var routes = []route{
 	{"GET /v1/tokens", (*Server).listTokens},
 	{"POST /v1/tokens", (*Server).addToken},
 	{"DELETE /v1/tokens", (*Server).removeToken},
+	{"GET /v1/secrets", (*Server).listSecrets},
+	{"POST /v1/secrets", (*Server).addSecret},
+	{"PUT /v1/secrets/{secret}", (*Server).setSecret},
+	{"DELETE /v1/secrets/{secret}", (*Server).removeSecret},
+	{"GET /v1/vms/{name}/secrets", (*Server).vmSecrets},
+	{"POST /v1/vms/{name}/secrets", (*Server).grantSecret},
+	{"DELETE /v1/vms/{name}/secrets/{secret}", (*Server).revokeSecret},
 	{"GET /v1/audit", (*Server).getAudit},
 	{"POST /v1/mcp", (*Server).serveMCP},
 }
@@ -163,11 +173,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // errorCode maps a machine error onto an API error code.
 func errorCode(err error) string {
 	switch {
-	case errors.Is(err, machine.ErrNotFound), errors.Is(err, users.ErrNotFound):
+	case errors.Is(err, machine.ErrNotFound), errors.Is(err, users.ErrNotFound), errors.Is(err, secrets.ErrNotFound):
 		return "not_found"
-	case errors.Is(err, machine.ErrExists), errors.Is(err, users.ErrExists):
+	case errors.Is(err, machine.ErrExists), errors.Is(err, users.ErrExists), errors.Is(err, secrets.ErrExists):
 		return "exists"
-	case errors.Is(err, machine.ErrInvalid), errors.Is(err, users.ErrInvalid), errors.Is(err, egress.ErrInvalid):
+	case errors.Is(err, machine.ErrInvalid), errors.Is(err, users.ErrInvalid), errors.Is(err, egress.ErrInvalid), errors.Is(err, secrets.ErrInvalid):
 		return "invalid"
 	case errors.Is(err, machine.ErrBusy):
 		return "busy"

@@ -29,6 +29,7 @@ import (
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/machine/machinetest"
 	"github.com/denhq/den/registry"
+	"github.com/denhq/den/secrets"
 	"github.com/denhq/den/users"
 	"github.com/denhq/den/vmm"
 )
@@ -132,6 +133,9 @@ func newAPIEnv(t *testing.T) *apiEnv {
 	}
 	s.hosts = &hostsView{store: db, backend: db.Backend(), self: "test-host", lease: DefaultLease}
 	if s.audit, err = audit.Open(state.Audit(), audit.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if s.secrets, err = secrets.Open(state.Secrets(), state.SecretsKey()); err != nil {
 		t.Fatal(err)
 	}
 	limited := NewHTTPServer(checkOpenAPI(t, s), nil, log)

@@ -44,6 +44,9 @@ func (ag *agents) connectAgent(ctx context.Context, in *instance, timeout time.D
 		}
 		in.agent = r.c
 		in.agentMu.Unlock()
+		if f := ag.m.cfg.OnAgent; f != nil {
+			f(in.name, r.c)
+		}
 		return r.info, nil
 	case <-in.hv.Exited():
 		cancel()

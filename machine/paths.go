@@ -38,6 +38,11 @@ func (s StateDir) E2BKey() string  { return filepath.Join(string(s), "keys", "e2
 // directory per VM.
 func (s StateDir) MemoryCopies() string { return filepath.Join(string(s), "memory") }
 
+// Secrets holds den's secrets, encrypted (package secrets), and
+// SecretsKey the key they are encrypted with.
+func (s StateDir) Secrets() string    { return filepath.Join(string(s), "secrets") }
+func (s StateDir) SecretsKey() string { return filepath.Join(string(s), "keys", "secrets.key") }
+
 // Audit is the directory of the audit log.
 func (s StateDir) Audit() string { return filepath.Join(string(s), "audit") }
 

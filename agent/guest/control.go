@@ -57,6 +57,7 @@ func (s *Server) requestHandlers() map[string]ssh.RequestHandler {
 		agent.ReqPoweroff: wrap(agent.ReqPoweroff, s.ctlPoweroff),
 		agent.ReqGrowRoot: wrap(agent.ReqGrowRoot, s.ctlGrowRoot),
 		agent.ReqProcLog:  wrap(agent.ReqProcLog, s.ctlProcLog),
+		agent.ReqKeyAgent: wrap(agent.ReqKeyAgent, s.ctlKeyAgent),
 		"keepalive@openssh.com": func(ssh.Context, *ssh.Server, *gossh.Request) (bool, []byte) {
 			return true, nil
 		},

@@ -69,6 +69,9 @@ func (ss *session) environment(a account) ([]string, string) {
 		"HOME=" + a.Home, "USER=" + a.Name, "LOGNAME=" + a.Name,
 		"SHELL=" + a.Shell, "PATH=" + DefaultPath,
 	}
+	if sock := ss.s.keys.socket(); sock != "" {
+		env = append(env, "SSH_AUTH_SOCK="+sock) // den's secrets; a forwarded agent comes after
+	}
 	if ss.pty != nil {
 		term := ss.pty.Term
 		if term == "" {

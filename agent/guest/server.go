@@ -59,6 +59,7 @@ type Server struct {
 	leases *Leases
 	freeze *freezeState
 
+	keys     keyAgent // den's SSH secrets' agent socket (keyagent.go)
 	procs    procCounter
 	sessions atomic.Int64
 	forwards atomic.Int64
@@ -155,6 +156,7 @@ func (s *Server) HandleConn(c net.Conn) {
 // their sessions).
 func (s *Server) Close() error {
 	s.closing.Store(true)
+	s.keys.close()
 	s.freeze.thawAll("agent stopping")
 	return s.ssh.Close()
 }

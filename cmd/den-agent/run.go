@@ -140,6 +140,9 @@ func runAgent(o serveOptions) int {
 			log.Warn("no authorized keys: no den.key= on the kernel command line and no " + guest.AuthorizedKeysPath)
 		}
 	}
+	if err := srv.ServeKeyAgent(agent.KeyAgentSocket); err != nil {
+		log.Warn("no ssh agent socket for den's secrets", "err", err)
+	}
 	if l, err := guest.ListenLeases(agent.LeaseSocket); err != nil {
 		log.Warn("keep-awake leases unavailable", "err", err)
 	} else {

@@ -16,15 +16,16 @@ func forkCommand() *cli.Command {
 		Name:      "fork",
 		Usage:     "make a new VM from a checkpoint of another (or from its current state)",
 		ArgsUsage: "NAME[@CHECKPOINT] NEWNAME",
-		UsageText: "den fork NAME[@CHECKPOINT] NEWNAME",
+		UsageText: "den fork NAME[@CHECKPOINT] NEWNAME [--with-secrets] [--json]",
 		Description: `The new VM resumes where the checkpoint was taken, with its own hostname,
 machine-id and reseeded random number generator. Without @CHECKPOINT the
-source is checkpointed first.
+source is checkpointed first. The fork gets none of the source's grants of
+den's secrets unless --with-secrets says so.
 
 Examples:
    den fork box@cp-3 experiment
-   den fork box box2`,
-		Flags: withDaemon(jsonFlag()),
+   den fork box box2 --with-secrets`,
+		Flags: withDaemon(jsonFlag(), &cli.BoolFlag{Name: "with-secrets", Usage: "give the fork the source's grants of den's secrets"}),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 2 {
 				return cli.Exit("den fork: give a source and a new name (den fork box@cp-3 box2)", 2)
@@ -46,7 +47,7 @@ Examples:
 			if err != nil {
 				return err
 			}
-			vm, err := cl.Fork(ctx, src, api.ForkRequest{Checkpoint: id, Name: name}, progressPrinter(c))
+			vm, err := cl.Fork(ctx, src, api.ForkRequest{Checkpoint: id, Name: name, WithSecrets: c.Bool("with-secrets")}, progressPrinter(c))
 			if err != nil {
 				return err
 			}

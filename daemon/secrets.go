@@ -1,0 +1,228 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/denhq/den/agent"
+	"github.com/denhq/den/api"
+	"github.com/denhq/den/audit"
+	"github.com/denhq/den/machine"
+	"github.com/denhq/den/secrets"
+)
+
+// The secrets API: each user's secrets (never their values in an
+// answer) and the VMs they are granted to. A user's secrets are their
+// own, an admin's too.
+
+func secretToAPI(s secrets.Secret) api.Secret {
+	return api.Secret{Name: s.Name, Owner: s.Owner, Kind: s.Kind, Hosts: s.Hosts, HostKeys: s.HostKeys, PublicKey: s.PublicKey,
+		Created: s.Created, Updated: s.Updated}
+}
+
+// secretsOff answers when the daemon keeps no secrets.
+func (s *Server) secretsOff(w http.ResponseWriter) bool {
+	if s.secrets == nil {
+		writeError(w, fmt.Errorf("this daemon keeps no secrets: %w", machine.ErrConflict))
+		return true
+	}
+	return false
+}
+
+func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
+	if s.secretsOff(w) {
+		return
+	}
+	l, err := s.secrets.List(callerOf(r).User)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := make([]api.Secret, 0, len(l))
+	for _, sec := range l {
+		out = append(out, secretToAPI(sec))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) addSecret(w http.ResponseWriter, r *http.Request) {
+	var req api.AddSecretRequest
+	if !decode(w, r, &req) || s.secretsOff(w) {
+		return
+	}
+	if req.Kind != secrets.KindSSH {
+		writeError(w, fmt.Errorf("add secret %q: kind %q: den keeps ssh secrets: %w", req.Name, req.Kind, machine.ErrInvalid))
+		return
+	}
+	c := callerOf(r)
+	sec, err := s.secrets.AddSSH(c.User, req.Name, []byte(req.Value), req.KnownHosts)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.log.Info("den: secret added", "user", c.User, "secret", sec.Name, "kind", sec.Kind, "hosts", sec.Hosts)
+	writeJSON(w, http.StatusCreated, secretToAPI(sec))
+}
+
+func (s *Server) setSecret(w http.ResponseWriter, r *http.Request) {
+	var req api.SetSecretRequest
+	if !decode(w, r, &req) || s.secretsOff(w) {
+		return
+	}
+	c := callerOf(r)
+	sec, err := s.secrets.Set(c.User, r.PathValue("secret"), []byte(req.Value))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.log.Info("den: secret set", "user", c.User, "secret", sec.Name)
+	writeJSON(w, http.StatusOK, secretToAPI(sec))
+}
+
+func (s *Server) removeSecret(w http.ResponseWriter, r *http.Request) {
+	if s.secretsOff(w) {
+		return
+	}
+	c := callerOf(r)
+	sec, err := s.secrets.Get(c.User, r.PathValue("secret"))
+	if err == nil {
+		err = s.secrets.Remove(c.User, sec.Name)
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.log.Info("den: secret removed", "user", c.User, "secret", sec.Name)
+	writeJSON(w, http.StatusOK, secretToAPI(sec))
+}
+
+// vmRef is the VM a grant names: its name and when it was made.
+func (s *Server) vmRef(ctx context.Context, name string) (secrets.VMRef, error) {
+	st, err := s.m.Get(ctx, name)
+	if err != nil {
+		return secrets.VMRef{}, err
+	}
+	return secrets.VMRef{Name: st.Name, Created: st.CreatedAt}, nil
+}
+
+// grantsOf answers a VM's grants: its secrets' names.
+func (s *Server) grantsOf(w http.ResponseWriter, vm secrets.VMRef) {
+	gs, err := s.secrets.Grants(vm)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := make([]string, 0, len(gs))
+	for _, g := range gs {
+		out = append(out, g.Secret)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) vmSecrets(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if !s.owned(w, r, name) || s.secretsOff(w) {
+		return
+	}
+	vm, err := s.vmRef(r.Context(), name)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.grantsOf(w, vm)
+}
+
+func (s *Server) grantSecret(w http.ResponseWriter, r *http.Request) {
+	var req api.GrantRequest
+	name, ok := s.ownedRequest(w, r, &req)
+	if !ok || s.secretsOff(w) {
+		return
+	}
+	vm, err := s.vmRef(r.Context(), name)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	c := callerOf(r)
+	if err := s.secrets.Grant(c.User, req.Secret, vm); err != nil {
+		writeError(w, err)
+		return
+	}
+	s.log.Info("den: secret granted", "user", c.User, "secret", req.Secret, "vm", name)
+	s.grantsOf(w, vm)
+}
+
+func (s *Server) revokeSecret(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if !s.owned(w, r, name) || s.secretsOff(w) {
+		return
+	}
+	vm, err := s.vmRef(r.Context(), name)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	c := callerOf(r)
+	secret := r.PathValue("secret")
+	had, err := s.secrets.Revoke(c.User, secret, vm)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !had {
+		writeError(w, fmt.Errorf("vm %q has no grant of secret %q: %w", name, secret, machine.ErrNotFound))
+		return
+	}
+	s.log.Info("den: secret revoked", "user", c.User, "secret", secret, "vm", name)
+	s.grantsOf(w, vm)
+}
+
+// keyAgents serves den's SSH secrets to each VM's guest agent
+// connection: machine.Config.OnAgent.
+type keyAgents struct {
+	store *secrets.Store
+	log   *slog.Logger
+	// m and audit are set once the daemon has them; until then a VM's
+	// requests find no grants.
+	m     atomic.Pointer[machine.Manager]
+	audit atomic.Pointer[audit.Log]
+}
+
+// onAgent serves vm's key channels on c, in the background.
+func (k *keyAgents) onAgent(vm string, c *agent.Client) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		err := c.ServeKeyAgent(ctx, func(rw io.ReadWriter) {
+			ref := secrets.VMRef{Name: vm}
+			if m := k.m.Load(); m != nil {
+				if st, err := m.Get(context.Background(), vm); err == nil {
+					ref.Created = st.CreatedAt
+				}
+			}
+			if err := k.store.ServeSSHAgent(rw, ref, k.note); err != nil && err != io.EOF {
+				k.log.Debug("den: ssh agent for a vm ended", "vm", vm, "err", err)
+			}
+		})
+		if err != nil {
+			k.log.Debug("den: no ssh agent for the vm's guest", "vm", vm, "err", err)
+		}
+	}()
+}
+
+// note writes a use of a secret to the audit log.
+func (k *keyAgents) note(u secrets.Use) {
+	result := "ok: signed for " + u.Dest
+	if u.Err != nil {
+		result = u.Err.Error()
+	}
+	k.log.Info("den: secret used", "vm", u.VM, "secret", u.Secret, "dest", u.Dest, "result", result)
+	if a := k.audit.Load(); a != nil {
+		_ = a.Write(audit.Record{User: u.Owner, Source: "vm " + u.VM + " ssh agent", Verb: "secret " + u.Secret + " ssh sign", VM: u.VM, Result: result})
+	}
+}
