@@ -125,11 +125,11 @@ type Config struct {
 	// before operations and reads); RecordCap bounds a VM's record
 	// (default activity.DefaultCap). See record.go.
 	RecordPull time.Duration
+	RecordCap  int64
 	// OnAgent, when set, hears of every new connection to a VM's guest
 	// agent (after a boot, a wake, a restore, a redial); it must not
 	// block (the daemon serves den's SSH secrets on it).
 	OnAgent func(vm string, c *agent.Client)
-	RecordCap  int64
 	// Network is how VMs reach the network (network.go).
 	Network NetworkConfig
 	// VMUser is the unprivileged user VMMs run as (made when missing);

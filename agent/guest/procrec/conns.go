@@ -39,11 +39,11 @@ const connEventLen = 56
 type connWatch struct {
 	cgroup  string
 	mounted bool // cgroup was mounted for the record: close unmounts it
-	ring   *ebpf.Map
-	progs  []*ebpf.Program
-	attach []ebpf.AttachType
-	links  []link.Link
-	rd     *ringbuf.Reader
+	ring    *ebpf.Map
+	progs   []*ebpf.Program
+	attach  []ebpf.AttachType
+	links   []link.Link
+	rd      *ringbuf.Reader
 
 	mu      sync.Mutex
 	flushed []chan struct{} // Drains waiting for the reader to reach the flush
