@@ -30,6 +30,9 @@ const (
 	// KindConnect is a connection a guest process opened to an address
 	// outside the guest.
 	KindConnect = agent.ProcConnect
+	// KindSecret is a use of one of den's secrets by the VM (Secret
+	// names it, Detail says for what and how it went).
+	KindSecret = "secret"
 	// KindSession is a den session opened on the VM: an exec, an SSH
 	// login, a URL request; its processes carry its id.
 	KindSession = "session"
@@ -90,6 +93,9 @@ type Entry struct {
 	Proto string `json:"proto,omitempty"`
 	Name  string `json:"name,omitempty"`
 	Comm  string `json:"comm,omitempty"`
+
+	// Secret is the den secret a KindSecret entry used.
+	Secret string `json:"secret,omitempty"`
 
 	// Session is the session a process belongs to, or the one a
 	// session entry opens.

@@ -11,7 +11,8 @@ import (
 
 // ActivityEntry is one entry of a VM's activity record (GET
 // /v1/vms/{name}/activity): a guest process started (exec) or ended
-// (exit), a file it wrote (file), a connection it opened (connect), a den
+// (exit), a file it wrote (file), a connection it opened (connect), a use
+// of one of den's secrets (secret), a den
 // session opened (session), something that happened to the VM (vm), or
 // events den could not read (lost).
 type ActivityEntry struct {
@@ -33,6 +34,7 @@ type ActivityEntry struct {
 	Proto         string        `json:"proto,omitempty"`
 	Name          string        `json:"name,omitempty"`
 	Comm          string        `json:"comm,omitempty"`
+	Secret        string        `json:"secret,omitempty"`
 	Session       string        `json:"session,omitempty"`
 	Who           string        `json:"who,omitempty"`
 	Via           string        `json:"via,omitempty"`

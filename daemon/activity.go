@@ -34,7 +34,7 @@ func (s *Server) activityOf(w http.ResponseWriter, r *http.Request) {
 	for _, e := range entries {
 		out = append(out, api.ActivityEntry{N: e.N, Time: e.Time, Kind: e.Kind, PID: e.PID, PPID: e.PPID, UID: e.UID,
 			Argv: e.Argv, ArgvTruncated: e.ArgvTruncated, Status: e.Status, Signal: e.Signal, Duration: e.Duration,
-			Path: e.Path, Bytes: e.Bytes, Writes: e.Writes, Addr: e.Addr, Proto: e.Proto, Name: e.Name, Comm: e.Comm,
+			Path: e.Path, Bytes: e.Bytes, Writes: e.Writes, Addr: e.Addr, Proto: e.Proto, Name: e.Name, Comm: e.Comm, Secret: e.Secret,
 			Session: e.Session, Who: e.Who, Via: e.Via, Event: e.Event, Checkpoint: e.Checkpoint, From: e.From,
 			Detail: e.Detail, Lost: e.Lost})
 	}
@@ -57,7 +57,7 @@ func (s *Server) setActivityRecord(w http.ResponseWriter, r *http.Request) {
 }
 
 // activityKinds are the kinds a filter may name.
-var activityKinds = map[string]bool{activity.KindExec: true, activity.KindExit: true, activity.KindFile: true, activity.KindConnect: true, activity.KindSession: true,
+var activityKinds = map[string]bool{activity.KindExec: true, activity.KindExit: true, activity.KindFile: true, activity.KindConnect: true, activity.KindSecret: true, activity.KindSession: true,
 	activity.KindVM: true, activity.KindLost: true}
 
 // activityFilter reads the query of an activity request.

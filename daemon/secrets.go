@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/denhq/den/activity"
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/audit"
@@ -193,8 +194,10 @@ type keyAgents struct {
 	audit atomic.Pointer[audit.Log]
 }
 
-// onAgent serves vm's key channels on c, in the background.
-func (k *keyAgents) onAgent(vm string, c *agent.Client) {
+// onAgent serves vm's key channels on c, in the background; each use of
+// a secret goes to the audit log and, through record, the VM's activity
+// record.
+func (k *keyAgents) onAgent(vm string, c *agent.Client, record func(activity.Entry)) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -205,7 +208,15 @@ func (k *keyAgents) onAgent(vm string, c *agent.Client) {
 					ref.Created = st.CreatedAt
 				}
 			}
-			if err := k.store.ServeSSHAgent(rw, ref, k.note); err != nil && err != io.EOF {
+			note := func(u secrets.Use) {
+				k.note(u)
+				e := activity.Entry{Kind: activity.KindSecret, Secret: u.Secret, Detail: "ssh signature for " + u.Dest}
+				if u.Err != nil {
+					e.Detail = "refused: " + u.Err.Error()
+				}
+				record(e)
+			}
+			if err := k.store.ServeSSHAgent(rw, ref, note); err != nil && err != io.EOF {
 				k.log.Debug("den: ssh agent for a vm ended", "vm", vm, "err", err)
 			}
 		})

@@ -70,6 +70,9 @@ timeout 60 git push -q ssh://git@git.test/repo.git HEAD:refs/heads/main 2>&1`)
 	if git.Pushes() != 1 {
 		t.Fatalf("the server saw %d pushes, want 1", git.Pushes())
 	}
+	if out := d.must("activity", "box", "--sessions"); !strings.Contains(out, "deploy: ssh signature for SHA256:") || !strings.Contains(out, "(git.test)") {
+		t.Fatalf("the secret's use is not in the activity record:\n%s", out)
+	}
 	if out := d.must("exec", "box", "--", "sh", "-c", "ssh-add -L"); !strings.Contains(out, strings.Fields(string(gossh.MarshalAuthorizedKey(signer.PublicKey())))[1]) {
 		t.Fatalf("ssh-add -L in the vm: %q", out)
 	}

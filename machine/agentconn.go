@@ -6,6 +6,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/denhq/den/activity"
 	"github.com/denhq/den/agent"
 )
 
@@ -45,7 +46,8 @@ func (ag *agents) connectAgent(ctx context.Context, in *instance, timeout time.D
 		in.agent = r.c
 		in.agentMu.Unlock()
 		if f := ag.m.cfg.OnAgent; f != nil {
-			f(in.name, r.c)
+			name := in.name
+			f(name, r.c, func(e activity.Entry) { ag.m.records.markLazy(name, e) })
 		}
 		return r.info, nil
 	case <-in.hv.Exited():

@@ -36,6 +36,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/denhq/den/activity"
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/registry"
@@ -127,9 +128,10 @@ type Config struct {
 	RecordPull time.Duration
 	RecordCap  int64
 	// OnAgent, when set, hears of every new connection to a VM's guest
-	// agent (after a boot, a wake, a restore, a redial); it must not
+	// agent (after a boot, a wake, a restore, a redial), with a function
+	// that writes an entry to the VM's activity record; it must not
 	// block (the daemon serves den's SSH secrets on it).
-	OnAgent func(vm string, c *agent.Client)
+	OnAgent func(vm string, c *agent.Client, note func(activity.Entry))
 	// Network is how VMs reach the network (network.go).
 	Network NetworkConfig
 	// VMUser is the unprivileged user VMMs run as (made when missing);

@@ -80,7 +80,7 @@ type DiffInput struct {
 type ActivityInput struct {
 	Name       string   `json:"name" jsonschema:"the VM's name"`
 	Checkpoint string   `json:"checkpoint,omitempty" jsonschema:"a checkpoint, e.g. cp-2: the record up to it (default: up to now)"`
-	Kinds      []string `json:"kinds,omitempty" jsonschema:"only these kinds: exec, exit, file, connect, session, vm, lost"`
+	Kinds      []string `json:"kinds,omitempty" jsonschema:"only these kinds: exec, exit, file, connect, secret, session, vm, lost"`
 	Session    string   `json:"session,omitempty" jsonschema:"only this session's entries"`
 	Last       int      `json:"last,omitempty" jsonschema:"only the newest this many (default 200, at most 2000)"`
 }

@@ -60,7 +60,7 @@ Examples:
 			&cli.BoolFlag{Name: "process", Usage: "only processes started and ended"},
 			&cli.BoolFlag{Name: "files", Usage: "only files written"},
 			&cli.BoolFlag{Name: "net", Usage: "only connections opened"},
-			&cli.BoolFlag{Name: "sessions", Usage: "only den sessions opened"},
+			&cli.BoolFlag{Name: "sessions", Usage: "only den sessions opened, and uses of den's secrets"},
 			&cli.BoolFlag{Name: "vm-events", Usage: "only what happened to the VM"},
 			&cli.StringFlag{Name: "session", Usage: "only this session's entries"},
 			&cli.IntFlag{Name: "last", Usage: "only the newest N entries"},
@@ -107,7 +107,7 @@ Examples:
 				q.Kinds = append(q.Kinds, agent.ProcConnect)
 			}
 			if c.Bool("sessions") {
-				q.Kinds = append(q.Kinds, "session")
+				q.Kinds = append(q.Kinds, "session", "secret")
 			}
 			if c.Bool("vm-events") {
 				q.Kinds = append(q.Kinds, "vm", "lost")
@@ -227,6 +227,8 @@ func printActivity(w io.Writer, entries []api.ActivityEntry, header bool) {
 			if e.Comm != "" {
 				detail += " by " + printable(e.Comm)
 			}
+		case "secret":
+			detail = printable(e.Secret) + ": " + detail
 		case "session":
 			detail = "opened by " + printable(e.Who) + " via " + printable(e.Via)
 		case "vm":
