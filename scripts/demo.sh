@@ -154,6 +154,7 @@ else
 fi
 
 step "change a file and start a project" "$den" exec box -- sh -c 'echo "more work" >> /root/work.txt; mkdir -p /root/project && printf "print(\"hello\")\n" > /root/project/main.py'
+step "what ran in box, who ran it, what it wrote and connected to (den activity)" "$den" activity box --last 12
 step "what the demo changed in box since its checkpoint (den diff: the disks, read on the host)" "$den" diff box@cp-1 --path /root -p
 step "remove the VMs" "$den" rm box box2 experiment
 
