@@ -309,9 +309,17 @@ func (s *Server) removeVM(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := opContext(r)
 	defer cancel()
+	vm, refErr := s.vmRef(ctx, r.PathValue("name"))
 	if err := s.m.Remove(ctx, r.PathValue("name"), force); err != nil {
 		writeError(w, err)
 		return
+	}
+	if s.secrets != nil && refErr == nil {
+		// Its grants go with it (a later VM of the name would not have
+		// them anyway: a grant names when its VM was made).
+		if err := s.secrets.ForgetVM(vm); err != nil {
+			s.log.Warn("den: the removed vm's secret grants stay", "vm", vm.Name, "err", err)
+		}
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

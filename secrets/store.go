@@ -228,12 +228,7 @@ func (s *Store) Remove(owner, name string) error {
 	if _, err := s.read(owner, name); err != nil {
 		return err
 	}
-	gs, err := s.grants()
-	if err != nil {
-		return err
-	}
-	gs = slices.DeleteFunc(gs, func(g Grant) bool { return g.Owner == owner && g.Secret == name })
-	if err := s.writeGrants(gs); err != nil {
+	if _, err := s.dropGrants(func(g Grant) bool { return g.Owner == owner && g.Secret == name }); err != nil {
 		return err
 	}
 	if err := os.Remove(s.path(owner, name)); err != nil {
@@ -252,15 +247,7 @@ func (s *Store) Grant(owner, name string, vm VMRef) error {
 	if _, err := s.read(owner, name); err != nil {
 		return err
 	}
-	gs, err := s.grants()
-	if err != nil {
-		return err
-	}
-	g := Grant{VM: vm.Name, Created: vm.Created.UnixMilli(), Owner: owner, Secret: name}
-	if slices.Contains(gs, g) {
-		return nil
-	}
-	return s.writeGrants(append(gs, g))
+	return s.addGrants(Grant{VM: vm.Name, Created: vm.Created.UnixMilli(), Owner: owner, Secret: name})
 }
 
 // Revoke takes a grant back, at once: vm's next request is refused. It
@@ -268,16 +255,7 @@ func (s *Store) Grant(owner, name string, vm VMRef) error {
 func (s *Store) Revoke(owner, name string, vm VMRef) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	gs, err := s.grants()
-	if err != nil {
-		return false, err
-	}
-	n := len(gs)
-	gs = slices.DeleteFunc(gs, func(g Grant) bool { return g.of(vm) && g.Owner == owner && g.Secret == name })
-	if len(gs) == n {
-		return false, nil
-	}
-	return true, s.writeGrants(gs)
+	return s.dropGrants(func(g Grant) bool { return g.of(vm) && g.Owner == owner && g.Secret == name })
 }
 
 // Grants are vm's grants.
@@ -293,35 +271,54 @@ func (s *Store) Grants(vm VMRef) ([]Grant, error) {
 func (s *Store) CopyGrants(from, to VMRef) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	gs, err := s.grants()
+	gs, err := s.Grants(from)
 	if err != nil {
 		return err
 	}
-	for _, g := range gs {
-		if g.of(from) {
-			c := g
-			c.VM, c.Created = to.Name, to.Created.UnixMilli()
-			if !slices.Contains(gs, c) {
-				gs = append(gs, c)
-			}
-		}
+	for i := range gs {
+		gs[i].VM, gs[i].Created = to.Name, to.Created.UnixMilli()
 	}
-	return s.writeGrants(gs)
+	return s.addGrants(gs...)
 }
 
 // ForgetVM drops a removed VM's grants.
 func (s *Store) ForgetVM(vm VMRef) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	_, err := s.dropGrants(func(g Grant) bool { return g.of(vm) })
+	return err
+}
+
+// addGrants records grants not recorded yet (s.mu held).
+func (s *Store) addGrants(add ...Grant) error {
 	gs, err := s.grants()
 	if err != nil {
 		return err
 	}
 	n := len(gs)
-	if gs = slices.DeleteFunc(gs, func(g Grant) bool { return g.of(vm) }); len(gs) == n {
+	for _, g := range add {
+		if !slices.Contains(gs, g) {
+			gs = append(gs, g)
+		}
+	}
+	if len(gs) == n {
 		return nil
 	}
 	return s.writeGrants(gs)
+}
+
+// dropGrants removes the grants drop picks, and says whether there were
+// any (s.mu held).
+func (s *Store) dropGrants(drop func(Grant) bool) (bool, error) {
+	gs, err := s.grants()
+	if err != nil {
+		return false, err
+	}
+	n := len(gs)
+	if gs = slices.DeleteFunc(gs, drop); len(gs) == n {
+		return false, nil
+	}
+	return true, s.writeGrants(gs)
 }
 
 func (s *Store) grantsPath() string { return filepath.Join(s.dir, "grants.json") }
