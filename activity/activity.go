@@ -144,8 +144,12 @@ func FromProc(ring string, ev agent.ProcEvent) (e Entry, ok bool) {
 		}
 		ev.Addr = ap.String()
 	case agent.ProcLost:
-		return Entry{Time: ev.Time, Kind: KindLost, Detail: "the guest's kernel dropped process events (its agent did not read them in time)",
-			Cursor: Cursor{Ring: ring, Seq: ev.Seq}}, true
+		e := Entry{Time: ev.Time, Kind: KindLost, Detail: "the guest's kernel dropped process events (its agent did not read them in time)",
+			Cursor: Cursor{Ring: ring, Seq: ev.Seq}}
+		if ev.Lost > 0 {
+			e.Lost, e.Detail = ev.Lost, "the guest's kernel could not record connections (its ring was full between two reads)"
+		}
+		return e, true
 	default:
 		return e, false
 	}

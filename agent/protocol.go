@@ -129,6 +129,9 @@ type ProcEvent struct {
 	Addr  string `json:"addr,omitempty"`
 	Proto string `json:"proto,omitempty"`
 	Comm  string `json:"comm,omitempty"`
+	// Lost: how many connections the guest's kernel could not record
+	// (0: process events were dropped, how many is not known).
+	Lost uint64 `json:"lost,omitempty"`
 }
 
 // ReadyRequest is the payload of ReqReady. An empty one (from an older

@@ -122,6 +122,17 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	// The source's grants are those of the VM checked now (a name can be
+	// removed and taken again while the fork runs), and only the
+	// caller's own secrets.
+	var from secrets.VMRef
+	if req.WithSecrets && s.secrets != nil {
+		var err error
+		if from, err = s.vmRef(r, src); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
 	s.stream(w, r, func(ctx context.Context, progress machine.Progress) (api.Event, error) {
 		ctx, done := s.trace(ctx, req.Name, "fork")
 		defer done()
@@ -129,12 +140,8 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return api.Event{}, err
 		}
-		if req.WithSecrets && s.secrets != nil {
-			from, err := s.vmRef(ctx, src)
-			if err == nil {
-				err = s.secrets.CopyGrants(from, secrets.VMRef{Name: vm.Name, Created: vm.CreatedAt})
-			}
-			if err != nil {
+		if from.Name != "" {
+			if err := s.secrets.CopyGrants(from, secrets.VMRef{Name: vm.Name, Created: vm.CreatedAt}, callerOf(r).User); err != nil {
 				return api.Event{}, fmt.Errorf("fork %q: give it %q's secrets: %w", vm.Name, src, err)
 			}
 		}

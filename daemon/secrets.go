@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -102,13 +103,18 @@ func (s *Server) removeSecret(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, secretToAPI(sec))
 }
 
-// vmRef is the VM a grant names: its name and when it was made.
-func (s *Server) vmRef(ctx context.Context, name string) (secrets.VMRef, error) {
-	st, err := s.m.Get(ctx, name)
+// vmRef is the VM a grant names, its name and when it was made, read in
+// one go with its owner: the request's owner must be it (a name removed
+// and taken again by another user since an earlier check is refused).
+func (s *Server) vmRef(r *http.Request, name string) (secrets.VMRef, error) {
+	rec, err := s.m.Record(r.Context(), name)
 	if err != nil {
 		return secrets.VMRef{}, err
 	}
-	return secrets.VMRef{Name: st.Name, Created: st.CreatedAt}, nil
+	if owner(r) != "" && rec.Owner != owner(r) {
+		return secrets.VMRef{}, fmt.Errorf("no vm named %q: %w", name, machine.ErrNotFound)
+	}
+	return secrets.VMRef{Name: rec.Name, Created: rec.CreatedAt}, nil
 }
 
 // grantsOf answers a VM's grants: its secrets' names.
@@ -130,7 +136,7 @@ func (s *Server) vmSecrets(w http.ResponseWriter, r *http.Request) {
 	if !s.owned(w, r, name) || s.secretsOff(w) {
 		return
 	}
-	vm, err := s.vmRef(r.Context(), name)
+	vm, err := s.vmRef(r, name)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -144,7 +150,7 @@ func (s *Server) grantSecret(w http.ResponseWriter, r *http.Request) {
 	if !ok || s.secretsOff(w) {
 		return
 	}
-	vm, err := s.vmRef(r.Context(), name)
+	vm, err := s.vmRef(r, name)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -163,7 +169,7 @@ func (s *Server) revokeSecret(w http.ResponseWriter, r *http.Request) {
 	if !s.owned(w, r, name) || s.secretsOff(w) {
 		return
 	}
-	vm, err := s.vmRef(r.Context(), name)
+	vm, err := s.vmRef(r, name)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -192,23 +198,80 @@ type keyAgents struct {
 	// requests find no grants.
 	m     atomic.Pointer[machine.Manager]
 	audit atomic.Pointer[audit.Log]
+
+	mu      sync.Mutex
+	refused map[string]*refusals // by VM
+}
+
+// refusals are a VM's refused signatures since its last one recorded:
+// a guest asking in a loop writes an entry per refusedEvery at most.
+type refusals struct {
+	at time.Time
+	n  int
+}
+
+const (
+	refusedEvery = 10 * time.Second
+	// maxKeyChannels bounds the agent connections a guest has open at
+	// once on one agent connection.
+	maxKeyChannels = 16
+)
+
+// counted says whether a refusal for vm is recorded, and how many went
+// unrecorded before it.
+func (k *keyAgents) counted(vm string) (bool, int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.refused == nil {
+		k.refused = map[string]*refusals{}
+	}
+	now := time.Now()
+	r := k.refused[vm]
+	if r != nil && now.Sub(r.at) < refusedEvery {
+		r.n++
+		return false, 0
+	}
+	more := 0
+	if r != nil {
+		more = r.n
+	}
+	k.refused[vm] = &refusals{at: now}
+	return true, more
 }
 
 // onAgent serves vm's key channels on c, in the background; each use of
 // a secret goes to the audit log and, through record, the VM's activity
 // record.
 func (k *keyAgents) onAgent(vm string, c *agent.Client, record func(activity.Entry)) {
+	sem := make(chan struct{}, maxKeyChannels)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		err := c.ServeKeyAgent(ctx, func(rw io.ReadWriter) {
+			select {
+			case sem <- struct{}{}:
+				defer func() { <-sem }()
+			default:
+				return // too many open: this one is closed
+			}
+			// No record, no grant: a VM whose record cannot be read
+			// finds nothing (a grant names a creation time).
 			ref := secrets.VMRef{Name: vm}
 			if m := k.m.Load(); m != nil {
-				if st, err := m.Get(context.Background(), vm); err == nil {
-					ref.Created = st.CreatedAt
+				if rec, err := m.Record(context.Background(), vm); err == nil {
+					ref.Created = rec.CreatedAt
 				}
 			}
 			note := func(u secrets.Use) {
+				if u.Err != nil {
+					ok, more := k.counted(vm)
+					if !ok {
+						return
+					}
+					if more > 0 {
+						u.Err = fmt.Errorf("%w (and %d more refused since the last such entry)", u.Err, more)
+					}
+				}
 				k.note(u)
 				e := activity.Entry{Kind: activity.KindSecret, Secret: u.Secret, Detail: "ssh signature for " + u.Dest}
 				if u.Err != nil {

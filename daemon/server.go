@@ -309,7 +309,7 @@ func (s *Server) removeVM(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := opContext(r)
 	defer cancel()
-	vm, refErr := s.vmRef(ctx, r.PathValue("name"))
+	vm, refErr := s.vmRef(r, r.PathValue("name"))
 	if err := s.m.Remove(ctx, r.PathValue("name"), force); err != nil {
 		writeError(w, err)
 		return

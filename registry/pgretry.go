@@ -4,22 +4,44 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
-// endedConnector opens PostgreSQL connections whose statements report a
-// session the server has ended (a restart, a failover, an administrator)
-// as a bad connection, so that database/sql sends the statement again on
-// another connection instead of failing it: after a restart every pooled
-// connection is dead, and the first use of each would otherwise fail.
-type endedConnector struct{ driver.Connector }
+// suspectFor is how long after a connection found its session ended
+// (PostgreSQL restarted, failed over, or an administrator ended it) every
+// pooled connection is pinged before its next statement: the others
+// are most likely dead too.
+const suspectFor = 10 * time.Second
 
-func newEndedConnector(cfg pgx.ConnConfig) endedConnector {
-	return endedConnector{stdlib.GetConnector(cfg)}
+// ended is what the connections of one database share: until when they
+// are suspect.
+type ended struct{ until atomic.Int64 }
+
+func (e *ended) mark() { e.until.Store(time.Now().Add(suspectFor).UnixNano()) }
+
+// endedConnector opens PostgreSQL connections that are sent nothing the
+// server may have run twice, yet survive a restart of the server: after
+// one, every pooled connection is dead, and the first use of each would
+// fail. A connection is pinged before reuse when it was idle over a
+// second (pgx's own rule) or while its pool is suspect; a BEGIN, a read
+// and a statement nothing of which reached the server are sent again on
+// another connection (database/sql does so on driver.ErrBadConn).
+type endedConnector struct {
+	driver.Connector
+	e *ended
+}
+
+func newEndedConnector(cfg pgx.ConnConfig, e *ended) endedConnector {
+	ping := stdlib.OptionShouldPing(func(_ context.Context, p stdlib.ShouldPingParams) bool {
+		return p.IdleDuration > time.Second || time.Now().UnixNano() < e.until.Load()
+	})
+	return endedConnector{Connector: stdlib.GetConnector(cfg, ping), e: e}
 }
 
 func (c endedConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -31,56 +53,56 @@ func (c endedConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	if !ok {
 		return dc, nil
 	}
-	return endedConn{sc}, nil
+	return endedConn{sc, c.e}, nil
 }
 
-// endedConn is a pgx connection that turns "the server ended this
-// session" into driver.ErrBadConn where sending again is safe: a BEGIN,
-// and a statement outside a transaction (the server aborts what it ran
-// when it ends a session, so nothing of it was committed). Statements
-// inside a transaction are not sent again: database/sql never does.
-type endedConn struct{ *stdlib.Conn }
+// endedConn is a pgx connection that reports a session the server ended
+// as driver.ErrBadConn where sending again is safe: a BEGIN, and a query
+// outside a transaction (den's queries outside transactions are reads,
+// and one UPDATE ... RETURNING that renews leases, which may run twice).
+// A statement (ExecContext) is sent again only when none of it was
+// written: PostgreSQL may end a session after it committed a statement
+// (a synchronous standby that did not answer), and an INSERT or a DELETE
+// run twice answers wrong.
+type endedConn struct {
+	*stdlib.Conn
+	e *ended
+}
 
 func (c endedConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	tx, err := c.Conn.BeginTx(ctx, opts)
-	return tx, badIfEnded(err)
+	return tx, c.bad(ctx, err, true)
 }
 
 func (c endedConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
 	inTx := c.Conn.Conn().PgConn().TxStatus() != 'I'
 	rows, err := c.Conn.QueryContext(ctx, q, args)
-	if inTx {
-		return rows, err
-	}
-	return rows, badIfEnded(err)
+	return rows, c.bad(ctx, err, !inTx)
 }
 
 func (c endedConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
-	inTx := c.Conn.Conn().PgConn().TxStatus() != 'I'
 	res, err := c.Conn.ExecContext(ctx, q, args)
-	if inTx {
-		return res, err
-	}
-	return res, badIfEnded(err)
+	return res, c.bad(ctx, err, false)
 }
 
-// badIfEnded is driver.ErrBadConn for the errors of a session the server
-// ended: administrator or crash shutdown, or a server not yet accepting
-// (SQLSTATE class 57P), a statement that could not be written (the server
-// closed the connection before it: nothing of it reached the server).
-func badIfEnded(err error) error {
-	if err == nil {
-		return nil
-	}
-	if pgconn.SafeToRetry(err) || errors.Is(err, syscall.EPIPE) {
-		return driver.ErrBadConn
+// bad is driver.ErrBadConn for an error database/sql may recover from on
+// another connection: one that wrote nothing of the statement (the
+// server had closed the connection), and, where ended is allowed, the
+// server's word that it ended the session (SQLSTATE class 57P:
+// administrator or crash shutdown, or not accepting yet). Either marks
+// the pool suspect.
+func (c endedConn) bad(ctx context.Context, err error, ended bool) error {
+	if err == nil || ctx.Err() != nil {
+		return err
 	}
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		switch pe.Code {
-		case "57P01", "57P02", "57P03":
-			return driver.ErrBadConn
-		}
+	isEnded := errors.As(err, &pe) && (pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03")
+	unsent := pgconn.SafeToRetry(err) || errors.Is(err, syscall.EPIPE)
+	if isEnded || unsent {
+		c.e.mark()
+	}
+	if unsent || isEnded && ended {
+		return driver.ErrBadConn
 	}
 	return err
 }

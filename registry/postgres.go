@@ -107,13 +107,14 @@ func OpenPostgres(ctx context.Context, url string) (*DB, error) {
 	// (and so a takeover) for long: the server ends such a session.
 	cfg.RuntimeParams["idle_in_transaction_session_timeout"] = "5000"
 	cfg.RuntimeParams["lock_timeout"] = "15000"
-	db := sql.OpenDB(newEndedConnector(*cfg))
+	e := &ended{}
+	db := sql.OpenDB(newEndedConnector(*cfg, e))
 	db.SetMaxOpenConns(16)
 	db.SetConnMaxIdleTime(5 * time.Minute)
 	d := newDB(db, postgresDialect)
 	// Lease renewals and heartbeats get connections of their own: a
 	// busy record never starves them.
-	meta := sql.OpenDB(newEndedConnector(*cfg))
+	meta := sql.OpenDB(newEndedConnector(*cfg, e))
 	meta.SetMaxOpenConns(2)
 	d.meta = &conn{db: meta, d: postgresDialect}
 	if err := d.migratePostgres(ctx); err != nil {

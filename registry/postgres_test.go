@@ -177,8 +177,9 @@ func TestPostgresUnreachable(t *testing.T) {
 }
 
 // TestPostgresRestart: after PostgreSQL restarts, every pooled connection
-// is dead; the first reads and writes after it (of the record and of the
-// leases' own pool, outside a transaction and in one) still succeed.
+// is dead; the first reads after it, and the writes after them (of the
+// record and of the leases' own pool, outside a transaction and in one),
+// still succeed.
 func TestPostgresRestart(t *testing.T) {
 	ctx := context.Background()
 	pg := pgtest.Start(t)
@@ -218,6 +219,11 @@ func TestPostgresRestart(t *testing.T) {
 	}
 	if _, err := db.RenewLeases(ctx, "host-a", "i1", time.Minute); err != nil {
 		t.Fatalf("renewal after the restart: %v", err)
+	}
+	for i := range 8 {
+		if err := db.TouchVM(ctx, "box", time.Now()); err != nil {
+			t.Fatalf("statement %d after the restart: %v", i, err)
+		}
 	}
 	db.Fence(l)
 	if _, err := db.UpdateVM(ctx, "box", func(v *VM) error { v.Reason = "after"; return nil }); err != nil {

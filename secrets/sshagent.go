@@ -2,7 +2,7 @@ package secrets
 
 import (
 	"bytes"
-	"encoding/binary"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -58,7 +58,8 @@ type vmAgent struct {
 
 var _ agent.ExtendedAgent = (*vmAgent)(nil)
 
-// granted are the SSH secrets granted to the VM, with their values.
+// granted are the SSH secrets granted to the VM, with their values (one
+// that cannot be read is left out: it does not stop the others).
 func (a *vmAgent) granted() ([]record, error) {
 	gs, err := a.s.Grants(a.vm)
 	if err != nil {
@@ -66,14 +67,7 @@ func (a *vmAgent) granted() ([]record, error) {
 	}
 	var out []record
 	for _, g := range gs {
-		r, err := a.s.read(g.Owner, g.Secret)
-		if errors.Is(err, ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		if r.Kind == KindSSH {
+		if r, err := a.s.read(g.Owner, g.Secret); err == nil && r.Kind == KindSSH {
 			out = append(out, r)
 		}
 	}
@@ -106,14 +100,20 @@ func (a *vmAgent) SignWithFlags(key ssh.PublicKey, data []byte, flags agent.Sign
 		return nil, err
 	}
 	blob := key.Marshal()
-	i := slices.IndexFunc(rs, func(r record) bool {
+	rs = slices.DeleteFunc(rs, func(r record) bool {
 		pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(r.PublicKey))
-		return err == nil && bytes.Equal(pub.Marshal(), blob)
+		return err != nil || !bytes.Equal(pub.Marshal(), blob)
 	})
-	if i < 0 {
+	if len(rs) == 0 {
 		return nil, errors.New("den: no secret granted to this vm has that key")
 	}
-	r := rs[i]
+	// Of secrets that share the key, one for the bound host decides.
+	r := rs[0]
+	if a.bound != nil {
+		if i := slices.IndexFunc(rs, func(r record) bool { return r.hostKey(a.bound) }); i >= 0 {
+			r = rs[i]
+		}
+	}
 	use := Use{VM: a.vm.Name, Owner: r.Owner, Secret: r.Name}
 	if a.bound != nil {
 		use.Dest = ssh.FingerprintSHA256(a.bound) + " (" + strings.Join(r.hostsOf(a.bound), ",") + ")"
@@ -133,15 +133,6 @@ func (a *vmAgent) sign(r record, data []byte, flags agent.SignatureFlags) (*ssh.
 	case !r.hostKey(a.bound):
 		return nil, fmt.Errorf("den: secret %q is not for the host with key %s (it is for %s)", r.Name, ssh.FingerprintSHA256(a.bound), strings.Join(r.Hosts, ", "))
 	}
-	// What is signed must be this session's user authentication: it
-	// starts with the session id the destination signed.
-	if len(data) < 4 {
-		return nil, fmt.Errorf("den: secret %q signs only user authentication requests", r.Name)
-	}
-	n := binary.BigEndian.Uint32(data)
-	if uint64(n) > uint64(len(data)-4) || !bytes.Equal(data[4:4+n], a.session) || len(data) < 5+int(n) || data[4+n] != 50 {
-		return nil, fmt.Errorf("den: secret %q signs only the bound session's user authentication", r.Name)
-	}
 	raw, err := ssh.ParseRawPrivateKey(r.Value)
 	if err != nil {
 		return nil, fmt.Errorf("den: secret %q: %w", r.Name, err)
@@ -150,15 +141,42 @@ func (a *vmAgent) sign(r record, data []byte, flags agent.SignatureFlags) (*ssh.
 	if err != nil {
 		return nil, fmt.Errorf("den: secret %q: %w", r.Name, err)
 	}
+	if !a.userauth(data, signer.PublicKey()) {
+		return nil, fmt.Errorf("den: secret %q signs only the bound session's public key login", r.Name)
+	}
 	if as, ok := signer.(ssh.AlgorithmSigner); ok && signer.PublicKey().Type() == ssh.KeyAlgoRSA {
 		switch {
 		case flags&agent.SignatureFlagRsaSha512 != 0:
-			return as.SignWithAlgorithm(nil, data, ssh.KeyAlgoRSASHA512)
+			return as.SignWithAlgorithm(rand.Reader, data, ssh.KeyAlgoRSASHA512)
 		case flags&agent.SignatureFlagRsaSha256 != 0:
-			return as.SignWithAlgorithm(nil, data, ssh.KeyAlgoRSASHA256)
+			return as.SignWithAlgorithm(rand.Reader, data, ssh.KeyAlgoRSASHA256)
 		}
 	}
-	return signer.Sign(nil, data)
+	return signer.Sign(rand.Reader, data)
+}
+
+// userauth says whether data is the bound session's public key login
+// with key (RFC 4252 section 7): string session id, byte
+// SSH_MSG_USERAUTH_REQUEST, string user, string service
+// "ssh-connection", string "publickey", TRUE, string algorithm, string
+// the key, and nothing more.
+func (a *vmAgent) userauth(data []byte, key ssh.PublicKey) bool {
+	var m struct {
+		Session []byte
+		Type    byte
+		User    string
+		Service string
+		Method  string
+		Signed  bool
+		Algo    string
+		Key     []byte
+		Rest    []byte `ssh:"rest"`
+	}
+	if ssh.Unmarshal(data, &m) != nil {
+		return false
+	}
+	return bytes.Equal(m.Session, a.session) && m.Type == 50 && m.Service == "ssh-connection" && m.Method == "publickey" &&
+		m.Signed && bytes.Equal(m.Key, key.Marshal()) && len(m.Rest) == 0
 }
 
 // hostKey says whether k is one of the secret's destinations' keys.

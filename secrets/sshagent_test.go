@@ -246,7 +246,13 @@ func TestStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	fork := VMRef{Name: "fork", Created: time.Now().Add(time.Second)}
-	if err := s.CopyGrants(vm, fork); err != nil {
+	if err := s.CopyGrants(vm, fork, "bob"); err != nil {
+		t.Fatal(err)
+	}
+	if gs, _ := s.Grants(fork); len(gs) != 0 {
+		t.Errorf("another user's grants copied: %+v", gs)
+	}
+	if err := s.CopyGrants(vm, fork, "alice"); err != nil {
 		t.Fatal(err)
 	}
 	if gs, _ := s.Grants(fork); len(gs) != 1 {
@@ -260,5 +266,84 @@ func TestStore(t *testing.T) {
 	}
 	if _, err := s.Get("alice", "deploy"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("get after remove: %v", err)
+	}
+}
+
+// TestSignOnlyLogin: in a bound session, den signs the session's own
+// public key login request with the key, and nothing else: not other
+// data, not another session's login, not a login with another key, not
+// for a host the secret does not name.
+func TestSignOnlyLogin(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(filepath.Join(dir, "store"), filepath.Join(dir, "key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, pemKey := newKey(t)
+	host, _ := newKey(t)
+	other, _ := newKey(t)
+	if _, err := s.AddSSH("alice", "deploy", pemKey, "git.test "+string(ssh.MarshalAuthorizedKey(host.PublicKey()))); err != nil {
+		t.Fatal(err)
+	}
+	vm := VMRef{Name: "box", Created: time.Now()}
+	if err := s.Grant("alice", "deploy", vm); err != nil {
+		t.Fatal(err)
+	}
+	login := func(session []byte, key ssh.PublicKey) []byte {
+		return ssh.Marshal(struct {
+			Session               []byte
+			Type                  byte
+			User, Service, Method string
+			Signed                bool
+			Algo                  string
+			Key                   []byte
+		}{session, 50, "git", "ssh-connection", "publickey", true, key.Type(), key.Marshal()})
+	}
+	bind := func(a *vmAgent, h ssh.Signer, session []byte) {
+		sig, err := h.Sign(rand.Reader, session)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Extension(sessionBind, ssh.Marshal(struct {
+			HostKey, SessionID, Signature []byte
+			Forwarding                    bool
+		}{h.PublicKey().Marshal(), session, ssh.Marshal(sig), false})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := &vmAgent{s: s, vm: vm, note: func(Use) {}}
+	if _, err := a.Sign(user.PublicKey(), login([]byte("sid"), user.PublicKey())); err == nil {
+		t.Error("signed in an unbound session")
+	}
+	bind(a, host, []byte("sid"))
+	sig, err := a.Sign(user.PublicKey(), login([]byte("sid"), user.PublicKey()))
+	if err != nil {
+		t.Fatalf("the bound session's login: %v", err)
+	}
+	if err := user.PublicKey().Verify(login([]byte("sid"), user.PublicKey()), sig); err != nil {
+		t.Fatalf("the signature: %v", err)
+	}
+	for name, data := range map[string][]byte{
+		"other data":            []byte("anything at all"),
+		"another session":       login([]byte("other"), user.PublicKey()),
+		"a login with more":     append(login([]byte("sid"), user.PublicKey()), 0),
+		"a login with host key": login([]byte("sid"), host.PublicKey()),
+	} {
+		if _, err := a.Sign(user.PublicKey(), data); err == nil {
+			t.Errorf("%s: signed", name)
+		}
+	}
+	b := &vmAgent{s: s, vm: vm, note: func(Use) {}}
+	bind(b, other, []byte("sid"))
+	if _, err := b.Sign(user.PublicKey(), login([]byte("sid"), user.PublicKey())); err == nil || !strings.Contains(err.Error(), "not for the host") {
+		t.Errorf("a session bound to another host: %v", err)
+	}
+	bad := &vmAgent{s: s, vm: vm, note: func(Use) {}}
+	sig2, _ := other.Sign(rand.Reader, []byte("sid"))
+	if _, err := bad.Extension(sessionBind, ssh.Marshal(struct {
+		HostKey, SessionID, Signature []byte
+		Forwarding                    bool
+	}{host.PublicKey().Marshal(), []byte("sid"), ssh.Marshal(sig2), false})); err == nil {
+		t.Error("a session-bind whose signature is not the host's was taken")
 	}
 }

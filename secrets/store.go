@@ -36,8 +36,11 @@ var (
 	ErrInvalid  = validate.ErrInvalid
 )
 
-// maxValue bounds a secret's value.
-const maxValue = 64 << 10
+// maxValue bounds a secret's value, maxHosts its known_hosts lines.
+const (
+	maxValue = 64 << 10
+	maxHosts = 64 << 10
+)
 
 // Secret is what den says of a secret: never its value.
 type Secret struct {
@@ -96,6 +99,9 @@ func Open(dir, keyFile string) (*Store, error) {
 	}
 	b, err := os.ReadFile(keyFile)
 	if errors.Is(err, fs.ErrNotExist) {
+		if users, _ := os.ReadDir(filepath.Join(dir, "users")); len(users) > 0 {
+			return nil, fmt.Errorf("open secrets: the key %s is missing, and %s holds secrets only it opens: put it back (den makes a new key only for an empty store)", keyFile, dir)
+		}
 		id, gerr := age.GenerateX25519Identity()
 		if gerr != nil {
 			return nil, fmt.Errorf("open secrets: %w", gerr)
@@ -138,6 +144,9 @@ func (s *Store) AddSSH(owner, name string, key []byte, knownHosts string) (Secre
 	pub, err := sshPublic(key)
 	if err != nil {
 		return Secret{}, fmt.Errorf("secret %q: %w", name, err)
+	}
+	if len(knownHosts) > maxHosts {
+		return Secret{}, fmt.Errorf("secret %q: known_hosts of %d KiB at most: %w", name, maxHosts>>10, ErrInvalid)
 	}
 	hosts, keys, err := parseKnownHosts(knownHosts)
 	if err != nil {
@@ -225,8 +234,9 @@ func (s *Store) Remove(owner, name string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, err := s.read(owner, name); err != nil {
-		return err
+	// Not decrypted: a secret that cannot be read any more can go.
+	if _, err := os.Stat(s.path(owner, name)); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("secret %q of %s: %w", name, owner, ErrNotFound)
 	}
 	if _, err := s.dropGrants(func(g Grant) bool { return g.Owner == owner && g.Secret == name }); err != nil {
 		return err
@@ -267,14 +277,16 @@ func (s *Store) Grants(vm VMRef) ([]Grant, error) {
 	return slices.DeleteFunc(gs, func(g Grant) bool { return !g.of(vm) }), nil
 }
 
-// CopyGrants gives to what from has (den fork --with-secrets).
-func (s *Store) CopyGrants(from, to VMRef) error {
+// CopyGrants gives to the grants from has of owner's secrets (den fork
+// --with-secrets).
+func (s *Store) CopyGrants(from, to VMRef, owner string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	gs, err := s.Grants(from)
 	if err != nil {
 		return err
 	}
+	gs = slices.DeleteFunc(gs, func(g Grant) bool { return g.Owner != owner })
 	for i := range gs {
 		gs[i].VM, gs[i].Created = to.Name, to.Created.UnixMilli()
 	}
@@ -363,7 +375,7 @@ func (s *Store) read(owner, name string) (record, error) {
 		return record{}, fmt.Errorf("decrypt secret %q: %w", name, err)
 	}
 	var r record
-	if err := json.NewDecoder(io.LimitReader(d, 4*maxValue)).Decode(&r); err != nil {
+	if err := json.NewDecoder(io.LimitReader(d, 4*(maxValue+maxHosts))).Decode(&r); err != nil {
 		return record{}, fmt.Errorf("decrypt secret %q: %w", name, err)
 	}
 	return r, nil
@@ -421,14 +433,18 @@ func sshPublic(key []byte) (string, error) {
 func parseKnownHosts(text string) (hosts, keys []string, err error) {
 	rest := []byte(text)
 	for len(bytes.TrimSpace(rest)) > 0 {
+		var marker string
 		var names []string
 		var key ssh.PublicKey
-		_, names, key, _, rest, err = ssh.ParseKnownHosts(rest)
+		marker, names, key, _, rest, err = ssh.ParseKnownHosts(rest)
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("known_hosts: %v: %w", err, ErrInvalid)
+		}
+		if marker != "" {
+			return nil, nil, fmt.Errorf("known_hosts: a line marked @%s: give plain host keys: %w", marker, ErrInvalid)
 		}
 		for _, n := range names {
 			if !slices.Contains(hosts, n) {

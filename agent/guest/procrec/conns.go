@@ -23,7 +23,8 @@ import (
 )
 
 // connRingBytes is the size of the kernel ring the connect hooks write to
-// (a power of two): about 4,600 connections between two reads.
+// (a power of two): 4,096 connections between two reads (56 bytes and a
+// header of 8 each); the hooks count those the full ring refused.
 const connRingBytes = 256 << 10
 
 // connEvent is what the connect hooks write, 56 bytes:
@@ -40,6 +41,10 @@ type connWatch struct {
 	cgroup  string
 	mounted bool // cgroup was mounted for the record: close unmounts it
 	ring    *ebpf.Map
+	lost    *ebpf.Map     // one u64: connections the full ring refused
+	seen    uint64        // of lost, what is in the record already (under the drain lock)
+	dmu     sync.Mutex    // one drain at a time
+	stopped chan struct{} // closed when the reader stops
 	progs   []*ebpf.Program
 	attach  []ebpf.AttachType
 	links   []link.Link
@@ -59,17 +64,21 @@ func (r *Recorder) WatchConnections() error {
 	if err != nil {
 		return fmt.Errorf("connection record: %w", err)
 	}
-	w := &connWatch{cgroup: cg, mounted: mounted}
+	w := &connWatch{cgroup: cg, mounted: mounted, stopped: make(chan struct{})}
 	if w.ring, err = ebpf.NewMap(&ebpf.MapSpec{Name: "den_conns", Type: ebpf.RingBuf, MaxEntries: connRingBytes}); err != nil {
 		w.close()
 		return fmt.Errorf("connection record: ring: %w", err)
+	}
+	if w.lost, err = ebpf.NewMap(&ebpf.MapSpec{Name: "den_conns_lost", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1}); err != nil {
+		w.close()
+		return fmt.Errorf("connection record: counter: %w", err)
 	}
 	for _, a := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupInet6Connect} {
 		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 			Name:         "den_connect",
 			Type:         ebpf.CGroupSockAddr,
 			AttachType:   a,
-			Instructions: connectProgram(w.ring.FD(), a == ebpf.AttachCGroupInet6Connect),
+			Instructions: connectProgram(w.ring.FD(), w.lost.FD(), a == ebpf.AttachCGroupInet6Connect),
 			License:      "GPL",
 		})
 		if err != nil {
@@ -94,9 +103,10 @@ func (r *Recorder) WatchConnections() error {
 }
 
 // connectProgram is the connect hook: it writes a connEvent to the ring
-// and lets the connection go on (returns 1). ctx is a bpf_sock_addr:
-// user_ip4 at 4, user_ip6 at 8, user_port at 24, type at 32.
-func connectProgram(ring int, v6 bool) asm.Instructions {
+// (or counts it in lost when the ring is full) and lets the connection
+// go on (returns 1). ctx is a bpf_sock_addr: user_ip4 at 4, user_ip6 at
+// 8, user_port at 24, type at 32.
+func connectProgram(ring, lost int, v6 bool) asm.Instructions {
 	const ev = -connEventLen // the event, on the stack
 	in := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
@@ -136,7 +146,16 @@ func connectProgram(ring int, v6 bool) asm.Instructions {
 		asm.Mov.Imm(asm.R3, connEventLen),
 		asm.Mov.Imm(asm.R4, 0),
 		asm.FnRingbufOutput.Call(),
-		asm.Mov.Imm(asm.R0, 1),
+		asm.JEq.Imm(asm.R0, 0, "allow"),
+		asm.StoreImm(asm.RFP, ev, 0, asm.Word), // key 0
+		asm.LoadMapPtr(asm.R1, lost),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, ev),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "allow"),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.AddAtomic.Mem(asm.R0, asm.R1, asm.DWord, 0),
+		asm.Mov.Imm(asm.R0, 1).WithSymbol("allow"),
 		asm.Return(),
 	)
 }
@@ -172,6 +191,9 @@ func (w *connWatch) close() {
 	}
 	if w.ring != nil {
 		w.ring.Close()
+	}
+	if w.lost != nil {
+		w.lost.Close()
 	}
 	if w.mounted {
 		_ = unix.Unmount(w.cgroup, unix.MNT_DETACH)
@@ -233,6 +255,7 @@ func unescapeMount(s string) string {
 }
 
 func (r *Recorder) readConns(w *connWatch) {
+	defer close(w.stopped)
 	var rec ringbuf.Record
 	for {
 		err := w.rd.ReadInto(&rec)
@@ -256,19 +279,33 @@ func (r *Recorder) readConns(w *connWatch) {
 }
 
 // drain has the reader handle what the ring holds (and what it has
-// taken from the ring already), waiting for it at most a second.
-func (w *connWatch) drain() {
+// taken from the ring already), waiting for it at most a second, one
+// drain at a time; it says how many connections the full ring refused
+// since the last drain.
+func (w *connWatch) drain() (lost uint64) {
+	w.dmu.Lock()
+	defer w.dmu.Unlock()
+	select {
+	case <-w.stopped:
+		return 0
+	default:
+	}
 	ch := make(chan struct{})
 	w.mu.Lock()
 	w.flushed = append(w.flushed, ch)
 	w.mu.Unlock()
-	if w.rd.Flush() != nil {
-		return
+	if w.rd.Flush() == nil {
+		select {
+		case <-ch:
+		case <-w.stopped:
+		case <-time.After(time.Second):
+		}
 	}
-	select {
-	case <-ch:
-	case <-time.After(time.Second):
+	var n uint64
+	if w.lost.Lookup(uint32(0), &n) == nil && n > w.seen {
+		lost, w.seen = n-w.seen, n
 	}
+	return lost
 }
 
 // conn records one connect, unless it stays inside the guest.

@@ -269,7 +269,11 @@ func (r *Recorder) Drain() {
 	fan, conns := r.fan, r.conns
 	r.mu.Unlock()
 	if conns != nil {
-		conns.drain()
+		if lost := conns.drain(); lost > 0 {
+			r.mu.Lock()
+			r.add(agent.ProcEvent{Time: time.Now(), Kind: agent.ProcLost, Lost: lost})
+			r.mu.Unlock()
+		}
 	}
 	for i := 0; fan != nil && i < drainMax; i++ {
 		if got, err := r.recvFiles(fan, buf); !got || err != nil {
