@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
@@ -22,8 +23,38 @@ import (
 type keyAgent struct {
 	mu   sync.Mutex
 	conn gossh.Conn // the newest connection that announced it serves the keys
-	ln   net.Listener
-	path string
+	// changed is closed (and dropped) when conn changes.
+	changed chan struct{}
+	ln      net.Listener
+	path    string
+}
+
+// announceWait is how long a client connection waits for den to
+// announce itself (after a boot, a wake or a restore den connects anew).
+const announceWait = 10 * time.Second
+
+// current is the connection that serves the keys, waiting up to wait
+// for one; nil if none came.
+func (k *keyAgent) current(wait time.Duration) gossh.Conn {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	for {
+		k.mu.Lock()
+		c := k.conn
+		if k.changed == nil {
+			k.changed = make(chan struct{})
+		}
+		ch := k.changed
+		k.mu.Unlock()
+		if c != nil {
+			return c
+		}
+		select {
+		case <-ch:
+		case <-deadline.C:
+			return nil
+		}
+	}
 }
 
 // ServeKeyAgent listens on path (agent.KeyAgentSocket), open to every
@@ -81,6 +112,10 @@ func (k *keyAgent) close() {
 func (k *keyAgent) announce(conn gossh.Conn) {
 	k.mu.Lock()
 	k.conn = conn
+	if k.changed != nil {
+		close(k.changed)
+		k.changed = nil
+	}
 	k.mu.Unlock()
 	go func() {
 		conn.Wait()
@@ -95,9 +130,7 @@ func (k *keyAgent) announce(conn gossh.Conn) {
 // carry copies one client connection to a channel to den, both ways.
 func (k *keyAgent) carry(c net.Conn, warn func(string, ...any)) {
 	defer c.Close()
-	k.mu.Lock()
-	conn := k.conn
-	k.mu.Unlock()
+	conn := k.current(announceWait)
 	if conn == nil {
 		return // den has not connected: the client sees an agent that failed
 	}
