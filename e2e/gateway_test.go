@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/denhq/den/agent"
 	"io"
 	"net/http"
 	"os"
@@ -186,7 +187,9 @@ func TestGateway(t *testing.T) {
 		args := append(append([]string{"-o", "IdentityAgent=" + sock}, g.opts(alice)...), "-p", g.port, "-A", vm, "echo ${SSH_AUTH_SOCK:-none}")
 		cmd := exec.CommandContext(ctx, "ssh", args...)
 		out, errs, code := runTool(t, cmd, nil)
-		if out != "none\n" || code != 0 || !strings.Contains(errs, "agent forwarding (-A) is not available") {
+		// The session has den's own agent socket (den secrets), not one
+		// carrying the client's agent.
+		if out != agent.KeyAgentSocket+"\n" || code != 0 || !strings.Contains(errs, "agent forwarding (-A) is not available") {
 			t.Fatalf("-A: %q %q %d", out, errs, code)
 		}
 	})
