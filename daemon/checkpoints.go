@@ -128,7 +128,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	var from secrets.VMRef
 	if req.WithSecrets && s.secrets != nil {
 		var err error
-		if from, err = s.vmRef(r, src); err != nil {
+		if from, err = (secretsAPI{s}).vmRef(r, src); err != nil {
 			writeError(w, err)
 			return
 		}

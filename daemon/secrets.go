@@ -27,20 +27,28 @@ func secretToAPI(s secrets.Secret) api.Secret {
 		Created: s.Created, Updated: s.Updated}
 }
 
+// secretsAPI serves the secrets routes (a view of the Server).
+type secretsAPI struct{ *Server }
+
+// onSecrets makes a route of a secretsAPI handler.
+func onSecrets(h func(secretsAPI, http.ResponseWriter, *http.Request)) func(*Server, http.ResponseWriter, *http.Request) {
+	return func(s *Server, w http.ResponseWriter, r *http.Request) { h(secretsAPI{s}, w, r) }
+}
+
 // secretsOff answers when the daemon keeps no secrets.
-func (s *Server) secretsOff(w http.ResponseWriter) bool {
-	if s.secrets == nil {
+func (a secretsAPI) off(w http.ResponseWriter) bool {
+	if a.secrets == nil {
 		writeError(w, fmt.Errorf("this daemon keeps no secrets: %w", machine.ErrConflict))
 		return true
 	}
 	return false
 }
 
-func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
-	if s.secretsOff(w) {
+func (a secretsAPI) listSecrets(w http.ResponseWriter, r *http.Request) {
+	if a.off(w) {
 		return
 	}
-	l, err := s.secrets.List(callerOf(r).User)
+	l, err := a.secrets.List(callerOf(r).User)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -52,9 +60,9 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (s *Server) addSecret(w http.ResponseWriter, r *http.Request) {
+func (a secretsAPI) addSecret(w http.ResponseWriter, r *http.Request) {
 	var req api.AddSecretRequest
-	if !decode(w, r, &req) || s.secretsOff(w) {
+	if !decode(w, r, &req) || a.off(w) {
 		return
 	}
 	if req.Kind != secrets.KindSSH {
@@ -62,52 +70,52 @@ func (s *Server) addSecret(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := callerOf(r)
-	sec, err := s.secrets.AddSSH(c.User, req.Name, []byte(req.Value), req.KnownHosts)
+	sec, err := a.secrets.AddSSH(c.User, req.Name, []byte(req.Value), req.KnownHosts)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	s.log.Info("den: secret added", "user", c.User, "secret", sec.Name, "kind", sec.Kind, "hosts", sec.Hosts)
+	a.log.Info("den: secret added", "user", c.User, "secret", sec.Name, "kind", sec.Kind, "hosts", sec.Hosts)
 	writeJSON(w, http.StatusCreated, secretToAPI(sec))
 }
 
-func (s *Server) setSecret(w http.ResponseWriter, r *http.Request) {
+func (a secretsAPI) setSecret(w http.ResponseWriter, r *http.Request) {
 	var req api.SetSecretRequest
-	if !decode(w, r, &req) || s.secretsOff(w) {
+	if !decode(w, r, &req) || a.off(w) {
 		return
 	}
 	c := callerOf(r)
-	sec, err := s.secrets.Set(c.User, r.PathValue("secret"), []byte(req.Value))
+	sec, err := a.secrets.Set(c.User, r.PathValue("secret"), []byte(req.Value))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	s.log.Info("den: secret set", "user", c.User, "secret", sec.Name)
+	a.log.Info("den: secret set", "user", c.User, "secret", sec.Name)
 	writeJSON(w, http.StatusOK, secretToAPI(sec))
 }
 
-func (s *Server) removeSecret(w http.ResponseWriter, r *http.Request) {
-	if s.secretsOff(w) {
+func (a secretsAPI) removeSecret(w http.ResponseWriter, r *http.Request) {
+	if a.off(w) {
 		return
 	}
 	c := callerOf(r)
-	sec, err := s.secrets.Get(c.User, r.PathValue("secret"))
+	sec, err := a.secrets.Get(c.User, r.PathValue("secret"))
 	if err == nil {
-		err = s.secrets.Remove(c.User, sec.Name)
+		err = a.secrets.Remove(c.User, sec.Name)
 	}
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	s.log.Info("den: secret removed", "user", c.User, "secret", sec.Name)
+	a.log.Info("den: secret removed", "user", c.User, "secret", sec.Name)
 	writeJSON(w, http.StatusOK, secretToAPI(sec))
 }
 
 // vmRef is the VM a grant names, its name and when it was made, read in
 // one go with its owner: the request's owner must be it (a name removed
 // and taken again by another user since an earlier check is refused).
-func (s *Server) vmRef(r *http.Request, name string) (secrets.VMRef, error) {
-	rec, err := s.m.Record(r.Context(), name)
+func (a secretsAPI) vmRef(r *http.Request, name string) (secrets.VMRef, error) {
+	rec, err := a.m.Record(r.Context(), name)
 	if err != nil {
 		return secrets.VMRef{}, err
 	}
@@ -118,8 +126,8 @@ func (s *Server) vmRef(r *http.Request, name string) (secrets.VMRef, error) {
 }
 
 // grantsOf answers a VM's grants: its secrets' names.
-func (s *Server) grantsOf(w http.ResponseWriter, vm secrets.VMRef) {
-	gs, err := s.secrets.Grants(vm)
+func (a secretsAPI) grantsOf(w http.ResponseWriter, vm secrets.VMRef) {
+	gs, err := a.secrets.Grants(vm)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -131,62 +139,58 @@ func (s *Server) grantsOf(w http.ResponseWriter, vm secrets.VMRef) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (s *Server) vmSecrets(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	if !s.owned(w, r, name) || s.secretsOff(w) {
-		return
-	}
-	vm, err := s.vmRef(r, name)
+// target is the VM of a grants request, answering the error itself.
+func (a secretsAPI) target(w http.ResponseWriter, r *http.Request) (secrets.VMRef, bool) {
+	vm, err := a.vmRef(r, r.PathValue("name"))
 	if err != nil {
 		writeError(w, err)
-		return
+		return vm, false
 	}
-	s.grantsOf(w, vm)
+	return vm, !a.off(w)
 }
 
-func (s *Server) grantSecret(w http.ResponseWriter, r *http.Request) {
+func (a secretsAPI) vmSecrets(w http.ResponseWriter, r *http.Request) {
+	if vm, ok := a.target(w, r); ok {
+		a.grantsOf(w, vm)
+	}
+}
+
+func (a secretsAPI) grantSecret(w http.ResponseWriter, r *http.Request) {
 	var req api.GrantRequest
-	name, ok := s.ownedRequest(w, r, &req)
-	if !ok || s.secretsOff(w) {
+	if !decode(w, r, &req) {
 		return
 	}
-	vm, err := s.vmRef(r, name)
-	if err != nil {
-		writeError(w, err)
+	vm, ok := a.target(w, r)
+	if !ok {
 		return
 	}
 	c := callerOf(r)
-	if err := s.secrets.Grant(c.User, req.Secret, vm); err != nil {
+	if err := a.secrets.Grant(c.User, req.Secret, vm); err != nil {
 		writeError(w, err)
 		return
 	}
-	s.log.Info("den: secret granted", "user", c.User, "secret", req.Secret, "vm", name)
-	s.grantsOf(w, vm)
+	a.log.Info("den: secret granted", "user", c.User, "secret", req.Secret, "vm", vm.Name)
+	a.grantsOf(w, vm)
 }
 
-func (s *Server) revokeSecret(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	if !s.owned(w, r, name) || s.secretsOff(w) {
-		return
-	}
-	vm, err := s.vmRef(r, name)
-	if err != nil {
-		writeError(w, err)
+func (a secretsAPI) revokeSecret(w http.ResponseWriter, r *http.Request) {
+	vm, ok := a.target(w, r)
+	if !ok {
 		return
 	}
 	c := callerOf(r)
 	secret := r.PathValue("secret")
-	had, err := s.secrets.Revoke(c.User, secret, vm)
+	had, err := a.secrets.Revoke(c.User, secret, vm)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	if !had {
-		writeError(w, fmt.Errorf("vm %q has no grant of secret %q: %w", name, secret, machine.ErrNotFound))
+		writeError(w, fmt.Errorf("vm %q has no grant of secret %q: %w", vm.Name, secret, machine.ErrNotFound))
 		return
 	}
-	s.log.Info("den: secret revoked", "user", c.User, "secret", secret, "vm", name)
-	s.grantsOf(w, vm)
+	a.log.Info("den: secret revoked", "user", c.User, "secret", secret, "vm", vm.Name)
+	a.grantsOf(w, vm)
 }
 
 // keyAgents serves den's SSH secrets to each VM's guest agent

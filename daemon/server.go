@@ -111,13 +111,13 @@ var routes = []route{
 	{"GET /v1/tokens", (*Server).listTokens},
 	{"POST /v1/tokens", (*Server).addToken},
 	{"DELETE /v1/tokens", (*Server).removeToken},
-	{"GET /v1/secrets", (*Server).listSecrets},
-	{"POST /v1/secrets", (*Server).addSecret},
-	{"PUT /v1/secrets/{secret}", (*Server).setSecret},
-	{"DELETE /v1/secrets/{secret}", (*Server).removeSecret},
-	{"GET /v1/vms/{name}/secrets", (*Server).vmSecrets},
-	{"POST /v1/vms/{name}/secrets", (*Server).grantSecret},
-	{"DELETE /v1/vms/{name}/secrets/{secret}", (*Server).revokeSecret},
+	{"GET /v1/secrets", onSecrets(secretsAPI.listSecrets)},
+	{"POST /v1/secrets", onSecrets(secretsAPI.addSecret)},
+	{"PUT /v1/secrets/{secret}", onSecrets(secretsAPI.setSecret)},
+	{"DELETE /v1/secrets/{secret}", onSecrets(secretsAPI.removeSecret)},
+	{"GET /v1/vms/{name}/secrets", onSecrets(secretsAPI.vmSecrets)},
+	{"POST /v1/vms/{name}/secrets", onSecrets(secretsAPI.grantSecret)},
+	{"DELETE /v1/vms/{name}/secrets/{secret}", onSecrets(secretsAPI.revokeSecret)},
 	{"GET /v1/audit", (*Server).getAudit},
 	{"POST /v1/mcp", (*Server).serveMCP},
 }
@@ -309,7 +309,7 @@ func (s *Server) removeVM(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := opContext(r)
 	defer cancel()
-	vm, refErr := s.vmRef(r, r.PathValue("name"))
+	vm, refErr := secretsAPI{s}.vmRef(r, r.PathValue("name"))
 	if err := s.m.Remove(ctx, r.PathValue("name"), force); err != nil {
 		writeError(w, err)
 		return
