@@ -65,6 +65,8 @@ func (s *served) answer(req *dns.Msg) (*dns.Msg, *dns.EDNS0_EDE) {
 			InfoCode:  dns.ExtendedErrorCodeBlocked,
 			ExtraText: "den: " + name + " is not in vm's egress policy",
 		}
+	case s.r.o.Intercept != nil && s.r.o.Intercept(s.vm, name):
+		return s.intercepted(req, q), nil
 	case q.Qtype == dns.TypeAAAA:
 		return reply.SetReply(req), nil // VMs have no IPv6 route
 	}

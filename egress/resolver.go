@@ -38,6 +38,12 @@ type Options struct {
 	// Timeout bounds one query to one upstream, a retry over TCP
 	// included (DefaultTimeout if zero).
 	Timeout time.Duration
+	// Intercept, if set, is asked of every name a VM's policy lets it
+	// resolve: true answers the name with the VM's own resolver address
+	// (IPv4 only, a TTL of a few seconds), where den takes the VM's
+	// connections over (HTTPS secrets); see Resolve for where den then
+	// goes.
+	Intercept func(vm, name string) bool
 }
 
 // Resolver is the DNS server of VMs: each VM has a UDP and a TCP

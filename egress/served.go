@@ -36,6 +36,7 @@ const (
 type served struct {
 	r      *Resolver
 	vm     string
+	addr   netip.Addr // where it listens
 	policy atomic.Pointer[Policy]
 	stats  *stats
 	// ctx ends when the VM is stopped: it cuts upstream exchanges.
@@ -59,11 +60,12 @@ func (r *Resolver) start(vm string, addr netip.AddrPort, p Policy, st *stats) (*
 	s.policy.Store(&p)
 
 	addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
+	s.addr = addr.Addr()
 	udp, tcp := "udp4", "tcp4"
 	if addr.Addr().Is6() {
 		udp, tcp = "udp6", "tcp6"
 	}
-	lc := net.ListenConfig{Control: freebind}
+	lc := net.ListenConfig{Control: Freebind}
 	pc, err := lc.ListenPacket(ctx, udp, addr.String())
 	if err != nil {
 		cancel()
@@ -149,9 +151,10 @@ func (s *served) allow(p *Policy, addrs []netip.Addr, ttl time.Duration) bool {
 	return true
 }
 
-// freebind sets IP_FREEBIND (IPV6_FREEBIND) on a socket before it is
-// bound, so it may bind an address the host does not have yet.
-func freebind(network, _ string, c syscall.RawConn) error {
+// Freebind sets IP_FREEBIND (IPV6_FREEBIND) on a socket before it is
+// bound, so it may bind an address the host does not have yet (a
+// net.ListenConfig's Control).
+func Freebind(network, _ string, c syscall.RawConn) error {
 	var serr error
 	err := c.Control(func(fd uintptr) {
 		if strings.HasSuffix(network, "6") {

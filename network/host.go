@@ -34,6 +34,29 @@ type Config struct {
 	// TapUID and TapGID own the VMs' TAP devices: the unprivileged user
 	// VMMs run as (0: root).
 	TapUID, TapGID int
+	// HTTPS, if set, takes VMs' HTTPS connections to the names it
+	// intercepts over: their resolver answers such a name with the VM's
+	// gateway address, whose port 443 leads to InterceptPort there,
+	// where HTTPS serves the VM.
+	HTTPS Interceptor
+}
+
+// InterceptPort is the port of a VM's gateway address where its HTTPS
+// connections to intercepted names arrive (its port 443 is redirected).
+const InterceptPort = 17443
+
+// An Interceptor serves VMs' HTTPS connections to the names it takes.
+type Interceptor interface {
+	// Intercepts says whether vm's connections to name (lower case, no
+	// trailing dot) go to the interceptor; it is asked once the vm's
+	// policy allows the name.
+	Intercepts(vm, name string) bool
+	// Serve listens for vm's connections on addr (again: in place of
+	// its listener before). resolve is where the interceptor may connect
+	// for the VM: a name's addresses that the VM's policy lets it reach.
+	Serve(vm string, addr netip.AddrPort, resolve func(ctx context.Context, name string) ([]netip.Addr, error)) error
+	// Stop closes vm's listener and its connections.
+	Stop(vm string)
 }
 
 // VM is what the host network holds for one VM: its lease and its egress
@@ -98,9 +121,13 @@ func Open(ctx context.Context, cfg Config, vms []VM) (*Host, error) {
 	if err := Unavailable(); err != nil {
 		return nil, fmt.Errorf("network: tap networking is not possible here: %w", err)
 	}
+	var intercept uint16
+	if cfg.HTTPS != nil {
+		intercept = InterceptPort
+	}
 	h := &Host{
 		cfg:    cfg,
-		table:  table{name: "den_" + cfg.ID, pool: cfg.Pool.prefix},
+		table:  table{name: "den_" + cfg.ID, pool: cfg.Pool.prefix, intercept: intercept},
 		log:    cfg.Logger,
 		slots:  map[int]string{},
 		vms:    map[string]*attachment{},
@@ -128,7 +155,11 @@ func Open(ctx context.Context, cfg Config, vms []VM) (*Host, error) {
 	if err := h.table.run(ctx, h.table.base(atts)); err != nil {
 		return nil, err
 	}
-	h.res = egress.NewResolver(egress.Options{Upstreams: cfg.DNSUpstreams, Allow: h.allow, Logger: cfg.Logger})
+	opts := egress.Options{Upstreams: cfg.DNSUpstreams, Allow: h.allow, Logger: cfg.Logger}
+	if cfg.HTTPS != nil {
+		opts.Intercept = cfg.HTTPS.Intercepts
+	}
+	h.res = egress.NewResolver(opts)
 	var again strings.Builder // one transaction for them all
 	for _, a := range atts {
 		for addr, left := range carried[a.slot] {
@@ -244,7 +275,18 @@ func (h *Host) up(a attachment) error {
 	if err := ensureTap(a.lease, h.cfg.TapUID, h.cfg.TapGID); err != nil {
 		return err
 	}
-	return h.res.Serve(a.vm, netip.AddrPortFrom(a.lease.HostIP(), 53), a.policy)
+	if err := h.res.Serve(a.vm, netip.AddrPortFrom(a.lease.HostIP(), 53), a.policy); err != nil {
+		return err
+	}
+	if h.cfg.HTTPS != nil {
+		vm := a.vm
+		resolve := func(ctx context.Context, name string) ([]netip.Addr, error) { return h.res.Resolve(ctx, vm, name) }
+		if err := h.cfg.HTTPS.Serve(vm, netip.AddrPortFrom(a.lease.HostIP(), InterceptPort), resolve); err != nil {
+			// The VM works on; its HTTPS secrets do not.
+			h.log.Warn("den: no https interceptor for the vm", "vm", vm, "err", err)
+		}
+	}
+	return nil
 }
 
 // SetPolicy changes a VM's egress policy at once, on a running VM too:
@@ -329,6 +371,9 @@ func (h *Host) takeDown(ctx context.Context, vm string, slot int, l Lease, all b
 	var errs []error
 	if all {
 		h.res.Stop(vm)
+		if h.cfg.HTTPS != nil {
+			h.cfg.HTTPS.Stop(vm)
+		}
 		if err := h.table.run(ctx, h.table.remove(slot, l.Tap)); err != nil {
 			errs = append(errs, err)
 		}

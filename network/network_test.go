@@ -70,7 +70,7 @@ func TestTableScripts(t *testing.T) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		t.Skip("no nft (make deps installs nftables)")
 	}
-	tb := table{name: "den_test", pool: netip.MustParsePrefix("10.200.0.0/16")}
+	tb := table{name: "den_test", pool: netip.MustParsePrefix("10.200.0.0/16"), intercept: InterceptPort}
 	pool, _ := ParsePool("10.200.0.0/16")
 	allow, err := egress.Parse("allow:github.com,10.0.0.0/8,1.2.3.4,10.1.0.0/16,1.2.3.0/24")
 	if err != nil {
@@ -96,6 +96,9 @@ func TestTableScripts(t *testing.T) {
 	cmd.Stdin = strings.NewReader(script)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("nft -c: %v\n%s\nscript:\n%s", err, out, script)
+	}
+	if !strings.Contains(script, "redirect to :17443") || !strings.Contains(script, "tcp dport 17443 ct status dnat accept") {
+		t.Fatalf("no https interception:\n%s", script)
 	}
 	if !strings.Contains(script, "add element inet den_test cidr_1 { 10.0.0.0/8, 1.2.3.0/24 }") {
 		t.Fatalf("overlapping prefixes are not collapsed:\n%s", script)

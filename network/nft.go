@@ -23,6 +23,10 @@ const nftTimeout = 15 * time.Second
 type table struct {
 	name string       // "den_<id>", in family inet
 	pool netip.Prefix // VMs' addresses
+	// intercept, if not 0, is the port on a VM's gateway address that
+	// its TCP connections to port 443 of the host's own addresses are
+	// redirected to (Config.HTTPS).
+	intercept uint16
 }
 
 // attachment is what the table holds for one VM.
@@ -108,6 +112,17 @@ func (t table) base(atts []attachment) string {
 	}
 }
 `, t.name, t.pool)
+	if t.intercept != 0 {
+		// A name den intercepts resolves to the VM's gateway: its HTTPS
+		// goes to den's interceptor there.
+		fmt.Fprintf(&b, `table inet %s {
+	chain prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		iifname @taps tcp dport 443 fib daddr type local redirect to :%d
+	}
+}
+`, t.name, t.intercept)
+	}
 	for _, a := range atts {
 		b.WriteString(t.vm(a, true))
 	}
@@ -177,12 +192,15 @@ func (t table) vm(a attachment, flushDNS bool) string {
 		w("add rule inet %s %s accept", T, vmChain(n))
 	}
 	w("add rule inet %s %s jump %s", T, vmChain(n), denyChain(n))
-	// To the host: the VM's resolver and ping on its own gateway address,
-	// and replies to what the host opened; the rest is denied.
+	// To the host: the VM's resolver, ping and den's interceptor on its
+	// own gateway address, and replies to what the host opened; the rest is denied.
 	w("add rule inet %s %s ct state established,related accept", T, inChain(n))
 	w("add rule inet %s %s ip saddr %s ip daddr %s udp dport 53 accept", T, inChain(n), guest, host)
 	w("add rule inet %s %s ip saddr %s ip daddr %s tcp dport 53 accept", T, inChain(n), guest, host)
 	w("add rule inet %s %s ip saddr %s ip daddr %s icmp type echo-request accept", T, inChain(n), guest, host)
+	if t.intercept != 0 {
+		w("add rule inet %s %s ip saddr %s ip daddr %s tcp dport %d ct status dnat accept", T, inChain(n), guest, host, t.intercept)
+	}
 	w("add rule inet %s %s jump %s", T, inChain(n), denyChain(n))
 	w(`add element inet %s taps { "%s" }`, T, a.lease.Tap)
 	w(`add element inet %s egress { "%s" : jump %s }`, T, a.lease.Tap, vmChain(n))

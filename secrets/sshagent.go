@@ -17,10 +17,14 @@ import (
 // activity record: never its value.
 type Use struct {
 	VM, Owner, Secret string
-	// Dest is the destination's host key fingerprint and the hosts that
-	// key is the secret's for.
+	// Kind is the secret's: KindSSH, KindHTTPS.
+	Kind string
+	// Dest is, for an SSH secret, the destination's host key
+	// fingerprint and the hosts that key is the secret's for; for an
+	// HTTPS one, the request's method and URL and the answer's status.
 	Dest string
-	// Err is why it was refused; nil: it signed.
+	// Err is why it was refused or failed; nil: it signed, or the
+	// request went out with the value.
 	Err error
 }
 
@@ -58,21 +62,8 @@ type vmAgent struct {
 
 var _ agent.ExtendedAgent = (*vmAgent)(nil)
 
-// granted are the SSH secrets granted to the VM, with their values (one
-// that cannot be read is left out: it does not stop the others).
-func (a *vmAgent) granted() ([]record, error) {
-	gs, err := a.s.Grants(a.vm)
-	if err != nil {
-		return nil, err
-	}
-	var out []record
-	for _, g := range gs {
-		if r, err := a.s.read(g.Owner, g.Secret); err == nil && r.Kind == KindSSH {
-			out = append(out, r)
-		}
-	}
-	return out, nil
-}
+// granted are the SSH secrets granted to the VM, with their values.
+func (a *vmAgent) granted() ([]record, error) { return a.s.granted(a.vm, KindSSH) }
 
 func (a *vmAgent) List() ([]*agent.Key, error) {
 	rs, err := a.granted()
@@ -114,7 +105,7 @@ func (a *vmAgent) SignWithFlags(key ssh.PublicKey, data []byte, flags agent.Sign
 			r = rs[i]
 		}
 	}
-	use := Use{VM: a.vm.Name, Owner: r.Owner, Secret: r.Name}
+	use := Use{VM: a.vm.Name, Owner: r.Owner, Secret: r.Name, Kind: KindSSH}
 	if a.bound != nil {
 		use.Dest = ssh.FingerprintSHA256(a.bound) + " (" + strings.Join(r.hostsOf(a.bound), ",") + ")"
 	}

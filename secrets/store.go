@@ -51,10 +51,17 @@ type Secret struct {
 	Hosts []string `json:"hosts"`
 	// HostKeys are the destinations' host keys (authorized_keys form):
 	// a signature is made only inside an SSH session bound to one of them.
-	HostKeys []string `json:"host_keys"`
+	HostKeys []string `json:"host_keys,omitempty"`
 	// PublicKey is the SSH key's public half (authorized_keys form), to
 	// give to the destination.
-	PublicKey string    `json:"public_key"`
+	PublicKey string `json:"public_key,omitempty"`
+	// Header and Query name where an HTTPS secret goes: the request
+	// header, or the query parameter, whose placeholder den replaces.
+	Header string `json:"header,omitempty"`
+	Query  string `json:"query,omitempty"`
+	// Env is the environment variable that holds an HTTPS secret's
+	// placeholder in the VMs granted it.
+	Env       string    `json:"env,omitempty"`
 	Created   time.Time `json:"created"`
 	Updated   time.Time `json:"updated"`
 }
@@ -175,8 +182,13 @@ func (s *Store) Set(owner, name string, value []byte) (Secret, error) {
 	if err != nil {
 		return Secret{}, err
 	}
-	if r.Kind == KindSSH {
+	switch r.Kind {
+	case KindSSH:
 		if r.PublicKey, err = sshPublic(value); err != nil {
+			return Secret{}, fmt.Errorf("secret %q: %w", name, err)
+		}
+	case KindHTTPS:
+		if err := headerValue(value); err != nil {
 			return Secret{}, fmt.Errorf("secret %q: %w", name, err)
 		}
 	}
@@ -293,12 +305,12 @@ func (s *Store) CopyGrants(from, to VMRef, owner string) error {
 	return s.addGrants(gs...)
 }
 
-// ForgetVM drops a removed VM's grants.
+// ForgetVM drops a removed VM's grants and its CA.
 func (s *Store) ForgetVM(vm VMRef) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, err := s.dropGrants(func(g Grant) bool { return g.of(vm) })
-	return err
+	return errors.Join(err, s.forgetCA(vm))
 }
 
 // addGrants records grants not recorded yet (s.mu held).
@@ -358,6 +370,22 @@ func (s *Store) writeGrants(gs []Grant) error {
 		return fmt.Errorf("write secret grants: %w", err)
 	}
 	return nil
+}
+
+// granted are the secrets of a kind granted to vm, with their values
+// (one that cannot be read is left out: it does not stop the others).
+func (s *Store) granted(vm VMRef, kind string) ([]record, error) {
+	gs, err := s.Grants(vm)
+	if err != nil {
+		return nil, err
+	}
+	var out []record
+	for _, g := range gs {
+		if r, err := s.read(g.Owner, g.Secret); err == nil && r.Kind == kind {
+			out = append(out, r)
+		}
+	}
+	return out, nil
 }
 
 // read decrypts one secret's file.

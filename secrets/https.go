@@ -1,0 +1,152 @@
+package secrets
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// KindHTTPS is a token for HTTPS requests: VMs granted it hold a
+// placeholder (Placeholder), and den puts the value in its place in the
+// named header or query parameter of their requests to its hosts.
+const KindHTTPS = "https"
+
+// Placeholder is what a VM holds of an HTTPS secret: den replaces it in
+// the VM's requests to the secret's hosts.
+func Placeholder(name string) string { return "den-secret:" + name }
+
+// HTTPS is a new HTTPS secret: where it goes and what it is.
+type HTTPS struct {
+	// Hosts are the names it goes to (exact names, lower case).
+	Hosts []string
+	// Header or Query (one of them) names where its placeholder is
+	// replaced: a request header (Authorization), a query parameter.
+	Header, Query string
+	// Env is the environment variable holding the placeholder in the
+	// VM's sessions ("": the name in upper case, '-' and '.' as '_').
+	Env string
+}
+
+var (
+	envRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
+	hostRE = regexp.MustCompile(`^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+)
+
+// EnvOf is the default environment variable of an HTTPS secret.
+func EnvOf(name string) string {
+	return strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(name))
+}
+
+// AddHTTPS stores a new HTTPS secret.
+func (s *Store) AddHTTPS(owner, name string, value []byte, h HTTPS) (Secret, error) {
+	if err := check(owner, name); err != nil {
+		return Secret{}, err
+	}
+	if err := h.check(name); err != nil {
+		return Secret{}, fmt.Errorf("secret %q: %w", name, err)
+	}
+	if err := headerValue(value); err != nil {
+		return Secret{}, fmt.Errorf("secret %q: %w", name, err)
+	}
+	now := time.Now().UTC()
+	r := record{Secret: Secret{Name: name, Owner: owner, Kind: KindHTTPS, Hosts: h.Hosts, Header: h.Header,
+		Query: h.Query, Env: h.Env, Created: now, Updated: now}, Value: value}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := os.Stat(s.path(owner, name)); err == nil {
+		return Secret{}, fmt.Errorf("secret %q: %w (den secrets set changes its value)", name, ErrExists)
+	}
+	return r.Secret, s.write(r)
+}
+
+// check checks h and makes it canonical.
+func (h *HTTPS) check(name string) error {
+	if len(h.Hosts) == 0 {
+		return fmt.Errorf("name the hosts it goes to (--host api.example.com): %w", ErrInvalid)
+	}
+	var hosts []string
+	for _, host := range h.Hosts {
+		host = strings.ToLower(strings.TrimSuffix(host, "."))
+		if len(host) > 253 || !hostRE.MatchString(host) {
+			return fmt.Errorf("bad host %q: a DNS name (api.example.com), no port, no wildcard: %w", host, ErrInvalid)
+		}
+		if !slices.Contains(hosts, host) {
+			hosts = append(hosts, host)
+		}
+	}
+	h.Hosts = hosts
+	switch {
+	case (h.Header == "") == (h.Query == ""):
+		return fmt.Errorf("name one header (--header Authorization) or one query parameter (--query key) for it: %w", ErrInvalid)
+	case h.Header != "" && !httpguts.ValidHeaderFieldName(h.Header):
+		return fmt.Errorf("bad header name %q: %w", h.Header, ErrInvalid)
+	case h.Header != "":
+		h.Header = http.CanonicalHeaderKey(h.Header)
+		if h.Header == "Host" {
+			return fmt.Errorf("the Host header cannot carry a secret: %w", ErrInvalid)
+		}
+	case len(h.Query) > 256 || strings.ContainsAny(h.Query, "&=#") || strings.TrimSpace(h.Query) != h.Query:
+		return fmt.Errorf("bad query parameter %q: %w", h.Query, ErrInvalid)
+	}
+	if h.Env == "" {
+		h.Env = EnvOf(name)
+	}
+	if !envRE.MatchString(h.Env) {
+		return fmt.Errorf("bad environment variable %q: letters, digits and '_', not starting with a digit: %w", h.Env, ErrInvalid)
+	}
+	return nil
+}
+
+// headerValue checks an HTTPS secret's value: text a header may carry.
+func headerValue(v []byte) error {
+	if !httpguts.ValidHeaderFieldValue(string(v)) || strings.TrimSpace(string(v)) != string(v) {
+		return fmt.Errorf("an https secret's value is one line of text, without leading or trailing blanks: %w", ErrInvalid)
+	}
+	return nil
+}
+
+// forHost says whether the secret goes to host.
+func (r record) forHost(host string) bool { return r.Kind == KindHTTPS && slices.Contains(r.Hosts, host) }
+
+// substitute puts the secret's value in place of its placeholder in the
+// request's header or query parameter; it says whether it did.
+func (r record) substitute(req *http.Request) bool {
+	ph := Placeholder(r.Name)
+	done := false
+	if r.Header != "" {
+		vals := req.Header[r.Header]
+		for i, v := range vals {
+			if strings.Contains(v, ph) {
+				vals[i] = strings.ReplaceAll(v, ph, string(r.Value))
+				done = true
+			}
+		}
+		return done
+	}
+	// The parameter's own values only: the query's other parts keep
+	// their bytes.
+	parts := strings.Split(req.URL.RawQuery, "&")
+	for i, part := range parts {
+		k, v, _ := strings.Cut(part, "=")
+		if key, err := url.QueryUnescape(k); err != nil || key != r.Query {
+			continue
+		}
+		val, err := url.QueryUnescape(v)
+		if err != nil || !strings.Contains(val, ph) {
+			continue
+		}
+		parts[i] = k + "=" + url.QueryEscape(strings.ReplaceAll(val, ph, string(r.Value)))
+		done = true
+	}
+	if done {
+		req.URL.RawQuery = strings.Join(parts, "&")
+	}
+	return done
+}
