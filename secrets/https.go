@@ -113,7 +113,9 @@ func headerValue(v []byte) error {
 }
 
 // forHost says whether the secret goes to host.
-func (r record) forHost(host string) bool { return r.Kind == KindHTTPS && slices.Contains(r.Hosts, host) }
+func (r record) forHost(host string) bool {
+	return r.Kind == KindHTTPS && slices.Contains(r.Hosts, host)
+}
 
 // substitute puts the secret's value in place of its placeholder in the
 // request's header or query parameter; it says whether it did.

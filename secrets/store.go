@@ -61,9 +61,9 @@ type Secret struct {
 	Query  string `json:"query,omitempty"`
 	// Env is the environment variable that holds an HTTPS secret's
 	// placeholder in the VMs granted it.
-	Env       string    `json:"env,omitempty"`
-	Created   time.Time `json:"created"`
-	Updated   time.Time `json:"updated"`
+	Env     string    `json:"env,omitempty"`
+	Created time.Time `json:"created"`
+	Updated time.Time `json:"updated"`
 }
 
 // record is a secret as its file holds it, encrypted.
