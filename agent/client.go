@@ -277,6 +277,12 @@ var (
 	ErrClosed = errors.New("agent connection closed")
 )
 
+// SetSecrets gives the guest its HTTPS secrets' placeholders and CA.
+func (c *Client) SetSecrets(ctx context.Context, req SecretsRequest) (SecretsReply, error) {
+	var out SecretsReply
+	return out, c.call(ctx, ReqSecrets, req, &out)
+}
+
 // ServeKeyAgent serves den's SSH secrets to the guest on this
 // connection: it tells the agent so (ReqKeyAgent), and hands serve each
 // channel the agent opens for a connection to its SSH agent socket, in

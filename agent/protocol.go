@@ -52,7 +52,26 @@ const (
 	// SSH agent socket (KeyAgentSocket) to den over a ChanKeyAgent
 	// channel it opens on the newest such connection.
 	ReqKeyAgent = "den-keyagent@den"
+	// ReqSecrets (SecretsRequest) gives the agent the VM's HTTPS secrets'
+	// placeholders, for every session's environment from then on, and
+	// the CA den ends their TLS with, for the guest's trust store.
+	ReqSecrets = "den-secrets@den"
 )
+
+// SecretsRequest is what a guest holds of den's HTTPS secrets.
+type SecretsRequest struct {
+	// Env are environment variables (NAME=den-secret:SECRET) every new
+	// session gets, in place of the ones sent before.
+	Env []string `json:"env"`
+	// CA, if not empty, is a PEM certificate the guest's trust store
+	// gets (in place of an earlier CA of den's).
+	CA string `json:"ca,omitempty"`
+}
+
+// SecretsReply says where the CA went.
+type SecretsReply struct {
+	CAFile string `json:"ca_file,omitempty"`
+}
 
 // ProcLogRequest asks for the process events the agent recorded after
 // sequence number After of its ring (0: from the oldest it holds), at

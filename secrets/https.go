@@ -39,6 +39,10 @@ var (
 	hostRE = regexp.MustCompile(`^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 )
 
+// reservedEnv are variables a session needs as they are.
+var reservedEnv = map[string]bool{"PATH": true, "HOME": true, "USER": true, "LOGNAME": true, "SHELL": true,
+	"TERM": true, "SSH_AUTH_SOCK": true, "NODE_EXTRA_CA_CERTS": true, "PWD": true, "IFS": true}
+
 // EnvOf is the default environment variable of an HTTPS secret.
 func EnvOf(name string) string {
 	return strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(name))
@@ -100,6 +104,9 @@ func (h *HTTPS) check(name string) error {
 	}
 	if !envRE.MatchString(h.Env) {
 		return fmt.Errorf("bad environment variable %q: letters, digits and '_', not starting with a digit: %w", h.Env, ErrInvalid)
+	}
+	if reservedEnv[h.Env] || strings.HasPrefix(h.Env, "LD_") || strings.HasPrefix(h.Env, "DEN_") {
+		return fmt.Errorf("environment variable %s is the system's or den's: choose another (--env): %w", h.Env, ErrInvalid)
 	}
 	return nil
 }

@@ -237,8 +237,10 @@ func TestAddHTTPS(t *testing.T) {
 		{"v", HTTPS{Hosts: []string{"a.test"}, Header: "A b"}},           // bad header
 		{"v", HTTPS{Hosts: []string{"a.test"}, Query: "a&b"}},            // bad parameter
 		{"v", HTTPS{Hosts: []string{"a.test"}, Header: "A", Env: "1X"}},  // bad variable
-		{"two\nlines", HTTPS{Hosts: []string{"a.test"}, Header: "A"}},    // not a header value
-		{"", HTTPS{Hosts: []string{"a.test"}, Header: "A"}},              // empty
+		{"v", HTTPS{Hosts: []string{"a.test"}, Header: "A", Env: "PATH"}},
+		{"v", HTTPS{Hosts: []string{"a.test"}, Header: "A", Env: "LD_PRELOAD"}},
+		{"two\nlines", HTTPS{Hosts: []string{"a.test"}, Header: "A"}}, // not a header value
+		{"", HTTPS{Hosts: []string{"a.test"}, Header: "A"}},           // empty
 	} {
 		if _, err := s.AddHTTPS("alice", "x", []byte(c.value), c.h); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%q %+v: %v, want ErrInvalid", c.value, c.h, err)

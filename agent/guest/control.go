@@ -58,6 +58,7 @@ func (s *Server) requestHandlers() map[string]ssh.RequestHandler {
 		agent.ReqGrowRoot: wrap(agent.ReqGrowRoot, s.ctlGrowRoot),
 		agent.ReqProcLog:  wrap(agent.ReqProcLog, s.ctlProcLog),
 		agent.ReqKeyAgent: wrap(agent.ReqKeyAgent, s.ctlKeyAgent),
+		agent.ReqSecrets:  wrap(agent.ReqSecrets, s.ctlSecrets),
 		"keepalive@openssh.com": func(ssh.Context, *ssh.Server, *gossh.Request) (bool, []byte) {
 			return true, nil
 		},

@@ -72,6 +72,9 @@ func (ss *session) environment(a account) ([]string, string) {
 	if sock := ss.s.keys.socket(); sock != "" {
 		env = append(env, "SSH_AUTH_SOCK="+sock) // den's secrets; a forwarded agent comes after
 	}
+	if se := ss.s.secretEnv.Load(); se != nil {
+		env = append(env, *se...)
+	}
 	if ss.pty != nil {
 		term := ss.pty.Term
 		if term == "" {

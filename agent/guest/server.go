@@ -60,6 +60,8 @@ type Server struct {
 	freeze *freezeState
 
 	keys     keyAgent // den's SSH secrets' agent socket (keyagent.go)
+	// secretEnv is what sessions get of den's HTTPS secrets (trust.go).
+	secretEnv atomic.Pointer[[]string]
 	procs    procCounter
 	sessions atomic.Int64
 	forwards atomic.Int64

@@ -39,6 +39,9 @@ type System struct {
 	// Poweroff stops the guest; nil refuses poweroff requests. It is
 	// called in its own goroutine after the reply has been sent.
 	Poweroff func(reboot bool)
+	// TrustCA puts a CA of den's in the guest's trust store, in place of
+	// the one before, and says which file holds it; nil refuses.
+	TrustCA func(pem []byte) (string, error)
 	// EtcDir holds passwd, group, hostname, hosts and machine-id.
 	EtcDir string
 	// ProcDir is procfs.
@@ -55,6 +58,7 @@ func DefaultSystem() *System {
 		SetHostname: func(h string) error { return unix.Sethostname([]byte(h)) },
 		Reseed:      reseedKernelRNG,
 		ItableInit:  setItableInit,
+		TrustCA:     func(pem []byte) (string, error) { return trustCA("/", pem) },
 		EtcDir:      "/etc",
 		ProcDir:     "/proc",
 		PID1:        os.Getpid() == 1,
