@@ -12,11 +12,17 @@ type Secret struct {
 	Name  string `json:"name"`
 	Owner string `json:"owner"`
 	// Kind is ssh: a private key VMs granted it sign with through their
-	// SSH agent socket, for its hosts only.
+	// SSH agent socket, for its hosts only; or https: a token den puts
+	// in the Header (or Query parameter) of VMs' HTTPS requests to its
+	// hosts, in place of the placeholder den-secret:NAME that the VMs
+	// hold in the environment variable Env.
 	Kind      string    `json:"kind"`
 	Hosts     []string  `json:"hosts"`
-	HostKeys  []string  `json:"host_keys"`
+	HostKeys  []string  `json:"host_keys,omitempty"`
 	PublicKey string    `json:"public_key,omitempty"`
+	Header    string    `json:"header,omitempty"`
+	Query     string    `json:"query,omitempty"`
+	Env       string    `json:"env,omitempty"`
 	Created   time.Time `json:"created"`
 	Updated   time.Time `json:"updated"`
 }
@@ -25,10 +31,17 @@ type Secret struct {
 type AddSecretRequest struct {
 	Name string `json:"name"`
 	Kind string `json:"kind"`
-	// Value is the secret: an SSH private key without a passphrase.
+	// Value is the secret: an SSH private key without a passphrase, or
+	// an HTTPS token (one line).
 	Value string `json:"value"`
 	// KnownHosts are known_hosts lines of the destinations (ssh).
-	KnownHosts string `json:"known_hosts"`
+	KnownHosts string `json:"known_hosts,omitempty"`
+	// Hosts are the destinations, and Header or Query where the value
+	// goes, Env the VMs' variable holding the placeholder (https).
+	Hosts  []string `json:"hosts,omitempty"`
+	Header string   `json:"header,omitempty"`
+	Query  string   `json:"query,omitempty"`
+	Env    string   `json:"env,omitempty"`
 }
 
 // SetSecretRequest replaces a secret's value (PUT /v1/secrets/{secret}).

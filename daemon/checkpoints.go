@@ -144,6 +144,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 			if err := s.secrets.CopyGrants(from, secrets.VMRef{Name: vm.Name, Created: vm.CreatedAt}, callerOf(r).User); err != nil {
 				return api.Event{}, fmt.Errorf("fork %q: give it %q's secrets: %w", vm.Name, src, err)
 			}
+			(secretsAPI{s}).pushSecrets(vm.Name)
 		}
 		return s.vmEvent(ctx, vm.Name)
 	})

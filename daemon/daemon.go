@@ -104,6 +104,9 @@ type Options struct {
 	// E2BDomain is the domain of sandboxes' host names (PORT-ID.DOMAIN,
 	// sandbox.getHost); "": localhost:PORT for a loopback listener.
 	E2BDomain string
+	// SecretsCA is a PEM file of authorities den trusts, besides the
+	// system's, for the hosts of HTTPS secrets ("": the system's only).
+	SecretsCA string
 	// VMUser is the unprivileged user VMMs run as (machine.Config.VMUser:
 	// made when missing; "-": VMMs run as root).
 	VMUser string
@@ -234,6 +237,13 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	keyAgents := &keyAgents{store: secretStore, log: o.Logger}
+	roots, err := secretRoots(o.SecretsCA)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	interceptor := secretStore.NewInterceptor(secrets.InterceptorConfig{VM: keyAgents.vmRef, Roots: roots, Note: keyAgents.usedHTTPS, Logger: o.Logger})
+	undo.push(interceptor.Close)
+	o.Network.HTTPS = interceptor
 	m, err = machine.New(ctx, machine.Config{
 		OnAgent: keyAgents.onAgent,
 		State:   state, HostName: o.HostName, TakenFrom: takenFrom, Volume: vol, Registry: db, AgentKey: agentKey, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
@@ -287,6 +297,7 @@ func Run(ctx context.Context, o Options) error {
 	apiSrv.web = web
 	apiSrv.audit = auditLog
 	apiSrv.secrets = secretStore
+	apiSrv.keyAgents = keyAgents
 	apiSrv.hosts = &hostsView{store: db, backend: db.Backend(), self: o.HostName, lease: o.Lease}
 	apiSrv.tokens = users.Tokens{Store: db}
 	apiSrv.bearer = tokenCaller(apiSrv.tokens)

@@ -140,6 +140,9 @@ func TestOpenAPITour(t *testing.T) {
 	}
 	call("POST", "/v1/secrets", secretJSON(api.AddSecretRequest{Name: "deploy", Kind: "ssh", Value: string(pem.EncodeToMemory(secPEM)),
 		KnownHosts: "git.test " + pub}), 201)
+	call("POST", "/v1/secrets", secretJSON(api.AddSecretRequest{Name: "api", Kind: "https", Value: "Bearer t",
+		Hosts: []string{"api.test"}, Header: "Authorization"}), 201)
+	call("POST", "/v1/secrets", secretJSON(api.AddSecretRequest{Name: "bad", Kind: "https", Value: "t", Hosts: []string{"api.test"}}), 400)
 	call("GET", "/v1/secrets", "", 200)
 	call("PUT", "/v1/secrets/deploy", secretJSON(api.SetSecretRequest{Value: string(pem.EncodeToMemory(secPEM))}), 200)
 	call("POST", "/v1/vms/box/secrets", `{"secret":"deploy"}`, 200)

@@ -2,10 +2,12 @@ package daemon
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,7 +26,7 @@ import (
 
 func secretToAPI(s secrets.Secret) api.Secret {
 	return api.Secret{Name: s.Name, Owner: s.Owner, Kind: s.Kind, Hosts: s.Hosts, HostKeys: s.HostKeys, PublicKey: s.PublicKey,
-		Created: s.Created, Updated: s.Updated}
+		Header: s.Header, Query: s.Query, Env: s.Env, Created: s.Created, Updated: s.Updated}
 }
 
 // secretsAPI serves the secrets routes (a view of the Server).
@@ -65,12 +67,18 @@ func (a secretsAPI) addSecret(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) || a.off(w) {
 		return
 	}
-	if req.Kind != secrets.KindSSH {
-		writeError(w, fmt.Errorf("add secret %q: kind %q: den keeps ssh secrets: %w", req.Name, req.Kind, machine.ErrInvalid))
-		return
-	}
 	c := callerOf(r)
-	sec, err := a.secrets.AddSSH(c.User, req.Name, []byte(req.Value), req.KnownHosts)
+	var sec secrets.Secret
+	var err error
+	switch req.Kind {
+	case secrets.KindSSH:
+		sec, err = a.secrets.AddSSH(c.User, req.Name, []byte(req.Value), req.KnownHosts)
+	case secrets.KindHTTPS:
+		sec, err = a.secrets.AddHTTPS(c.User, req.Name, []byte(req.Value),
+			secrets.HTTPS{Hosts: req.Hosts, Header: req.Header, Query: req.Query, Env: req.Env})
+	default:
+		err = fmt.Errorf("add secret %q: kind %q: den keeps ssh and https secrets: %w", req.Name, req.Kind, machine.ErrInvalid)
+	}
 	if err != nil {
 		writeError(w, err)
 		return
@@ -125,6 +133,15 @@ func (a secretsAPI) vmRef(r *http.Request, name string) (secrets.VMRef, error) {
 	return secrets.VMRef{Name: rec.Name, Created: rec.CreatedAt}, nil
 }
 
+// pushSecrets gives a running VM's guest its HTTPS secrets' new
+// placeholders (the interceptor reads the grants at every request: the
+// change counts there already).
+func (a secretsAPI) pushSecrets(vm string) {
+	if a.keyAgents != nil {
+		a.keyAgents.push(vm)
+	}
+}
+
 // grantsOf answers a VM's grants: its secrets' names.
 func (a secretsAPI) grantsOf(w http.ResponseWriter, vm secrets.VMRef) {
 	gs, err := a.secrets.Grants(vm)
@@ -170,6 +187,7 @@ func (a secretsAPI) grantSecret(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.log.Info("den: secret granted", "user", c.User, "secret", req.Secret, "vm", vm.Name)
+	a.pushSecrets(vm.Name)
 	a.grantsOf(w, vm)
 }
 
@@ -190,11 +208,14 @@ func (a secretsAPI) revokeSecret(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.log.Info("den: secret revoked", "user", c.User, "secret", secret, "vm", vm.Name)
+	a.pushSecrets(vm.Name)
 	a.grantsOf(w, vm)
 }
 
-// keyAgents serves den's SSH secrets to each VM's guest agent
-// connection: machine.Config.OnAgent.
+// keyAgents serves den's secrets to the VMs: SSH signatures to each
+// guest agent connection (machine.Config.OnAgent), HTTPS secrets'
+// placeholders and CA to the newest one, and the uses of both to the
+// audit log and the VMs' activity records.
 type keyAgents struct {
 	store *secrets.Store
 	log   *slog.Logger
@@ -205,6 +226,15 @@ type keyAgents struct {
 
 	mu      sync.Mutex
 	refused map[string]*refusals // by VM
+	// conns are each VM's newest agent connection and where its activity
+	// record is written.
+	conns map[string]agentConn
+}
+
+// agentConn is a VM's agent connection and its activity record.
+type agentConn struct {
+	c      *agent.Client
+	record func(activity.Entry)
 }
 
 // refusals are a VM's refused signatures since its last one recorded:
@@ -247,6 +277,13 @@ func (k *keyAgents) counted(vm string) (bool, int) {
 // a secret goes to the audit log and, through record, the VM's activity
 // record.
 func (k *keyAgents) onAgent(vm string, c *agent.Client, record func(activity.Entry)) {
+	k.mu.Lock()
+	if k.conns == nil {
+		k.conns = map[string]agentConn{}
+	}
+	k.conns[vm] = agentConn{c: c, record: record}
+	k.mu.Unlock()
+	go k.push(vm)
 	sem := make(chan struct{}, maxKeyChannels)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -260,29 +297,8 @@ func (k *keyAgents) onAgent(vm string, c *agent.Client, record func(activity.Ent
 			}
 			// No record, no grant: a VM whose record cannot be read
 			// finds nothing (a grant names a creation time).
-			ref := secrets.VMRef{Name: vm}
-			if m := k.m.Load(); m != nil {
-				if rec, err := m.Record(context.Background(), vm); err == nil {
-					ref.Created = rec.CreatedAt
-				}
-			}
-			note := func(u secrets.Use) {
-				if u.Err != nil {
-					ok, more := k.counted(vm)
-					if !ok {
-						return
-					}
-					if more > 0 {
-						u.Err = fmt.Errorf("%w (and %d more refused since the last such entry)", u.Err, more)
-					}
-				}
-				k.note(u)
-				e := activity.Entry{Kind: activity.KindSecret, Secret: u.Secret, Detail: "ssh signature for " + u.Dest}
-				if u.Err != nil {
-					e.Detail = "refused: " + u.Err.Error()
-				}
-				record(e)
-			}
+			ref, _ := k.vmRef(vm)
+			note := func(u secrets.Use) { k.used(u, record) }
 			if err := k.store.ServeSSHAgent(rw, ref, note); err != nil && err != io.EOF {
 				k.log.Debug("den: ssh agent for a vm ended", "vm", vm, "err", err)
 			}
@@ -293,14 +309,128 @@ func (k *keyAgents) onAgent(vm string, c *agent.Client, record func(activity.Ent
 	}()
 }
 
-// note writes a use of a secret to the audit log.
-func (k *keyAgents) note(u secrets.Use) {
-	result := "ok: signed for " + u.Dest
+// secretRoots are the authorities den trusts for HTTPS secrets' hosts:
+// the system's, and those of file (if not "").
+func secretRoots(file string) (*x509.CertPool, error) {
+	if file == "" {
+		return nil, nil
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("secrets ca: %w", err)
+	}
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("secrets ca: no PEM certificate in %s", file)
+	}
+	return pool, nil
+}
+
+// vmRef is a VM's identity for its grants: its name and when it was
+// made.
+func (k *keyAgents) vmRef(vm string) (secrets.VMRef, error) {
+	ref := secrets.VMRef{Name: vm}
+	m := k.m.Load()
+	if m == nil {
+		return ref, fmt.Errorf("vm %q: the daemon is starting", vm)
+	}
+	rec, err := m.Record(context.Background(), vm)
+	if err != nil {
+		return ref, err
+	}
+	ref.Created = rec.CreatedAt
+	return ref, nil
+}
+
+// push gives vm's newest agent connection its HTTPS secrets'
+// placeholders and, when it has any, its CA.
+func (k *keyAgents) push(vm string) {
+	k.mu.Lock()
+	conn, ok := k.conns[vm]
+	k.mu.Unlock()
+	if !ok {
+		return
+	}
+	select {
+	case <-conn.c.Done():
+		k.mu.Lock()
+		if k.conns[vm].c == conn.c {
+			delete(k.conns, vm)
+		}
+		k.mu.Unlock()
+		return
+	default:
+	}
+	ref, err := k.vmRef(vm)
+	if err != nil {
+		return
+	}
+	granted, err := k.store.GrantedHTTPS(ref)
+	if err != nil {
+		k.log.Warn("den: https secrets of a vm", "vm", vm, "err", err)
+		return
+	}
+	req := agent.SecretsRequest{Env: []string{}}
+	for _, sec := range granted {
+		req.Env = append(req.Env, sec.Env+"="+secrets.Placeholder(sec.Name))
+	}
+	if len(granted) > 0 {
+		ca, err := k.store.VMCA(ref)
+		if err != nil {
+			k.log.Warn("den: https secrets of a vm", "vm", vm, "err", err)
+			return
+		}
+		req.CA = string(ca.PEM)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := conn.c.SetSecrets(ctx, req); err != nil {
+		k.log.Warn("den: https secrets not given to the vm's guest", "vm", vm, "err", err)
+	}
+}
+
+// usedHTTPS notes a use of an HTTPS secret (secrets.InterceptorConfig.Note).
+func (k *keyAgents) usedHTTPS(u secrets.Use) {
+	k.mu.Lock()
+	conn := k.conns[u.VM]
+	k.mu.Unlock()
+	k.used(u, conn.record)
+}
+
+// used notes a use of a secret in the audit log and, through record (if
+// not nil), the VM's activity record; refusals at most once per VM per
+// refusedEvery, with a count of those left out.
+func (k *keyAgents) used(u secrets.Use, record func(activity.Entry)) {
+	if u.Err != nil {
+		ok, more := k.counted(u.VM)
+		if !ok {
+			return
+		}
+		if more > 0 {
+			u.Err = fmt.Errorf("%w (and %d more refused since the last such entry)", u.Err, more)
+		}
+	}
+	result, source, verb := "ok: signed for "+u.Dest, "vm "+u.VM+" ssh agent", "secret "+u.Secret+" ssh sign"
+	detail := "ssh signature for " + u.Dest
+	if u.Kind == secrets.KindHTTPS {
+		result, source, verb = "ok: "+u.Dest, "vm "+u.VM+" https", "secret "+u.Secret+" https"
+		detail = "https " + u.Dest
+	}
 	if u.Err != nil {
 		result = u.Err.Error()
+		detail = "refused: " + result
+		if u.Kind == secrets.KindHTTPS {
+			detail = "https " + u.Dest + ": " + result
+		}
 	}
 	k.log.Info("den: secret used", "vm", u.VM, "secret", u.Secret, "dest", u.Dest, "result", result)
 	if a := k.audit.Load(); a != nil {
-		_ = a.Write(audit.Record{User: u.Owner, Source: "vm " + u.VM + " ssh agent", Verb: "secret " + u.Secret + " ssh sign", VM: u.VM, Result: result})
+		_ = a.Write(audit.Record{User: u.Owner, Source: source, Verb: verb, VM: u.VM, Result: result})
+	}
+	if record != nil {
+		record(activity.Entry{Kind: activity.KindSecret, Secret: u.Secret, Detail: detail})
 	}
 }

@@ -45,7 +45,9 @@ type Server struct {
 	audit  *audit.Log // nil: none
 	// secrets are den's secrets and their grants (nil: none).
 	secrets *secrets.Store
-	hosts   *hostsView // the registry's host records (nil: none)
+	// keyAgents gives VMs' guests what they hold of their secrets.
+	keyAgents *keyAgents
+	hosts     *hostsView // the registry's host records (nil: none)
 	// inproc makes the connections the MCP handler's calls take, as its
 	// request's caller (nil: no MCP).
 	inproc *inProcess

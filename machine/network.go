@@ -39,6 +39,9 @@ type NetworkConfig struct {
 	// DefaultEgress is the policy of VMs created without one (allow-all
 	// when zero).
 	DefaultEgress egress.Policy
+	// HTTPS, if set, takes over VMs' HTTPS connections to the names it
+	// intercepts (den's HTTPS secrets; TAP networking only).
+	HTTPS network.Interceptor
 }
 
 // tapWanted says whether VMs get TAP networking under c: no (why says
@@ -98,7 +101,7 @@ func (m *Manager) setupNetwork(ctx context.Context) error {
 		}
 		on = append(on, network.VM{Name: vm.Name, Lease: *sp.Net, Policy: m.net.policyOf(sp)})
 	}
-	nc := network.Config{Pool: c.Pool, ID: netID(m.state), DNSUpstreams: c.DNSUpstreams, Logger: m.log}
+	nc := network.Config{Pool: c.Pool, ID: netID(m.state), DNSUpstreams: c.DNSUpstreams, Logger: m.log, HTTPS: c.HTTPS}
 	if u := m.conf.user; u != nil {
 		nc.TapUID, nc.TapGID = u.UID, u.GID
 	}

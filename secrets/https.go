@@ -1,6 +1,7 @@
 package secrets
 
 import (
+	"bytes"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -56,6 +57,7 @@ func (s *Store) AddHTTPS(owner, name string, value []byte, h HTTPS) (Secret, err
 	if err := h.check(name); err != nil {
 		return Secret{}, fmt.Errorf("secret %q: %w", name, err)
 	}
+	value = oneLine(value)
 	if err := headerValue(value); err != nil {
 		return Secret{}, fmt.Errorf("secret %q: %w", name, err)
 	}
@@ -68,6 +70,21 @@ func (s *Store) AddHTTPS(owner, name string, value []byte, h HTTPS) (Secret, err
 		return Secret{}, fmt.Errorf("secret %q: %w (den secrets set changes its value)", name, ErrExists)
 	}
 	return r.Secret, s.write(r)
+}
+
+// GrantedHTTPS are the HTTPS secrets granted to vm, without their
+// values, by environment variable.
+func (s *Store) GrantedHTTPS(vm VMRef) ([]Secret, error) {
+	rs, err := s.granted(vm, KindHTTPS)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Secret, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, r.Secret)
+	}
+	slices.SortFunc(out, func(a, b Secret) int { return strings.Compare(a.Env, b.Env) })
+	return out, nil
 }
 
 // check checks h and makes it canonical.
@@ -109,6 +126,13 @@ func (h *HTTPS) check(name string) error {
 		return fmt.Errorf("environment variable %s is the system's or den's: choose another (--env): %w", h.Env, ErrInvalid)
 	}
 	return nil
+}
+
+// oneLine is an HTTPS secret's value without the line end a file or an
+// echo leaves.
+func oneLine(v []byte) []byte {
+	v = bytes.TrimSuffix(v, []byte("\n"))
+	return bytes.TrimSuffix(v, []byte("\r"))
 }
 
 // headerValue checks an HTTPS secret's value: text a header may carry.

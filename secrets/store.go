@@ -188,6 +188,7 @@ func (s *Store) Set(owner, name string, value []byte) (Secret, error) {
 			return Secret{}, fmt.Errorf("secret %q: %w", name, err)
 		}
 	case KindHTTPS:
+		value = oneLine(value)
 		if err := headerValue(value); err != nil {
 			return Secret{}, fmt.Errorf("secret %q: %w", name, err)
 		}

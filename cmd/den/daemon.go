@@ -84,6 +84,7 @@ Examples:
 			&cli.StringFlag{Name: "api-tls-key", Usage: "key file of --api-tls-cert"},
 			&cli.StringFlag{Name: "e2b-listen", Value: "off", Usage: "serve E2B's API (control plane and envd) on this address, for the official E2B SDKs with a den token as E2B_API_KEY: HTTP on loopback, else TLS as --api-listen; off: none"},
 			&cli.StringFlag{Name: "e2b-domain", Usage: "the domain of E2B sandboxes' host names (PORT-ID.DOMAIN, what sandbox.getHost gives; point *.DOMAIN at the E2B listener); default: localhost:PORT for a loopback --e2b-listen"},
+			&cli.StringFlag{Name: "secrets-ca", Usage: "a PEM file of authorities den trusts, besides the system's, for the hosts of HTTPS secrets"},
 			&cli.StringFlag{Name: "vmm-user", Value: "den-vm", Usage: "the unprivileged user VMMs run as (made when missing); - runs them as root"},
 			&cli.StringFlag{Name: "admin-group", Value: daemon.DefaultAdminGroup, Usage: "local group whose members administer den through the socket, as root does"},
 			&cli.BoolFlag{Name: "debug", Usage: "log debug messages"},
@@ -147,7 +148,7 @@ Examples:
 				Memory: mem, Network: nc, MemoryCopies: copies,
 				HTTPListen: c.String("http-listen"), HTTPDomain: c.String("http-domain"), TLSCert: c.String("tls-cert"), TLSKey: c.String("tls-key"),
 				APIListen: c.String("api-listen"), APITLSCert: c.String("api-tls-cert"), APITLSKey: c.String("api-tls-key"), E2BListen: c.String("e2b-listen"), E2BDomain: c.String("e2b-domain"),
-				AdminGroup: c.String("admin-group"), Den: RunRemote, VMUser: c.String("vmm-user"),
+				AdminGroup: c.String("admin-group"), Den: RunRemote, VMUser: c.String("vmm-user"), SecretsCA: c.String("secrets-ca"),
 			})
 		},
 	}

@@ -16,7 +16,7 @@ import (
 func secretsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "secrets",
-		Usage: "keep credentials VMs use without ever holding them (SSH keys for git push)",
+		Usage: "keep credentials VMs use without ever holding them (SSH keys for git push, HTTPS tokens)",
 		Description: `den keeps each secret encrypted at rest, on the daemon's host. An ssh secret
 is a private key: a VM granted it sees the key through its SSH agent socket
 (SSH_AUTH_SOCK in every den exec and den ssh session), and den signs with it
@@ -27,6 +27,13 @@ disk, not its checkpoints. Grants count at once (revoke, or set a new value,
 and the VM's next request sees it); a fork has none unless den fork
 --with-secrets. Every signature asked for is in den's audit log.
 
+An https secret is a token for named hosts: the VM holds only a placeholder
+(den-secret:NAME, in an environment variable); den ends the VM's TLS to those
+hosts with a CA of the VM's own that the guest trusts, puts the value in
+place of the placeholder in the header or query parameter the secret names,
+and sends the request on over TLS it verifies. Other hosts' traffic is not
+touched. Every request that carried it is in den's audit log.
+
 Examples:
    ssh-keyscan github.com > gh.hosts
    den secrets add deploy --known-hosts gh.hosts < ~/.ssh/id_ed25519
@@ -34,6 +41,9 @@ Examples:
    den exec box -- git push        # in the VM, over SSH, signed by den
    den secrets set deploy < new_key
    den secrets revoke box deploy
+   printf 'Bearer %s' "$TOKEN" | den secrets add api --host api.example.com --header Authorization
+   den secrets grant box api
+   den exec box -- sh -c 'curl -H "Authorization: $API" https://api.example.com/'
    den secrets ls`,
 		Subcommands: []*cli.Command{secretsAddCommand(), secretsSetCommand(), secretsLsCommand(), secretsRmCommand(),
 			secretsGrantCommand(), secretsRevokeCommand()},
@@ -64,20 +74,36 @@ func secretValue(c *cli.Context) (string, error) {
 func secretsAddCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "add",
-		Usage:     "store an SSH private key for the hosts whose known_hosts lines you give",
+		Usage:     "store an SSH private key for hosts whose keys you give, or an HTTPS token for named hosts",
 		ArgsUsage: "NAME",
-		UsageText: "den secrets add NAME --known-hosts FILE [--from-file KEY] [--json] < KEY",
-		Description: `The key comes from stdin or --from-file, without a passphrase; the hosts
-from --known-hosts, known_hosts lines (ssh-keyscan HOST). The answer shows
-the key's public half, for the destination's authorized keys.
+		UsageText: `den secrets add NAME --known-hosts FILE [--from-file KEY] [--json] < KEY
+   den secrets add NAME --host HOST... (--header NAME | --query NAME) [--env VAR] [--from-file F] [--json] < VALUE`,
+		Description: `The value comes from stdin or --from-file.
+
+An ssh secret (--known-hosts) is a private key without a passphrase, for the
+hosts of the known_hosts lines given (ssh-keyscan HOST). The answer shows the
+key's public half, for the destination's authorized keys.
+
+An https secret (--host) is a token for the named hosts. A VM granted it has
+the placeholder den-secret:NAME in the environment variable --env (default:
+NAME in upper case, '-' and '.' as '_'); when it sends that placeholder in
+the --header (or --query parameter) of an HTTPS request to one of the hosts,
+den puts the value in its place on the way out. Needs TAP networking.
 
 Examples:
    den secrets add deploy --known-hosts gh.hosts < ~/.ssh/id_ed25519
-   den secrets add ci --known-hosts git.hosts --from-file ci_key --json`,
+   den secrets add ci --known-hosts git.hosts --from-file ci_key --json
+   printf 'Bearer %s' "$TOKEN" | den secrets add openai --host api.openai.com --header Authorization
+   den exec box -- sh -c 'curl -H "Authorization: $OPENAI" https://api.openai.com/v1/models'
+   den secrets add maps --host maps.example.com --query key --env MAPS_KEY < key.txt`,
 		Flags: withDaemon(
 			jsonFlag(),
-			&cli.StringFlag{Name: "known-hosts", Usage: "a file of known_hosts lines: the destinations and their host keys", Required: true},
-			&cli.StringFlag{Name: "from-file", Usage: "read the key from this file (default: stdin)"},
+			&cli.StringFlag{Name: "known-hosts", Usage: "ssh: a file of known_hosts lines, the destinations and their host keys"},
+			&cli.StringSliceFlag{Name: "host", Usage: "https: a host the secret goes to (repeat for more)"},
+			&cli.StringFlag{Name: "header", Usage: "https: the request header that carries it (Authorization)"},
+			&cli.StringFlag{Name: "query", Usage: "https: the query parameter that carries it"},
+			&cli.StringFlag{Name: "env", Usage: "https: the VM's environment variable holding the placeholder"},
+			&cli.StringFlag{Name: "from-file", Usage: "read the value from this file (default: stdin)"},
 		),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
@@ -86,24 +112,43 @@ Examples:
 			if err := checkArgs(c, validate.SecretName, c.Args().First()); err != nil {
 				return err
 			}
-			kh, err := os.ReadFile(c.String("known-hosts"))
-			if err != nil {
-				return cli.Exit(fmt.Sprintf("den secrets add: %v", err), 1)
+			req := api.AddSecretRequest{Name: c.Args().First(), Kind: "ssh"}
+			switch hosts := c.StringSlice("host"); {
+			case (len(hosts) > 0) == c.IsSet("known-hosts"):
+				return cli.Exit("den secrets add: give --known-hosts FILE (an ssh key) or --host HOST (an https token)", 2)
+			case len(hosts) > 0:
+				req.Kind, req.Hosts, req.Header, req.Query, req.Env = "https", hosts, c.String("header"), c.String("query"), c.String("env")
+			default:
+				kh, err := os.ReadFile(c.String("known-hosts"))
+				if err != nil {
+					return cli.Exit(fmt.Sprintf("den secrets add: %v", err), 1)
+				}
+				req.KnownHosts = string(kh)
 			}
 			value, err := secretValue(c)
 			if err != nil {
 				return err
 			}
+			req.Value = value
 			cl, err := newClient(c)
 			if err != nil {
 				return err
 			}
-			s, err := cl.AddSecret(c.Context, api.AddSecretRequest{Name: c.Args().First(), Kind: "ssh", Value: value, KnownHosts: string(kh)})
+			s, err := cl.AddSecret(c.Context, req)
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
 				return printJSON(c.App.Writer, s)
+			}
+			if s.Kind == "https" {
+				where := "header " + s.Header
+				if s.Query != "" {
+					where = "query parameter " + s.Query
+				}
+				fmt.Fprintf(c.App.Writer, "secret %s for https://%s, in the %s; VMs granted it have $%s=den-secret:%s\n",
+					s.Name, strings.Join(s.Hosts, ", https://"), where, s.Env, s.Name)
+				return nil
 			}
 			fmt.Fprintf(c.App.Writer, "secret %s for %s; its public key:\n%s\n", s.Name, strings.Join(s.Hosts, ", "), s.PublicKey)
 			return nil
@@ -170,9 +215,9 @@ func secretsLsCommand() *cli.Command {
 				return printJSON(c.App.Writer, l)
 			}
 			tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tKIND\tHOSTS\tPUBLIC KEY\tUPDATED")
+			fmt.Fprintln(tw, "NAME\tKIND\tHOSTS\tKEY OR PLACE\tUPDATED")
 			for _, s := range l {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.Kind, strings.Join(s.Hosts, ","), shortKey(s.PublicKey), s.Updated.Local().Format("2006-01-02 15:04"))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.Kind, strings.Join(s.Hosts, ","), secretPlace(s), s.Updated.Local().Format("2006-01-02 15:04"))
 			}
 			return tw.Flush()
 		},
@@ -180,6 +225,18 @@ func secretsLsCommand() *cli.Command {
 }
 
 // shortKey is an authorized_keys line cut for a table.
+// secretPlace is an ssh secret's public key, cut short, or where an
+// https secret goes.
+func secretPlace(s api.Secret) string {
+	switch {
+	case s.Header != "":
+		return "header " + s.Header + ", $" + s.Env
+	case s.Query != "":
+		return "?" + s.Query + "=, $" + s.Env
+	}
+	return shortKey(s.PublicKey)
+}
+
 func shortKey(k string) string {
 	f := strings.Fields(k)
 	if len(f) < 2 || len(f[1]) <= 16 {
