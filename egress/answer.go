@@ -66,7 +66,7 @@ func (s *served) answer(req *dns.Msg) (*dns.Msg, *dns.EDNS0_EDE) {
 			ExtraText: "den: " + name + " is not in vm's egress policy",
 		}
 	case s.r.o.Intercept != nil && s.r.o.Intercept(s.vm, name):
-		return s.intercepted(req, q), nil
+		return s.intercepted(req, q, name), nil
 	case q.Qtype == dns.TypeAAAA:
 		return reply.SetReply(req), nil // VMs have no IPv6 route
 	}

@@ -17,9 +17,10 @@ const interceptTTL = 5
 // intercepted is the answer to a query for a name Options.Intercept
 // takes for the VM: its A record is the VM's resolver address (its
 // gateway, where den's interceptor is reached), other types have none.
-func (s *served) intercepted(req *dns.Msg, q dns.Question) *dns.Msg {
+func (s *served) intercepted(req *dns.Msg, q dns.Question, name string) *dns.Msg {
 	reply := new(dns.Msg).SetReply(req)
 	if q.Qtype == dns.TypeA && s.addr.Is4() {
+		s.stats.answered(name, []netip.Addr{s.addr})
 		reply.Answer = append(reply.Answer, &dns.A{
 			Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: interceptTTL},
 			A:   s.addr.AsSlice(),

@@ -25,6 +25,9 @@ func TestIntercept(t *testing.T) {
 	if rcode(r) != "NOERROR" || !reflect.DeepEqual(addrs(r), []netip.Addr{addr.Addr()}) || r.Answer[0].Header().Ttl != interceptTTL {
 		t.Fatalf("intercepted A: %s %v", rcode(r), r.Answer)
 	}
+	if n := h.r.NameOf("box", addr.Addr()); n != "plain.test" {
+		t.Fatalf("NameOf the vm's own address: %q", n)
+	}
 	if r := query(t, addr, "plain.test.", dns.TypeAAAA, "udp", true); rcode(r) != "NOERROR" || len(r.Answer) != 0 {
 		t.Fatalf("intercepted AAAA: %s %v", rcode(r), r.Answer)
 	}

@@ -94,8 +94,15 @@ func (ix *Interceptor) granted(vm, host string) (VMRef, []record) {
 	return ref, out
 }
 
-// Intercepts says whether an HTTPS secret granted to vm goes to name.
+// Intercepts says whether an HTTPS secret granted to vm goes to name
+// (and vm is served: its connections have somewhere to go).
 func (ix *Interceptor) Intercepts(vm, name string) bool {
+	ix.mu.Lock()
+	served := ix.vms[vm] != nil
+	ix.mu.Unlock()
+	if !served {
+		return false
+	}
 	if _, rs := ix.granted(vm, name); len(rs) == 0 {
 		return false
 	}
