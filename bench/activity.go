@@ -3,44 +3,93 @@ package bench
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/image"
 )
 
-// buildStep is the work timed with the activity record on and off: a
-// build's shape at its most costly for the record (every step a new
-// process writing a file under /root), 150 steps of sh and cat.
+// buildStep is the record's worst case, timed with the activity record
+// on and off: every step a new process writing a file under /root, 150
+// steps of sh and cat, and nothing else.
 const buildStep = `mkdir -p /root/bench && i=0; while [ $i -lt 150 ]; do i=$((i+1)); sh -c "echo $i | cat > /root/bench/f$((i%16))"; done`
+
+// cBuildFiles is how many C files cBuild compiles.
+const cBuildFiles = 12
+
+// cBuildSetup writes a small C project under /root/cbuild: cBuildFiles
+// files of a few functions each and a Makefile.
+var cBuildSetup = func() string {
+	var b strings.Builder
+	b.WriteString("mkdir -p /root/cbuild && cd /root/cbuild && ")
+	objs := make([]string, 0, cBuildFiles)
+	for i := range cBuildFiles {
+		fmt.Fprintf(&b, `printf '#include <string.h>\nint f%d(const char *s){int n=0;for(;*s;s++)n=n*31+*s;return n+%d;}\nint g%d(int x){return x*x+f%d("den");}\nsize_t h%d(const char *s){return strlen(s)+%d;}\n' > f%d.c && `, i, i, i, i, i, i, i)
+		objs = append(objs, fmt.Sprintf("f%d.o", i))
+	}
+	fmt.Fprintf(&b, `printf 'int main(void){return 0;}\n' > main.c && printf 'OBJS=main.o %s\nprog: $(OBJS)\n\tcc -o prog $(OBJS)\n%%%%.o: %%%%.c\n\tcc -O1 -c $< -o $@\n' > Makefile`, strings.Join(objs, " "))
+	return b.String()
+}()
+
+// cBuild is a build as it happens: make compiling the project anew, cc
+// running its compiler, assembler and linker for each file.
+const cBuild = `cd /root/cbuild && make -B -s`
 
 // Names of the activity figures.
 const (
 	activityOn  = "build step, activity record on (150 processes writing files)"
 	activityOff = "build step, activity record off (150 processes writing files)"
+	cBuildOn    = "C build, activity record on (make of 13 files with cc, debian)"
+	cBuildOff   = "C build, activity record off (make of 13 files with cc, debian)"
 )
 
-// activityCost times buildStep in one VM with the guest's activity
-// record on and off in turn, run after run, each first in every other
-// run (this host's speed drifts over minutes).
+// activityCost times buildStep in one VM, and cBuild in a debian VM
+// (when the image is there), with the guest's activity record on and off
+// in turn, run after run, each first in every other run (this host's
+// speed drifts over minutes).
 func (d *daemon) activityCost(ctx context.Context, o Options, accel string, say func(string)) ([]Figure, error) {
-	const name = "activity"
-	if _, err := d.client.CreateVM(ctx, api.CreateRequest{Name: name, IdleTimeout: "0"}, nil); err != nil {
+	on, off, err := d.recordOnOff(ctx, o, "activity", "", "", buildStep, "build step", say)
+	if err != nil {
 		return nil, err
 	}
-	defer d.client.RemoveVM(context.WithoutCancel(ctx), name, true)
-	if _, err := d.exec(ctx, name, buildStep); err != nil { // warm-up: the programs in the page cache
-		return nil, fmt.Errorf("build step: %w", err)
+	figs := []Figure{figure(activityOn, d.vmm, accel, "512M", on), figure(activityOff, d.vmm, accel, "512M", off)}
+	if err := image.Dir(o.Images).Check(image.Debian); err != nil {
+		say(fmt.Sprintf("no C build with the activity record: %v", err))
+		return figs, nil
 	}
-	var on, off []time.Duration
+	on, off, err = d.recordOnOff(ctx, o, "activity-cc", image.Debian, cBuildSetup, cBuild, "C build", say)
+	if err != nil {
+		return figs, err
+	}
+	return append(figs, figure(cBuildOn, d.vmm, accel, "512M", on), figure(cBuildOff, d.vmm, accel, "512M", off)), nil
+}
+
+// recordOnOff makes VM name (of img, "" the default) and runs setup in
+// it, then times work with the record on and off in turn, after a
+// warm-up (the programs in the page cache).
+func (d *daemon) recordOnOff(ctx context.Context, o Options, name, img, setup, work, what string, say func(string)) (on, off []time.Duration, err error) {
+	if _, err := d.client.CreateVM(ctx, api.CreateRequest{Name: name, Image: img, IdleTimeout: "0"}, nil); err != nil {
+		return nil, nil, err
+	}
+	defer d.client.RemoveVM(context.WithoutCancel(ctx), name, true)
+	for _, cmd := range []string{setup, work} {
+		if cmd == "" {
+			continue
+		}
+		if out, err := d.exec(ctx, name, cmd); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w: %s", what, err, out)
+		}
+	}
 	for i := 0; i < o.Runs; i++ {
-		say(fmt.Sprintf("build step with the activity record on and off (%d/%d)", i+1, o.Runs))
+		say(fmt.Sprintf("%s with the activity record on and off (%d/%d)", what, i+1, o.Runs))
 		for j, rec := range []bool{i%2 == 0, i%2 != 0} {
 			if _, err := d.client.SetActivityRecord(ctx, name, rec); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
-			t, err := timed(func() error { _, err := d.exec(ctx, name, buildStep); return err })
+			t, err := timed(func() error { _, err := d.exec(ctx, name, work); return err })
 			if err != nil {
-				return nil, fmt.Errorf("build step (record %v, %d): %w", rec, j, err)
+				return nil, nil, fmt.Errorf("%s (record %v, %d): %w", what, rec, j, err)
 			}
 			if rec {
 				on = append(on, t)
@@ -50,5 +99,5 @@ func (d *daemon) activityCost(ctx context.Context, o Options, accel string, say 
 		}
 	}
 	_, _ = d.client.SetActivityRecord(ctx, name, true)
-	return []Figure{figure(activityOn, d.vmm, accel, "512M", on), figure(activityOff, d.vmm, accel, "512M", off)}, nil
+	return on, off, nil
 }
