@@ -59,13 +59,13 @@ type Server struct {
 	leases *Leases
 	freeze *freezeState
 
-	keys     keyAgent // den's SSH secrets' agent socket (keyagent.go)
+	keys keyAgent // den's SSH secrets' agent socket (keyagent.go)
 	// secretEnv is what sessions get of den's HTTPS secrets (trust.go).
 	secretEnv atomic.Pointer[[]string]
-	procs    procCounter
-	sessions atomic.Int64
-	forwards atomic.Int64
-	closing  atomic.Bool
+	procs     procCounter
+	sessions  atomic.Int64
+	forwards  atomic.Int64
+	closing   atomic.Bool
 }
 
 // New returns a server; serve it with Serve, ServePort or HandleConn.
