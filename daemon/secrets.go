@@ -392,6 +392,14 @@ func (k *keyAgents) push(vm string) {
 	}
 }
 
+// forget drops what is kept of a removed VM.
+func (k *keyAgents) forget(vm string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.conns, vm)
+	delete(k.refused, vm)
+}
+
 // usedHTTPS notes a use of an HTTPS secret (secrets.InterceptorConfig.Note).
 func (k *keyAgents) usedHTTPS(u secrets.Use) {
 	k.mu.Lock()

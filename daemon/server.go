@@ -323,6 +323,9 @@ func (s *Server) removeVM(w http.ResponseWriter, r *http.Request) {
 			s.log.Warn("den: the removed vm's secret grants stay", "vm", vm.Name, "err", err)
 		}
 	}
+	if s.keyAgents != nil {
+		s.keyAgents.forget(r.PathValue("name"))
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 

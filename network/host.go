@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -43,7 +44,12 @@ type Config struct {
 
 // InterceptPort is the port of a VM's gateway address where its HTTPS
 // connections to intercepted names arrive (its port 443 is redirected).
-const InterceptPort = 17443
+// The firewall lets them in only to a socket marked InterceptMark (a mark
+// only root sets: no other process that took the port gets them).
+const (
+	InterceptPort = 17443
+	InterceptMark = 0x64656e
+)
 
 // An Interceptor serves VMs' HTTPS connections to the names it takes.
 type Interceptor interface {
@@ -51,10 +57,12 @@ type Interceptor interface {
 	// trailing dot) go to the interceptor; it is asked once the vm's
 	// policy allows the name.
 	Intercepts(vm, name string) bool
-	// Serve listens for vm's connections on addr (again: in place of
-	// its listener before). resolve is where the interceptor may connect
-	// for the VM: a name's addresses that the VM's policy lets it reach.
-	Serve(vm string, addr netip.AddrPort, resolve func(ctx context.Context, name string) ([]netip.Addr, error)) error
+	// Serve listens for vm's connections on addr, from guest only, on a
+	// socket marked InterceptMark (again: in place of its listener
+	// before, whose connections it closes). resolve is where the
+	// interceptor may connect for the VM: a name's addresses that the
+	// VM's policy lets it reach, never the host's own nor the VMs'.
+	Serve(vm string, addr netip.AddrPort, guest netip.Addr, resolve func(ctx context.Context, name string) ([]netip.Addr, error)) error
 	// Stop closes vm's listener and its connections.
 	Stop(vm string)
 }
@@ -278,15 +286,54 @@ func (h *Host) up(a attachment) error {
 	if err := h.res.Serve(a.vm, netip.AddrPortFrom(a.lease.HostIP(), 53), a.policy); err != nil {
 		return err
 	}
-	if h.cfg.HTTPS != nil {
-		vm := a.vm
-		resolve := func(ctx context.Context, name string) ([]netip.Addr, error) { return h.res.Resolve(ctx, vm, name) }
-		if err := h.cfg.HTTPS.Serve(vm, netip.AddrPortFrom(a.lease.HostIP(), InterceptPort), resolve); err != nil {
-			// The VM works on; its HTTPS secrets do not.
-			h.log.Warn("den: no https interceptor for the vm", "vm", vm, "err", err)
+	h.intercept(a)
+	return nil
+}
+
+// intercept (re)starts a VM's HTTPS interceptor, if the host has one.
+func (h *Host) intercept(a attachment) {
+	if h.cfg.HTTPS == nil {
+		return
+	}
+	vm := a.vm
+	resolve := func(ctx context.Context, name string) ([]netip.Addr, error) {
+		addrs, err := h.res.Resolve(ctx, vm, name)
+		if err != nil {
+			return nil, err
+		}
+		addrs = slices.DeleteFunc(addrs, h.notForVMs)
+		if len(addrs) == 0 {
+			return nil, fmt.Errorf("resolve %s for vm %s: only addresses of this host or its VMs", name, vm)
+		}
+		return addrs, nil
+	}
+	if err := h.cfg.HTTPS.Serve(vm, netip.AddrPortFrom(a.lease.HostIP(), InterceptPort), a.lease.GuestIP(), resolve); err != nil {
+		// The VM works on; its HTTPS secrets do not.
+		h.log.Warn("den: no https interceptor for the vm", "vm", vm, "err", err)
+	}
+}
+
+// notForVMs says whether den may not connect to a for a VM: an address
+// of the host itself, of the VMs' pool, loopback, link-local, multicast
+// or unspecified (the firewall keeps VMs from them; den's own
+// connections do not pass it).
+func (h *Host) notForVMs(a netip.Addr) bool {
+	a = a.Unmap()
+	if a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsMulticast() || a.IsUnspecified() || h.cfg.Pool.prefix.Contains(a) {
+		return true
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return true
+	}
+	for _, ia := range addrs {
+		if p, ok := ia.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(p.IP); ok && ip.Unmap() == a {
+				return true
+			}
 		}
 	}
-	return nil
+	return false
 }
 
 // SetPolicy changes a VM's egress policy at once, on a running VM too:
@@ -314,6 +361,7 @@ func (h *Host) SetPolicy(ctx context.Context, vm string, p egress.Policy) error 
 		return fmt.Errorf("set egress policy of vm %q: %w", vm, err)
 	}
 	h.res.SetPolicy(vm, p)
+	h.intercept(a) // its connections out are cut too
 	f := &netlink.ConntrackFilter{}
 	if err := f.AddIP(netlink.ConntrackOrigSrcIP, net.IP(a.lease.GuestIP().AsSlice())); err == nil {
 		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f); err != nil {

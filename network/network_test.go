@@ -97,7 +97,7 @@ func TestTableScripts(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("nft -c: %v\n%s\nscript:\n%s", err, out, script)
 	}
-	if !strings.Contains(script, "redirect to :17443") || !strings.Contains(script, "tcp dport 17443 ct status dnat accept") {
+	if !strings.Contains(script, "redirect to :17443") || !strings.Contains(script, "tcp dport 17443 ct status dnat socket mark 0x64656e accept") {
 		t.Fatalf("no https interception:\n%s", script)
 	}
 	if !strings.Contains(script, "add element inet den_test cidr_1 { 10.0.0.0/8, 1.2.3.0/24 }") {

@@ -199,7 +199,7 @@ func (t table) vm(a attachment, flushDNS bool) string {
 	w("add rule inet %s %s ip saddr %s ip daddr %s tcp dport 53 accept", T, inChain(n), guest, host)
 	w("add rule inet %s %s ip saddr %s ip daddr %s icmp type echo-request accept", T, inChain(n), guest, host)
 	if t.intercept != 0 {
-		w("add rule inet %s %s ip saddr %s ip daddr %s tcp dport %d ct status dnat accept", T, inChain(n), guest, host, t.intercept)
+		w("add rule inet %s %s ip saddr %s ip daddr %s tcp dport %d ct status dnat socket mark 0x%x accept", T, inChain(n), guest, host, t.intercept, InterceptMark)
 	}
 	w("add rule inet %s %s jump %s", T, inChain(n), denyChain(n))
 	w(`add element inet %s taps { "%s" }`, T, a.lease.Tap)

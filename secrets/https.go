@@ -148,17 +148,33 @@ func (r record) forHost(host string) bool {
 	return r.Kind == KindHTTPS && slices.Contains(r.Hosts, host)
 }
 
+// placeholderRE finds placeholders: den-secret: and a secret's name,
+// whole (den-secret:api-v2 is not den-secret:api).
+var placeholderRE = regexp.MustCompile(`den-secret:[A-Za-z][A-Za-z0-9_.-]{0,63}`)
+
+// replace is s with the value in place of each of the secret's
+// placeholders, and whether there was one.
+func (r record) replace(s string) (string, bool) {
+	ph, done := Placeholder(r.Name), false
+	out := placeholderRE.ReplaceAllStringFunc(s, func(m string) string {
+		if m != ph {
+			return m
+		}
+		done = true
+		return string(r.Value)
+	})
+	return out, done
+}
+
 // substitute puts the secret's value in place of its placeholder in the
 // request's header or query parameter; it says whether it did.
 func (r record) substitute(req *http.Request) bool {
-	ph := Placeholder(r.Name)
 	done := false
 	if r.Header != "" {
 		vals := req.Header[r.Header]
 		for i, v := range vals {
-			if strings.Contains(v, ph) {
-				vals[i] = strings.ReplaceAll(v, ph, string(r.Value))
-				done = true
+			if nv, ok := r.replace(v); ok {
+				vals[i], done = nv, true
 			}
 		}
 		return done
@@ -172,11 +188,13 @@ func (r record) substitute(req *http.Request) bool {
 			continue
 		}
 		val, err := url.QueryUnescape(v)
-		if err != nil || !strings.Contains(val, ph) {
+		if err != nil {
 			continue
 		}
-		parts[i] = k + "=" + url.QueryEscape(strings.ReplaceAll(val, ph, string(r.Value)))
-		done = true
+		if nv, ok := r.replace(val); ok {
+			parts[i] = k + "=" + url.QueryEscape(nv)
+			done = true
+		}
 	}
 	if done {
 		req.URL.RawQuery = strings.Join(parts, "&")

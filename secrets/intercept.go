@@ -11,12 +11,15 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
-	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/denhq/den/egress"
+	"github.com/denhq/den/network"
 )
 
 // InterceptorConfig configures an Interceptor.
@@ -137,15 +140,31 @@ type intercepted struct {
 	certs map[string]*tls.Certificate
 }
 
-// Serve listens for vm's intercepted connections on addr, in place of
-// its listener before; resolve says where den may connect for it.
-func (ix *Interceptor) Serve(vm string, addr netip.AddrPort, resolve func(ctx context.Context, name string) ([]netip.Addr, error)) error {
+// Serve listens for vm's intercepted connections on addr, from guest
+// only, on a socket marked network.InterceptMark, in place of its
+// listener before; resolve says where den may connect for it.
+func (ix *Interceptor) Serve(vm string, addr netip.AddrPort, guest netip.Addr, resolve func(ctx context.Context, name string) ([]netip.Addr, error)) error {
 	ix.Stop(vm)
-	lc := net.ListenConfig{Control: egress.Freebind}
+	lc := net.ListenConfig{Control: func(nw, address string, c syscall.RawConn) error {
+		if err := egress.Freebind(nw, address, c); err != nil {
+			return err
+		}
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, network.InterceptMark)
+		}); err != nil {
+			return err
+		}
+		if serr != nil {
+			return fmt.Errorf("set SO_MARK: %w", serr)
+		}
+		return nil
+	}}
 	ln, err := lc.Listen(context.Background(), "tcp4", addr.String())
 	if err != nil {
 		return fmt.Errorf("https interceptor for vm %s: %w", vm, err)
 	}
+	ln = fromOnly{ln, guest.Unmap()}
 	v := &intercepted{ix: ix, vm: vm, certs: map[string]*tls.Certificate{}}
 	dialer := &net.Dialer{Timeout: dialTimeout}
 	tr := &http.Transport{
@@ -191,7 +210,9 @@ func (ix *Interceptor) Serve(vm string, addr netip.AddrPort, resolve func(ctx co
 	}
 	v.srv = &http.Server{
 		Handler:           v,
-		TLSConfig:         &tls.Config{GetCertificate: v.certificate, MinVersion: tls.VersionTLS12},
+		// No session resumption: every connection's handshake asks
+		// GetCertificate, which checks the name it is for.
+		TLSConfig:         &tls.Config{GetCertificate: v.certificate, MinVersion: tls.VersionTLS12, SessionTicketsDisabled: true},
 		ReadHeaderTimeout: headerTimeout,
 		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(ix.log.Handler(), slog.LevelDebug),
@@ -231,10 +252,40 @@ func (ix *Interceptor) Close() {
 	}
 }
 
+// fromOnly accepts connections from one address and closes the others
+// (the host's own processes may reach the gateway address too).
+type fromOnly struct {
+	net.Listener
+	from netip.Addr
+}
+
+func (l fromOnly) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil && ap.Addr().Unmap() == l.from {
+			return c, nil
+		}
+		c.Close()
+	}
+}
+
+// name is the host a connection's TLS named, lower case without a
+// trailing dot, "" if it is not a host name.
+func name(serverName string) string {
+	host := strings.ToLower(strings.TrimSuffix(serverName, "."))
+	if len(host) > 253 || !hostRE.MatchString(host) {
+		return ""
+	}
+	return host
+}
+
 // certificate is the certificate for the name the VM asks for, signed by
 // its CA; names den does not take are refused.
 func (v *intercepted) certificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
-	host := strings.ToLower(strings.TrimSuffix(hello.ServerName, "."))
+	host := name(hello.ServerName)
 	if host == "" || !v.ix.takes(v.vm, host) {
 		return nil, fmt.Errorf("den takes no https for %q from vm %s", host, v.vm)
 	}
@@ -272,13 +323,14 @@ type uses struct {
 	stray   string // a placeholder left as it is
 }
 
-// placeholderRE finds placeholders den did not replace.
-var placeholderRE = regexp.MustCompile(`den-secret:[A-Za-z][A-Za-z0-9_.-]{0,63}`)
-
 // ServeHTTP sends one request of the VM on, with the values of the
 // secrets granted to it for its host.
 func (v *intercepted) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	host := strings.ToLower(strings.TrimSuffix(r.TLS.ServerName, "."))
+	host := name(r.TLS.ServerName)
+	if host == "" || !v.ix.takes(v.vm, host) {
+		http.Error(w, fmt.Sprintf("den: no https for %q from this vm", r.TLS.ServerName), http.StatusMisdirectedRequest)
+		return
+	}
 	reqHost := r.Host
 	if h, _, err := net.SplitHostPort(r.Host); err == nil {
 		reqHost = h
@@ -325,7 +377,7 @@ func (v *intercepted) used(r *http.Request, status string, err error) {
 		dest += ": " + status
 	}
 	if err != nil {
-		err = fmt.Errorf("not sent: %w", err)
+		err = fmt.Errorf("failed: %w", err)
 	}
 	for _, rec := range u.secrets {
 		v.ix.cfg.Note(Use{VM: v.vm, Owner: rec.Owner, Secret: rec.Name, Kind: KindHTTPS, Dest: dest, Err: err})

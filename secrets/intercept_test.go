@@ -121,7 +121,7 @@ func TestInterceptor(t *testing.T) {
 	addrs := map[string]netip.AddrPort{}
 	for _, vm := range []string{"box", "twin"} {
 		addrs[vm] = freeAddr(t, "127.0.0.1")
-		if err := ix.Serve(vm, addrs[vm], resolve); err != nil {
+		if err := ix.Serve(vm, addrs[vm], netip.MustParseAddr("127.0.0.1"), resolve); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -162,9 +162,32 @@ func TestInterceptor(t *testing.T) {
 		t.Fatal("Intercepts does not follow the grants")
 	}
 	c := client(box)
-	got, err := get(c, "https://api.test/v1/x?a=1&key=den-secret:qkey&z=%20", "den-secret:api")
-	if err != nil || got != "200 AUTH Bearer tok-1 QUERY a=1&key=k%261+2&z=%20 HOST api.test" {
+	got, err := get(c, "https://api.test/v1/x?a=1&key=den-secret:qkey&z=%20", "den-secret:api-v2 den-secret:api")
+	if err != nil || got != "200 AUTH den-secret:api-v2 Bearer tok-1 QUERY a=1&key=k%261+2&z=%20 HOST api.test" {
 		t.Fatalf("a granted request: %q %v", got, err)
+	}
+	// No session is resumed: each handshake's name is checked.
+	tc := c.Transport.(*http.Transport)
+	tc.TLSClientConfig.ClientSessionCache = tls.NewLRUClientSessionCache(8)
+	for range 2 {
+		tc.CloseIdleConnections()
+		resp, err := c.Get("https://api.test/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.TLS.DidResume {
+			t.Fatal("a tls session was resumed")
+		}
+	}
+	// Only the guest's address is served.
+	far := freeAddr(t, "127.0.0.1")
+	if err := ix.Serve("far", far, netip.MustParseAddr("127.0.0.2"), resolve); err != nil {
+		t.Fatal(err)
+	}
+	if conn, err := tls.Dial("tcp", far.String(), &tls.Config{ServerName: "api.test", InsecureSkipVerify: true}); err == nil {
+		conn.Close()
+		t.Fatal("a connection from another address than the guest's was served")
 	}
 	// A name den does not take: no certificate.
 	if _, err := get(c, "https://other.test/", "den-secret:elsewhere"); err == nil {
@@ -200,6 +223,7 @@ func TestInterceptor(t *testing.T) {
 	want := []string{
 		"box api GET https://api.test/v1/x: 200 <nil>",
 		"box qkey GET https://api.test/v1/x: 200 <nil>",
+		"box api-v2 GET https://api.test/v1/x: 200 den-secret:api-v2 went as it is: vm box has no grant of it for api.test",
 		"box api GET https://api.test/: 200 <nil>",
 		"box api GET https://api.test/p: 200 den-secret:api went as it is: vm box has no grant of it for api.test",
 	}
