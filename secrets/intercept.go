@@ -209,7 +209,7 @@ func (ix *Interceptor) Serve(vm string, addr netip.AddrPort, guest netip.Addr, r
 		},
 	}
 	v.srv = &http.Server{
-		Handler:           v,
+		Handler: v,
 		// No session resumption: every connection's handshake asks
 		// GetCertificate, which checks the name it is for.
 		TLSConfig:         &tls.Config{GetCertificate: v.certificate, MinVersion: tls.VersionTLS12, SessionTicketsDisabled: true},
