@@ -383,8 +383,8 @@ func (v *intercepted) used(r *http.Request, status string, err error) {
 		v.ix.cfg.Note(Use{VM: v.vm, Owner: rec.Owner, Secret: rec.Name, Kind: KindHTTPS, Dest: dest, Err: err})
 	}
 	if u.stray != "" {
-		name := strings.TrimPrefix(u.stray, Placeholder(""))
-		v.ix.cfg.Note(Use{VM: v.vm, Secret: name, Kind: KindHTTPS, Dest: dest,
+		secret := strings.TrimPrefix(u.stray, Placeholder(""))
+		v.ix.cfg.Note(Use{VM: v.vm, Secret: secret, Kind: KindHTTPS, Dest: dest,
 			Err: fmt.Errorf("%s went as it is: vm %s has no grant of it for %s", u.stray, v.vm, u.host)})
 	}
 }
