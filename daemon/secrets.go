@@ -283,7 +283,11 @@ func (k *keyAgents) onAgent(vm string, c *agent.Client, record func(activity.Ent
 	}
 	k.conns[vm] = agentConn{c: c, record: record}
 	k.mu.Unlock()
-	go k.push(vm)
+	// Only where HTTPS secrets are in use: a request at every connection
+	// costs a guest under emulation enough to slow what it runs then.
+	if k.store.AnyHTTPS() {
+		go k.push(vm)
+	}
 	sem := make(chan struct{}, maxKeyChannels)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -72,6 +72,15 @@ func (s *Store) AddHTTPS(owner, name string, value []byte, h HTTPS) (Secret, err
 	return r.Secret, s.write(r)
 }
 
+// AnyHTTPS says whether the store holds an HTTPS secret (of anyone's).
+func (s *Store) AnyHTTPS() bool {
+	l, err := s.List("")
+	if err != nil {
+		return true // cannot tell: as if it did
+	}
+	return slices.ContainsFunc(l, func(sec Secret) bool { return sec.Kind == KindHTTPS })
+}
+
 // GrantedHTTPS are the HTTPS secrets granted to vm, without their
 // values, by environment variable.
 func (s *Store) GrantedHTTPS(vm VMRef) ([]Secret, error) {

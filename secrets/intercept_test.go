@@ -244,6 +244,9 @@ func TestAddHTTPS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if s.AnyHTTPS() {
+		t.Fatal("an empty store holds an https secret")
+	}
 	sec, err := s.AddHTTPS("alice", "open-ai.key", []byte("sk-1"), HTTPS{Hosts: []string{"Api.OpenAI.com", "api.openai.com"}, Header: "x-api-key"})
 	if err != nil || sec.Env != "OPEN_AI_KEY" || sec.Header != "X-Api-Key" || len(sec.Hosts) != 1 || sec.Hosts[0] != "api.openai.com" {
 		t.Fatalf("%+v %v", sec, err)
@@ -269,6 +272,9 @@ func TestAddHTTPS(t *testing.T) {
 		if _, err := s.AddHTTPS("alice", "x", []byte(c.value), c.h); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%q %+v: %v, want ErrInvalid", c.value, c.h, err)
 		}
+	}
+	if !s.AnyHTTPS() {
+		t.Fatal("AnyHTTPS misses one")
 	}
 	if _, err := s.Set("alice", "open-ai.key", []byte("a\r\nb")); !errors.Is(err, ErrInvalid) {
 		t.Errorf("set to two lines: %v", err)
