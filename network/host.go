@@ -301,7 +301,7 @@ func (h *Host) intercept(a attachment) {
 		if err != nil {
 			return nil, err
 		}
-		addrs = slices.DeleteFunc(addrs, h.notForVMs)
+		addrs = h.forVMs(addrs)
 		if len(addrs) == 0 {
 			return nil, fmt.Errorf("resolve %s for vm %s: only addresses of this host or its VMs", name, vm)
 		}
@@ -313,27 +313,29 @@ func (h *Host) intercept(a attachment) {
 	}
 }
 
-// notForVMs says whether den may not connect to a for a VM: an address
-// of the host itself, of the VMs' pool, loopback, link-local, multicast
-// or unspecified (the firewall keeps VMs from them; den's own
+// forVMs are the addresses den may connect to for a VM: none of the
+// host's own (read once), of the VMs' pool, loopback, link-local,
+// multicast or unspecified (the firewall keeps VMs from them; den's own
 // connections do not pass it).
-func (h *Host) notForVMs(a netip.Addr) bool {
-	a = a.Unmap()
-	if a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsMulticast() || a.IsUnspecified() || h.cfg.Pool.prefix.Contains(a) {
-		return true
-	}
-	addrs, err := net.InterfaceAddrs()
+func (h *Host) forVMs(addrs []netip.Addr) []netip.Addr {
+	local, err := net.InterfaceAddrs()
 	if err != nil {
-		return true
+		return nil
 	}
-	for _, ia := range addrs {
-		if p, ok := ia.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(p.IP); ok && ip.Unmap() == a {
-				return true
-			}
+	return slices.DeleteFunc(addrs, func(a netip.Addr) bool {
+		a = a.Unmap()
+		if a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsMulticast() || a.IsUnspecified() || h.cfg.Pool.prefix.Contains(a) {
+			return true
 		}
-	}
-	return false
+		return slices.ContainsFunc(local, func(ia net.Addr) bool {
+			p, ok := ia.(*net.IPNet)
+			if !ok {
+				return false
+			}
+			ip, _ := netip.AddrFromSlice(p.IP)
+			return ip.Unmap() == a
+		})
+	})
 }
 
 // SetPolicy changes a VM's egress policy at once, on a running VM too:

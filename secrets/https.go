@@ -69,14 +69,23 @@ func (s *Store) AddHTTPS(owner, name string, value []byte, h HTTPS) (Secret, err
 	if _, err := os.Stat(s.path(owner, name)); err == nil {
 		return Secret{}, fmt.Errorf("secret %q: %w (den secrets set changes its value)", name, ErrExists)
 	}
-	return r.Secret, s.write(r)
+	if err := s.write(r); err != nil {
+		return Secret{}, err
+	}
+	s.https.Store(true)
+	return r.Secret, nil
 }
 
-// AnyHTTPS says whether the store holds an HTTPS secret (of anyone's).
-func (s *Store) AnyHTTPS() bool {
+// AnyHTTPS says whether the store holds an HTTPS secret (of anyone's),
+// without reading it: a flag its writes keep.
+func (s *Store) AnyHTTPS() bool { return s.https.Load() }
+
+// holdsHTTPS reads every secret to find an HTTPS one (true when one
+// cannot be read: it may be).
+func (s *Store) holdsHTTPS() bool {
 	l, err := s.List("")
 	if err != nil {
-		return true // cannot tell: as if it did
+		return true
 	}
 	return slices.ContainsFunc(l, func(sec Secret) bool { return sec.Kind == KindHTTPS })
 }

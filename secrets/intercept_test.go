@@ -276,8 +276,14 @@ func TestAddHTTPS(t *testing.T) {
 	if !s.AnyHTTPS() {
 		t.Fatal("AnyHTTPS misses one")
 	}
+	if again, err := Open(filepath.Join(dir, "store"), filepath.Join(dir, "key")); err != nil || !again.AnyHTTPS() {
+		t.Fatalf("a store opened again misses its https secret: %v", err)
+	}
 	if _, err := s.Set("alice", "open-ai.key", []byte("a\r\nb")); !errors.Is(err, ErrInvalid) {
 		t.Errorf("set to two lines: %v", err)
+	}
+	if err := s.Remove("alice", "open-ai.key"); err != nil || s.AnyHTTPS() {
+		t.Fatalf("after the last https secret went: AnyHTTPS %v, %v", s.AnyHTTPS(), err)
 	}
 	// The VM's CA is its own, kept, and forgotten with the VM.
 	vm := VMRef{Name: "box", Created: time.UnixMilli(5)}

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"filippo.io/age"
@@ -96,6 +97,9 @@ type Store struct {
 	dir string
 	id  *age.X25519Identity
 	mu  sync.Mutex // writes, and grants.json's read-modify-write
+	// https says the store may hold an HTTPS secret (AnyHTTPS): found at
+	// Open, set by AddHTTPS, found again by Remove.
+	https atomic.Bool
 }
 
 // Open opens the store in dir, with the age identity in keyFile (made,
@@ -119,7 +123,7 @@ func Open(dir, keyFile string) (*Store, error) {
 		if err := atomicfile.Write(keyFile, []byte(id.String()+"\n"), 0o600); err != nil {
 			return nil, fmt.Errorf("open secrets: %w", err)
 		}
-		return &Store{dir: dir, id: id}, nil
+		return &Store{dir: dir, id: id}, nil // a new store: empty
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open secrets: %w", err)
@@ -128,7 +132,9 @@ func Open(dir, keyFile string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open secrets: key %s: %w", keyFile, err)
 	}
-	return &Store{dir: dir, id: id}, nil
+	st := &Store{dir: dir, id: id}
+	st.https.Store(st.holdsHTTPS())
+	return st, nil
 }
 
 func (s *Store) path(owner, name string) string {
@@ -257,6 +263,7 @@ func (s *Store) Remove(owner, name string) error {
 	if err := os.Remove(s.path(owner, name)); err != nil {
 		return fmt.Errorf("remove secret %q: %w", name, err)
 	}
+	s.https.Store(s.holdsHTTPS())
 	return nil
 }
 
