@@ -342,7 +342,7 @@ func (r *Recorder) conn(b []byte) {
 	defer r.mu.Unlock()
 	ev := agent.ProcEvent{Time: now, Kind: agent.ProcConnect, PID: pid, UID: uid,
 		Addr: netip.AddrPortFrom(addr, port).String(), Proto: proto, Comm: comm, Session: r.sessionOf(pid)}
-	if p := r.procs[pid]; p != nil {
+	if p := r.live[pid]; p != nil {
 		ev.PPID = p.ppid
 	}
 	r.add(ev)

@@ -60,7 +60,7 @@ func (r *Recorder) WatchFiles(paths []string) error {
 	r.mu.Lock()
 	r.fan = w
 	r.mu.Unlock()
-	go r.readFiles(w)
+	r.kick() // run polls the group from now on
 	return nil
 }
 
@@ -86,42 +86,9 @@ func (w *fanWatch) mark(on bool) error {
 	return nil
 }
 
-func (r *Recorder) readFiles(w *fanWatch) {
-	defer func() {
-		r.rx.Lock()
-		unix.Close(w.fd)
-		w.fd = -1
-		r.rx.Unlock()
-	}()
-	buf := make([]byte, 64<<10)
-	for {
-		r.mu.Lock()
-		closed := r.closed
-		r.mu.Unlock()
-		if closed {
-			return
-		}
-		// Polled with a bound, so that Close is seen.
-		pfd := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
-		if _, err := unix.Poll(pfd, 500); err != nil && !errors.Is(err, unix.EINTR) {
-			r.log.Warn("file record stopped", "err", err)
-			return
-		}
-		if _, err := r.recvFiles(w, buf); err != nil {
-			r.log.Warn("file record stopped", "err", err)
-			return
-		}
-	}
-}
-
 // recvFiles reads and handles the fanotify events waiting, if any; got
-// says there were.
+// says there were. Only run calls it.
 func (r *Recorder) recvFiles(w *fanWatch, buf []byte) (got bool, err error) {
-	r.rx.Lock()
-	defer r.rx.Unlock()
-	if w.fd < 0 {
-		return false, nil
-	}
 	n, err := unix.Read(w.fd, buf)
 	if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
 		return false, nil
@@ -189,8 +156,10 @@ func (r *Recorder) file(fd, pid, self int, prefixes []string) {
 		}
 	}
 	ev := agent.ProcEvent{Time: now, Kind: agent.ProcFile, PID: pid, UID: -1, Path: path, Bytes: st.Size, Writes: 1}
-	if p := r.procs[pid]; p != nil {
+	if p := r.live[pid]; p != nil {
 		ev.PPID, ev.UID = p.ppid, p.uid
+	} else if g, ok := r.gone[pid]; ok {
+		ev.PPID, ev.UID = g.ppid, g.uid
 	}
 	if pid == self {
 		ev.Session = "den-agent" // sftp, den cp, E2B files: written by the agent for a session

@@ -1,9 +1,9 @@
 //go:build linux
 
 // Package procrec records the guest's processes (each exec and the exit
-// that follows it, from the kernel's proc connector), the files they
-// write (from fanotify) and the connections they open (from eBPF connect
-// hooks) into a bounded ring.
+// that follows it, from eBPF programs on the scheduler's tracepoints),
+// the files they write (from fanotify) and the connections they open
+// (from eBPF connect hooks) into a bounded ring.
 package procrec
 
 import (
@@ -14,16 +14,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
 	"github.com/denhq/den/agent"
@@ -45,23 +43,15 @@ const (
 	// in one SSH packet, and SSH closes a connection that carries a
 	// packet over 256 KiB.
 	maxPageBytes = 128 << 10
-	// maxCmdline is how much of /proc/PID/cmdline is read.
-	maxCmdline = 16 << 10
 	// maxSession bounds a session tag.
 	maxSession = 64
-)
-
-// Proc connector constants (linux/connector.h, linux/cn_proc.h).
-const (
-	cnIdxProc         = 1
-	cnValProc         = 1
-	procCnMcastListen = 1
-	procEventFork     = 0x00000001
-	procEventExec     = 0x00000002
-	procEventExit     = 0x80000000
-	nlmsgHdrLen       = 16
-	cnMsgLen          = 20
-	procEventHdrLen   = 16 // what, cpu, timestamp_ns
+	// batchEvery is how long the recorder lets events gather after the
+	// first one before it reads them all: one wake per batch, not one
+	// per event, is what keeps the record cheap on a busy guest. A
+	// Drain reads at once.
+	batchEvery = 200 * time.Millisecond
+	// batchMax bounds the records one batch reads from each source.
+	batchMax = 8192
 )
 
 // live is what the recorder keeps of a process while it lives.
@@ -74,41 +64,45 @@ type live struct {
 
 // Recorder reads process events and keeps the newest in a ring.
 type Recorder struct {
-	fd   int
-	ring string
-	proc string // procfs mount
-	log  *slog.Logger
+	ring  string
+	log   *slog.Logger
+	procs *procWatch // the process record's programs and ring (procs.go)
 
-	rx     sync.Mutex // held while a datagram or a fanotify batch is read and handled: they go in order
+	sw     sync.Mutex // held while the record is switched on or off
 	mu     sync.Mutex
 	events []agent.ProcEvent // ring buffer, len == cap when full
 	next   int               // where the next event goes
 	seq    uint64            // sequence number of the newest event
-	procs  map[int]*live
+	live   map[int]*live
 	tags   map[int]string // pid → session, tagged by the agent
 	closed bool
 	paused bool
-	fan    *fanWatch      // the file record, if any (files.go)
-	conns  *connWatch     // the connection record, if any (conns.go)
-	read   uint64         // the newest sequence number a Read returned
-	done   chan struct{}  // closed when run returns
-	wake   int            // an eventfd Close writes to: run's poll returns
-	exited [patchBack]int // the pids of the newest exits
+	fan    *fanWatch       // the file record, if any (files.go)
+	conns  *connWatch      // the connection record, if any (conns.go)
+	read   uint64          // the newest sequence number a Read returned
+	drains []chan struct{} // Drains waiting for the next batch's end
+	done   chan struct{}   // closed when run returns
+	wake   int             // an eventfd: Drain, Close and WatchFiles wake run
+	exited [patchBack]int  // the pids of the newest exits
 	nexit  int
-	gone   map[int]goneProc // sessions of processes that exited in the last goneFor
+	gone   map[int]goneProc // processes that exited in the last goneFor
+	pruned time.Time        // when gone was last pruned
 }
 
-// goneFor is how long a process's session is kept after its exit.
+// goneFor is how long what was known of a process is kept after its
+// exit: its files may be read after it.
 const goneFor = 5 * time.Second
 
 type goneProc struct {
-	session string
-	at      time.Time
+	session   string
+	ppid, uid int
+	at        time.Time
 }
 
-// Open subscribes to the proc connector and starts recording, keeping
-// the newest size events. It fails when the kernel has no proc connector
-// or the caller may not listen (CAP_NET_ADMIN).
+// Open loads the process record's eBPF programs on the scheduler's
+// tracepoints and starts recording, keeping the newest size events. It
+// fails when the kernel has no BTF or eBPF, or the caller may not load
+// programs (CAP_BPF, CAP_PERFMON).
 func Open(size int, log *slog.Logger) (*Recorder, error) {
 	if size <= 0 {
 		size = 8192
@@ -116,34 +110,28 @@ func Open(size int, log *slog.Logger) (*Recorder, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_CONNECTOR)
+	procs, err := newProcWatch()
 	if err != nil {
-		return nil, fmt.Errorf("process record: netlink connector socket: %w", err)
+		return nil, fmt.Errorf("process record: %w", err)
 	}
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: cnIdxProc}); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("process record: bind to the proc connector: %w", err)
-	}
-	// A burst of forks must not overflow the socket between reads
-	// (FORCE: past rmem_max, the agent being root).
-	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20) != nil {
-		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
-	}
-	if err := listen(fd, true); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("process record: subscribe to the proc connector: %w", err)
-	}
+	// Reads never block: run polls the ring itself.
+	procs.rd.SetDeadline(time.Unix(1, 0))
 	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
-		unix.Close(fd)
+		procs.close()
 		return nil, fmt.Errorf("process record: eventfd: %w", err)
+	}
+	if err := procs.hook(true); err != nil {
+		procs.close()
+		unix.Close(wake)
+		return nil, fmt.Errorf("process record: %w", err)
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	r := &Recorder{
-		fd: fd, ring: hex.EncodeToString(id[:]), proc: "/proc", log: log,
+		ring: hex.EncodeToString(id[:]), log: log, procs: procs,
 		events: make([]agent.ProcEvent, 0, size),
-		procs:  map[int]*live{},
+		live:   map[int]*live{},
 		tags:   map[int]string{},
 		gone:   map[int]goneProc{},
 		done:   make(chan struct{}),
@@ -153,49 +141,37 @@ func Open(size int, log *slog.Logger) (*Recorder, error) {
 	return r, nil
 }
 
-// listen sends PROC_CN_MCAST_LISTEN (or _IGNORE).
-func listen(fd int, on bool) error {
-	op := uint32(procCnMcastListen)
-	if !on {
-		op = 2
-	}
-	msg := make([]byte, nlmsgHdrLen+cnMsgLen+4)
-	le := binary.LittleEndian
-	le.PutUint32(msg[0:], uint32(len(msg)))
-	le.PutUint16(msg[4:], unix.NLMSG_DONE)
-	cn := msg[nlmsgHdrLen:]
-	le.PutUint32(cn[0:], cnIdxProc)
-	le.PutUint32(cn[4:], cnValProc)
-	le.PutUint16(cn[16:], 4)
-	le.PutUint32(cn[cnMsgLen:], op)
-	return unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+// kick wakes run: it reads what is queued at once.
+func (r *Recorder) kick() {
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	_, _ = unix.Write(r.wake, one[:])
 }
 
 // Close stops recording; what was recorded can still be read.
 func (r *Recorder) Close() error {
+	r.sw.Lock()
+	defer r.sw.Unlock()
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
 		return nil
 	}
 	r.closed = true
-	conns := r.conns
+	conns, fan := r.conns, r.fan
 	r.mu.Unlock()
-	_ = listen(r.fd, false)
+	err := r.procs.hook(false)
 	if conns != nil {
 		conns.close()
 	}
-	// The eventfd wakes run's poll; the fds are closed once run has
-	// returned.
-	var one [8]byte
-	binary.NativeEndian.PutUint64(one[:], 1)
-	_, err := unix.Write(r.wake, one[:])
+	r.kick()
+	// The fds are closed once run has returned.
 	select {
 	case <-r.done:
-		r.rx.Lock()
-		unix.Close(r.fd)
-		r.fd = -1
-		r.rx.Unlock()
+		r.procs.close()
+		if fan != nil {
+			unix.Close(fan.fd)
+		}
 		unix.Close(r.wake)
 	case <-time.After(time.Second):
 		// run is stuck somewhere: leave the fds to the process's end
@@ -204,69 +180,105 @@ func (r *Recorder) Close() error {
 	return err
 }
 
+// run waits for the first event of a batch, lets the others gather for
+// batchEvery (unless a Drain or Close comes first), then reads them all.
 func (r *Recorder) run() {
 	defer close(r.done)
+	var rec ringbuf.Record
 	buf := make([]byte, 64<<10)
 	for {
-		pfd := []unix.PollFd{{Fd: int32(r.fd), Events: unix.POLLIN}, {Fd: int32(r.wake), Events: unix.POLLIN}}
-		_, perr := unix.Poll(pfd, -1)
 		r.mu.Lock()
-		closed := r.closed
+		closed, fan := r.closed, r.fan
 		r.mu.Unlock()
 		if closed {
 			return
 		}
-		if perr != nil && !errors.Is(perr, unix.EINTR) {
-			r.log.Warn("process record stopped", "err", perr)
+		pfd := []unix.PollFd{{Fd: int32(r.wake), Events: unix.POLLIN}, {Fd: int32(r.procs.ring.FD()), Events: unix.POLLIN}}
+		if fan != nil {
+			pfd = append(pfd, unix.PollFd{Fd: int32(fan.fd), Events: unix.POLLIN})
+		}
+		if _, err := unix.Poll(pfd, -1); err != nil && !errors.Is(err, unix.EINTR) {
+			r.log.Warn("process record stopped", "err", err)
 			return
 		}
-		if _, err := r.recvProc(buf); err != nil {
+		if pfd[0].Revents == 0 {
+			pfd = pfd[:1]
+			if _, err := unix.Poll(pfd, int(batchEvery/time.Millisecond)); err != nil && !errors.Is(err, unix.EINTR) {
+				r.log.Warn("process record stopped", "err", err)
+				return
+			}
+		}
+		var eight [8]byte
+		_, _ = unix.Read(r.wake, eight[:])
+		if err := r.batch(&rec, buf); err != nil {
 			r.log.Warn("process record stopped", "err", err)
 			return
 		}
 	}
 }
 
-// recvProc reads and handles one datagram of the proc connector, if one
-// is waiting; got says one was.
-func (r *Recorder) recvProc(buf []byte) (got bool, err error) {
-	r.rx.Lock()
-	defer r.rx.Unlock()
-	if r.fd < 0 {
-		return false, nil
+// batch reads what the process ring and the file record hold, then
+// lets the Drains that came before it go.
+func (r *Recorder) batch(rec *ringbuf.Record, buf []byte) error {
+	r.mu.Lock()
+	drains, fan := r.drains, r.fan
+	r.drains = nil
+	r.mu.Unlock()
+	defer func() {
+		for _, ch := range drains {
+			close(ch)
+		}
+	}()
+	// Processes first: a file's writer is then known, alive or gone.
+	now := time.Now()
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	mono := ts.Nano()
+	for i := 0; i < batchMax; i++ {
+		if err := r.procs.rd.ReadInto(rec); err != nil {
+			break
+		}
+		if p, ok := decodeProc(rec.RawSample); ok {
+			r.proc(p, now.Add(time.Duration(p.mono-mono)))
+		}
 	}
-	n, from, err := unix.Recvfrom(r.fd, buf, unix.MSG_DONTWAIT)
-	switch {
-	case errors.Is(err, unix.EINTR), errors.Is(err, unix.EAGAIN):
-		return false, nil
-	case errors.Is(err, unix.ENOBUFS):
+	if lost := r.procs.lostSince(); lost > 0 {
 		r.mu.Lock()
-		r.add(agent.ProcEvent{Time: time.Now(), Kind: agent.ProcLost})
+		r.add(agent.ProcEvent{Time: now, Kind: agent.ProcLost, Lost: lost})
 		r.mu.Unlock()
-		return true, nil
-	case err != nil:
-		return false, err
-	case n == 0:
-		return false, nil
 	}
-	if nl, ok := from.(*unix.SockaddrNetlink); ok && nl.Pid == 0 { // only the kernel speaks for the proc connector
-		r.parse(buf[:n])
+	for i := 0; fan != nil && i < batchMax; i++ {
+		got, err := r.recvFiles(fan, buf)
+		if err != nil {
+			return err
+		}
+		if !got {
+			break
+		}
 	}
-	return true, nil
+	r.mu.Lock()
+	if now.Sub(r.pruned) > goneFor {
+		r.pruned = now
+		for g, gp := range r.gone {
+			if now.Sub(gp.at) > goneFor {
+				delete(r.gone, g)
+			}
+		}
+	}
+	r.mu.Unlock()
+	return nil
 }
 
-// drainMax bounds the datagrams a Drain reads from each source.
-const drainMax = 8192
-
 // Drain handles the events the kernel has queued for the recorder and
-// its reader has not read yet: a Read after it holds every process
-// event and file close that happened before it.
+// it has not read yet: a Read after it holds every process event, file
+// close and connection that happened before it.
 func (r *Recorder) Drain() {
-	buf := make([]byte, 64<<10)
-	// Files first: a process's writes come before its exit, which ends
-	// what is known of it (its session).
 	r.mu.Lock()
-	fan, conns := r.fan, r.conns
+	conns, closed := r.conns, r.closed
+	ch := make(chan struct{})
+	if !closed {
+		r.drains = append(r.drains, ch)
+	}
 	r.mu.Unlock()
 	if conns != nil {
 		if lost := conns.drain(); lost > 0 {
@@ -275,120 +287,93 @@ func (r *Recorder) Drain() {
 			r.mu.Unlock()
 		}
 	}
-	for i := 0; fan != nil && i < drainMax; i++ {
-		if got, err := r.recvFiles(fan, buf); !got || err != nil {
-			break
-		}
+	if closed {
+		return
 	}
-	for i := 0; i < drainMax; i++ {
-		if got, err := r.recvProc(buf); !got || err != nil {
-			break
-		}
-	}
-}
-
-// parse handles one datagram of netlink messages.
-func (r *Recorder) parse(b []byte) {
-	le := binary.LittleEndian
-	for len(b) >= nlmsgHdrLen {
-		l := int(le.Uint32(b[0:]))
-		if l < nlmsgHdrLen || l > len(b) {
-			return
-		}
-		msg := b[nlmsgHdrLen:l]
-		b = b[min((l+3)&^3, len(b)):]
-		if len(msg) < cnMsgLen+procEventHdrLen {
-			continue
-		}
-		if le.Uint32(msg[0:]) != cnIdxProc || le.Uint32(msg[4:]) != cnValProc {
-			continue
-		}
-		ev := msg[cnMsgLen:]
-		what := le.Uint32(ev[0:])
-		data := ev[procEventHdrLen:]
-		switch what {
-		case procEventFork:
-			if len(data) >= 16 {
-				ppid, tgid, pid := int(le.Uint32(data[4:])), int(le.Uint32(data[12:])), int(le.Uint32(data[8:]))
-				if pid == tgid { // a process, not a thread
-					r.fork(ppid, pid)
-				}
-			}
-		case procEventExec:
-			if len(data) >= 8 && le.Uint32(data[0:]) == le.Uint32(data[4:]) {
-				r.exec(int(le.Uint32(data[4:])))
-			}
-		case procEventExit:
-			if len(data) >= 16 && le.Uint32(data[0:]) == le.Uint32(data[4:]) {
-				r.exit(int(le.Uint32(data[4:])), le.Uint32(data[8:]))
-			}
-		}
+	r.kick()
+	select {
+	case <-ch:
+	case <-r.done:
+	case <-time.After(time.Second):
 	}
 }
 
-func (r *Recorder) fork(ppid, pid int) {
+// proc handles one record of the process ring, which happened at at.
+func (r *Recorder) proc(p procRecord, at time.Time) {
+	pid := int(p.pid)
+	switch p.kind {
+	case recFork:
+		r.mu.Lock()
+		r.live[pid] = &live{ppid: int(p.parent)}
+		r.mu.Unlock()
+	case recExec:
+		argv, cut := splitArgv(p.argv, p.argvLen)
+		r.exec(pid, int(p.parent), int(p.val), at, argv, cut)
+	case recExit:
+		r.exit(pid, p.val, at)
+	}
+}
+
+// splitArgv cuts a NUL-separated command line of which the kernel
+// copied b, whole bytes long, to the bounds.
+func splitArgv(b []byte, whole int) ([]string, bool) {
+	cut := whole > len(b)
+	b = bytes.TrimSuffix(b, []byte{0})
+	if len(b) == 0 {
+		return nil, cut
+	}
+	sum := 0
+	var argv []string
+	for i, a := range bytes.Split(b, []byte{0}) {
+		if i == maxArgs || sum >= maxArgvSum {
+			return argv, true
+		}
+		if len(a) > maxArgBytes {
+			a, cut = a[:maxArgBytes], true
+		}
+		sum += len(a)
+		argv = append(argv, string(a))
+	}
+	return argv, cut
+}
+
+func (r *Recorder) exec(pid, ppid, uid int, at time.Time, argv []string, cut bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.procs[pid] = &live{ppid: ppid}
-}
-
-func (r *Recorder) exec(pid int) {
-	now := time.Now()
-	argv, cut := r.argv(pid)
-	r.mu.Lock()
-	p := r.procs[pid]
-	r.mu.Unlock()
-	// The parent is known from the fork; the uid is the owner of the
-	// process's /proc directory: a stat, where /proc/PID/status would be
-	// an open, a read and a close (costly under emulation).
-	ppid, uid := 0, -1
-	var st unix.Stat_t
-	if unix.Stat(r.proc+"/"+strconv.Itoa(pid), &st) == nil {
-		uid = int(st.Uid)
-	}
-	if p == nil || uid < 0 {
-		ppid, uid = r.status(pid)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	p = r.procs[pid]
+	p := r.live[pid]
 	if p == nil {
-		p = &live{ppid: ppid}
-		r.procs[pid] = p
+		p = &live{}
+		r.live[pid] = p
 	}
 	if ppid > 0 {
 		p.ppid = ppid
 	}
-	p.exec, p.uid = now, uid
+	p.exec, p.uid = at, uid
 	p.session = r.sessionOf(pid)
-	r.add(agent.ProcEvent{Time: now, Kind: agent.ProcExec, PID: pid, PPID: p.ppid, UID: uid,
+	r.add(agent.ProcEvent{Time: at, Kind: agent.ProcExec, PID: pid, PPID: p.ppid, UID: uid,
 		Argv: argv, ArgvTruncated: cut, Session: p.session})
 }
 
-func (r *Recorder) exit(pid int, code uint32) {
-	now := time.Now()
+func (r *Recorder) exit(pid int, code uint32, at time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	p := r.procs[pid]
-	// Its session is kept a moment: its last writes may be read after
-	// its exit (files and processes come through two readers).
-	if s := r.sessionOf(pid); s != "" {
-		r.gone[pid] = goneProc{session: s, at: now}
+	p := r.live[pid]
+	// What is known of it is kept a moment: its last files are read
+	// after its exit.
+	g := goneProc{session: r.sessionOf(pid), uid: -1, at: at}
+	if p != nil {
+		g.ppid, g.uid = p.ppid, p.uid
 	}
-	for g, gp := range r.gone {
-		if now.Sub(gp.at) > goneFor {
-			delete(r.gone, g)
-		}
-	}
-	delete(r.procs, pid)
+	r.gone[pid] = g
+	delete(r.live, pid)
 	delete(r.tags, pid)
 	r.exited[r.nexit%patchBack] = pid
 	r.nexit++
 	if p == nil || p.exec.IsZero() {
 		return // a fork that never exec'd, or one from before we listened
 	}
-	ev := agent.ProcEvent{Time: now, Kind: agent.ProcExit, PID: pid, PPID: p.ppid, UID: p.uid, Session: p.session,
-		Duration: now.Sub(p.exec)}
+	ev := agent.ProcEvent{Time: at, Kind: agent.ProcExit, PID: pid, PPID: p.ppid, UID: p.uid, Session: p.session,
+		Duration: at.Sub(p.exec)}
 	ws := syscall.WaitStatus(code)
 	switch {
 	case ws.Signaled():
@@ -410,7 +395,7 @@ func (r *Recorder) sessionOf(pid int) string {
 		if s, ok := r.tags[pid]; ok {
 			return s
 		}
-		p := r.procs[pid]
+		p := r.live[pid]
 		if p == nil {
 			return r.gone[pid].session
 		}
@@ -429,7 +414,7 @@ func (r *Recorder) descends(pid, root int) bool {
 		if pid == root {
 			return true
 		}
-		p := r.procs[pid]
+		p := r.live[pid]
 		if p == nil {
 			return false
 		}
@@ -481,44 +466,67 @@ func (r *Recorder) Tag(pid int, session string) {
 		}
 		if ev.PID == pid || ev.PPID == pid || r.descends(ev.PPID, pid) {
 			ev.Session = session
-			if p := r.procs[ev.PID]; p != nil && p.session == "" {
+			if p := r.live[ev.PID]; p != nil && p.session == "" {
 				p.session = session
 			}
 		}
 	}
 }
 
-// SetRecording switches the record off (the proc connector and the
-// file marks are let go: recording costs nothing then) or on again.
+// SetRecording switches the record off (the programs, the file marks
+// and the connect hooks are let go: recording costs nothing then) or on
+// again. What happened before it is switched off is recorded.
 func (r *Recorder) SetRecording(on bool) error {
+	r.sw.Lock()
+	defer r.sw.Unlock()
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return errors.New("process record: closed")
+	closed, paused, fan, conns := r.closed, r.paused, r.fan, r.conns
+	if on && !closed && paused {
+		r.paused = false
 	}
-	if r.paused == !on {
+	r.mu.Unlock()
+	switch {
+	case closed:
+		return errors.New("process record: closed")
+	case paused == !on:
 		return nil
 	}
-	if err := listen(r.fd, on); err != nil {
-		return fmt.Errorf("process record: %w", err)
+	hooks := []func(bool) error{func(on bool) error {
+		if err := r.procs.hook(on); err != nil {
+			return fmt.Errorf("process record: %w", err)
+		}
+		return nil
+	}}
+	if fan != nil {
+		hooks = append(hooks, fan.mark)
 	}
-	if r.fan != nil {
-		if err := r.fan.mark(on); err != nil {
+	if conns != nil {
+		hooks = append(hooks, conns.hook)
+	}
+	for i, h := range hooks {
+		if err := h(on); err != nil {
+			for _, undo := range hooks[:i] {
+				_ = undo(!on)
+			}
+			if on {
+				r.mu.Lock()
+				r.paused = true
+				r.mu.Unlock()
+			}
 			return err
 		}
 	}
-	if r.conns != nil {
-		if err := r.conns.hook(on); err != nil {
-			return err
-		}
+	if on {
+		return nil
 	}
-	r.paused = !on
-	if !on {
-		// What lived before cannot be followed to its exit.
-		clear(r.procs)
-		clear(r.tags)
-		clear(r.gone)
-	}
+	r.Drain()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.paused = true
+	// What lived before cannot be followed to its exit.
+	clear(r.live)
+	clear(r.tags)
+	clear(r.gone)
 	return nil
 }
 
@@ -557,77 +565,4 @@ func (r *Recorder) Read(after uint64, limit int) agent.ProcLogReply {
 		r.read = out.Events[k-1].Seq
 	}
 	return out
-}
-
-// argv reads a process's command line, cut to the bounds.
-func (r *Recorder) argv(pid int) ([]string, bool) {
-	b, err := readBounded(r.proc+"/"+strconv.Itoa(pid)+"/cmdline", maxCmdline)
-	if err != nil || len(b) == 0 {
-		comm, _ := os.ReadFile(r.proc + "/" + strconv.Itoa(pid) + "/comm")
-		if c := strings.TrimSpace(string(comm)); c != "" {
-			return []string{"[" + c + "]"}, false
-		}
-		return nil, false
-	}
-	b = bytes.TrimSuffix(b, []byte{0})
-	parts := bytes.Split(b, []byte{0})
-	cut := false
-	sum := 0
-	var argv []string
-	for i, p := range parts {
-		if i == maxArgs || sum >= maxArgvSum {
-			cut = true
-			break
-		}
-		if len(p) > maxArgBytes {
-			p, cut = p[:maxArgBytes], true
-		}
-		sum += len(p)
-		argv = append(argv, string(p))
-	}
-	return argv, cut
-}
-
-// readBounded reads at most n bytes of a file.
-func readBounded(path string, n int) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b := make([]byte, n)
-	k, err := io.ReadFull(f, b)
-	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-		err = nil
-	}
-	return b[:k], err
-}
-
-// status reads a process's parent and effective uid.
-func (r *Recorder) status(pid int) (ppid, uid int) {
-	b, err := os.ReadFile(r.proc + "/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0, -1
-	}
-	uid = -1
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) == 0 {
-			continue
-		}
-		switch k {
-		case "PPid":
-			ppid, _ = strconv.Atoi(f[0])
-		case "Uid":
-			if len(f) > 1 {
-				uid, _ = strconv.Atoi(f[1]) // real, effective, saved, fs
-			}
-			return ppid, uid
-		}
-	}
-	return ppid, uid
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,7 +19,7 @@ import (
 func open(t *testing.T, size int) *Recorder {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("the proc connector needs root (CAP_NET_ADMIN)")
+		t.Skip("the eBPF programs need root")
 	}
 	r, err := Open(size, nil)
 	if err != nil {
@@ -284,4 +285,55 @@ func TestConnections(t *testing.T) {
 	}
 	connect("udp", "192.0.2.98:53")
 	waitFor(t, r, func(ev agent.ProcEvent) bool { return ev.Kind == agent.ProcConnect && ev.Addr == "192.0.2.98:53" })
+}
+
+// TestShortLived: processes that end before the recorder reads anything
+// keep their whole command line, parent, uid, status and times (the
+// kernel copies them at exec); a long command line is cut and says so.
+func TestShortLived(t *testing.T) {
+	r := open(t, 0)
+	before := time.Now()
+	var pids []int
+	for i := range 30 {
+		cmd := exec.Command("/bin/true", fmt.Sprintf("short-%d", i))
+		if err := cmd.Run(); err != nil {
+			t.Fatal(err)
+		}
+		pids = append(pids, cmd.Process.Pid)
+	}
+	long := exec.Command("/bin/true", strings.Repeat("a", 300), strings.Repeat("b", 5000))
+	if err := long.Run(); err != nil {
+		t.Fatal(err)
+	}
+	r.Drain()
+	after := time.Now()
+	byPID := map[int][]agent.ProcEvent{}
+	for _, ev := range r.Read(0, 0).Events {
+		byPID[ev.PID] = append(byPID[ev.PID], ev)
+	}
+	for i, pid := range pids {
+		evs := byPID[pid]
+		if len(evs) != 2 || evs[0].Kind != agent.ProcExec || evs[1].Kind != agent.ProcExit {
+			t.Fatalf("process %d: events %+v, want its exec and its exit", i, evs)
+		}
+		ex, end := evs[0], evs[1]
+		if want := []string{"/bin/true", fmt.Sprintf("short-%d", i)}; !slices.Equal(ex.Argv, want) || ex.ArgvTruncated {
+			t.Errorf("process %d: argv %q (cut %v), want %q", i, ex.Argv, ex.ArgvTruncated, want)
+		}
+		if ex.PPID != os.Getpid() || ex.UID != 0 || end.Status == nil || *end.Status != 0 {
+			t.Errorf("process %d: exec %+v exit %+v", i, ex, end)
+		}
+		// Times are the kernel's, put on the wall clock.
+		slack := 100 * time.Millisecond
+		if ex.Time.Before(before.Add(-slack)) || end.Time.After(after.Add(slack)) || end.Time.Before(ex.Time) || end.Duration != end.Time.Sub(ex.Time) {
+			t.Errorf("process %d: exec at %v, exit at %v after %v; ran between %v and %v", i, ex.Time, end.Time, end.Duration, before, after)
+		}
+	}
+	evs := byPID[long.Process.Pid]
+	if len(evs) == 0 || evs[0].Kind != agent.ProcExec {
+		t.Fatalf("long command line: events %+v", evs)
+	}
+	if a := evs[0].Argv; len(a) != 3 || a[1] != strings.Repeat("a", maxArgBytes) || !evs[0].ArgvTruncated {
+		t.Errorf("long command line: %d args, cut %v", len(a), evs[0].ArgvTruncated)
+	}
 }
