@@ -39,6 +39,9 @@ type Options struct {
 	// ScaleOnly measures only a host with many sleeping VMs
 	// (sleepers.go).
 	ScaleOnly bool
+	// ActivityOnly measures only what the guest's activity record
+	// costs (activity.go).
+	ActivityOnly bool
 	// E2BOnly measures only the E2B figures: the official e2b SDK
 	// against the daemon's --e2b-listen beside den's own path (e2b.go).
 	E2BOnly bool
@@ -246,6 +249,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		vmms = available()
 	}
 	vs := variants(vmms, o.Quick)
+	if o.ActivityOnly {
+		vs = mainVariants(vmms)
+	}
 	if o.E2BOnly {
 		vs = e2bVariants(vmms)
 	}
@@ -253,7 +259,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		// The figures set against the VMM's floor, which is sampled
 		// between them (floor.go).
 		var fl *floor
-		if v.name == "qemu" && !o.NetworkOnly && !o.ScaleOnly && !o.E2BOnly {
+		if v.name == "qemu" && !o.NetworkOnly && !o.ScaleOnly && !o.E2BOnly && !o.ActivityOnly {
 			var err error
 			if fl, err = newFloor(ctx, o, mainFloor, o.Progress); err != nil {
 				return res, fmt.Errorf("bench: %w", err)
@@ -283,6 +289,8 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		switch {
 		case o.ScaleOnly:
 			figs, err = d.sleepers(ctx, o, v, info.Accel, nil, func(s string) { o.Progress(v.name + ": " + s) })
+		case o.ActivityOnly:
+			figs, err = d.activityCost(ctx, o, info.Accel, func(s string) { o.Progress(v.name + ": " + s) })
 		case o.E2BOnly:
 			figs, err = d.e2b(ctx, o, info.Accel, func(s string) { o.Progress(v.name + ": " + s) })
 		default:
@@ -304,7 +312,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			return res, fmt.Errorf("bench %s: %w", v.name, err)
 		}
 	}
-	if slices.Contains(vmms, "qemu") && !o.ScaleOnly && !o.E2BOnly {
+	if slices.Contains(vmms, "qemu") && !o.ScaleOnly && !o.E2BOnly && !o.ActivityOnly {
 		figs, err := networkFigures(ctx, o, o.Progress)
 		res.Figures = append(res.Figures, figs...)
 		if err != nil && o.NetworkOnly {
@@ -364,6 +372,15 @@ func variants(vmms []string, quick bool) []variant {
 
 // e2bVariants are the E2B mode's daemons: each VMM as den runs it, with
 // E2B's API on a free loopback port.
+// mainVariants are the runs of each VMM as den runs it.
+func mainVariants(vmms []string) []variant {
+	var out []variant
+	for _, v := range vmms {
+		out = append(out, variant{name: v, vmm: v})
+	}
+	return out
+}
+
 func e2bVariants(vmms []string) []variant {
 	var out []variant
 	for _, v := range vmms {

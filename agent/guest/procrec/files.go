@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -18,6 +19,12 @@ import (
 
 // DefaultFilePaths are where files written are recorded by default.
 var DefaultFilePaths = []string{"/root", "/home", "/etc", "/srv"}
+
+// scratchDirs are where programs write files of the moment (a compiler's
+// assembly, for one): their files are not recorded, and an ignore mark
+// on each has the kernel drop those events before they reach the agent.
+// A scratch directory under a watched path is watched.
+var scratchDirs = []string{"/tmp", "/var/tmp"}
 
 // coalesce merges a file written again by the same process within it
 // into the newest event (a log appended to line by line).
@@ -53,6 +60,12 @@ func (r *Recorder) WatchFiles(paths []string) error {
 		unix.Close(fd)
 		return errors.New("file record: none of the paths exists")
 	}
+	for _, d := range scratchDirs {
+		var st unix.Stat_t
+		if unix.Stat(d, &st) == nil && seen[st.Dev] && !under(d+"/", w.prefixes) {
+			w.ignores = append(w.ignores, d)
+		}
+	}
 	if err := w.mark(true); err != nil {
 		unix.Close(fd)
 		return err
@@ -70,6 +83,8 @@ type fanWatch struct {
 	fd       int
 	marks    []string
 	prefixes []string
+	ignores  []string     // scratch directories whose files' events are dropped
+	outside  atomic.Int64 // events read for files outside prefixes
 }
 
 // mark adds the marks, or removes them.
@@ -83,7 +98,22 @@ func (w *fanWatch) mark(on bool) error {
 			return fmt.Errorf("file record: mark the file system of %s: %w", p, err)
 		}
 	}
+	for _, d := range w.ignores {
+		// Linux 6.0 and later; an older kernel hands the events on and
+		// file drops them.
+		_ = unix.FanotifyMark(w.fd, op|unix.FAN_MARK_IGNORE_SURV, unix.FAN_CLOSE_WRITE|unix.FAN_EVENT_ON_CHILD, unix.AT_FDCWD, d)
+	}
 	return nil
+}
+
+// under says whether path lies under one of prefixes (each ending in /).
+func under(path string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(path, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // recvFiles reads and handles the fanotify events waiting, if any; got
@@ -112,35 +142,33 @@ func (r *Recorder) recvFiles(w *fanWatch, buf []byte) (got bool, err error) {
 		if efd < 0 {
 			continue // the queue overflowed
 		}
-		r.file(efd, pid, self, w.prefixes)
+		if !r.file(efd, pid, self, w.prefixes) {
+			w.outside.Add(1)
+		}
 		unix.Close(efd)
 	}
 	return true, nil
 }
 
 // file records one file closed after a write, when it is under one of
-// prefixes.
-func (r *Recorder) file(fd, pid, self int, prefixes []string) {
+// prefixes; outside them it says false.
+func (r *Recorder) file(fd, pid, self int, prefixes []string) bool {
 	path, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
 	if err != nil {
-		return
+		return true
 	}
-	under := false
-	for _, p := range prefixes {
-		under = under || strings.HasPrefix(path, p)
-	}
-	if !under {
-		return
+	if !under(path, prefixes) {
+		return false
 	}
 	var st unix.Stat_t
 	if unix.Fstat(fd, &st) != nil {
-		return
+		return true
 	}
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.paused {
-		return // queued before the marks went
+		return true // queued before the marks went
 	}
 	// Merged into a recent event of the same process and file (other
 	// processes' events may lie between), only one den has not read.
@@ -152,7 +180,7 @@ func (r *Recorder) file(fd, pid, self int, prefixes []string) {
 		if last.Kind == agent.ProcFile && last.PID == pid && last.Path == path {
 			last.Bytes = st.Size
 			last.Writes++
-			return
+			return true
 		}
 	}
 	ev := agent.ProcEvent{Time: now, Kind: agent.ProcFile, PID: pid, UID: -1, Path: path, Bytes: st.Size, Writes: 1}
@@ -167,4 +195,5 @@ func (r *Recorder) file(fd, pid, self int, prefixes []string) {
 		ev.Session = r.sessionOf(pid)
 	}
 	r.add(ev)
+	return true
 }

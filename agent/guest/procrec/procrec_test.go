@@ -337,3 +337,48 @@ func TestShortLived(t *testing.T) {
 		t.Errorf("long command line: %d args, cut %v", len(a), evs[0].ArgvTruncated)
 	}
 }
+
+// TestScratchIgnored: the kernel drops the closes of files right under
+// a scratch directory (the recorder never reads them), while closes in
+// another directory outside the watched paths still reach it.
+func TestScratchIgnored(t *testing.T) {
+	scratch, other, watched := t.TempDir(), t.TempDir(), t.TempDir()
+	old := scratchDirs
+	scratchDirs = []string{scratch}
+	t.Cleanup(func() { scratchDirs = old })
+	r := open(t, 0)
+	if err := r.WatchFiles([]string{watched}); err != nil {
+		t.Fatal(err)
+	}
+	outside := func() int64 {
+		r.Drain()
+		return r.fan.outside.Load()
+	}
+	write := func(dir string) {
+		t.Helper()
+		for i := range 5 {
+			if err := os.WriteFile(fmt.Sprintf("%s/f%d", dir, i), []byte("x"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write(scratch)
+	if n := outside(); n != 0 {
+		t.Errorf("%d closes under the scratch directory reached the recorder", n)
+	}
+	write(other)
+	if n := outside(); n < 1 {
+		t.Errorf("no close in another directory reached the recorder: is the file system's mark there?")
+	}
+	write(watched)
+	r.Drain()
+	n := 0
+	for _, ev := range r.Read(0, 0).Events {
+		if ev.Kind == agent.ProcFile && strings.HasPrefix(ev.Path, watched+"/") {
+			n++
+		}
+	}
+	if n != 5 {
+		t.Errorf("%d of 5 files written in the watched directory recorded", n)
+	}
+}
