@@ -100,8 +100,8 @@ type ProcLogReply struct {
 	Oldest uint64 `json:"oldest"`
 	// Paused says the record was switched off (ProcLogRequest.Record).
 	Paused bool `json:"paused,omitempty"`
-	// Off says the agent records nothing (no proc connector in the
-	// guest kernel, or not allowed); Reason says why.
+	// Off says the agent records nothing (no eBPF or BTF in the guest
+	// kernel, or not allowed); Reason says why.
 	Off    bool   `json:"off,omitempty"`
 	Reason string `json:"reason,omitempty"`
 }

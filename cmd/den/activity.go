@@ -36,8 +36,8 @@ name den's resolver answered for that address); every den session opened on the 
 SSH gateway: who, and its id, which the processes it started carry); and
 what happened to the VM (boot, sleep, wake, checkpoint, restore, fork).
 
-The guest's agent records processes from the kernel's proc connector, files
-from fanotify and connections from eBPF connect hooks; den
+The guest's agent records processes from eBPF programs on the scheduler's
+tracepoints, files from fanotify and connections from eBPF connect hooks; den
 reads the record while the VM runs and keeps it with the VM on the volume,
 bounded (den daemon --activity-cap). VM@CHECKPOINT is the record up to that
 checkpoint's instant, along its own line: what a restore set aside is left

@@ -11,7 +11,6 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -555,8 +554,7 @@ func (r *Recorder) Read(after uint64, limit int) agent.ProcLogReply {
 	size := 0
 	for s := from; s <= r.seq && len(out.Events) < limit; s++ {
 		ev := r.events[(r.next-int(r.seq-s)-1+2*n)%n]
-		b, _ := json.Marshal(ev)
-		if size += len(b) + 1; size > maxPageBytes && len(out.Events) > 0 {
+		if size += jsonBound(&ev); size > maxPageBytes && len(out.Events) > 0 {
 			break
 		}
 		out.Events = append(out.Events, ev)
@@ -565,4 +563,36 @@ func (r *Recorder) Read(after uint64, limit int) agent.ProcLogReply {
 		r.read = out.Events[k-1].Seq
 	}
 	return out
+}
+
+// jsonBound is at least the length of ev in JSON, found without encoding
+// it (costly in a guest under emulation): its names, numbers and time
+// take at most fixedJSON; a string's bytes at most six each where JSON or
+// HTML escaping or invalid UTF-8 may expand them.
+func jsonBound(ev *agent.ProcEvent) int {
+	const fixedJSON = 512
+	n := fixedJSON
+	for _, s := range ev.Argv {
+		n += jsonStringBound(s)
+	}
+	for _, s := range []string{ev.Kind, ev.Session, ev.Signal, ev.Path, ev.Addr, ev.Proto, ev.Comm} {
+		n += jsonStringBound(s)
+	}
+	return n
+}
+
+// jsonStringBound bounds s quoted in JSON, with a comma.
+func jsonStringBound(s string) int {
+	n := 3
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			n += 2
+		case c < 0x20 || c >= 0x80 || c == '<' || c == '>' || c == '&':
+			n += 6
+		default:
+			n++
+		}
+	}
+	return n
 }

@@ -3,6 +3,7 @@
 package procrec
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -380,5 +381,28 @@ func TestScratchIgnored(t *testing.T) {
 	}
 	if n != 5 {
 		t.Errorf("%d of 5 files written in the watched directory recorded", n)
+	}
+}
+
+// TestJSONBound: the bound a Read pages by is never under an event's
+// real JSON length, whatever its strings hold.
+func TestJSONBound(t *testing.T) {
+	status := -1 << 31
+	evs := []agent.ProcEvent{
+		{},
+		{Seq: 1<<64 - 1, Time: time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.FixedZone("x", -12*3600)), Kind: agent.ProcExit,
+			PID: -1 << 62, PPID: -1 << 62, UID: -1 << 62, ArgvTruncated: true, Status: &status, Duration: -1 << 63,
+			Bytes: -1 << 63, Writes: -1 << 62, Lost: 1<<64 - 1, Signal: "SIGTERM"},
+		{Kind: agent.ProcExec, Argv: []string{"\x00\x01\n\"\\<>&", "\xff\xfe\xc3", "\u2028\u2029é", strings.Repeat("\x1f", maxArgBytes)},
+			Session: "exec:alice:1", Path: "/root/<&>", Addr: "[2001:db8::1]:443", Proto: "tcp", Comm: "\x7f"},
+	}
+	for i, ev := range evs {
+		b, err := json.Marshal(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bound := jsonBound(&ev); bound < len(b)+1 {
+			t.Errorf("event %d: bound %d, JSON %d bytes", i, bound, len(b))
+		}
 	}
 }
