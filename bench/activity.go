@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -38,39 +39,79 @@ const cBuild = `cd /root/cbuild && make -B -s`
 
 // Names of the activity figures.
 const (
-	activityOn  = "build step, activity record on (150 processes writing files)"
-	activityOff = "build step, activity record off (150 processes writing files)"
-	cBuildOn    = "C build, activity record on (make of 13 files with cc, debian)"
-	cBuildOff   = "C build, activity record off (make of 13 files with cc, debian)"
+	activityOn     = "build step, activity record on (150 processes writing files)"
+	activityOff    = "build step, activity record off (150 processes writing files)"
+	activityCPUOn  = "build step, the guest agent's CPU time, record on"
+	activityCPUOff = "build step, the guest agent's CPU time, record off"
+	cBuildOn       = "C build, activity record on (make of 13 files with cc, debian)"
+	cBuildOff      = "C build, activity record off (make of 13 files with cc, debian)"
+	cBuildCPUOn    = "C build, the guest agent's CPU time, record on"
+	cBuildCPUOff   = "C build, the guest agent's CPU time, record off"
 )
+
+// onOff is what recordOnOff measured: the work's time, and the guest
+// agent's CPU time during it, with the record on and off.
+type onOff struct {
+	on, off, cpuOn, cpuOff []time.Duration
+}
 
 // activityCost times buildStep in one VM, and cBuild in a debian VM
 // (when the image is there), with the guest's activity record on and off
 // in turn, run after run, each first in every other run (this host's
-// speed drifts over minutes).
+// speed drifts over minutes). The guest agent's CPU time during each run
+// is a figure too: what the record costs the guest, free of the host's
+// drift, which moves the times by more than the record does.
 func (d *daemon) activityCost(ctx context.Context, o Options, accel string, say func(string)) ([]Figure, error) {
-	on, off, err := d.recordOnOff(ctx, o, "activity", "", "", buildStep, "build step", say)
+	m, err := d.recordOnOff(ctx, o, "activity", "", "", buildStep, "build step", say)
 	if err != nil {
 		return nil, err
 	}
-	figs := []Figure{figure(activityOn, d.vmm, accel, "512M", on), figure(activityOff, d.vmm, accel, "512M", off)}
+	figs := []Figure{figure(activityOn, d.vmm, accel, "512M", m.on), figure(activityOff, d.vmm, accel, "512M", m.off),
+		figure(activityCPUOn, d.vmm, accel, "512M", m.cpuOn), figure(activityCPUOff, d.vmm, accel, "512M", m.cpuOff)}
 	if err := image.Dir(o.Images).Check(image.Debian); err != nil {
 		say(fmt.Sprintf("no C build with the activity record: %v", err))
 		return figs, nil
 	}
-	on, off, err = d.recordOnOff(ctx, o, "activity-cc", image.Debian, cBuildSetup, cBuild, "C build", say)
+	m, err = d.recordOnOff(ctx, o, "activity-cc", image.Debian, cBuildSetup, cBuild, "C build", say)
 	if err != nil {
 		return figs, err
 	}
-	return append(figs, figure(cBuildOn, d.vmm, accel, "512M", on), figure(cBuildOff, d.vmm, accel, "512M", off)), nil
+	return append(figs, figure(cBuildOn, d.vmm, accel, "512M", m.on), figure(cBuildOff, d.vmm, accel, "512M", m.off),
+		figure(cBuildCPUOn, d.vmm, accel, "512M", m.cpuOn), figure(cBuildCPUOff, d.vmm, accel, "512M", m.cpuOff)), nil
+}
+
+// agentPID finds the guest agent's pid (a shell loop: the minimal image
+// has no pgrep).
+const agentPID = `for p in /proc/[0-9]*; do if [ "$(cat $p/comm 2>/dev/null)" = den-agent ]; then echo ${p#/proc/}; break; fi; done`
+
+// withAgentCPU runs work in the guest and then prints the agent's user
+// and system ticks before and after it (/proc/PID/stat's 14th and 15th
+// fields).
+func withAgentCPU(work string, pid int) string {
+	stat := fmt.Sprintf("cut -d' ' -f14,15 /proc/%d/stat", pid)
+	return fmt.Sprintf("t0=$(%s); ( %s ) >/dev/null; echo \"den-agent-ticks $t0 $(%s)\"", stat, work, stat)
+}
+
+// agentTicks reads withAgentCPU's line: the agent's CPU time during the
+// work, at the guest kernel's 100 ticks a second (x86 Debian's USER_HZ).
+func agentTicks(out string) (time.Duration, error) {
+	i := strings.LastIndex(out, "den-agent-ticks ")
+	if i < 0 {
+		return 0, fmt.Errorf("no agent CPU time in %q", out)
+	}
+	var u0, s0, u1, s1 int64
+	if _, err := fmt.Sscanf(out[i:], "den-agent-ticks %d %d %d %d", &u0, &s0, &u1, &s1); err != nil {
+		return 0, fmt.Errorf("agent CPU time in %q: %w", out[i:], err)
+	}
+	return time.Duration(u1+s1-u0-s0) * 10 * time.Millisecond, nil
 }
 
 // recordOnOff makes VM name (of img, "" the default) and runs setup in
 // it, then times work with the record on and off in turn, after a
 // warm-up (the programs in the page cache).
-func (d *daemon) recordOnOff(ctx context.Context, o Options, name, img, setup, work, what string, say func(string)) (on, off []time.Duration, err error) {
+func (d *daemon) recordOnOff(ctx context.Context, o Options, name, img, setup, work, what string, say func(string)) (m onOff, err error) {
 	if _, err := d.client.CreateVM(ctx, api.CreateRequest{Name: name, Image: img, IdleTimeout: "0"}, nil); err != nil {
-		return nil, nil, err
+		return m, err
 	}
 	defer d.client.RemoveVM(context.WithoutCancel(ctx), name, true)
 	for _, cmd := range []string{setup, work} {
@@ -78,26 +119,37 @@ func (d *daemon) recordOnOff(ctx context.Context, o Options, name, img, setup, w
 			continue
 		}
 		if out, err := d.exec(ctx, name, cmd); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w: %s", what, err, out)
+			return m, fmt.Errorf("%s: %w: %s", what, err, out)
 		}
 	}
+	out, err := d.exec(ctx, name, agentPID)
+	pid, perr := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil || perr != nil {
+		return m, fmt.Errorf("%s: the guest agent's pid: %w %v: %q", what, err, perr, out)
+	}
+	work = withAgentCPU(work, pid)
 	for i := 0; i < o.Runs; i++ {
 		say(fmt.Sprintf("%s with the activity record on and off (%d/%d)", what, i+1, o.Runs))
 		for j, rec := range []bool{i%2 == 0, i%2 != 0} {
 			if _, err := d.client.SetActivityRecord(ctx, name, rec); err != nil {
-				return nil, nil, err
+				return m, err
 			}
-			t, err := timed(func() error { _, err := d.exec(ctx, name, work); return err })
+			var out string
+			t, err := timed(func() (err error) { out, err = d.exec(ctx, name, work); return err })
 			if err != nil {
-				return nil, nil, fmt.Errorf("%s (record %v, %d): %w", what, rec, j, err)
+				return m, fmt.Errorf("%s (record %v, %d): %w", what, rec, j, err)
+			}
+			cpu, err := agentTicks(out)
+			if err != nil {
+				return m, fmt.Errorf("%s (record %v, %d): %w", what, rec, j, err)
 			}
 			if rec {
-				on = append(on, t)
+				m.on, m.cpuOn = append(m.on, t), append(m.cpuOn, cpu)
 			} else {
-				off = append(off, t)
+				m.off, m.cpuOff = append(m.off, t), append(m.cpuOff, cpu)
 			}
 		}
 	}
 	_, _ = d.client.SetActivityRecord(ctx, name, true)
-	return on, off, nil
+	return m, nil
 }

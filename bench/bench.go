@@ -171,6 +171,11 @@ func (r *Result) ratios() {
 		r.e2bRatios(v, put)
 		put("build step: activity record on / off", r.find(activityOn, v, "512M"), r.find(activityOff, v, "512M"))
 		put("C build: activity record on / off", r.find(cBuildOn, v, "512M"), r.find(cBuildOff, v, "512M"))
+		// What the record takes of the guest's CPU, over the work's time.
+		put("build step: the agent's CPU with the record on, less off / time off",
+			r.find(activityCPUOn, v, "512M")-r.find(activityCPUOff, v, "512M"), r.find(activityOff, v, "512M"))
+		put("C build: the agent's CPU with the record on, less off / time off",
+			r.find(cBuildCPUOn, v, "512M")-r.find(cBuildCPUOff, v, "512M"), r.find(cBuildOff, v, "512M"))
 		if v == "qemu" {
 			// Issue 15's goals: den's operations against the VMM's own floor.
 			floor := r.find(floorName, v, "512M")
