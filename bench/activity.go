@@ -80,9 +80,9 @@ func (d *daemon) activityCost(ctx context.Context, o Options, accel string, say 
 		figure(cBuildCPUOn, d.vmm, accel, "512M", m.cpuOn), figure(cBuildCPUOff, d.vmm, accel, "512M", m.cpuOff)), nil
 }
 
-// agentPID finds the guest agent's pid (a shell loop: the minimal image
-// has no pgrep).
-const agentPID = `for p in /proc/[0-9]*; do if [ "$(cat $p/comm 2>/dev/null)" = den-agent ]; then echo ${p#/proc/}; break; fi; done`
+// agentPID finds the guest agent's pid by its program (a shell loop: the
+// minimal image has no pgrep, and its agent is pid 1, named init).
+const agentPID = `for p in /proc/[0-9]*; do case "$(readlink $p/exe 2>/dev/null)" in */den-agent) echo ${p#/proc/}; break;; esac; done`
 
 // withAgentCPU runs work in the guest and then prints the agent's user
 // and system ticks before and after it (/proc/PID/stat's 14th and 15th

@@ -37,3 +37,22 @@ func TestAgentCPU(t *testing.T) {
 		t.Error("no ticks line read as ticks")
 	}
 }
+
+// TestPaired: the run-by-run ratio is the median of each pair's ratio,
+// which a drift shared by both halves of a pair does not move.
+func TestPaired(t *testing.T) {
+	r := Result{Figures: []Figure{
+		{Name: "on", VMM: "qemu", Memory: "512M", Samples: []float64{110, 220, 330, 1000}},
+		{Name: "off", VMM: "qemu", Memory: "512M", Samples: []float64{100, 200, 300, 2000}},
+		{Name: "short", VMM: "qemu", Memory: "512M", Samples: []float64{1}},
+	}}
+	if got := r.paired("on", "off", "qemu", "512M"); got < 1.0999 || got > 1.1001 {
+		t.Errorf("paired = %v, want 1.1", got)
+	}
+	if got := r.paired("on", "short", "qemu", "512M"); got != 0 {
+		t.Errorf("paired with a figure of another count = %v, want 0", got)
+	}
+	if got := r.paired("on", "absent", "qemu", "512M"); got != 0 {
+		t.Errorf("paired with an absent figure = %v, want 0", got)
+	}
+}

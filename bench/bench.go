@@ -146,6 +146,37 @@ func (r *Result) find(name, vmmName, mem string) float64 {
 	return 0
 }
 
+// paired is the median of a's samples over b's, run by run: for figures
+// measured in turn, each pair taken back to back, so that the host's
+// drift between runs cancels out. 0 if either is absent or they differ
+// in count.
+func (r *Result) paired(a, b, vmmName, mem string) float64 {
+	var fa, fb *Figure
+	for i := range r.Figures {
+		f := &r.Figures[i]
+		if f.VMM != vmmName || f.Memory != mem {
+			continue
+		}
+		switch f.Name {
+		case a:
+			fa = f
+		case b:
+			fb = f
+		}
+	}
+	if fa == nil || fb == nil || len(fa.Samples) != len(fb.Samples) {
+		return 0
+	}
+	var q []float64
+	for i, x := range fa.Samples {
+		if fb.Samples[i] > 0 {
+			q = append(q, x/fb.Samples[i])
+		}
+	}
+	med, _, _ := stats(q)
+	return med
+}
+
 // ratios computes the machine-independent ratios per VMM.
 func (r *Result) ratios() {
 	r.Ratios = map[string]float64{}
@@ -171,6 +202,8 @@ func (r *Result) ratios() {
 		r.e2bRatios(v, put)
 		put("build step: activity record on / off", r.find(activityOn, v, "512M"), r.find(activityOff, v, "512M"))
 		put("C build: activity record on / off", r.find(cBuildOn, v, "512M"), r.find(cBuildOff, v, "512M"))
+		put("build step: activity record on / off, run by run", r.paired(activityOn, activityOff, v, "512M"), 1)
+		put("C build: activity record on / off, run by run", r.paired(cBuildOn, cBuildOff, v, "512M"), 1)
 		// What the record takes of the guest's CPU, over the work's time.
 		put("build step: the agent's CPU with the record on, less off / time off",
 			r.find(activityCPUOn, v, "512M")-r.find(activityCPUOff, v, "512M"), r.find(activityOff, v, "512M"))
