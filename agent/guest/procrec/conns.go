@@ -131,7 +131,7 @@ func connectProgram(ring, lost int, v6 bool) asm.Instructions {
 			asm.StoreImm(asm.RFP, ev+24, 0, asm.Word),
 			asm.StoreImm(asm.RFP, ev+28, 0, asm.Word))
 	}
-	return append(in,
+	return append(append(in,
 		asm.LoadMem(asm.R1, asm.R6, 24, asm.Word),
 		asm.StoreMem(asm.RFP, ev+32, asm.R1, asm.Word),
 		asm.LoadMem(asm.R1, asm.R6, 32, asm.Word),
@@ -140,24 +140,10 @@ func connectProgram(ring, lost int, v6 bool) asm.Instructions {
 		asm.Add.Imm(asm.R1, ev+40),
 		asm.Mov.Imm(asm.R2, 16),
 		asm.FnGetCurrentComm.Call(),
-		asm.LoadMapPtr(asm.R1, ring),
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, ev),
 		asm.Mov.Imm(asm.R3, connEventLen),
-		asm.Mov.Imm(asm.R4, 0),
-		asm.FnRingbufOutput.Call(),
-		asm.JEq.Imm(asm.R0, 0, "allow"),
-		asm.StoreImm(asm.RFP, ev, 0, asm.Word), // key 0
-		asm.LoadMapPtr(asm.R1, lost),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, ev),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "allow"),
-		asm.Mov.Imm(asm.R1, 1),
-		asm.AddAtomic.Mem(asm.R0, asm.R1, asm.DWord, 0),
-		asm.Mov.Imm(asm.R0, 1).WithSymbol("allow"),
-		asm.Return(),
-	)
+	), output(ring, lost, ev, 1)...)
 }
 
 // hook attaches the programs to the cgroup, or detaches them.

@@ -242,26 +242,52 @@ func readKernel(dst, src asm.Register, off int32, size asm.Size) asm.Instruction
 	}
 }
 
-// output writes size bytes at R2's address to the ring, or counts them
-// lost, then returns 0. R2 and the size are set by the caller in R2 and
-// R3.
-func output(ring, lost int) asm.Instructions {
+// output writes the R3 bytes at R2 to ring, or counts them in lost when
+// the ring is full (the map's key built at the stack offset key), then
+// returns ret.
+func output(ring, lost int, key int16, ret int32) asm.Instructions {
 	return asm.Instructions{
 		asm.LoadMapPtr(asm.R1, ring),
 		asm.Mov.Imm(asm.R4, 0),
 		asm.FnRingbufOutput.Call(),
 		asm.JEq.Imm(asm.R0, 0, "out"),
-		asm.StoreImm(asm.RFP, procSlot, 0, asm.Word), // key 0
+		asm.StoreImm(asm.RFP, key, 0, asm.Word),
 		asm.LoadMapPtr(asm.R1, lost),
 		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, procSlot),
+		asm.Add.Imm(asm.R2, int32(key)),
 		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, "out"),
 		asm.Mov.Imm(asm.R1, 1),
 		asm.AddAtomic.Mem(asm.R0, asm.R1, asm.DWord, 0),
-		asm.Mov.Imm(asm.R0, 0).WithSymbol("out"),
+		asm.Mov.Imm(asm.R0, ret).WithSymbol("out"),
 		asm.Return(),
 	}
+}
+
+// stackRecord writes a fork's or an exit's record (procHdrLen bytes) on
+// the stack, from registers that survive a call (asm.RFP stands for 0),
+// and sends it.
+func stackRecord(ring, lost int, kind int64, pid, parent, val asm.Register) asm.Instructions {
+	in := asm.Instructions{
+		asm.StoreImm(asm.RFP, procStackEv, kind, asm.Word),
+		asm.StoreMem(asm.RFP, procStackEv+4, pid, asm.Word),
+	}
+	for i, r := range []asm.Register{parent, val} {
+		off := procStackEv + 8 + 4*int16(i)
+		if r == asm.RFP {
+			in = append(in, asm.StoreImm(asm.RFP, off, 0, asm.Word))
+		} else {
+			in = append(in, asm.StoreMem(asm.RFP, off, r, asm.Word))
+		}
+	}
+	in = append(in,
+		asm.FnKtimeGetNs.Call(),
+		asm.StoreMem(asm.RFP, procStackEv+16, asm.R0, asm.DWord),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, procStackEv),
+		asm.Mov.Imm(asm.R3, procHdrLen),
+	)
+	return append(in, output(ring, lost, procSlot, 0)...)
 }
 
 // forkProgram records a new process (not a thread): its id and its
@@ -273,18 +299,7 @@ func forkProgram(l kernelLayout, ring, lost int) asm.Instructions {
 	in = append(in, asm.JNE.Reg(asm.R7, asm.R8, "out"))
 	in = append(in, readKernel(asm.R9, asm.R6, l.taskRealParent, asm.DWord)...)
 	in = append(in, readKernel(asm.R9, asm.R9, l.taskTGID, asm.Word)...)
-	in = append(in,
-		asm.StoreImm(asm.RFP, procStackEv, recFork, asm.Word),
-		asm.StoreMem(asm.RFP, procStackEv+4, asm.R8, asm.Word),
-		asm.StoreMem(asm.RFP, procStackEv+8, asm.R9, asm.Word),
-		asm.StoreImm(asm.RFP, procStackEv+12, 0, asm.Word),
-		asm.FnKtimeGetNs.Call(),
-		asm.StoreMem(asm.RFP, procStackEv+16, asm.R0, asm.DWord),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, procStackEv),
-		asm.Mov.Imm(asm.R3, procHdrLen),
-	)
-	return append(in, output(ring, lost)...)
+	return append(in, stackRecord(ring, lost, recFork, asm.R8, asm.R9, asm.RFP)...)
 }
 
 // exitProgram records a process's end (its last thread's, the group
@@ -300,18 +315,7 @@ func exitProgram(l kernelLayout, ring, lost int) asm.Instructions {
 		asm.JNE.Reg(asm.R0, asm.R7, "out"), // a thread
 	}
 	in = append(in, readKernel(asm.R8, asm.R6, l.taskExitCode, asm.Word)...)
-	in = append(in,
-		asm.StoreImm(asm.RFP, procStackEv, recExit, asm.Word),
-		asm.StoreMem(asm.RFP, procStackEv+4, asm.R7, asm.Word),
-		asm.StoreImm(asm.RFP, procStackEv+8, 0, asm.Word),
-		asm.StoreMem(asm.RFP, procStackEv+12, asm.R8, asm.Word),
-		asm.FnKtimeGetNs.Call(),
-		asm.StoreMem(asm.RFP, procStackEv+16, asm.R0, asm.DWord),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, procStackEv),
-		asm.Mov.Imm(asm.R3, procHdrLen),
-	)
-	return append(in, output(ring, lost)...)
+	return append(in, stackRecord(ring, lost, recExit, asm.R7, asm.RFP, asm.R8)...)
 }
 
 // execProgram records an exec: the process, its parent, its effective
@@ -366,7 +370,7 @@ func execProgram(l kernelLayout, ring, lost, scratch int) asm.Instructions {
 		asm.Mov.Reg(asm.R3, asm.R8),
 		asm.Add.Imm(asm.R3, execHdrLen),
 	)
-	return append(in, output(ring, lost)...)
+	return append(in, output(ring, lost, procSlot, 0)...)
 }
 
 // procRecord is one record of the process ring, decoded.
