@@ -38,17 +38,13 @@ const connEventLen = 56
 // connWatch is the connection record: a cgroup connect hook for IPv4
 // and one for IPv6 on the cgroup2 root, writing to one ring.
 type connWatch struct {
+	bpfSet
 	cgroup  string
-	mounted bool // cgroup was mounted for the record: close unmounts it
-	ring    *ebpf.Map
-	lost    *ebpf.Map     // one u64: connections the full ring refused
+	mounted bool          // cgroup was mounted for the record: close unmounts it
 	seen    uint64        // of lost, what is in the record already (under the drain lock)
 	dmu     sync.Mutex    // one drain at a time
 	stopped chan struct{} // closed when the reader stops
-	progs   []*ebpf.Program
 	attach  []ebpf.AttachType
-	links   []link.Link
-	rd      *ringbuf.Reader
 
 	mu      sync.Mutex
 	flushed []chan struct{} // Drains waiting for the reader to reach the flush
@@ -65,13 +61,9 @@ func (r *Recorder) WatchConnections() error {
 		return fmt.Errorf("connection record: %w", err)
 	}
 	w := &connWatch{cgroup: cg, mounted: mounted, stopped: make(chan struct{})}
-	if w.ring, err = ebpf.NewMap(&ebpf.MapSpec{Name: "den_conns", Type: ebpf.RingBuf, MaxEntries: connRingBytes}); err != nil {
+	if err := w.maps("den_conns", connRingBytes); err != nil {
 		w.close()
-		return fmt.Errorf("connection record: ring: %w", err)
-	}
-	if w.lost, err = ebpf.NewMap(&ebpf.MapSpec{Name: "den_conns_lost", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1}); err != nil {
-		w.close()
-		return fmt.Errorf("connection record: counter: %w", err)
+		return fmt.Errorf("connection record: %w", err)
 	}
 	for _, a := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupInet6Connect} {
 		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
@@ -149,12 +141,7 @@ func connectProgram(ring, lost int, v6 bool) asm.Instructions {
 // hook attaches the programs to the cgroup, or detaches them.
 func (w *connWatch) hook(on bool) error {
 	if !on {
-		var errs []error
-		for _, l := range w.links {
-			errs = append(errs, l.Close())
-		}
-		w.links = nil
-		return errors.Join(errs...)
+		return w.unhook()
 	}
 	for i, p := range w.progs {
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: w.cgroup, Attach: w.attach[i], Program: p})
@@ -168,19 +155,7 @@ func (w *connWatch) hook(on bool) error {
 }
 
 func (w *connWatch) close() {
-	_ = w.hook(false)
-	if w.rd != nil {
-		w.rd.Close()
-	}
-	for _, p := range w.progs {
-		p.Close()
-	}
-	if w.ring != nil {
-		w.ring.Close()
-	}
-	if w.lost != nil {
-		w.lost.Close()
-	}
+	w.release()
 	if w.mounted {
 		_ = unix.Unmount(w.cgroup, unix.MNT_DETACH)
 	}

@@ -120,16 +120,61 @@ func memberOffset(members []btf.Member, name string) (uint32, bool) {
 	return 0, false
 }
 
+// bpfSet is what a record's eBPF programs hold: a ring they write to, a
+// counter of what the full ring refused, the programs, their links and
+// the ring's reader.
+type bpfSet struct {
+	ring  *ebpf.Map
+	lost  *ebpf.Map // one u64
+	progs []*ebpf.Program
+	links []link.Link
+	rd    *ringbuf.Reader
+}
+
+// maps makes the ring (of size bytes, a power of two) and the counter.
+func (b *bpfSet) maps(name string, size uint32) error {
+	var err error
+	if b.ring, err = ebpf.NewMap(&ebpf.MapSpec{Name: name, Type: ebpf.RingBuf, MaxEntries: size}); err != nil {
+		return fmt.Errorf("ring: %w", err)
+	}
+	if b.lost, err = ebpf.NewMap(&ebpf.MapSpec{Name: name + "_lost", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1}); err != nil {
+		return fmt.Errorf("counter: %w", err)
+	}
+	return nil
+}
+
+// unhook detaches the programs.
+func (b *bpfSet) unhook() error {
+	var errs []error
+	for _, l := range b.links {
+		errs = append(errs, l.Close())
+	}
+	b.links = nil
+	return errors.Join(errs...)
+}
+
+// release detaches and frees everything.
+func (b *bpfSet) release() {
+	_ = b.unhook()
+	if b.rd != nil {
+		b.rd.Close()
+	}
+	for _, p := range b.progs {
+		p.Close()
+	}
+	for _, m := range []*ebpf.Map{b.ring, b.lost} {
+		if m != nil {
+			m.Close()
+		}
+	}
+}
+
 // procWatch is the process record's programs, their ring and links.
 type procWatch struct {
-	ring    *ebpf.Map
-	lost    *ebpf.Map // one u64: records the full ring refused
+	bpfSet
 	seen    uint64    // of lost, what is in the record already
 	scratch *ebpf.Map // per CPU: where an exec's record is built
-	progs   []*ebpf.Program
 	points  []string
-	links   []link.Link
-	rd      *ringbuf.Reader
 }
 
 // newProcWatch loads the programs; hook attaches them.
@@ -139,13 +184,9 @@ func newProcWatch() (*procWatch, error) {
 		return nil, err
 	}
 	w := &procWatch{}
-	if w.ring, err = ebpf.NewMap(&ebpf.MapSpec{Name: "den_procs", Type: ebpf.RingBuf, MaxEntries: procRingBytes}); err != nil {
+	if err := w.maps("den_procs", procRingBytes); err != nil {
 		w.close()
-		return nil, fmt.Errorf("ring: %w", err)
-	}
-	if w.lost, err = ebpf.NewMap(&ebpf.MapSpec{Name: "den_procs_lost", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1}); err != nil {
-		w.close()
-		return nil, fmt.Errorf("counter: %w", err)
+		return nil, err
 	}
 	if w.scratch, err = ebpf.NewMap(&ebpf.MapSpec{Name: "den_exec", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: execRecLen, MaxEntries: 1}); err != nil {
 		w.close()
@@ -180,12 +221,7 @@ func newProcWatch() (*procWatch, error) {
 // hook attaches the programs to their tracepoints, or detaches them.
 func (w *procWatch) hook(on bool) error {
 	if !on {
-		var errs []error
-		for _, l := range w.links {
-			errs = append(errs, l.Close())
-		}
-		w.links = nil
-		return errors.Join(errs...)
+		return w.unhook()
 	}
 	if len(w.links) > 0 {
 		return nil
@@ -202,17 +238,9 @@ func (w *procWatch) hook(on bool) error {
 }
 
 func (w *procWatch) close() {
-	_ = w.hook(false)
-	if w.rd != nil {
-		w.rd.Close()
-	}
-	for _, p := range w.progs {
-		p.Close()
-	}
-	for _, m := range []*ebpf.Map{w.ring, w.lost, w.scratch} {
-		if m != nil {
-			m.Close()
-		}
+	w.release()
+	if w.scratch != nil {
+		w.scratch.Close()
 	}
 }
 
