@@ -147,7 +147,7 @@ func FromProc(ring string, ev agent.ProcEvent) (e Entry, ok bool) {
 		e := Entry{Time: ev.Time, Kind: KindLost, Detail: "the guest's kernel dropped process events (its agent did not read them in time)",
 			Cursor: Cursor{Ring: ring, Seq: ev.Seq}}
 		if ev.Lost > 0 {
-			e.Lost, e.Detail = ev.Lost, "the guest's kernel could not record connections (its ring was full between two reads)"
+			e.Lost, e.Detail = ev.Lost, "the guest's kernel could not record processes or connections (its ring was full between two reads)"
 		}
 		return e, true
 	default:

@@ -114,8 +114,8 @@ const (
 	// ProcConnect: a process connected a socket to an address outside
 	// the guest.
 	ProcConnect = "connect"
-	// ProcLost: the guest's kernel dropped process events (the agent's
-	// socket was full).
+	// ProcLost: the guest's kernel dropped events (a ring the agent
+	// reads was full).
 	ProcLost = "lost"
 )
 
@@ -148,8 +148,8 @@ type ProcEvent struct {
 	Addr  string `json:"addr,omitempty"`
 	Proto string `json:"proto,omitempty"`
 	Comm  string `json:"comm,omitempty"`
-	// Lost: how many connections the guest's kernel could not record
-	// (0: process events were dropped, how many is not known).
+	// Lost: how many kernel records (forks, execs, exits, connections)
+	// the guest's full rings refused since the last such event.
 	Lost uint64 `json:"lost,omitempty"`
 }
 

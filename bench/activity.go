@@ -84,26 +84,35 @@ func (d *daemon) activityCost(ctx context.Context, o Options, accel string, say 
 // minimal image has no pgrep, and its agent is pid 1, named init).
 const agentPID = `for p in /proc/[0-9]*; do case "$(readlink $p/exe 2>/dev/null)" in */den-agent) echo ${p#/proc/}; break;; esac; done`
 
-// withAgentCPU runs work in the guest and then prints the agent's user
-// and system ticks before and after it (/proc/PID/stat's 14th and 15th
-// fields).
+// withAgentCPU runs work in the guest after printing the agent's user
+// and system ticks (/proc/PID/stat's 14th and 15th fields); agentAfter
+// prints them again once the agent has read the work's last events (it
+// reads them in batches, up to 200 ms late).
 func withAgentCPU(work string, pid int) string {
-	stat := fmt.Sprintf("cut -d' ' -f14,15 /proc/%d/stat", pid)
-	return fmt.Sprintf("t0=$(%s); ( %s ) >/dev/null; echo \"den-agent-ticks $t0 $(%s)\"", stat, work, stat)
+	return fmt.Sprintf("echo \"den-agent-ticks $(cut -d' ' -f14,15 /proc/%d/stat)\"; ( %s ) >/dev/null", pid, work)
 }
 
-// agentTicks reads withAgentCPU's line: the agent's CPU time during the
-// work, at the guest kernel's 100 ticks a second (x86 Debian's USER_HZ).
-func agentTicks(out string) (time.Duration, error) {
-	i := strings.LastIndex(out, "den-agent-ticks ")
-	if i < 0 {
-		return 0, fmt.Errorf("no agent CPU time in %q", out)
+func agentAfter(pid int) string {
+	return fmt.Sprintf("sleep 0.5; echo \"den-agent-ticks $(cut -d' ' -f14,15 /proc/%d/stat)\"", pid)
+}
+
+// agentTicks reads withAgentCPU's and agentAfter's lines: the agent's
+// CPU time between them, at the guest kernel's 100 ticks a second (x86
+// Debian's USER_HZ).
+func agentTicks(before, after string) (time.Duration, error) {
+	var t [2]int64
+	for i, out := range []string{before, after} {
+		j := strings.LastIndex(out, "den-agent-ticks ")
+		if j < 0 {
+			return 0, fmt.Errorf("no agent CPU time in %q", out)
+		}
+		var u, s int64
+		if _, err := fmt.Sscanf(out[j:], "den-agent-ticks %d %d", &u, &s); err != nil {
+			return 0, fmt.Errorf("agent CPU time in %q: %w", out[j:], err)
+		}
+		t[i] = u + s
 	}
-	var u0, s0, u1, s1 int64
-	if _, err := fmt.Sscanf(out[i:], "den-agent-ticks %d %d %d %d", &u0, &s0, &u1, &s1); err != nil {
-		return 0, fmt.Errorf("agent CPU time in %q: %w", out[i:], err)
-	}
-	return time.Duration(u1+s1-u0-s0) * 10 * time.Millisecond, nil
+	return time.Duration(t[1]-t[0]) * 10 * time.Millisecond, nil
 }
 
 // recordOnOff makes VM name (of img, "" the default) and runs setup in
@@ -128,6 +137,9 @@ func (d *daemon) recordOnOff(ctx context.Context, o Options, name, img, setup, w
 		return m, fmt.Errorf("%s: the guest agent's pid: %w %v: %q", what, err, perr, out)
 	}
 	work = withAgentCPU(work, pid)
+	// The agent's CPU time runs to a moment after the work (agentAfter),
+	// in a second exec, which costs the agent the same with the record on
+	// or off.
 	for i := 0; i < o.Runs; i++ {
 		say(fmt.Sprintf("%s with the activity record on and off (%d/%d)", what, i+1, o.Runs))
 		for j, rec := range []bool{i%2 == 0, i%2 != 0} {
@@ -139,7 +151,11 @@ func (d *daemon) recordOnOff(ctx context.Context, o Options, name, img, setup, w
 			if err != nil {
 				return m, fmt.Errorf("%s (record %v, %d): %w", what, rec, j, err)
 			}
-			cpu, err := agentTicks(out)
+			after, err := d.exec(ctx, name, agentAfter(pid))
+			if err != nil {
+				return m, fmt.Errorf("%s (record %v, %d): %w", what, rec, j, err)
+			}
+			cpu, err := agentTicks(out, after)
 			if err != nil {
 				return m, fmt.Errorf("%s (record %v, %d): %w", what, rec, j, err)
 			}

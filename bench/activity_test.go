@@ -7,9 +7,9 @@ import (
 	"time"
 )
 
-// TestAgentCPU: the wrapper runs the work in a POSIX shell and reports
-// the CPU time of the process it watches (here this test's own, spinning
-// meanwhile), which agentTicks reads back.
+// TestAgentCPU: the wrappers report, in a POSIX shell, the CPU time of
+// the process they watch (here this test's own, spinning meanwhile),
+// which agentTicks reads back.
 func TestAgentCPU(t *testing.T) {
 	stop := make(chan struct{})
 	go func() {
@@ -26,14 +26,18 @@ func TestAgentCPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cpu, err := agentTicks(string(out))
+	after, err := exec.Command("/bin/sh", "-c", agentAfter(os.Getpid())).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpu, err := agentTicks(string(out), string(after))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cpu <= 0 || cpu > time.Minute {
 		t.Errorf("CPU time %v of a spinning process over 0.3 s (%q)", cpu, out)
 	}
-	if _, err := agentTicks("nothing"); err == nil {
+	if _, err := agentTicks(string(out), "nothing"); err == nil {
 		t.Error("no ticks line read as ticks")
 	}
 }

@@ -4,13 +4,12 @@ package procrec
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -23,31 +22,25 @@ import (
 )
 
 // connRingBytes is the size of the kernel ring the connect hooks write to
-// (a power of two): 4,096 connections between two reads (56 bytes and a
+// (a power of two): 3,640 connections between two reads (64 bytes and a
 // header of 8 each); the hooks count those the full ring refused.
 const connRingBytes = 256 << 10
 
-// connEvent is what the connect hooks write, 56 bytes:
+// connEvent is what the connect hooks write, 64 bytes:
 //
 //	0  u64 pid_tgid   8  u32 uid   12 u32 family (AF_INET, AF_INET6)
 //	16 [16]byte address (IPv4 in the first 4 bytes)
 //	32 u32 port (network order in the low 16 bits)   36 u32 socket type
-//	40 [16]byte comm
-const connEventLen = 56
+//	40 [16]byte comm   56 u64 time (CLOCK_MONOTONIC ns)
+const connEventLen = 64
 
 // connWatch is the connection record: a cgroup connect hook for IPv4
 // and one for IPv6 on the cgroup2 root, writing to one ring.
 type connWatch struct {
 	bpfSet
 	cgroup  string
-	mounted bool          // cgroup was mounted for the record: close unmounts it
-	seen    uint64        // of lost, what is in the record already (under the drain lock)
-	dmu     sync.Mutex    // one drain at a time
-	stopped chan struct{} // closed when the reader stops
+	mounted bool // cgroup was mounted for the record: close unmounts it
 	attach  []ebpf.AttachType
-
-	mu      sync.Mutex
-	flushed []chan struct{} // Drains waiting for the reader to reach the flush
 }
 
 // WatchConnections records each connect(2) to an address outside the
@@ -60,7 +53,7 @@ func (r *Recorder) WatchConnections() error {
 	if err != nil {
 		return fmt.Errorf("connection record: %w", err)
 	}
-	w := &connWatch{cgroup: cg, mounted: mounted, stopped: make(chan struct{})}
+	w := &connWatch{cgroup: cg, mounted: mounted}
 	if err := w.maps("den_conns", connRingBytes); err != nil {
 		w.close()
 		return fmt.Errorf("connection record: %w", err)
@@ -87,10 +80,11 @@ func (r *Recorder) WatchConnections() error {
 		w.close()
 		return err
 	}
+	w.rd.SetDeadline(time.Unix(1, 0)) // run polls the ring: reads never block
 	r.mu.Lock()
 	r.conns = w
 	r.mu.Unlock()
-	go r.readConns(w)
+	r.kick()
 	return nil
 }
 
@@ -132,6 +126,8 @@ func connectProgram(ring, lost int, v6 bool) asm.Instructions {
 		asm.Add.Imm(asm.R1, ev+40),
 		asm.Mov.Imm(asm.R2, 16),
 		asm.FnGetCurrentComm.Call(),
+		asm.FnKtimeGetNs.Call(),
+		asm.StoreMem(asm.RFP, ev+56, asm.R0, asm.DWord),
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, ev),
 		asm.Mov.Imm(asm.R3, connEventLen),
@@ -215,68 +211,13 @@ func unescapeMount(s string) string {
 	return b.String()
 }
 
-func (r *Recorder) readConns(w *connWatch) {
-	defer close(w.stopped)
-	var rec ringbuf.Record
-	for {
-		err := w.rd.ReadInto(&rec)
-		switch {
-		case errors.Is(err, ringbuf.ErrFlushed):
-			w.mu.Lock()
-			for _, ch := range w.flushed {
-				close(ch)
-			}
-			w.flushed = nil
-			w.mu.Unlock()
-			continue
-		case errors.Is(err, ringbuf.ErrClosed), errors.Is(err, os.ErrClosed):
-			return
-		case err != nil:
-			r.log.Warn("connection record stopped", "err", err)
-			return
-		}
-		r.conn(rec.RawSample)
-	}
-}
-
-// drain has the reader handle what the ring holds (and what it has
-// taken from the ring already), waiting for it at most a second, one
-// drain at a time; it says how many connections the full ring refused
-// since the last drain.
-func (w *connWatch) drain() (lost uint64) {
-	w.dmu.Lock()
-	defer w.dmu.Unlock()
-	select {
-	case <-w.stopped:
-		return 0
-	default:
-	}
-	ch := make(chan struct{})
-	w.mu.Lock()
-	w.flushed = append(w.flushed, ch)
-	w.mu.Unlock()
-	if w.rd.Flush() == nil {
-		select {
-		case <-ch:
-		case <-w.stopped:
-		case <-time.After(time.Second):
-		}
-	}
-	var n uint64
-	if w.lost.Lookup(uint32(0), &n) == nil && n > w.seen {
-		lost, w.seen = n-w.seen, n
-	}
-	return lost
-}
-
-// conn records one connect, unless it stays inside the guest.
-func (r *Recorder) conn(b []byte) {
+// decodeConn reads one connect hook record; ok is false for a short
+// one or a connection that stays inside the guest.
+func decodeConn(b []byte) (c kernelEvent, ok bool) {
 	if len(b) < connEventLen {
-		return
+		return c, false
 	}
 	le := binary.LittleEndian
-	pid := int(le.Uint64(b[0:]) >> 32)
-	uid := int(le.Uint32(b[8:]))
 	var addr netip.Addr
 	switch le.Uint32(b[12:]) {
 	case unix.AF_INET:
@@ -284,25 +225,32 @@ func (r *Recorder) conn(b []byte) {
 	case unix.AF_INET6:
 		addr = netip.AddrFrom16([16]byte(b[16:32])).Unmap()
 	default:
-		return
+		return c, false
 	}
 	if addr.IsLoopback() || addr.IsUnspecified() {
-		return
+		return c, false
 	}
-	port := binary.BigEndian.Uint16(b[32:34])
-	proto := "tcp"
+	c = kernelEvent{kind: recConnect, pid: uint32(le.Uint64(b[0:]) >> 32), val: le.Uint32(b[8:]), mono: int64(le.Uint64(b[56:])),
+		addr: netip.AddrPortFrom(addr, binary.BigEndian.Uint16(b[32:34])).String(), proto: "tcp", comm: cString(b[40:56])}
 	if le.Uint32(b[36:]) == unix.SOCK_DGRAM {
-		proto = "udp"
+		c.proto = "udp"
 	}
-	comm := string(b[40:56])
-	if i := strings.IndexByte(comm, 0); i >= 0 {
-		comm = comm[:i]
+	return c, true
+}
+
+// cString is b up to its first NUL.
+func cString(b []byte) string {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
 	}
-	now := time.Now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	ev := agent.ProcEvent{Time: now, Kind: agent.ProcConnect, PID: pid, UID: uid,
-		Addr: netip.AddrPortFrom(addr, port).String(), Proto: proto, Comm: comm, Session: r.sessionOf(pid)}
+	return string(b)
+}
+
+// conn records one connect, which happened at at (r.mu held).
+func (r *Recorder) conn(c kernelEvent, at time.Time) {
+	pid := int(c.pid)
+	ev := agent.ProcEvent{Time: at, Kind: agent.ProcConnect, PID: pid, UID: int(c.val),
+		Addr: c.addr, Proto: c.proto, Comm: c.comm, Session: r.sessionOf(pid)}
 	if p := r.live[pid]; p != nil {
 		ev.PPID = p.ppid
 	}

@@ -3,6 +3,7 @@
 package procrec
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -70,9 +71,18 @@ func (r *Recorder) WatchFiles(paths []string) error {
 		unix.Close(fd)
 		return err
 	}
+	r.sw.Lock()
+	defer r.sw.Unlock()
 	r.mu.Lock()
-	r.fan = w
+	closed := r.closed
+	if !closed {
+		r.fan = w
+	}
 	r.mu.Unlock()
+	if closed {
+		unix.Close(fd)
+		return errors.New("file record: the process record is closed")
+	}
 	r.kick() // run polls the group from now on
 	return nil
 }
@@ -85,6 +95,7 @@ type fanWatch struct {
 	prefixes []string
 	ignores  []string     // scratch directories whose files' events are dropped
 	outside  atomic.Int64 // events read for files outside prefixes
+	failed   bool         // a read failed (run's): logged once
 }
 
 // mark adds the marks, or removes them.
@@ -116,22 +127,32 @@ func under(path string, prefixes []string) bool {
 	return false
 }
 
-// recvFiles reads and handles the fanotify events waiting, if any; got
-// says there were. Only run calls it.
-func (r *Recorder) recvFiles(w *fanWatch, buf []byte) (got bool, err error) {
-	n, err := unix.Read(w.fd, buf)
-	if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
-		return false, nil
+// readFiles takes the fanotify events waiting off the queue, unhandled
+// (each holds an open fd until handleFiles closes it). Only run calls
+// it. An error is logged, once, and leaves the rest for the next batch.
+func (r *Recorder) readFiles(w *fanWatch, buf []byte) [][]byte {
+	var out [][]byte
+	for range batchMax / 64 {
+		n, err := unix.Read(w.fd, buf)
+		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) || err == nil && n <= 0 {
+			break
+		}
+		if err != nil {
+			if !w.failed {
+				w.failed = true
+				r.log.Warn("file record: read", "err", err)
+			}
+			break
+		}
+		out = append(out, bytes.Clone(buf[:n]))
 	}
-	if err != nil {
-		return false, err
-	}
-	if n <= 0 {
-		return false, nil
-	}
+	return out
+}
+
+// handleFiles records the fanotify events of b and closes their fds.
+func (r *Recorder) handleFiles(w *fanWatch, b []byte) {
 	self := os.Getpid()
 	le := binary.LittleEndian
-	b := buf[:n]
 	for len(b) >= fanMetaLen {
 		l := int(le.Uint32(b[0:]))
 		if l < fanMetaLen || l > len(b) {
@@ -147,7 +168,6 @@ func (r *Recorder) recvFiles(w *fanWatch, buf []byte) (got bool, err error) {
 		}
 		unix.Close(efd)
 	}
-	return true, nil
 }
 
 // file records one file closed after a write, when it is under one of

@@ -8,6 +8,7 @@ package procrec
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
@@ -161,13 +162,16 @@ func (r *Recorder) Close() error {
 	r.mu.Unlock()
 	err := r.procs.hook(false)
 	if conns != nil {
-		conns.close()
+		_ = conns.hook(false)
 	}
 	r.kick()
 	// The fds are closed once run has returned.
 	select {
 	case <-r.done:
 		r.procs.close()
+		if conns != nil {
+			conns.close()
+		}
 		if fan != nil {
 			unix.Close(fan.fd)
 		}
@@ -187,7 +191,7 @@ func (r *Recorder) run() {
 	buf := make([]byte, 64<<10)
 	for {
 		r.mu.Lock()
-		closed, fan := r.closed, r.fan
+		closed, fan, conns := r.closed, r.fan, r.conns
 		r.mu.Unlock()
 		if closed {
 			return
@@ -195,6 +199,9 @@ func (r *Recorder) run() {
 		pfd := []unix.PollFd{{Fd: int32(r.wake), Events: unix.POLLIN}, {Fd: int32(r.procs.ring.FD()), Events: unix.POLLIN}}
 		if fan != nil {
 			pfd = append(pfd, unix.PollFd{Fd: int32(fan.fd), Events: unix.POLLIN})
+		}
+		if conns != nil {
+			pfd = append(pfd, unix.PollFd{Fd: int32(conns.ring.FD()), Events: unix.POLLIN})
 		}
 		if _, err := unix.Poll(pfd, -1); err != nil && !errors.Is(err, unix.EINTR) {
 			r.log.Warn("process record stopped", "err", err)
@@ -209,18 +216,15 @@ func (r *Recorder) run() {
 		}
 		var eight [8]byte
 		_, _ = unix.Read(r.wake, eight[:])
-		if err := r.batch(&rec, buf); err != nil {
-			r.log.Warn("process record stopped", "err", err)
-			return
-		}
+		r.batch(&rec, buf)
 	}
 }
 
-// batch reads what the process ring and the file record hold, then
-// lets the Drains that came before it go.
-func (r *Recorder) batch(rec *ringbuf.Record, buf []byte) error {
+// batch reads what the rings and the file record hold, handles it in
+// the order it happened, then lets the Drains that came before it go.
+func (r *Recorder) batch(rec *ringbuf.Record, buf []byte) {
 	r.mu.Lock()
-	drains, fan := r.drains, r.fan
+	drains, fan, conns := r.drains, r.fan, r.conns
 	r.drains = nil
 	r.mu.Unlock()
 	defer func() {
@@ -228,32 +232,45 @@ func (r *Recorder) batch(rec *ringbuf.Record, buf []byte) error {
 			close(ch)
 		}
 	}()
-	// Processes first: a file's writer is then known, alive or gone.
+	// Files are taken off their queue first and handled last: a file's
+	// writer exec'd before it closed the file, so its exec is in the
+	// rings read after.
+	var files [][]byte
+	if fan != nil {
+		files = r.readFiles(fan, buf)
+	}
 	now := time.Now()
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	mono := ts.Nano()
-	for i := 0; i < batchMax; i++ {
-		if err := r.procs.rd.ReadInto(rec); err != nil {
-			break
+	var evs []kernelEvent
+	read := func(b *bpfSet, decode func([]byte) (kernelEvent, bool)) uint64 {
+		for range batchMax {
+			if err := b.rd.ReadInto(rec); err != nil {
+				break
+			}
+			if e, ok := decode(rec.RawSample); ok {
+				evs = append(evs, e)
+			}
 		}
-		if p, ok := decodeProc(rec.RawSample); ok {
-			r.proc(p, now.Add(time.Duration(p.mono-mono)))
-		}
+		return b.lostSince()
 	}
-	if lost := r.procs.lostSince(); lost > 0 {
-		r.mu.Lock()
+	lost := read(&r.procs.bpfSet, decodeProc)
+	if conns != nil {
+		lost += read(&conns.bpfSet, decodeConn)
+	}
+	// A connect goes between its process's exec and its exit.
+	slices.SortStableFunc(evs, func(a, b kernelEvent) int { return cmp.Compare(a.mono, b.mono) })
+	for _, e := range evs {
+		r.handle(e, now.Add(time.Duration(e.mono-mono)))
+	}
+	r.mu.Lock()
+	if lost > 0 {
 		r.add(agent.ProcEvent{Time: now, Kind: agent.ProcLost, Lost: lost})
-		r.mu.Unlock()
 	}
-	for i := 0; fan != nil && i < batchMax; i++ {
-		got, err := r.recvFiles(fan, buf)
-		if err != nil {
-			return err
-		}
-		if !got {
-			break
-		}
+	r.mu.Unlock()
+	for _, b := range files {
+		r.handleFiles(fan, b)
 	}
 	r.mu.Lock()
 	if now.Sub(r.pruned) > goneFor {
@@ -265,30 +282,20 @@ func (r *Recorder) batch(rec *ringbuf.Record, buf []byte) error {
 		}
 	}
 	r.mu.Unlock()
-	return nil
 }
 
 // Drain handles the events the kernel has queued for the recorder and
 // it has not read yet: a Read after it holds every process event, file
 // close and connection that happened before it.
 func (r *Recorder) Drain() {
-	r.mu.Lock()
-	conns, closed := r.conns, r.closed
 	ch := make(chan struct{})
-	if !closed {
-		r.drains = append(r.drains, ch)
-	}
-	r.mu.Unlock()
-	if conns != nil {
-		if lost := conns.drain(); lost > 0 {
-			r.mu.Lock()
-			r.add(agent.ProcEvent{Time: time.Now(), Kind: agent.ProcLost, Lost: lost})
-			r.mu.Unlock()
-		}
-	}
-	if closed {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
 		return
 	}
+	r.drains = append(r.drains, ch)
+	r.mu.Unlock()
 	r.kick()
 	select {
 	case <-ch:
@@ -297,19 +304,26 @@ func (r *Recorder) Drain() {
 	}
 }
 
-// proc handles one record of the process ring, which happened at at.
-func (r *Recorder) proc(p procRecord, at time.Time) {
-	pid := int(p.pid)
-	switch p.kind {
+// handle records one ring record, which happened at at.
+func (r *Recorder) handle(e kernelEvent, at time.Time) {
+	pid := int(e.pid)
+	switch e.kind {
 	case recFork:
 		r.mu.Lock()
-		r.live[pid] = &live{ppid: int(p.parent)}
+		r.live[pid] = &live{ppid: int(e.parent)}
 		r.mu.Unlock()
 	case recExec:
-		argv, cut := splitArgv(p.argv, p.argvLen)
-		r.exec(pid, int(p.parent), int(p.val), at, argv, cut)
+		argv := e.argv
+		if len(argv) == 0 && e.comm != "" {
+			argv = []string{"[" + e.comm + "]"}
+		}
+		r.exec(pid, int(e.parent), int(e.val), at, argv, e.cut)
 	case recExit:
-		r.exit(pid, p.val, at)
+		r.exit(pid, e.val, at)
+	case recConnect:
+		r.mu.Lock()
+		r.conn(e, at)
+		r.mu.Unlock()
 	}
 }
 
@@ -344,7 +358,9 @@ func (r *Recorder) exec(pid, ppid, uid int, at time.Time, argv []string, cut boo
 		p = &live{}
 		r.live[pid] = p
 	}
-	if ppid > 0 {
+	// The parent the fork saw: one that has exited since leaves its
+	// child to init, and its session would be lost on the way.
+	if p.ppid == 0 {
 		p.ppid = ppid
 	}
 	p.exec, p.uid = at, uid

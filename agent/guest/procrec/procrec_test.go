@@ -406,3 +406,43 @@ func TestJSONBound(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionsKeptLate: a process whose parent has exited keeps the
+// session its fork saw (it is init's child by its exec), and a
+// connection a new process opens at once carries its session and parent
+// (its exec and connect come from two rings, put in order).
+func TestSessionsKeptLate(t *testing.T) {
+	r := open(t, 0)
+	if err := r.WatchConnections(); err != nil {
+		t.Fatal(err)
+	}
+	orphan := exec.Command("/bin/sh", "-c", "(sleep 0.3; exec /bin/echo orphan-marker) & exit 0")
+	if err := orphan.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r.Tag(orphan.Process.Pid, "s-orphan")
+	_ = orphan.Wait()
+	ev := waitFor(t, r, func(ev agent.ProcEvent) bool {
+		return ev.Kind == agent.ProcExec && slices.Contains(ev.Argv, "orphan-marker")
+	})
+	if ev.Session != "s-orphan" {
+		t.Errorf("exec of a process whose parent exited: %+v, want session s-orphan", ev)
+	}
+
+	conn := exec.Command("/bin/sh", "-c", "bash -c 'echo x >/dev/udp/192.0.2.77/53'; true")
+	if err := conn.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r.Tag(conn.Process.Pid, "s-conn")
+	_ = conn.Wait()
+	r.Drain()
+	var got *agent.ProcEvent
+	for _, e := range r.Read(0, 0).Events {
+		if e.Kind == agent.ProcConnect && e.Addr == "192.0.2.77:53" {
+			got = &e
+		}
+	}
+	if got == nil || got.Session != "s-conn" || got.PPID != conn.Process.Pid {
+		t.Errorf("connect of a new process: %+v, want session s-conn and parent %d", got, conn.Process.Pid)
+	}
+}

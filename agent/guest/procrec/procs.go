@@ -27,11 +27,12 @@ const procRingBytes = 1 << 20
 // maxArgvRead is how much of an exec's command line the kernel copies.
 const maxArgvRead = 4096
 
-// Kinds of process ring record.
+// Kinds of ring record: the process ring's, and the connect hooks'.
 const (
-	recFork = 1
-	recExec = 2
-	recExit = 3
+	recFork    = 1
+	recExec    = 2
+	recExit    = 3
+	recConnect = 4
 )
 
 // A process ring record, little endian:
@@ -43,10 +44,11 @@ const (
 // An exec's record goes on with
 //
 //	24 u32 the command line's whole length   28 u32 unused
-//	32 the command line, NUL-separated, at most maxArgvRead bytes
+//	32 [16]byte comm   48 the command line, NUL-separated, at most
+//	maxArgvRead bytes
 const (
 	procHdrLen  = 24
-	execHdrLen  = 32
+	execHdrLen  = 48
 	execRecLen  = execHdrLen + maxArgvRead
 	procStackEv = -procHdrLen // fork's and exit's record, on the stack
 	procSlot    = -procHdrLen - 8
@@ -126,6 +128,7 @@ func memberOffset(members []btf.Member, name string) (uint32, bool) {
 type bpfSet struct {
 	ring  *ebpf.Map
 	lost  *ebpf.Map // one u64
+	seen  uint64    // of lost, what is in the record already
 	progs []*ebpf.Program
 	links []link.Link
 	rd    *ringbuf.Reader
@@ -172,7 +175,6 @@ func (b *bpfSet) release() {
 // procWatch is the process record's programs, their ring and links.
 type procWatch struct {
 	bpfSet
-	seen    uint64    // of lost, what is in the record already
 	scratch *ebpf.Map // per CPU: where an exec's record is built
 	points  []string
 }
@@ -246,7 +248,7 @@ func (w *procWatch) close() {
 
 // lostSince says how many records the full ring refused since it was
 // last asked.
-func (w *procWatch) lostSince() uint64 {
+func (w *bpfSet) lostSince() uint64 {
 	var n uint64
 	if w.lost.Lookup(uint32(0), &n) != nil || n <= w.seen {
 		return 0
@@ -376,6 +378,10 @@ func execProgram(l kernelLayout, ring, lost, scratch int) asm.Instructions {
 		asm.StoreMem(asm.R7, 16, asm.R0, asm.DWord),
 		asm.StoreImm(asm.R7, 24, 0, asm.Word),
 		asm.StoreImm(asm.R7, 28, 0, asm.Word),
+		asm.Mov.Reg(asm.R1, asm.R7),
+		asm.Add.Imm(asm.R1, 32),
+		asm.Mov.Imm(asm.R2, 16),
+		asm.FnGetCurrentComm.Call(),
 		asm.Mov.Imm(asm.R8, 0), // bytes copied
 	)
 	in = append(in, readKernel(asm.R9, asm.R6, l.taskMM, asm.DWord)...)
@@ -401,27 +407,32 @@ func execProgram(l kernelLayout, ring, lost, scratch int) asm.Instructions {
 	return append(in, output(ring, lost, procSlot, 0)...)
 }
 
-// procRecord is one record of the process ring, decoded.
-type procRecord struct {
-	kind, pid, parent, val uint32
-	mono                   int64 // CLOCK_MONOTONIC ns
-	argvLen                int   // the command line's whole length
-	argv                   []byte
+// kernelEvent is one record of the process ring or the connect hooks'
+// ring, decoded.
+type kernelEvent struct {
+	kind, pid, parent uint32
+	val               uint32 // an exec's euid, an exit's code, a connect's uid
+	mono              int64  // CLOCK_MONOTONIC ns
+	argv              []string
+	cut               bool // argv was cut to the bounds
+	comm              string
+	addr, proto       string // a connect's
 }
 
-func decodeProc(b []byte) (procRecord, bool) {
+// decodeProc reads one record of the process ring.
+func decodeProc(b []byte) (kernelEvent, bool) {
 	if len(b) < procHdrLen {
-		return procRecord{}, false
+		return kernelEvent{}, false
 	}
 	le := binary.LittleEndian
-	r := procRecord{kind: le.Uint32(b[0:]), pid: le.Uint32(b[4:]), parent: le.Uint32(b[8:]),
+	e := kernelEvent{kind: le.Uint32(b[0:]), pid: le.Uint32(b[4:]), parent: le.Uint32(b[8:]),
 		val: le.Uint32(b[12:]), mono: int64(le.Uint64(b[16:]))}
-	if r.kind == recExec {
+	if e.kind == recExec {
 		if len(b) < execHdrLen {
-			return procRecord{}, false
+			return kernelEvent{}, false
 		}
-		r.argvLen = int(le.Uint32(b[24:]))
-		r.argv = b[execHdrLen:]
+		e.comm = cString(b[32:48])
+		e.argv, e.cut = splitArgv(b[execHdrLen:], int(le.Uint32(b[24:])))
 	}
-	return r, true
+	return e, true
 }
