@@ -89,11 +89,16 @@ const agentPID = `for p in /proc/[0-9]*; do case "$(readlink $p/exe 2>/dev/null)
 // prints them again once the agent has read the work's last events (it
 // reads them in batches, up to 200 ms late).
 func withAgentCPU(work string, pid int) string {
-	return fmt.Sprintf("echo \"den-agent-ticks $(cut -d' ' -f14,15 /proc/%d/stat)\"; ( %s ) >/dev/null", pid, work)
+	return ticksLine(pid) + "; ( " + work + " ) >/dev/null"
 }
 
 func agentAfter(pid int) string {
-	return fmt.Sprintf("sleep 0.5; echo \"den-agent-ticks $(cut -d' ' -f14,15 /proc/%d/stat)\"", pid)
+	return "sleep 0.5; " + ticksLine(pid)
+}
+
+// ticksLine prints the agent's ticks for agentTicks.
+func ticksLine(pid int) string {
+	return fmt.Sprintf("echo \"den-agent-ticks $(cut -d' ' -f14,15 /proc/%d/stat)\"", pid)
 }
 
 // agentTicks reads withAgentCPU's and agentAfter's lines: the agent's

@@ -15,7 +15,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
-	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
 	"github.com/denhq/den/agent"
@@ -72,15 +71,14 @@ func (r *Recorder) WatchConnections() error {
 		}
 		w.progs, w.attach = append(w.progs, p), append(w.attach, a)
 	}
-	if w.rd, err = ringbuf.NewReader(w.ring); err != nil {
+	if err := w.reader(); err != nil {
 		w.close()
-		return fmt.Errorf("connection record: read the ring: %w", err)
+		return fmt.Errorf("connection record: %w", err)
 	}
 	if err := w.hook(true); err != nil {
 		w.close()
 		return err
 	}
-	w.rd.SetDeadline(time.Unix(1, 0)) // run polls the ring: reads never block
 	r.mu.Lock()
 	r.conns = w
 	r.mu.Unlock()

@@ -114,8 +114,6 @@ func Open(size int, log *slog.Logger) (*Recorder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("process record: %w", err)
 	}
-	// Reads never block: run polls the ring itself.
-	procs.rd.SetDeadline(time.Unix(1, 0))
 	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		procs.close()
@@ -261,10 +259,10 @@ func (r *Recorder) batch(rec *ringbuf.Record, buf []byte) {
 	}
 	// A connect goes between its process's exec and its exit.
 	slices.SortStableFunc(evs, func(a, b kernelEvent) int { return cmp.Compare(a.mono, b.mono) })
+	r.mu.Lock()
 	for _, e := range evs {
 		r.handle(e, now.Add(time.Duration(e.mono-mono)))
 	}
-	r.mu.Lock()
 	if lost > 0 {
 		r.add(agent.ProcEvent{Time: now, Kind: agent.ProcLost, Lost: lost})
 	}
@@ -304,26 +302,18 @@ func (r *Recorder) Drain() {
 	}
 }
 
-// handle records one ring record, which happened at at.
+// handle records one ring record, which happened at at (r.mu held).
 func (r *Recorder) handle(e kernelEvent, at time.Time) {
 	pid := int(e.pid)
 	switch e.kind {
 	case recFork:
-		r.mu.Lock()
 		r.live[pid] = &live{ppid: int(e.parent)}
-		r.mu.Unlock()
 	case recExec:
-		argv := e.argv
-		if len(argv) == 0 && e.comm != "" {
-			argv = []string{"[" + e.comm + "]"}
-		}
-		r.exec(pid, int(e.parent), int(e.val), at, argv, e.cut)
+		r.exec(pid, int(e.parent), int(e.val), at, e.argv, e.cut)
 	case recExit:
 		r.exit(pid, e.val, at)
 	case recConnect:
-		r.mu.Lock()
 		r.conn(e, at)
-		r.mu.Unlock()
 	}
 }
 
@@ -350,9 +340,8 @@ func splitArgv(b []byte, whole int) ([]string, bool) {
 	return argv, cut
 }
 
+// exec records an exec (r.mu held).
 func (r *Recorder) exec(pid, ppid, uid int, at time.Time, argv []string, cut bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	p := r.live[pid]
 	if p == nil {
 		p = &live{}
@@ -369,9 +358,8 @@ func (r *Recorder) exec(pid, ppid, uid int, at time.Time, argv []string, cut boo
 		Argv: argv, ArgvTruncated: cut, Session: p.session})
 }
 
+// exit records a process's end (r.mu held).
 func (r *Recorder) exit(pid int, code uint32, at time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	p := r.live[pid]
 	// What is known of it is kept a moment: its last files are read
 	// after its exit.

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -146,6 +147,18 @@ func (b *bpfSet) maps(name string, size uint32) error {
 	return nil
 }
 
+// reader opens the ring's reader. Its reads never block: run polls the
+// ring itself and reads what it holds.
+func (b *bpfSet) reader() error {
+	rd, err := ringbuf.NewReader(b.ring)
+	if err != nil {
+		return fmt.Errorf("read the ring: %w", err)
+	}
+	rd.SetDeadline(time.Unix(1, 0))
+	b.rd = rd
+	return nil
+}
+
 // unhook detaches the programs.
 func (b *bpfSet) unhook() error {
 	var errs []error
@@ -213,9 +226,9 @@ func newProcWatch() (*procWatch, error) {
 		}
 		w.progs, w.points = append(w.progs, prog), append(w.points, p.point)
 	}
-	if w.rd, err = ringbuf.NewReader(w.ring); err != nil {
+	if err := w.reader(); err != nil {
 		w.close()
-		return nil, fmt.Errorf("read the ring: %w", err)
+		return nil, err
 	}
 	return w, nil
 }
@@ -433,6 +446,9 @@ func decodeProc(b []byte) (kernelEvent, bool) {
 		}
 		e.comm = cString(b[32:48])
 		e.argv, e.cut = splitArgv(b[execHdrLen:], int(le.Uint32(b[24:])))
+		if len(e.argv) == 0 && e.comm != "" {
+			e.argv = []string{"[" + e.comm + "]"}
+		}
 	}
 	return e, true
 }
