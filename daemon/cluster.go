@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -22,16 +21,16 @@ import (
 	"github.com/denhq/den/storage"
 )
 
-// ClusterLease names the lease the live host of a cluster holds: den runs
-// VMs on one live host of a cluster at a time, and this lease says which.
-// A VM name never begins with '@'.
-const ClusterLease = "@cluster"
+// hostLease names the lease a host of a cluster holds while its daemon
+// lives: its VMs' leases are renewed with it, and the fence stops its
+// VMMs when it cannot renew them. A VM name never begins with '@'.
+func hostLease(host string) string { return "@host/" + host }
 
 // openRegistry opens the daemon's registry: the cluster's PostgreSQL
 // database when o names a cluster config (and then the cluster's volume
 // config replaces vcfg), else SQLite in the state dir. With a cluster it
-// takes the cluster's lease, or refuses the start while another host
-// holds it, and starts the fence guard.
+// takes this host's lease, or refuses the start while another daemon
+// with this host's name holds it, and starts the fence guard.
 func openRegistry(ctx context.Context, o *Options, state machine.StateDir, vcfg *storage.Config) (*registry.DB, *clusterHost, error) {
 	if o.ClusterConfig == "" {
 		if _, ok, _ := fence.Passed(state.Fence()); ok {
@@ -67,19 +66,13 @@ func openRegistry(ctx context.Context, o *Options, state machine.StateDir, vcfg 
 		return nil, nil, fmt.Errorf("cluster: %w", err)
 	}
 	t0 := fence.Now()
-	l, err := db.AcquireLease(octx, ClusterLease, o.HostName, instance, o.Lease, o.Lease/2)
+	l, err := db.AcquireLease(octx, hostLease(o.HostName), o.HostName, instance, o.Lease, o.Lease/2)
 	if err != nil {
 		db.Close()
-		if errors.Is(err, registry.ErrLeased) {
-			return nil, nil, fmt.Errorf("cluster: another daemon is the live host of this cluster (den runs VMs on one live host at a time for now): %w", err)
-		}
 		return nil, nil, fmt.Errorf("cluster: %w", err)
 	}
 	db.Fence(l) // from now on the record is written only while the lease is held
-	if l.TakenFrom != "" {
-		o.Logger.Warn("den: took over the cluster's lease from a host that stopped renewing it", "from", l.TakenFrom, "generation", l.Generation)
-	}
-	c := &clusterHost{lease: l, ttl: o.Lease, state: state, den: den, log: o.Logger}
+	c := &clusterHost{lease: l, ttl: o.Lease, state: state, den: den, log: o.Logger, store: db}
 	if err := c.push(t0); err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("cluster: %w", err)
@@ -89,28 +82,6 @@ func openRegistry(ctx context.Context, o *Options, state machine.StateDir, vcfg 
 		return nil, nil, fmt.Errorf("cluster: %w", err)
 	}
 	return db, c, nil
-}
-
-// pendingTakeover is the host whose lease this one took over and whose
-// VMs are still to be dealt with: from, when this start took the lease
-// from it (marked in the state dir first, so that a crash before the
-// work is done leaves it for the next start), else the one a start that
-// crashed left marked ("" for none).
-func pendingTakeover(state machine.StateDir, from string) (string, error) {
-	if from != "" {
-		if err := atomicfile.Write(state.Takeover(), []byte(from+"\n"), 0o600); err != nil {
-			return "", fmt.Errorf("cluster: mark the takeover: %w", err)
-		}
-		return from, nil
-	}
-	b, err := os.ReadFile(state.Takeover())
-	if errors.Is(err, fs.ErrNotExist) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("cluster: read the takeover mark: %w", err)
-	}
-	return strings.TrimSpace(string(b)), nil
 }
 
 // loadInstance reads this state dir's daemon instance id, made once: it
@@ -130,15 +101,46 @@ func loadInstance(path string) (string, error) {
 	return s, nil
 }
 
-// clusterHost is what a host of a cluster holds: the cluster's lease,
-// and the fence that stops its VMMs if it cannot renew it in time.
+// clusterHost is what a host of a cluster holds: its host lease, the
+// leases of the VMs it runs or works on (taken through it, as
+// machine.Leases), and the fence that stops its VMMs if it cannot renew
+// them in time.
 type clusterHost struct {
 	lease registry.Lease
 	ttl   time.Duration
 	state machine.StateDir
 	den   string // this program, to start the fence guard
 	log   *slog.Logger
+	store registry.LeaseStore
 }
+
+var _ machine.Leases = (*clusterHost)(nil)
+
+// Acquire implements machine.Leases. A VM's lease is taken from a host
+// that let it lapse only a grace of half the lease after it expired:
+// that host's fence stopped its VMM at half the lease after its last
+// renewal began, so the grace leaves the kill time to complete.
+func (c *clusterHost) Acquire(ctx context.Context, vm string) (registry.Lease, error) {
+	return c.store.AcquireLease(ctx, vm, c.lease.Host, c.lease.Instance, c.ttl, c.ttl/2)
+}
+
+// Release implements machine.Leases.
+func (c *clusterHost) Release(ctx context.Context, l registry.Lease) error {
+	return c.store.ReleaseLease(ctx, l)
+}
+
+// Get implements machine.Leases.
+func (c *clusterHost) Get(ctx context.Context, vm string) (registry.Lease, error) {
+	return c.store.GetLease(ctx, vm)
+}
+
+// Lapsed implements machine.Leases.
+func (c *clusterHost) Lapsed(ctx context.Context) ([]registry.Lease, error) {
+	return c.store.ExpiredLeases(ctx, c.ttl/2)
+}
+
+// Every implements machine.Leases: a third of the lease.
+func (c *clusterHost) Every() time.Duration { return c.ttl / 3 }
 
 // push tells the fence guard the VMMs may run until half the lease after
 // t0, when the renewal that succeeded began.
@@ -186,11 +188,11 @@ func (c *clusterHost) fenceNow() {
 		c.log.Error("den: fence: push a passed deadline", "err", err)
 	}
 	if killed, err := fence.KillVMMs(c.state.Runs()); len(killed) > 0 || err != nil {
-		c.log.Warn("den: the cluster lease is lost: VMMs killed", "vms", killed, "err", err)
+		c.log.Warn("den: this host's lease is lost: VMMs killed", "vms", killed, "err", err)
 	}
 }
 
-// leave gives the cluster's lease back and lifts the fence, when no VMM
+// leave gives the host's lease back and lifts the fence, when no VMM
 // of this host runs; with VMMs running both stay, and the fence stops
 // them unless a daemon renews the lease in time.
 func (c *clusterHost) leave(store registry.LeaseStore) {
@@ -202,7 +204,7 @@ func (c *clusterHost) leave(store registry.LeaseStore) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := store.ReleaseLease(ctx, c.lease); err != nil {
-		c.log.Warn("den: release the cluster lease", "err", err)
+		c.log.Warn("den: release the host's lease", "err", err)
 		return
 	}
 	if err := fence.Lift(c.state.Fence()); err != nil {

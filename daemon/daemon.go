@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -162,12 +161,6 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	undo.push(func() { _ = db.Close() }) // after the manager's Close
-	takenFrom := ""
-	if clusterHost != nil {
-		if takenFrom, err = pendingTakeover(state, clusterHost.lease.TakenFrom); err != nil {
-			return fmt.Errorf("daemon: %w", err)
-		}
-	}
 	if o.HostName == "" {
 		o.HostName = defaultHostName()
 	}
@@ -244,9 +237,14 @@ func Run(ctx context.Context, o Options) error {
 	interceptor := secretStore.NewInterceptor(secrets.InterceptorConfig{VM: keyAgents.vmRef, Roots: roots, Note: keyAgents.usedHTTPS, Logger: o.Logger})
 	undo.push(interceptor.Close)
 	o.Network.HTTPS = interceptor
+	var leases machine.Leases
+	if clusterHost != nil {
+		leases = clusterHost
+	}
 	m, err = machine.New(ctx, machine.Config{
+		Leases:  leases,
 		OnAgent: keyAgents.onAgent,
-		State:   state, HostName: o.HostName, TakenFrom: takenFrom, Volume: vol, Registry: db, AgentKey: agentKey, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
+		State:   state, HostName: o.HostName, Volume: vol, Registry: db, AgentKey: agentKey, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
 		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, MemoryFiles: o.MemoryFiles, CollectGrace: o.CollectGrace, RAMDir: o.RAMDir, MemoryCopies: o.MemoryCopies,
 		RecordCap: o.ActivityCap, RecordPull: o.ActivityPull,
 		Memory: o.Memory, Network: o.Network, VMUser: o.VMUser,
@@ -256,12 +254,6 @@ func Run(ctx context.Context, o Options) error {
 	}
 	undo.push(func() { _ = m.Close() })
 	keyAgents.m.Store(m)
-	if takenFrom != "" {
-		// The VMs that ran there are dealt with (reconcile).
-		if err := os.Remove(state.Takeover()); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			o.Logger.Warn("den: takeover done, but its mark stays", "err", err)
-		}
-	}
 	if err := beat.attach(ctx, m, hostSelf(o.HostName, o.HostAddress, o.Version, m.VMMName())); err != nil {
 		return fmt.Errorf("daemon: host record: %w", err)
 	}

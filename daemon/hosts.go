@@ -33,7 +33,7 @@ func defaultHostName() string {
 	return strings.ToLower(name)
 }
 
-// heart renews this host's cluster lease, from the start of the daemon
+// heart renews this host's leases (its own and its VMs'), from the start of the daemon
 // on, every tenth of the lease (so that a failed renewal or two, a
 // PostgreSQL restart say, leave time before the fence's deadline at half
 // the lease), and, once a Manager is attached, records the host in the
@@ -61,7 +61,7 @@ type recorder struct {
 	self registry.Host // the fields that do not change
 }
 
-// startHeart renews the cluster lease at once (a start fails when it
+// startHeart renews this host's leases at once (a start fails when it
 // cannot) and goes on until stopped.
 func startHeart(ctx context.Context, store registry.Store, lease time.Duration, cluster *clusterHost, log *slog.Logger) (*heart, error) {
 	h := &heart{store: store, lease: lease, log: log, cluster: cluster, lost: make(chan struct{}), done: make(chan struct{})}
@@ -127,7 +127,7 @@ func (h *heart) run(ctx context.Context) {
 	}
 }
 
-// renew renews the cluster lease (nothing to do on one host) and pushes
+// renew renews this host's leases (nothing to do on one host) and pushes
 // the fence's deadline. It wraps registry.ErrLeaseLost when the lease is
 // gone.
 func (h *heart) renew(ctx context.Context) error {
@@ -149,11 +149,11 @@ func (h *heart) renew(ctx context.Context) error {
 	if !held {
 		cur, _ := h.store.GetLease(ctx, c.lease.VM)
 		if cur.Host == c.lease.Host && cur.Instance == c.lease.Instance && cur.Generation == c.lease.Generation {
-			return fmt.Errorf("cluster: this host (%s) lost the cluster lease of generation %d: it expired at %s, unrenewed for longer than the lease (%s): %w",
+			return fmt.Errorf("cluster: this host (%s) lost its host lease of generation %d: it expired at %s, unrenewed for longer than the lease (%s): %w",
 				c.lease.Host, c.lease.Generation, cur.Expires.Format(time.RFC3339), h.lease, registry.ErrLeaseLost)
 		}
-		return fmt.Errorf("cluster: this host (%s) lost the cluster lease of generation %d: now host %q holds generation %d: %w",
-			c.lease.Host, c.lease.Generation, cur.Host, cur.Generation, registry.ErrLeaseLost)
+		return fmt.Errorf("cluster: this host (%s) lost its host lease of generation %d: now daemon %s holds generation %d: %w",
+			c.lease.Host, c.lease.Generation, cur.Instance, cur.Generation, registry.ErrLeaseLost)
 	}
 	if err := c.push(t0); err != nil {
 		return err
@@ -169,16 +169,14 @@ func (r *recorder) record(ctx context.Context, store registry.Store) error {
 	if mem.Budget < 0 {
 		rec.MemoryBudgetBytes, rec.MemoryFreeBytes = -1, -1
 	}
+	rec.Running = mem.Running // this host's: other hosts of a cluster run theirs
 	vms, err := store.ListVMs(ctx, "")
 	if err != nil {
 		return err
 	}
 	for _, vm := range vms {
-		switch vm.State {
-		case registry.StateRunning:
-			rec.Running++
-		case registry.StateSleeping:
-			rec.Sleeping++
+		if vm.State == registry.StateSleeping {
+			rec.Sleeping++ // owned by no host: any may wake it
 		}
 	}
 	return store.Heartbeat(ctx, rec)

@@ -128,91 +128,128 @@ func hostsOf(t *testing.T, d *daemon) hostsJSON {
 	return h
 }
 
-// TestClusterFence: hosts share a PostgreSQL registry and a volume in
-// MinIO with its metadata in PostgreSQL. A restart of PostgreSQL leaves
-// the live host and its VM running. One host is live at a time; a
-// second is refused while the first holds the cluster's lease. When the
-// live host's daemon freezes (SIGSTOP), its fence guard kills its VMM
-// before the lease expires, so that when another host takes over (after
-// the lease and a grace) no two VMMs of the VM ever run; the VM boots on
-// the new host from its disk, with what it had synced. When the frozen
-// daemon thaws, its next renewal is refused (the lease's generation
-// moved on) and it exits without touching anything.
+// TestClusterFence: two live hosts share a PostgreSQL registry and a
+// volume in MinIO with its metadata in PostgreSQL, each running VMs of
+// its own under per-VM leases. A VM one host runs is refused on the
+// other in one line naming its host; put to sleep on one, it wakes on
+// the other with its files; two hosts racing to wake it start one VMM.
+// A restart of PostgreSQL leaves both hosts and their VMs running. When
+// a host's daemon freezes (SIGSTOP), its fence guard kills its VMMs
+// before its leases expire; once they lapsed past the grace, the other
+// host takes its VMs over (recorded stopped: lost with that host, their
+// disks cloned afresh, so that a write the frozen host's volume client
+// commits late never reaches them) and boots them from their disks.
+// When the frozen daemon thaws, its renewal is refused and it exits.
 func TestClusterFence(t *testing.T) {
 	c := newClusterEnv(t, 6*time.Second)
 	a := c.host("host-a")
+	b := c.host("host-b")
 	h := hostsOf(t, a)
-	if h.Registry != "postgres" || len(h.Hosts) != 1 || h.Hosts[0].Name != "host-a" || !h.Hosts[0].Alive || !h.Hosts[0].This {
+	if h.Registry != "postgres" || len(h.Hosts) != 2 || h.Hosts[0].Name != "host-a" || !h.Hosts[0].Alive || !h.Hosts[0].This ||
+		h.Hosts[1].Name != "host-b" || !h.Hosts[1].Alive {
 		t.Fatalf("hosts on host-a: %+v", h)
 	}
 	a.must("create", "box", "--memory", "256M", "--idle-timeout", "0")
 	a.must("exec", "box", "--", "sh", "-c", "echo from-a > /root/mark; sync")
-	vmms := a.vmmPIDs("box")
-	if len(vmms) != 1 {
-		t.Fatalf("vmm processes of box on host-a: %v", vmms)
+	b.must("create", "other", "--memory", "256M", "--idle-timeout", "0")
+	if n, m := len(a.vmmPIDs("box")), len(b.vmmPIDs("other")); n != 1 || m != 1 {
+		t.Fatalf("VMMs: box on host-a %d, other on host-b %d", n, m)
+	}
+	// A VM one host runs is refused on the other, in one line.
+	if _, err := b.run("exec", "box", "--", "true"); err == nil || !strings.Contains(err.Error(), `vm "box" is held by host "host-a"`) ||
+		strings.Count(err.Error(), "\n") > 0 {
+		t.Fatalf("exec on host-b of a vm host-a runs: %v", err)
+	}
+	if n := len(b.vmmPIDs("box")); n != 0 {
+		t.Fatalf("host-b started %d VMMs of box", n)
 	}
 
-	// PostgreSQL restarts under the live host: its renewals retry within
-	// the fence's deadline, and the VM goes on. (Its disk may not: JuiceFS
-	// fails the writes it commits while its metadata engine is away, see
-	// docs/cluster.md; nothing here writes to the guest's disk meanwhile.)
+	// PostgreSQL restarts under both hosts: their renewals retry within
+	// the fence's deadline, and the VMs go on. (Their disks may not:
+	// JuiceFS fails the writes it commits while its metadata engine is
+	// away, see docs/cluster.md; nothing here writes to a guest's disk
+	// meanwhile.)
+	vmms := a.vmmPIDs("box")
 	if err := c.pg.Restart(); err != nil {
 		t.Fatal(err)
 	}
 	a.must("exec", "box", "--", "true")
+	b.must("exec", "other", "--", "true")
 	if got := a.vmmPIDs("box"); !slices.Equal(got, vmms) {
 		t.Fatalf("box's VMM after PostgreSQL restarted: %v, was %v", got, vmms)
 	}
-	if h := hostsOf(t, a); len(h.Hosts) != 1 || !h.Hosts[0].Alive {
+	if h := hostsOf(t, b); len(h.Hosts) != 2 || !h.Hosts[0].Alive || !h.Hosts[1].Alive {
 		t.Fatalf("hosts after PostgreSQL restarted: %+v", h)
 	}
 
-	// A second host is refused, in one line, while host-a is live.
-	den, images := requireHost(t)
-	bstate := filepath.Join(t.TempDir(), "state")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, den, "daemon", "--state-dir", bstate, "--socket", filepath.Join(bstate, "den.sock"),
-		"--images", images.Path(), "--ssh-listen", "off", "--net", "user", "--vmm-user", "-", "--cluster", c.config("host-b")).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "another daemon is the live host of this cluster") ||
-		!strings.Contains(string(out), `"host-a"`) {
-		t.Fatalf("a second live host: %v\n%s", err, out)
+	// Put to sleep on host-a, box wakes on host-b with its file.
+	a.must("sleep", "box")
+	if out := b.must("exec", "box", "--", "cat", "/root/mark"); out != "from-a\n" {
+		t.Fatalf("box woken on host-b: /root/mark %q", out)
+	}
+	if n, m := len(a.vmmPIDs("box")), len(b.vmmPIDs("box")); n != 0 || m != 1 {
+		t.Fatalf("VMMs of box after its wake on host-b: host-a %d, host-b %d", n, m)
 	}
 
-	// host-a's daemon freezes: its fence guard kills the VMM while the
-	// lease is still held.
+	// Both hosts race to wake box: one VMM each time, and a request
+	// that lost the race names the host that won it.
+	for round := range 3 {
+		for _, d := range []*daemon{a, b} {
+			if len(d.vmmPIDs("box")) == 1 {
+				d.must("sleep", "box")
+			}
+		}
+		outs := make(chan string, 2)
+		for _, d := range []*daemon{a, b} {
+			go func() {
+				_, err := d.run("exec", "box", "--", "true")
+				if err != nil {
+					outs <- "failed: " + err.Error()
+					return
+				}
+				outs <- ""
+			}()
+		}
+		for range 2 {
+			if out := <-outs; strings.HasPrefix(out, "failed: ") && !strings.Contains(out, `vm "box" is held by host "host-`) {
+				t.Fatalf("round %d: a wake that lost the race: %s", round, out)
+			}
+		}
+		if n, m := len(a.vmmPIDs("box")), len(b.vmmPIDs("box")); n+m != 1 {
+			t.Fatalf("round %d: VMMs of box: host-a %d, host-b %d", round, n, m)
+		}
+	}
+	if len(b.vmmPIDs("box")) == 0 {
+		a.must("sleep", "box")
+		b.must("exec", "box", "--", "true")
+	}
+
+	// host-b's daemon freezes: its fence guard kills its VMMs while its
+	// leases are still held.
 	db := c.registry()
-	if err := syscall.Kill(a.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
+	if err := syscall.Kill(b.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	thawed := false
 	defer func() {
 		if !thawed {
-			_ = syscall.Kill(a.cmd.Process.Pid, syscall.SIGCONT)
+			_ = syscall.Kill(b.cmd.Process.Pid, syscall.SIGCONT)
 		}
 	}()
-	if !eventually(time.Minute, func() bool { return len(a.vmmPIDs("box")) == 0 }) {
-		t.Fatal("the fence did not stop host-a's VMM while its daemon was frozen")
+	if !eventually(time.Minute, func() bool { return len(b.vmmPIDs("box")) == 0 && len(b.vmmPIDs("other")) == 0 }) {
+		t.Fatal("the fence did not stop host-b's VMMs while its daemon was frozen")
 	}
-	l, err := db.GetLease(context.Background(), "@cluster")
+	l, err := db.GetLease(context.Background(), "box")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !l.Held() || l.Host != "host-a" {
-		t.Fatalf("host-a's VMM was stopped only after its lease lapsed (or the lease moved): %+v", l)
+	if !l.Held() || l.Host != "host-b" {
+		t.Fatalf("host-b's VMM was stopped only after its lease lapsed (or the lease moved): %+v", l)
 	}
-	t.Logf("the fence stopped host-a's VMM %s before its lease expired", l.Expires.Sub(l.Now))
-
-	// host-b takes over once the lease lapsed past the grace.
-	if !eventually(time.Minute, func() bool {
-		exp, err := db.ExpiredLeases(context.Background(), c.lease/2)
-		return err == nil && len(exp) == 1 && exp[0].VM == "@cluster"
-	}) {
-		t.Fatal("host-a's lease did not lapse")
-	}
-	// A write host-a's volume client commits late, through a file it
-	// had open, must never reach the disk host-b boots.
-	late, err := os.OpenFile(filepath.Join(a.volumeMount(), string(storage.VMDisk("box"))), os.O_RDWR, 0)
+	t.Logf("the fence stopped host-b's VMMs %s before their leases expired", l.Expires.Sub(l.Now))
+	// A write host-b's volume client commits late, through a file it
+	// had open, must never reach the disk host-a boots.
+	late, err := os.OpenFile(filepath.Join(b.volumeMount(), string(storage.VMDisk("box"))), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,64 +260,71 @@ func TestClusterFence(t *testing.T) {
 	}
 	lateAt := st.Size() - 4096
 
-	b := c.host("host-b")
-	mark := []byte("late write from host-a")
+	// host-a takes box and other over once their leases lapsed past the
+	// grace, by itself.
+	for _, name := range []string{"box", "other"} {
+		if !eventually(time.Minute, func() bool {
+			vm := a.info(name)
+			return vm.State == "stopped" && strings.Contains(vm.Reason, "lost with host host-b") &&
+				strings.Contains(vm.Reason, "its disk was cloned afresh")
+		}) {
+			t.Fatalf("%s on host-a after host-b froze: %+v", name, a.info(name))
+		}
+	}
+	mark := []byte("late write from host-b")
 	if _, err := late.WriteAt(mark, lateAt); err != nil {
 		t.Fatal(err)
 	}
 	if err := late.Sync(); err != nil {
 		// JuiceFS may refuse to commit it (the file is no longer linked).
-		t.Logf("host-a's client did not commit the late write: %v", err)
+		t.Logf("host-b's client did not commit the late write: %v", err)
 	}
 	got := make([]byte, len(mark))
-	onB, err := os.Open(filepath.Join(b.volumeMount(), string(storage.VMDisk("box"))))
+	onA, err := os.Open(filepath.Join(a.volumeMount(), string(storage.VMDisk("box"))))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = onB.ReadAt(got, lateAt)
-	onB.Close()
+	_, err = onA.ReadAt(got, lateAt)
+	onA.Close()
 	if err != nil || bytes.Equal(got, mark) {
-		t.Fatalf("host-b's disk of box holds host-a's late write (%q, %v)", got, err)
+		t.Fatalf("host-a's disk of box holds host-b's late write (%q, %v)", got, err)
 	}
-	h = hostsOf(t, b)
-	if len(h.Hosts) != 2 || h.Hosts[0].Name != "host-a" || h.Hosts[0].Alive || h.Hosts[1].Name != "host-b" || !h.Hosts[1].Alive || !h.Hosts[1].This {
-		t.Fatalf("hosts on host-b: %+v", h)
+	h = hostsOf(t, a)
+	if len(h.Hosts) != 2 || h.Hosts[0].Name != "host-a" || !h.Hosts[0].Alive || h.Hosts[1].Name != "host-b" || h.Hosts[1].Alive {
+		t.Fatalf("hosts on host-a: %+v", h)
 	}
-	if vm := b.info("box"); vm.State != "stopped" || !strings.Contains(vm.Reason, "ran on host host-a, whose lease this host took over: its disk was cloned afresh") {
-		t.Fatalf("box on host-b after the takeover: %+v", vm)
+	if out := a.must("exec", "box", "--", "cat", "/root/mark"); out != "from-a\n" {
+		t.Fatalf("box booted on host-a: /root/mark %q", out)
 	}
-	if out := b.must("exec", "box", "--", "cat", "/root/mark"); out != "from-a\n" {
-		t.Fatalf("box booted on host-b: /root/mark %q", out)
-	}
-	if n := len(b.vmmPIDs("box")); n != 1 {
-		t.Fatalf("%d VMMs of box on host-b", n)
+	if n := len(a.vmmPIDs("box")); n != 1 {
+		t.Fatalf("%d VMMs of box on host-a", n)
 	}
 
-	// host-a thaws: its renewal is refused and it exits; its VMM stays
+	// host-b thaws: its renewal is refused and it exits; its VMMs stay
 	// stopped.
-	if err := syscall.Kill(a.cmd.Process.Pid, syscall.SIGCONT); err != nil {
+	if err := syscall.Kill(b.cmd.Process.Pid, syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	thawed = true
 	exited := make(chan error, 1)
-	go func() { exited <- a.cmd.Wait() }()
+	go func() { exited <- b.cmd.Wait() }()
 	select {
 	case err := <-exited:
 		if err == nil {
-			t.Fatal("host-a's daemon exited cleanly after losing the cluster lease")
+			t.Fatal("host-b's daemon exited cleanly after losing its lease")
 		}
 	case <-time.After(2 * time.Minute):
-		t.Fatal("host-a's daemon kept running after losing the cluster lease")
+		t.Fatal("host-b's daemon kept running after losing its lease")
 	}
-	log, _ := os.ReadFile(a.logPath)
-	if !strings.Contains(string(log), "lost the cluster lease") {
-		t.Fatalf("host-a's log does not say it lost the lease:\n%s", log)
+	log, _ := os.ReadFile(b.logPath)
+	if !strings.Contains(string(log), "lost its host lease") {
+		t.Fatalf("host-b's log does not say it lost its lease:\n%s", log)
 	}
-	if n := len(a.vmmPIDs("box")); n != 0 {
-		t.Fatalf("host-a runs %d VMMs of box after thawing", n)
+	if n := len(b.vmmPIDs("box")) + len(b.vmmPIDs("other")); n != 0 {
+		t.Fatalf("host-b runs %d VMMs after thawing", n)
 	}
-	if vm := b.info("box"); vm.State != "running" {
-		t.Fatalf("box on host-b after host-a thawed: %+v", vm)
+	if vm := a.info("box"); vm.State != "running" {
+		t.Fatalf("box on host-a after host-b thawed: %+v", vm)
 	}
 }
 

@@ -148,7 +148,7 @@ func (vs *vmms) mayStart() error {
 		return fmt.Errorf("read this host's fence deadline: %w", err)
 	}
 	if ok && passed {
-		return fmt.Errorf("this host's fence deadline (%s) has passed: it lost its cluster lease, and starts no VMM: %w", vs.m.state.Fence(), ErrConflict)
+		return fmt.Errorf("this host's fence deadline (%s) has passed: it lost its host lease, and starts no VMM: %w", vs.m.state.Fence(), ErrConflict)
 	}
 	return nil
 }

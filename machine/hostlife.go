@@ -194,7 +194,8 @@ func (m *Manager) SleepAll(ctx context.Context, o HostOptions, report func(HostR
 	var todo []registry.VM
 	wasRunning := map[string]bool{}
 	for _, vm := range vms {
-		if vm.State == registry.StateRunning {
+		if vm.State == registry.StateRunning && (m.cfg.Leases == nil || m.procs.instance(vm.Name) != nil) {
+			// (A cluster's other hosts run the VMs this one does not.)
 			todo = append(todo, vm)
 			wasRunning[vm.Name] = true
 		}

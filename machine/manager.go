@@ -51,10 +51,9 @@ type Config struct {
 	// HostName names this host in what it records (the host a snapshot
 	// was taken on); empty: the machine's hostname.
 	HostName string
-	// TakenFrom names the cluster host whose lapsed lease this one took
-	// over ("" for none): the VMs recorded running ran there, and their
-	// disks are cloned afresh before anything boots them (reconcile.go).
-	TakenFrom string
+	// Leases are the cluster's VM leases, taken for this host (nil: a
+	// host of its own, which takes none); see lease.go.
+	Leases Leases
 	// Volume holds VM disks, base images and snapshots.
 	Volume storage.Volume
 	// Images is the built guest image directory (kernel, initramfs,
@@ -210,6 +209,7 @@ type Manager struct {
 	host      hostLife
 	gc        collector
 	sched     schedules
+	leases    vmLeases
 
 	mu        sync.Mutex
 	instances map[string]*instance
@@ -313,6 +313,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m.records.startPuller()
 	m.gc.start()
 	m.sched.start()
+	if cfg.Leases != nil {
+		go m.leases.watchLapsed()
+	}
 	m.inBackground(func(ctx context.Context) { m.usage.warm(ctx, m.db, m.vol, m.state.UsageFile(), m.log) })
 	// VMs a host shutdown put to sleep wake in the background.
 	m.host.startBootWake()
@@ -396,5 +399,6 @@ func wire(m *Manager) *Manager {
 	m.records = records{m: m}
 	m.gc = collector{m: m}
 	m.sched = schedules{m: m}
+	m.leases = vmLeases{m}
 	return m
 }

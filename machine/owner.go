@@ -61,7 +61,23 @@ func (lk *locks) lockVM(ctx context.Context, name, op string) (func(), error) {
 // lock). It waits at most until ctx ends or Config.LockWait passes, and a
 // refusal names the holder: vm "box" is busy: checkpoint since 12s.
 // Create and fork take a new name's lock with it, whoever has the name.
+// On a cluster host it takes the VM's lease too (lease.go): the lock
+// then holds across hosts.
 func (lk *locks) lockName(ctx context.Context, name, op string) (func(), error) {
+	unlock, err := lk.lockLocal(ctx, name, op)
+	if err != nil {
+		return nil, err
+	}
+	release, err := lk.m.leases.take(ctx, name)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	return func() { release(); unlock() }, nil
+}
+
+// lockLocal is lockName on this host alone.
+func (lk *locks) lockLocal(ctx context.Context, name, op string) (func(), error) {
 	wait := lk.m.cfg.LockWait
 	if wait <= 0 {
 		wait = DefaultLockWait

@@ -80,10 +80,10 @@ func (s StateDir) FenceLog() string { return filepath.Join(string(s), "fence.log
 // generation of each VM's record it was measured at (usage.go).
 func (s StateDir) UsageFile() string { return filepath.Join(string(s), "usage.json") }
 
-// Takeover names the host whose lease this cluster host took over
-// while the takeover's work on its VMs is not done (a crash in the
-// middle leaves it for the next start).
-func (s StateDir) Takeover() string { return filepath.Join(string(s), "takeover") }
+// Takeover marks a VM whose lease this cluster host took over from a
+// lost host while the takeover's work on it is not done: it names that
+// host (a crash in the middle leaves it for the next lock of the VM).
+func (s StateDir) Takeover(vm string) string { return filepath.Join(string(s), "takeover", vm) }
 
 // Instance is this state dir's daemon instance id (a cluster tells apart
 // daemons that give the same host name by it).

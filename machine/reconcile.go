@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,9 +25,21 @@ import (
 // running, their VMM adopted or, when it is gone, are marked stopped with
 // the reason.
 func (su *startup) reconcile(ctx context.Context) error {
+	claimed, err := su.claim(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, unlock := range claimed {
+			unlock()
+		}
+	}()
 	vms, err := su.m.db.ListVMs(ctx, "")
 	if err != nil {
 		return err
+	}
+	if claimed != nil {
+		vms = slices.DeleteFunc(vms, func(vm registry.VM) bool { return claimed[vm.Name] == nil })
 	}
 	var rest []registry.VM
 	for _, vm := range vms {
@@ -67,6 +80,31 @@ func (su *startup) reconcile(ctx context.Context) error {
 	return nil
 }
 
+// claim takes, on a cluster host, the lock and lease of every VM that
+// no other host holds, for reconcile, which then looks at those alone: a
+// VM another host runs, creates or works on is that host's to reconcile.
+// It returns the claimed VMs' unlocks (nil on a host of its own: every
+// VM is this host's).
+func (su *startup) claim(ctx context.Context) (map[string]func(), error) {
+	if su.m.cfg.Leases == nil {
+		return nil, nil
+	}
+	vms, err := su.m.db.ListVMs(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	claimed := map[string]func(){}
+	for _, vm := range vms {
+		unlock, err := su.m.locks.lockName(ctx, vm.Name, "start-up")
+		if err != nil {
+			su.m.log.Info("den: start-up: a vm is another host's", "vm", vm.Name, "err", err)
+			continue
+		}
+		claimed[vm.Name] = unlock
+	}
+	return claimed, nil
+}
+
 // reconcileWorkers bounds the VMs reconcile looks at at once.
 const reconcileWorkers = 4
 
@@ -103,11 +141,7 @@ func (su *startup) adopt(ctx context.Context, vm registry.VM) {
 		hv, err = d.Adopt(actx, rd)
 	}
 	if err != nil {
-		reason := fmt.Sprintf("vmm gone while den was not running: %v", err)
-		if from := su.m.cfg.TakenFrom; from != "" {
-			reason = su.setAsideLateWrites(ctx, vm.Name, from)
-		}
-		su.m.procs.recordStopped(ctx, vm.Name, reason)
+		su.m.procs.recordStopped(ctx, vm.Name, fmt.Sprintf("vmm gone while den was not running: %v", err))
 		su.m.procs.stopRecorded(vm.Name)
 		return
 	}
@@ -226,30 +260,6 @@ func (su *startup) sweepSuspend(ctx context.Context, vm registry.VM) {
 	}
 	_ = su.m.vol.Remove(ctx, suspendNew(vm.Name))
 }
-
-// setAsideLateWrites gives a VM that ran on host from, whose lease this
-// host took over, a disk file of its own: a clone of the disk as it is,
-// renamed over it. Writes that host's volume client still holds for the
-// old file, committed if ever once it reaches the metadata engine again,
-// then land in the old file, which nothing opens again, never in the disk
-// this host boots. It returns the reason the VM's record gives.
-func (su *startup) setAsideLateWrites(ctx context.Context, name, from string) string {
-	tmp := storage.VMDir(name).Join(takeoverDisk)
-	_ = su.m.vol.Remove(ctx, tmp) // a takeover a crash cut short
-	err := su.m.vol.Clone(ctx, storage.VMDisk(name), tmp)
-	if err == nil {
-		err = su.m.vol.Rename(ctx, tmp, storage.VMDisk(name))
-	}
-	if err != nil {
-		_ = su.m.vol.Remove(ctx, tmp)
-		su.m.log.Error("den: a vm taken over from another host keeps its disk file: writes that host may still commit can reach it", "vm", name, "from", from, "err", err)
-		return fmt.Sprintf("it ran on host %s, whose lease this host took over; its disk file could not be cloned afresh (%v), so writes %s may still commit can reach it", from, err, from)
-	}
-	return fmt.Sprintf("it ran on host %s, whose lease this host took over: its disk was cloned afresh, setting aside writes %s may still commit; it boots from that disk when next used", from, from)
-}
-
-// takeoverDisk is the clone setAsideLateWrites renames over a VM's disk.
-const takeoverDisk = "disk-takeover"
 
 // stopRecorded kills a VMM that its PID file names but that den could
 // not adopt (it does not answer): it must not run on unsupervised.

@@ -108,6 +108,9 @@ func (sc *schedules) look(ctx context.Context) {
 		return
 	}
 	for _, vm := range vms {
+		if sc.m.cfg.Leases != nil && sc.m.procs.instance(vm.Name) == nil {
+			continue // another host of the cluster runs it
+		}
 		if sp, err := decodeSpec(vm); err == nil && due(vm, sp.Schedule, time.Now()) {
 			sc.run(vm.Name)
 		}

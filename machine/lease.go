@@ -1,0 +1,223 @@
+package machine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/denhq/den/internal/atomicfile"
+	"github.com/denhq/den/registry"
+	"github.com/denhq/den/storage"
+)
+
+// Leases are a cluster's VM leases as this host takes them: a VM runs,
+// and its record and files are worked on, only on the host that holds
+// its lease. Leases are renewed together with the host's own lease (and
+// the fence deadline pushed) by the daemon, not here.
+type Leases interface {
+	// Acquire takes the VM's lease for this host: free, lapsed past the
+	// grace (its TakenFrom then names the lost host), or this host's
+	// already. It wraps registry.ErrLeased while another host holds it.
+	Acquire(ctx context.Context, vm string) (registry.Lease, error)
+	// Release gives the lease back.
+	Release(ctx context.Context, l registry.Lease) error
+	// Get reads the VM's lease.
+	Get(ctx context.Context, vm string) (registry.Lease, error)
+	// Lapsed lists the leases whose holder let them lapse past the
+	// grace: the VMs of lost hosts.
+	Lapsed(ctx context.Context) ([]registry.Lease, error)
+	// Every is how often to look for lapsed leases.
+	Every() time.Duration
+}
+
+// vmLeases takes and gives back the VMs' leases of a cluster host (a
+// host of its own takes none), and takes over the VMs of lost hosts.
+type vmLeases struct{ m *Manager }
+
+// take takes name's lease for an operation that holds the VM's local
+// lock, and returns what gives it back when the lock is let go: nothing
+// while the VM runs here (its VMM holds it on). A VM whose lease another
+// host holds is refused; one whose holder lost it is taken over first.
+func (v vmLeases) take(ctx context.Context, name string) (func(), error) {
+	ls := v.m.cfg.Leases
+	if ls == nil {
+		return func() {}, nil
+	}
+	l, err := ls.Acquire(ctx, name)
+	if errors.Is(err, registry.ErrLeased) {
+		if cur, gerr := ls.Get(ctx, name); gerr == nil && cur.Held() {
+			return nil, fmt.Errorf("vm %q is held by host %q: it runs there, or an operation there works on it (den does not forward requests between hosts yet): %w",
+				name, cur.Host, ErrBusy)
+		}
+		return nil, fmt.Errorf("vm %q: %w: %w", name, err, ErrBusy)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("vm %q: take its lease: %w", name, err)
+	}
+	release := func() {
+		if in := v.m.procs.instance(name); in != nil && alive(in) {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := ls.Release(rctx, l); err != nil {
+			v.m.log.Warn("den: give back a vm's lease", "vm", name, "err", err)
+		}
+	}
+	from := l.TakenFrom
+	if from == "" {
+		from = v.pending(name)
+	}
+	if from != "" {
+		if err := v.takeOver(ctx, name, from); err != nil {
+			release()
+			return nil, err
+		}
+	}
+	return release, nil
+}
+
+// pending is the host a takeover of name that a crash cut short took
+// the VM from ("" for none).
+func (v vmLeases) pending(name string) string {
+	b, err := os.ReadFile(v.m.state.Takeover(name))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// takeOver deals with a VM whose lease this host took from host from,
+// which let it lapse: that host is lost, and whatever it did with the
+// VM was cut short. A VM it was creating is rolled back, one it was
+// removing is removed; any other VM is recorded stopped, with a disk
+// file of its own (setAsideLateWrites) and a reason that says what is
+// left. Its sleep's memory is not restored: the lost host may have
+// woken it, and its guest written the disk, before it was lost. The
+// work is marked in the state dir first, so that a crash in the middle
+// leaves it for the next lock of the VM.
+func (v vmLeases) takeOver(ctx context.Context, name, from string) error {
+	mark := v.m.state.Takeover(name)
+	if err := os.MkdirAll(filepath.Dir(mark), 0o700); err != nil {
+		return fmt.Errorf("vm %q: take over from host %q: %w", name, from, err)
+	}
+	if err := atomicfile.Write(mark, []byte(from+"\n"), 0o600); err != nil {
+		return fmt.Errorf("vm %q: take over from host %q: %w", name, from, err)
+	}
+	vm, err := v.m.db.GetVM(ctx, name)
+	switch {
+	case errors.Is(err, registry.ErrNotFound):
+	case err != nil:
+		return fmt.Errorf("vm %q: take over from host %q: %w", name, from, err)
+	case vm.State == registry.StateCreating || vm.State == registry.StateDeleting:
+		v.m.log.Warn("den: finishing a vm's creation or removal that a lost host began", "vm", name, "from", from, "state", vm.State)
+		v.m.procs.destroy(ctx, name)
+		if vm.State == registry.StateCreating {
+			v.m.startup.rollBackAutoCheckpoint(ctx, vm)
+		}
+		if err := v.m.db.DeleteCheckpoints(ctx, name); err != nil {
+			return fmt.Errorf("vm %q: take over from host %q: %w", name, from, err)
+		}
+		if err := v.m.db.DeleteVM(ctx, name); err != nil && !errors.Is(err, registry.ErrNotFound) {
+			return fmt.Errorf("vm %q: take over from host %q: %w", name, from, err)
+		}
+	default:
+		reason := v.lostReason(ctx, vm, from, v.setAsideLateWrites(ctx, name, from))
+		if _, err := v.m.db.UpdateVMIf(ctx, name, vm.Generation, func(r *registry.VM) error {
+			r.State, r.Reason = registry.StateStopped, reason
+			return nil
+		}); err != nil {
+			return fmt.Errorf("vm %q: take over from host %q: %w", name, from, err)
+		}
+		v.m.log.Warn("den: took over a vm of a lost host", "vm", name, "from", from, "was", vm.State)
+	}
+	if err := os.Remove(mark); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		v.m.log.Warn("den: takeover done, but its mark stays", "vm", name, "err", err)
+	}
+	return nil
+}
+
+// lostReason is the record's reason for a VM taken over from a lost
+// host: the host, what the VM was, what is left of it, and what became
+// of its disk.
+func (v vmLeases) lostReason(ctx context.Context, vm registry.VM, from, disk string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "lost with host %s (it stopped renewing its leases)", from)
+	if vm.State == registry.StateRunning {
+		fmt.Fprintf(&b, ", where it ran since %s", vm.LastActive.UTC().Format(time.RFC3339))
+	} else {
+		fmt.Fprintf(&b, ", which was working on it (%s)", vm.State)
+	}
+	if vm.State == registry.StateSleeping {
+		b.WriteString("; its sleep's memory is not restored (that host may have woken it)")
+	}
+	if cps, err := v.m.db.ListCheckpoints(ctx, vm.Name); err == nil && len(cps) > 0 {
+		cp := cps[len(cps)-1]
+		fmt.Fprintf(&b, "; its newest checkpoint is %s, from %s ago", cp.ID, time.Since(cp.CreatedAt).Round(time.Second))
+	}
+	b.WriteString("; ")
+	b.WriteString(disk)
+	return b.String()
+}
+
+// setAsideLateWrites gives a VM that ran on host from, whose lease this
+// host took over, a disk file of its own: a clone of the disk as it is,
+// renamed over it. Writes that host's volume client still holds for the
+// old file, committed if ever once it reaches the metadata engine again,
+// then land in the old file, which nothing opens again, never in the disk
+// this host boots. It says what became of the disk.
+func (v vmLeases) setAsideLateWrites(ctx context.Context, name, from string) string {
+	tmp := storage.VMDir(name).Join(takeoverDisk)
+	_ = v.m.vol.Remove(ctx, tmp) // a takeover a crash cut short
+	err := v.m.vol.Clone(ctx, storage.VMDisk(name), tmp)
+	if err == nil {
+		err = v.m.vol.Rename(ctx, tmp, storage.VMDisk(name))
+	}
+	if err != nil {
+		_ = v.m.vol.Remove(ctx, tmp)
+		v.m.log.Error("den: a vm taken over from another host keeps its disk file: writes that host may still commit can reach it", "vm", name, "from", from, "err", err)
+		return fmt.Sprintf("its disk file could not be cloned afresh (%v), so writes %s may still commit can reach it", err, from)
+	}
+	return fmt.Sprintf("its disk was cloned afresh, setting aside writes %s may still commit; it boots from that disk when next used", from)
+}
+
+// takeoverDisk is the clone setAsideLateWrites renames over a VM's disk.
+const takeoverDisk = "disk-takeover"
+
+// watchLapsed takes over, every Leases.Every, the VMs whose host let
+// their lease lapse, until the Manager closes. Every live host looks;
+// the lease decides which one takes each VM.
+func (v vmLeases) watchLapsed() {
+	ls := v.m.cfg.Leases
+	t := time.NewTicker(ls.Every())
+	defer t.Stop()
+	for {
+		select {
+		case <-v.m.closed:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), DefaultLockWait)
+		lapsed, err := ls.Lapsed(ctx)
+		if err != nil {
+			v.m.log.Warn("den: look for vms of lost hosts", "err", err)
+		}
+		for _, l := range lapsed {
+			if strings.HasPrefix(l.VM, "@") {
+				continue // a host's own lease, not a VM's
+			}
+			unlock, err := v.m.locks.lockName(ctx, l.VM, "take over from a lost host")
+			if err != nil {
+				v.m.log.Info("den: a vm of a lost host was not taken over here", "vm", l.VM, "from", l.Host, "err", err)
+				continue
+			}
+			unlock()
+		}
+		cancel()
+	}
+}
