@@ -26,7 +26,21 @@ type Client struct {
 	where string // the daemon, for messages
 	dial  func(ctx context.Context) (net.Conn, error)
 	token string
-	http  *http.Client
+	// header goes with every request (WithHeader).
+	header http.Header
+	http   *http.Client
+}
+
+// WithHeader returns a client that sends header key: value with every
+// request, sharing c's connections.
+func (c *Client) WithHeader(key, value string) *Client {
+	n := *c
+	n.header = c.header.Clone()
+	if n.header == nil {
+		n.header = http.Header{}
+	}
+	n.header.Set(key, value)
+	return &n
 }
 
 // NewClient returns a client for the daemon at socket ($DEN_SOCKET or
@@ -111,6 +125,9 @@ func (c *Client) Socket() string { return c.where }
 
 // authorize adds the client's credentials to req.
 func (c *Client) authorize(req *http.Request) {
+	for k, v := range c.header {
+		req.Header[k] = v
+	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
@@ -300,6 +317,9 @@ func (c *Client) SSH(ctx context.Context, name string) (*ssh.Client, error) {
 	} else {
 		_ = conn.SetDeadline(time.Now().Add(5 * time.Minute))
 	}
+	// ctx ending cuts the upgrade and the handshake short.
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	defer stop()
 	req, _ := http.NewRequest(http.MethodPost, "http://den/v1/vms/"+url.PathEscape(name)+"/ssh", nil)
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", UpgradeSSH)
@@ -327,6 +347,10 @@ func (c *Client) SSH(ctx context.Context, name string) (*ssh.Client, error) {
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("ssh %s: %w", name, err)
+	}
+	if !stop() {
+		sc.Close()
+		return nil, fmt.Errorf("ssh %s: %w", name, ctx.Err())
 	}
 	_ = conn.SetDeadline(time.Time{})
 	return ssh.NewClient(sc, chans, reqs), nil

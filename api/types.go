@@ -30,17 +30,20 @@ type VM struct {
 	Owner string `json:"owner"`
 	// Cgroup is the running VMM's cgroup (nil: not running, or no
 	// cgroups).
-	Cgroup      *Cgroup   `json:"cgroup,omitempty"`
-	State       string    `json:"state"` // creating, running, stopped, sleeping
-	Reason      string    `json:"reason,omitempty"`
-	Image       string    `json:"image"`
-	CPUs        int       `json:"cpus"`
-	MemoryBytes int64     `json:"memory_bytes"`
-	DiskBytes   int64     `json:"disk_bytes"`
-	DiskUsed    int64     `json:"disk_used_bytes"`
-	VMM         string    `json:"vmm"`
-	Accel       string    `json:"accel"`
-	PID         int       `json:"pid,omitempty"`
+	Cgroup      *Cgroup `json:"cgroup,omitempty"`
+	State       string  `json:"state"` // creating, running, stopped, sleeping
+	Reason      string  `json:"reason,omitempty"`
+	Image       string  `json:"image"`
+	CPUs        int     `json:"cpus"`
+	MemoryBytes int64   `json:"memory_bytes"`
+	DiskBytes   int64   `json:"disk_bytes"`
+	DiskUsed    int64   `json:"disk_used_bytes"`
+	VMM         string  `json:"vmm"`
+	Accel       string  `json:"accel"`
+	PID         int     `json:"pid,omitempty"`
+	// Host is the cluster host the VM runs on (none on a host of its
+	// own).
+	Host        string    `json:"host,omitempty"`
 	IdleTimeout string    `json:"idle_timeout"`
 	CreatedAt   time.Time `json:"created_at"`
 	LastActive  time.Time `json:"last_active"`

@@ -30,6 +30,7 @@ const MinLease = 3 * time.Second
 //	{
 //	  "host": "host-a",
 //	  "address": "10.0.0.1:8443",
+//	  "ca_cert": "cluster-ca.crt", "ca_key": "cluster-ca.key",
 //	  "registry": "postgres://den@db.example:5432/den?sslmode=require",
 //	  "secrets_file": "cluster-secrets.json",
 //	  "volume": {"meta_url": "postgres://den@db.example:5432/den_volume", "s3": {...}, "secrets_file": "volume-secrets.json"},
@@ -39,8 +40,15 @@ type Config struct {
 	// Host is this host's name in the cluster (default: the machine's
 	// hostname).
 	Host string `json:"host,omitempty"`
-	// Address is where the other hosts reach this one (host:port).
+	// Address is where the other hosts reach this one (host:port): its
+	// peer listener, over mutual TLS with CACert's certificates. Without
+	// it, requests are not forwarded between hosts.
 	Address string `json:"address,omitempty"`
+	// CACert and CAKey (PEM files; the key mode 0600) are the cluster's
+	// CA, shared by its hosts: each host signs itself a certificate
+	// with it at start.
+	CACert string `json:"ca_cert,omitempty"`
+	CAKey  string `json:"ca_key,omitempty"`
 	// Registry is the PostgreSQL URL of den's shared record, without a
 	// password (registry_password in the secrets file).
 	Registry string `json:"registry"`
@@ -96,7 +104,7 @@ func Load(path, hostName, volumeState string) (Config, error) {
 		return c, fmt.Errorf("cluster config %s: %w", path, err)
 	}
 	base := filepath.Dir(path)
-	for _, p := range []*string{&c.SecretsFile, &c.Volume.StateDir, &c.Volume.MountPoint, &c.Volume.CacheDir, &c.Volume.SecretsFile} {
+	for _, p := range []*string{&c.SecretsFile, &c.CACert, &c.CAKey, &c.Volume.StateDir, &c.Volume.MountPoint, &c.Volume.CacheDir, &c.Volume.SecretsFile} {
 		if *p != "" && !filepath.IsAbs(*p) {
 			*p = filepath.Join(base, *p)
 		}
@@ -158,6 +166,9 @@ func (c Config) Check() error {
 		if _, _, err := net.SplitHostPort(c.Address); err != nil {
 			return fmt.Errorf("cluster config: address %s: want host:port", validate.Quote(c.Address))
 		}
+	}
+	if (c.Address != "") != (c.CACert != "" && c.CAKey != "") {
+		return errors.New("cluster config: address, ca_cert and ca_key go together: hosts reach each other only over mutual TLS with the cluster's CA")
 	}
 	if time.Duration(c.Lease) < MinLease {
 		return fmt.Errorf("cluster config: lease %s is shorter than %s", time.Duration(c.Lease), MinLease)

@@ -25,14 +25,14 @@ func TestLoad(t *testing.T) {
 	write(t, dir, "cs.json", `{"registry_password": "p@ss/word"}`, 0o600)
 	write(t, dir, "vs.json", `{"access_key": "ak", "secret_key": "sk", "meta_password": "mp"}`, 0o600)
 	p := write(t, dir, "c.json", `{"registry": "postgres://den@db:5432/den?sslmode=require", "secrets_file": "cs.json",
-		"address": "10.0.0.1:8443",
+		"address": "10.0.0.1:8443", "ca_cert": "ca.crt", "ca_key": "/etc/den/ca.key",
 		"volume": {"meta_url": "postgres://den@db:5432/den_volume", "s3": {"endpoint": "http://s3:9000", "bucket": "b"}, "secrets_file": "vs.json"}}`, 0o600)
 	c, err := Load(p, "host-a", "/var/lib/den/juicefs")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Host != "host-a" || time.Duration(c.Lease) != DefaultLease || c.Volume.StateDir != "/var/lib/den/juicefs" ||
-		c.Volume.Secrets.AccessKey != "ak" || c.RegistryPassword != "p@ss/word" {
+		c.Volume.Secrets.AccessKey != "ak" || c.RegistryPassword != "p@ss/word" || c.CACert != filepath.Join(dir, "ca.crt") || c.CAKey != "/etc/den/ca.key" {
 		t.Fatalf("loaded %+v", c)
 	}
 	if dsn := c.RegistryDSN(); !strings.Contains(dsn, "den:p%40ss%2Fword@db:5432/den") || !strings.Contains(dsn, "sslmode=require") {
@@ -55,7 +55,9 @@ func TestCheck(t *testing.T) {
 		{`{"registry": "postgres://den@db", ` + good + `}`, "want postgres://"},
 		{`{"registry": "postgres://den:pw@db/den", ` + good + `}`, "carries a password"},
 		{`{"host": "bad host", "registry": "postgres://den@db/den", ` + good + `}`, "bad host name"},
-		{`{"address": "nowhere", "registry": "postgres://den@db/den", ` + good + `}`, "want host:port"},
+		{`{"address": "nowhere", "ca_cert": "c", "ca_key": "k", "registry": "postgres://den@db/den", ` + good + `}`, "want host:port"},
+		{`{"address": "10.0.0.1:8443", "registry": "postgres://den@db/den", ` + good + `}`, "only over mutual TLS"},
+		{`{"ca_cert": "c", "ca_key": "k", "registry": "postgres://den@db/den", ` + good + `}`, "go together"},
 		{`{"lease": "1s", "registry": "postgres://den@db/den", ` + good + `}`, "shorter than"},
 		{`{"lease": "soon", "registry": "postgres://den@db/den", ` + good + `}`, "invalid duration"},
 		{`{"registry": "postgres://den@db/den", "extra": 1, ` + good + `}`, "unknown field"},

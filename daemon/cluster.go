@@ -17,6 +17,7 @@ import (
 	"github.com/denhq/den/fence"
 	"github.com/denhq/den/internal/atomicfile"
 	"github.com/denhq/den/machine"
+	"github.com/denhq/den/peer"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
@@ -73,6 +74,12 @@ func openRegistry(ctx context.Context, o *Options, state machine.StateDir, vcfg 
 	}
 	db.Fence(l) // from now on the record is written only while the lease is held
 	c := &clusterHost{lease: l, ttl: o.Lease, state: state, den: den, log: o.Logger, store: db}
+	if cc.Address != "" {
+		if c.cred, err = peer.Load(cc.CACert, cc.CAKey, cc.Host); err != nil {
+			db.Close()
+			return nil, nil, fmt.Errorf("cluster: %w", err)
+		}
+	}
 	if err := c.push(t0); err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("cluster: %w", err)
@@ -112,6 +119,9 @@ type clusterHost struct {
 	den   string // this program, to start the fence guard
 	log   *slog.Logger
 	store registry.LeaseStore
+	// cred is this host's certificate for its peers (nil: the cluster
+	// config gives no address, and requests are not forwarded).
+	cred *peer.Credential
 }
 
 var _ machine.Leases = (*clusterHost)(nil)

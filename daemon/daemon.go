@@ -271,7 +271,13 @@ func Run(ctx context.Context, o Options) error {
 	keyAgents.audit.Store(auditLog)
 	inproc := newInProcess()
 	undo.push(func() { _ = inproc.Close() })
-	gw, err := startGateway(o, m, keys, hostKey, inproc, auditLog)
+	var sessions URLSessions = m
+	var fwd *peers
+	if clusterHost != nil && clusterHost.cred != nil {
+		fwd = newPeers(clusterHost.cred, db, clusterHost, o.Logger)
+		sessions = peerSessions{URLSessions: m, p: fwd, self: o.HostName}
+	}
+	gw, err := startGateway(o, sessions, keys, hostKey, inproc, auditLog)
 	if err != nil {
 		return fmt.Errorf("daemon: ssh gateway: %w", err)
 	}
@@ -279,7 +285,7 @@ func Run(ctx context.Context, o Options) error {
 	accel, note := m.Accel()
 	info := api.DaemonInfo{Version: o.Version, VMM: m.VMMName(), Accel: accel, AccelNote: note,
 		StateDir: state.Path(), Volume: vol.Root(), Network: m.Network(), GuestRAM: m.GuestRAM(), Gateway: gw.addr, GatewayFingerprint: gw.fingerprint}
-	web, err := startIngress(o, m)
+	web, err := startIngress(o, sessions)
 	if err != nil {
 		return fmt.Errorf("daemon: http: %w", err)
 	}
@@ -294,6 +300,15 @@ func Run(ctx context.Context, o Options) error {
 	apiSrv.tokens = users.Tokens{Store: db}
 	apiSrv.bearer = tokenCaller(apiSrv.tokens)
 	apiSrv.inproc = inproc
+	apiSrv.sessions = sessions
+	if fwd != nil {
+		apiSrv.peers = fwd
+		closePeers, err := fwd.listen(apiSrv, o.HostAddress)
+		if err != nil {
+			return fmt.Errorf("daemon: %w", err)
+		}
+		undo.push(closePeers)
+	}
 	if o.AdminGroup == "" {
 		o.AdminGroup = DefaultAdminGroup
 	}

@@ -52,11 +52,16 @@ type Server struct {
 	// request's caller (nil: no MCP).
 	inproc *inProcess
 	mcp    http.Handler
+	// sessions opens sessions on VMs (m, or through the host that holds
+	// a VM: peerSessions); peers forwards the requests for a VM another
+	// host holds to it (nil: one host, or a cluster without addresses).
+	sessions Sessions
+	peers    *peers
 }
 
 // NewServer returns the API handler for m.
 func NewServer(m Lifecycle, keys users.Keys, info api.DaemonInfo, hostKey ssh.Signer, log *slog.Logger) *Server {
-	s := &Server{m: m, keys: keys, info: info, hostKey: hostKey, log: log, mux: http.NewServeMux()}
+	s := &Server{m: m, keys: keys, info: info, hostKey: hostKey, log: log, mux: http.NewServeMux(), sessions: m}
 	s.mcp = mcpserver.HTTPHandler(s.mcpClient, (*api.Client).CloseIdle, log)
 	for _, rt := range routes {
 		s.mux.HandleFunc(rt.pattern, guard(func(w http.ResponseWriter, r *http.Request) { rt.handle(s, w, r) }))
@@ -138,6 +143,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &statusRecorder{ResponseWriter: w}
 	// The machine checks the owner again under each VM's lock.
 	r = r.WithContext(machine.AsOwner(withCaller(r.Context(), caller), caller.owner()))
+	if s.peers != nil && forwardedBy(r.Context()) == "" {
+		// A VM another host of the cluster holds is served there.
+		if name, session := vmOfPath(r.URL.Path); name != "" && !session {
+			if host := s.peers.holder(r.Context(), name); host != "" {
+				s.peers.forward(rec, r, host, name, caller)
+				s.auditCall(caller, r, rec.status, start)
+				return
+			}
+		}
+	}
 	s.mux.ServeHTTP(rec, r)
 	s.auditCall(caller, r, rec.status, start)
 }
@@ -220,7 +235,7 @@ func toAPI(st machine.Status) api.VM {
 	vm := api.VM{
 		Name: st.Name, Owner: st.Owner, State: string(st.State), Reason: st.Reason, Image: st.Image,
 		CPUs: st.CPUs, MemoryBytes: st.MemoryBytes, DiskBytes: st.DiskBytes, DiskUsed: st.DiskUsed,
-		VMM: st.VMM, Accel: st.Accel, PID: st.PID, IdleTimeout: st.IdleTimeout.String(),
+		VMM: st.VMM, Accel: st.Accel, PID: st.PID, Host: st.Host, IdleTimeout: st.IdleTimeout.String(),
 		CreatedAt: st.CreatedAt, LastActive: st.LastActive, Operation: st.Op, Generation: st.Generation,
 		Network: st.Net, IP: st.IP, Egress: st.Egress,
 	}

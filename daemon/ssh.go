@@ -26,7 +26,7 @@ func (s *Server) sshUpgrade(w http.ResponseWriter, r *http.Request) {
 	// Wake or start the VM first, so errors come back as HTTP answers. A
 	// wake, once started, finishes even if the client goes away.
 	octx, cancel := opContext(r)
-	sess, err := s.m.Open(octx, name, owner(r))
+	sess, err := s.sessions.Open(octx, name, owner(r))
 	cancel()
 	if err != nil {
 		writeError(w, err)

@@ -168,7 +168,8 @@ func exitOf(err error) int {
 	return 0
 }
 
-func freePort(t *testing.T) string {
+// freePort is a loopback port nothing listens on now.
+func freePort(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

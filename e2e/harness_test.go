@@ -347,6 +347,7 @@ type vmJSON struct {
 	VMM    string `json:"vmm"`
 	Owner  string `json:"owner"`
 	Accel  string `json:"accel"`
+	Host   string `json:"host"`
 }
 
 func (d *daemon) info(name string) vmJSON {

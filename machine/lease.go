@@ -35,6 +35,20 @@ type Leases interface {
 	Every() time.Duration
 }
 
+// HeldError refuses an operation on a VM whose lease another host of
+// the cluster holds: it runs there, or an operation there works on it.
+// It wraps ErrBusy.
+type HeldError struct {
+	VM, Host string
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("vm %q is held by host %q: it runs there, or an operation there works on it", e.VM, e.Host)
+}
+
+// Unwrap makes errors.Is(err, ErrBusy) hold.
+func (e *HeldError) Unwrap() error { return ErrBusy }
+
 // vmLeases takes and gives back the VMs' leases of a cluster host (a
 // host of its own takes none), and takes over the VMs of lost hosts.
 type vmLeases struct{ m *Manager }
@@ -51,8 +65,7 @@ func (v vmLeases) take(ctx context.Context, name string) (func(), error) {
 	l, err := ls.Acquire(ctx, name)
 	if errors.Is(err, registry.ErrLeased) {
 		if cur, gerr := ls.Get(ctx, name); gerr == nil && cur.Held() {
-			return nil, fmt.Errorf("vm %q is held by host %q: it runs there, or an operation there works on it (den does not forward requests between hosts yet): %w",
-				name, cur.Host, ErrBusy)
+			return nil, &HeldError{VM: name, Host: cur.Host}
 		}
 		return nil, fmt.Errorf("vm %q: %w: %w", name, err, ErrBusy)
 	}

@@ -22,15 +22,27 @@ type Session struct {
 	Conn ssh.Conn
 	// Done is closed when the agent connection breaks (the VM stopped).
 	Done <-chan struct{}
-	in   *instance
+	in   *instance // nil: a remote session
 	m    *Manager
 	done bool
+	// release ends a remote session.
+	release func()
+}
+
+// RemoteSession is a session on a VM that another host of a cluster
+// runs, reached through that host, which admits and records it: conn
+// opens channels there, done is closed when it breaks, release ends it.
+func RemoteSession(conn ssh.Conn, done <-chan struct{}, release func()) *Session {
+	return &Session{Conn: conn, Done: done, release: release}
 }
 
 // Tag gives the session an id in the VM's activity record, marked there
 // with who opened it and through what: every command it runs, and their
 // descendants, carry the id in the record. It returns the id.
 func (s *Session) Tag(who, via string) string {
+	if s.in == nil {
+		return "" // the host that runs the VM tags it
+	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	id := via + "-" + hex.EncodeToString(b[:])
@@ -43,6 +55,9 @@ func (s *Session) Tag(who, via string) string {
 // VM's URL to port that this session serves; requests close together
 // share an entry.
 func (s *Session) NoteURL(port int) {
+	if s.in == nil {
+		return
+	}
 	s.m.records.noteURL(s.in.name, port)
 }
 
@@ -72,6 +87,10 @@ func (s *Session) Release() {
 		return
 	}
 	s.done = true
+	if s.in == nil {
+		s.release()
+		return
+	}
 	s.in.release()
 }
 

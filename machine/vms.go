@@ -16,6 +16,9 @@ import (
 type Status struct {
 	registry.VM
 	PID      int
+	// Host is the cluster host that runs it ("" on a host of its own,
+	// or when it does not run here).
+	Host string
 	DiskUsed int64
 	// Op is the operation holding the VM now ("" when none), for OpFor.
 	Op    string
@@ -99,6 +102,9 @@ func (m *Manager) status(ctx context.Context, vm registry.VM, measure bool) Stat
 	st.DiskUsed = m.usage.used(ctx, m.vol, vm, measure)
 	if vm.State == registry.StateRunning && in != nil && alive(in) {
 		st.PID = in.hv.PID()
+		if m.cfg.Leases != nil {
+			st.Host = m.here.name
+		}
 		st.Cgroup = m.conf.status(vm.Name)
 		sessions, last := in.activity()
 		if sessions > 0 {

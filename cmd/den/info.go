@@ -79,7 +79,11 @@ func infoCommand() *cli.Command {
 			if c.Bool("json") {
 				return printJSON(c.App.Writer, vm)
 			}
-			fmt.Fprintf(c.App.Writer, "name:         %s\nstate:        %s\n", vm.Name, vm.State)
+			state := vm.State
+			if vm.Host != "" {
+				state += " on host " + vm.Host
+			}
+			fmt.Fprintf(c.App.Writer, "name:         %s\nstate:        %s\n", vm.Name, state)
 			if vm.Reason != "" {
 				fmt.Fprintf(c.App.Writer, "reason:       %s\n", vm.Reason)
 			}

@@ -1,0 +1,284 @@
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/denhq/den/api"
+	"github.com/denhq/den/machine"
+	"github.com/denhq/den/peer"
+	"github.com/denhq/den/registry"
+)
+
+// callerHeader carries, from one host of a cluster to another over
+// their mutual TLS, the caller the first host established. Only the
+// peer listener reads it.
+const callerHeader = "Den-Caller"
+
+// forwardedCaller is what callerHeader holds (JSON).
+type forwardedCaller struct {
+	User   string `json:"user"`
+	Admin  bool   `json:"admin,omitempty"`
+	Source string `json:"source"`
+}
+
+// forwardedKey marks a request a peer forwarded here (its value is that
+// host): it is served here or refused, never forwarded again.
+type forwardedKey struct{}
+
+func forwardedBy(ctx context.Context) string {
+	h, _ := ctx.Value(forwardedKey{}).(string)
+	return h
+}
+
+// peers carries requests for VMs that another host of the cluster holds
+// to that host, over mutual TLS with the cluster's CA, and serves the
+// requests its peers forward here.
+type peers struct {
+	cred   *peer.Credential
+	hosts  registry.HostStore // the hosts' addresses
+	leases machine.Leases     // which host holds a VM
+	log    *slog.Logger
+
+	mu         sync.Mutex
+	transports map[string]*http.Transport // by host and address
+}
+
+func newPeers(cred *peer.Credential, hosts registry.HostStore, leases machine.Leases, log *slog.Logger) *peers {
+	return &peers{cred: cred, hosts: hosts, leases: leases, log: log, transports: map[string]*http.Transport{}}
+}
+
+// holder is the other host that holds the VM's lease ("" when none
+// does, or this one).
+func (p *peers) holder(ctx context.Context, vm string) string {
+	l, err := p.leases.Get(ctx, vm)
+	if err != nil || !l.Held() || l.Host == p.cred.Host() {
+		return ""
+	}
+	return l.Host
+}
+
+// whileHeld is ctx, ended when host lets vm's lease lapse: a host that
+// froze or died no longer answers, and a request or session forwarded
+// to it must not wait for it. It is looked at every Leases.Every. (A
+// lease given back, or held by another host, is no lapse: the host
+// finished with the VM, and its answer is on its way.)
+func (p *peers) whileHeld(ctx context.Context, host, vm string) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		t := time.NewTicker(p.leases.Every())
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if l, err := p.leases.Get(ctx, vm); err == nil && l.Host == host && !l.Held() {
+				cancel(fmt.Errorf("host %q, which holds vm %q, stopped renewing its lease (it is frozen, cut off or dead): %w", host, vm, machine.ErrBusy))
+				return
+			}
+		}
+	}()
+	return ctx, func() { cancel(context.Canceled) }
+}
+
+// address is where host's peer listener is, from its host record.
+func (p *peers) address(ctx context.Context, host string) (string, error) {
+	hosts, _, err := p.hosts.ListHosts(ctx)
+	if err != nil {
+		return "", fmt.Errorf("reach host %q: %w", host, err)
+	}
+	for _, h := range hosts {
+		if h.Name == host {
+			if h.Address == "" {
+				return "", fmt.Errorf("reach host %q: it gives no address in its cluster config", host)
+			}
+			return h.Address, nil
+		}
+	}
+	return "", fmt.Errorf("reach host %q: no such host in the registry", host)
+}
+
+// dial connects to host's peer listener at addr, checking that its
+// certificate is the cluster CA's for that host.
+func (p *peers) dial(host, addr string) func(ctx context.Context) (net.Conn, error) {
+	return func(ctx context.Context) (net.Conn, error) {
+		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 10 * time.Second}, Config: p.cred.ClientTLS(host)}
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("reach host %q at %s: %w", host, addr, err)
+		}
+		return c, nil
+	}
+}
+
+// header is c as callerHeader carries it.
+func (p *peers) header(c Caller) string {
+	b, _ := json.Marshal(forwardedCaller{User: c.User, Admin: c.Admin, Source: c.Source})
+	return string(b)
+}
+
+// forward has host serve r, as c, and relays its answer (a stream of
+// progress events, an upgraded connection) back.
+func (p *peers) forward(w http.ResponseWriter, r *http.Request, host, vm string, c Caller) {
+	addr, err := p.address(r.Context(), host)
+	if err != nil {
+		writeError(w, fmt.Errorf("vm %q is held by host %q: %w", vm, host, err))
+		return
+	}
+	ctx, cancel := p.whileHeld(r.Context(), host, vm)
+	defer cancel()
+	r = r.WithContext(ctx)
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "https", addr, host
+			pr.Out.Header.Del("Authorization")
+			pr.Out.Header.Set(callerHeader, p.header(c))
+		},
+		Transport:     p.transport(host, addr),
+		FlushInterval: -1, // progress events as they come
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if cause := context.Cause(r.Context()); cause != nil && cause != context.Canceled {
+				err = cause
+			}
+			writeError(w, fmt.Errorf("vm %q through host %q: %w", vm, host, err))
+		},
+		ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
+	}
+	rp.ServeHTTP(w, r)
+}
+
+func (p *peers) transport(host, addr string) *http.Transport {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	key := host + " " + addr
+	if t, ok := p.transports[key]; ok {
+		return t
+	}
+	dial := p.dial(host, addr)
+	t := &http.Transport{
+		DialTLSContext:  func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
+		MaxIdleConns:    4,
+		IdleConnTimeout: time.Minute,
+	}
+	p.transports[key] = t
+	return t
+}
+
+// open opens a session on vm through host, which holds it, as c.
+func (p *peers) open(ctx context.Context, host, vm string, c Caller) (*machine.Session, error) {
+	addr, err := p.address(ctx, host)
+	if err != nil {
+		return nil, fmt.Errorf("vm %q is held by host %q: %w", vm, host, err)
+	}
+	// The session lasts beyond ctx (an operation's), for as long as the
+	// host holds the VM.
+	hctx, cancel := p.whileHeld(context.WithoutCancel(ctx), host, vm)
+	octx, ocancel := context.WithCancel(hctx)
+	stop := context.AfterFunc(ctx, ocancel)
+	cl := api.NewDialClient("host "+host, p.dial(host, addr)).WithHeader(callerHeader, p.header(c))
+	sc, err := cl.SSH(octx, vm)
+	stop()
+	ocancel()
+	if err != nil {
+		if cause := context.Cause(hctx); cause != nil {
+			err = cause
+		}
+		cancel()
+		return nil, fmt.Errorf("vm %q through host %q: %w", vm, host, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = sc.Wait(); close(done) }()
+	go func() {
+		select {
+		case <-hctx.Done():
+			_ = sc.Close() // the host was lost: the session ends
+		case <-done:
+			cancel()
+		}
+	}()
+	return machine.RemoteSession(sc, done, func() { _ = sc.Close(); cancel() }), nil
+}
+
+// listen serves s to the cluster's peers on addr, over mutual TLS: a
+// request is served as the caller its header names, established by the
+// host (named by its certificate) that forwarded it. It returns the
+// listener's close.
+func (p *peers) listen(s *Server, addr string) (func(), error) {
+	ln, err := tls.Listen("tcp", addr, p.cred.ServerTLS())
+	if err != nil {
+		return nil, fmt.Errorf("peer listener: %w", err)
+	}
+	srv := &http.Server{
+		ReadHeaderTimeout: 30 * time.Second,
+		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			from, err := peer.PeerHost(r.TLS)
+			if err != nil {
+				writeError(w, fmt.Errorf("peer: %w: %w", err, api.ErrUnauthenticated))
+				return
+			}
+			var fc forwardedCaller
+			if err := json.Unmarshal([]byte(r.Header.Get(callerHeader)), &fc); err != nil || (fc.User == "" && !fc.Admin) {
+				writeError(w, fmt.Errorf("peer %q: the request names no caller: %w", from, api.ErrUnauthenticated))
+				return
+			}
+			c := Caller{User: fc.User, Admin: fc.Admin, Source: "host " + from + ": " + fc.Source}
+			ctx := context.WithValue(withCaller(r.Context(), c), forwardedKey{}, from)
+			s.ServeHTTP(w, r.WithContext(ctx))
+		}),
+	}
+	go func() { _ = srv.Serve(ln) }()
+	p.log.Info("den: serving the cluster's peers", "addr", ln.Addr().String())
+	return func() { _ = srv.Close() }, nil
+}
+
+// vmOfPath is the VM a request's path names (/v1/vms/NAME/...), and
+// whether the request opens a session (those go through peerSessions,
+// which also serves a VM whose wake another host won).
+func vmOfPath(path string) (name string, session bool) {
+	rest, ok := strings.CutPrefix(path, "/v1/vms/")
+	if !ok || rest == "" {
+		return "", false
+	}
+	name, tail, _ := strings.Cut(rest, "/")
+	return name, tail == "ssh"
+}
+
+// peerSessions opens sessions on the VMs this host runs or may wake,
+// and, through their host, on VMs another host of the cluster holds.
+type peerSessions struct {
+	URLSessions
+	p    *peers
+	self string
+}
+
+// Open implements Sessions.
+func (ps peerSessions) Open(ctx context.Context, name, owner string) (*machine.Session, error) {
+	s, err := ps.URLSessions.Open(ctx, name, owner)
+	var held *machine.HeldError
+	if !errors.As(err, &held) || forwardedBy(ctx) != "" {
+		return s, err
+	}
+	c, ok := ctx.Value(callerKey{}).(Caller)
+	switch {
+	case ok:
+	case owner != "":
+		c = Caller{User: owner, Source: "ssh gateway of host " + ps.self}
+	default:
+		// A VM's URL, whose access this host checked.
+		c = Caller{User: "den", Admin: true, Source: "url on host " + ps.self}
+	}
+	return ps.p.open(ctx, held.Host, name, c)
+}
