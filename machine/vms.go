@@ -15,10 +15,10 @@ import (
 // Status is a VM's record checked against reality, with live figures.
 type Status struct {
 	registry.VM
-	PID      int
+	PID int
 	// Host is the cluster host that runs it ("" on a host of its own,
 	// or when it does not run here).
-	Host string
+	Host     string
 	DiskUsed int64
 	// Op is the operation holding the VM now ("" when none), for OpFor.
 	Op    string
