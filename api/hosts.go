@@ -52,3 +52,29 @@ func (c *Client) Hosts(ctx context.Context) (HostList, error) {
 	err := c.do(ctx, http.MethodGet, "/v1/hosts", nil, &l)
 	return l, err
 }
+
+// MoveRequest moves a VM to another host of a cluster (POST
+// /v1/vms/NAME/move): put to sleep where it runs, woken on To.
+type MoveRequest struct {
+	To string `json:"to"`
+	// Force puts it to sleep with sessions open (they end).
+	Force bool `json:"force,omitempty"`
+}
+
+// MoveResult is a move done: where from ("" when it ran nowhere) and
+// to, and what each step took.
+type MoveResult struct {
+	VM      VM     `json:"vm"`
+	From    string `json:"from,omitempty"`
+	To      string `json:"to"`
+	SleepMS int64  `json:"sleep_ms"`
+	WakeMS  int64  `json:"wake_ms"`
+	TotalMS int64  `json:"total_ms"`
+}
+
+// Move moves a VM to another host of the cluster.
+func (c *Client) Move(ctx context.Context, name string, req MoveRequest) (MoveResult, error) {
+	var res MoveResult
+	err := c.do(ctx, http.MethodPost, vmPath(name, "move"), req, &res)
+	return res, err
+}

@@ -77,6 +77,11 @@ type CreateRequest struct {
 	// optionally ;allow:LIST); empty takes the daemon's
 	// default.
 	Egress string `json:"egress,omitempty"`
+	// OnHostLoss is what a cluster does with the VM when the host that
+	// runs it is lost: "wait" (the default: it is recorded stopped, and
+	// waits for a person) or "restart" (the host that takes it over
+	// boots it from its disk).
+	OnHostLoss string `json:"on_host_loss,omitempty"`
 }
 
 // Event is one line of a streamed long operation: progress lines, then

@@ -109,6 +109,7 @@ func Load(path, hostName, volumeState string) (Config, error) {
 			*p = filepath.Join(base, *p)
 		}
 	}
+	c.Volume.Shared = true
 	if c.Volume.StateDir == "" {
 		c.Volume.StateDir = volumeState
 	}

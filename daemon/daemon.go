@@ -274,8 +274,8 @@ func Run(ctx context.Context, o Options) error {
 	var sessions URLSessions = m
 	var fwd *peers
 	if clusterHost != nil && clusterHost.cred != nil {
-		fwd = newPeers(clusterHost.cred, db, clusterHost, o.Logger)
-		sessions = peerSessions{URLSessions: m, p: fwd, self: o.HostName}
+		fwd = newPeers(clusterHost.cred, db, clusterHost, o.Lease, o.Logger)
+		sessions = peerSessions{URLSessions: m, records: m, p: fwd, self: o.HostName}
 	}
 	gw, err := startGateway(o, sessions, keys, hostKey, inproc, auditLog)
 	if err != nil {

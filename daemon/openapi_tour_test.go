@@ -94,6 +94,9 @@ func TestOpenAPITour(t *testing.T) {
 	call("DELETE", "/v1/vms/box/checkpoints/cp-2", "", 204)
 	call("POST", "/v1/vms/box/sleep", `{}`, 200)
 	call("POST", "/v1/vms/box/wake", "", 200)
+	// One host, no cluster: a move is refused (e2e's TestClusterFence
+	// moves VMs between real hosts).
+	call("POST", "/v1/vms/box/move", `{"to":"host-b"}`, 409)
 	// The fake guest has no root device to grow: the error answer is held
 	// to the document (the VM of a success is GET /v1/vms/{name}'s).
 	call("POST", "/v1/vms/box/resize", `{"disk_bytes":16777216}`, 500)

@@ -48,14 +48,15 @@ type peers struct {
 	cred   *peer.Credential
 	hosts  registry.HostStore // the hosts' addresses
 	leases machine.Leases     // which host holds a VM
+	lease  time.Duration      // a host whose heartbeat is older is not alive
 	log    *slog.Logger
 
 	mu         sync.Mutex
 	transports map[string]*http.Transport // by host and address
 }
 
-func newPeers(cred *peer.Credential, hosts registry.HostStore, leases machine.Leases, log *slog.Logger) *peers {
-	return &peers{cred: cred, hosts: hosts, leases: leases, log: log, transports: map[string]*http.Transport{}}
+func newPeers(cred *peer.Credential, hosts registry.HostStore, leases machine.Leases, lease time.Duration, log *slog.Logger) *peers {
+	return &peers{cred: cred, hosts: hosts, leases: leases, lease: lease, log: log, transports: map[string]*http.Transport{}}
 }
 
 // holder is the other host that holds the VM's lease ("" when none
@@ -93,6 +94,23 @@ func (p *peers) whileHeld(ctx context.Context, host, vm string) (context.Context
 	return ctx, func() { cancel(context.Canceled) }
 }
 
+// released waits until this host no longer holds vm's lease.
+func (p *peers) released(ctx context.Context, vm string) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		l, err := p.leases.Get(ctx, vm)
+		if err == nil && (!l.Held() || l.Host != p.cred.Host()) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("this host still holds vm %q (the digests of its memory are being written): %w", vm, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
 // address is where host's peer listener is, from its host record.
 func (p *peers) address(ctx context.Context, host string) (string, error) {
 	hosts, _, err := p.hosts.ListHosts(ctx)
@@ -108,6 +126,37 @@ func (p *peers) address(ctx context.Context, host string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("reach host %q: no such host in the registry", host)
+}
+
+// alive refuses a host that is not alive in the registry (by its
+// heartbeat) or gives no address.
+func (p *peers) alive(ctx context.Context, host string) error {
+	hosts, now, err := p.hosts.ListHosts(ctx)
+	if err != nil {
+		return err
+	}
+	for _, h := range hosts {
+		if h.Name != host {
+			continue
+		}
+		if age := now.Sub(h.Heartbeat); age >= p.lease {
+			return fmt.Errorf("host %q is not alive: its last heartbeat is %s old", host, age.Round(time.Second))
+		}
+		if h.Address == "" && host != p.cred.Host() {
+			return fmt.Errorf("host %q gives no address in its cluster config", host)
+		}
+		return nil
+	}
+	return fmt.Errorf("no host named %q shares this registry (den hosts lists them): %w", host, machine.ErrNotFound)
+}
+
+// client is an API client of host's daemon, acting for c.
+func (p *peers) client(ctx context.Context, host string, c Caller) (*api.Client, error) {
+	addr, err := p.address(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	return api.NewDialClient("host "+host, p.dial(host, addr)).WithHeader(callerHeader, p.header(c)), nil
 }
 
 // dial connects to host's peer listener at addr, checking that its
@@ -188,6 +237,7 @@ func (p *peers) open(ctx context.Context, host, vm string, c Caller) (*machine.S
 	octx, ocancel := context.WithCancel(hctx)
 	stop := context.AfterFunc(ctx, ocancel)
 	cl := api.NewDialClient("host "+host, p.dial(host, addr)).WithHeader(callerHeader, p.header(c))
+	defer cl.CloseIdle()
 	sc, err := cl.SSH(octx, vm)
 	stop()
 	ocancel()
@@ -260,16 +310,32 @@ func vmOfPath(path string) (name string, session bool) {
 // and, through their host, on VMs another host of the cluster holds.
 type peerSessions struct {
 	URLSessions
+	records interface {
+		Record(ctx context.Context, name string) (registry.VM, error)
+	}
 	p    *peers
 	self string
 }
 
-// Open implements Sessions.
+// Open implements Sessions. A sleeping VM that another host holds
+// (while it writes the digests of the memory it put to sleep, or while
+// it wakes it) is waited for: woken here once that host lets it go, or,
+// when that host woke it meanwhile, reached through it.
 func (ps peerSessions) Open(ctx context.Context, name, owner string) (*machine.Session, error) {
-	s, err := ps.URLSessions.Open(ctx, name, owner)
 	var held *machine.HeldError
-	if !errors.As(err, &held) || forwardedBy(ctx) != "" {
-		return s, err
+	for {
+		s, err := ps.URLSessions.Open(ctx, name, owner)
+		if !errors.As(err, &held) || forwardedBy(ctx) != "" {
+			return s, err
+		}
+		if vm, rerr := ps.records.Record(ctx, name); rerr != nil || vm.State != registry.StateSleeping {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	c, ok := ctx.Value(callerKey{}).(Caller)
 	switch {

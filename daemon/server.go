@@ -99,6 +99,7 @@ var routes = []route{
 	{"POST /v1/vms/{name}/activity/record", (*Server).setActivityRecord},
 	{"POST /v1/vms/{name}/sleep", (*Server).sleep},
 	{"POST /v1/vms/{name}/wake", (*Server).wake},
+	{"POST /v1/vms/{name}/move", (*Server).move},
 	{"POST /v1/vms/{name}/resize", (*Server).resize},
 	{"GET /v1/vms/{name}/trace", (*Server).getTrace},
 	{"GET /v1/vms/{name}/net", (*Server).getNet},
@@ -368,7 +369,7 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 		req.Owner = owner(r)
 	}
 	opts := machine.CreateOptions{Name: req.Name, Owner: req.Owner, Image: req.Image, CPUs: req.CPUs,
-		MemoryBytes: req.MemoryBytes, DiskBytes: req.DiskBytes, IdleTimeout: -1, Cold: req.Cold}
+		MemoryBytes: req.MemoryBytes, DiskBytes: req.DiskBytes, IdleTimeout: -1, Cold: req.Cold, RestartOnHostLoss: req.OnHostLoss == "restart"}
 	if req.Egress != "" {
 		p, err := egress.Parse(req.Egress)
 		if err != nil {

@@ -84,8 +84,13 @@ func checkBody(v any) error {
 			add(validate.Image(req.Image))
 		}
 		add(validate.Duration("idle timeout", req.IdleTimeout))
+		if req.OnHostLoss != "" && req.OnHostLoss != "wait" && req.OnHostLoss != "restart" {
+			add(fmt.Errorf("on host loss %s: want wait or restart: %w", validate.Quote(req.OnHostLoss), validate.ErrInvalid))
+		}
 	case *api.CheckpointRequest:
 		add(validate.Comment(req.Comment))
+	case *api.MoveRequest:
+		add(validate.HostName(req.To))
 	case *api.RestoreRequest:
 		if req.Checkpoint != "" {
 			add(validate.CheckpointID(req.Checkpoint))

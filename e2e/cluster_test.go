@@ -166,7 +166,7 @@ func TestClusterFence(t *testing.T) {
 	}
 	a.must("create", "box", "--memory", "256M", "--idle-timeout", "0")
 	a.must("exec", "box", "--", "sh", "-c", "echo from-a > /root/mark; sync")
-	b.must("create", "other", "--memory", "256M", "--idle-timeout", "0")
+	b.must("create", "other", "--memory", "256M", "--idle-timeout", "0", "--on-host-loss", "restart")
 	if n, m := len(a.vmmPIDs("box")), len(b.vmmPIDs("other")); n != 1 || m != 1 {
 		t.Fatalf("VMMs: box on host-a %d, other on host-b %d", n, m)
 	}
@@ -233,9 +233,35 @@ func TestClusterFence(t *testing.T) {
 			t.Fatalf("round %d: VMMs of box: host-a %d, host-b %d", round, n, m)
 		}
 	}
-	if len(b.vmmPIDs("box")) == 0 {
-		b.must("sleep", "box")
-		b.must("exec", "box", "--", "true")
+	// den move, asked of either host, goes through the host that runs
+	// the VM: box ends on each host in turn, with its file and a
+	// process it left running.
+	b.must("exec", "box", "--", "sh", "-c", "sleep 100000 </dev/null >/dev/null 2>&1 &")
+	moves := []string{"host-a", "host-b"} // ending on host-b
+	if len(a.vmmPIDs("box")) == 1 {
+		moves = []string{"host-b", "host-a", "host-b"}
+	}
+	for _, to := range moves {
+		var res struct {
+			From, To string
+			VM       vmJSON
+		}
+		if err := json.Unmarshal([]byte(a.must("move", "box", "--to", to, "--json")), &res); err != nil {
+			t.Fatal(err)
+		}
+		if res.To != to || res.VM.State != "running" || res.VM.Host != to {
+			t.Fatalf("den move box --to %s: %+v", to, res)
+		}
+		here, there := a, b
+		if to == "host-b" {
+			here, there = b, a
+		}
+		if n, m := len(here.vmmPIDs("box")), len(there.vmmPIDs("box")); n != 1 || m != 0 {
+			t.Fatalf("VMMs of box after its move to %s: there %d, elsewhere %d", to, n, m)
+		}
+		if out := here.must("exec", "box", "--", "sh", "-c", "cat /root/mark; grep -q '10000[0]' /proc/[0-9]*/cmdline 2>/dev/null && echo sleeping"); out != "from-a\nsleeping\n" {
+			t.Fatalf("box moved to %s: %q", to, out)
+		}
 	}
 
 	// host-b's daemon freezes: its fence guard kills its VMMs while its
@@ -275,18 +301,27 @@ func TestClusterFence(t *testing.T) {
 	lateAt := st.Size() - 4096
 
 	// host-a takes box and other over once their leases lapsed past the
-	// grace, by itself.
-	for _, name := range []string{"box", "other"} {
-		// (A read forwarded to host-b meanwhile fails once host-b's
-		// lease lapsed, without waiting for it.)
-		if !eventually(2*time.Minute, func() bool {
-			out, err := a.run("info", name, "--json")
-			var vm vmJSON
-			return err == nil && json.Unmarshal([]byte(out), &vm) == nil && vm.State == "stopped" &&
-				strings.Contains(vm.Reason, "lost with host host-b") && strings.Contains(vm.Reason, "its disk was cloned afresh")
-		}) {
-			t.Fatalf("%s on host-a after host-b froze: %+v", name, a.info(name))
-		}
+	// grace, by itself: box waits for a person, other (--on-host-loss
+	// restart) is booted on host-a.
+	// (A read forwarded to host-b meanwhile fails once host-b's lease
+	// lapsed, without waiting for it.)
+	if !eventually(2*time.Minute, func() bool {
+		out, err := a.run("info", "box", "--json")
+		var vm vmJSON
+		return err == nil && json.Unmarshal([]byte(out), &vm) == nil && vm.State == "stopped" &&
+			strings.Contains(vm.Reason, "lost with host host-b") && strings.Contains(vm.Reason, "its disk was cloned afresh")
+	}) {
+		t.Fatalf("box on host-a after host-b froze: %+v", a.info("box"))
+	}
+	if !eventually(2*time.Minute, func() bool {
+		out, err := a.run("info", "other", "--json")
+		var vm vmJSON
+		return err == nil && json.Unmarshal([]byte(out), &vm) == nil && vm.State == "running" && vm.Host == "host-a"
+	}) {
+		t.Fatalf("other (on host loss: restart) on host-a after host-b froze: %+v", a.info("other"))
+	}
+	if n := len(a.vmmPIDs("other")); n != 1 {
+		t.Fatalf("%d VMMs of other on host-a", n)
 	}
 	mark := []byte("late write from host-b")
 	if _, err := late.WriteAt(mark, lateAt); err != nil {

@@ -36,6 +36,9 @@ type CreateOptions struct {
 	Cold bool
 	// Egress is the VM's egress policy; nil takes the daemon's default.
 	Egress *egress.Policy
+	// RestartOnHostLoss boots the VM on the cluster host that takes it
+	// over when the host that runs it is lost (lease.go).
+	RestartOnHostLoss bool
 }
 
 // Progress receives one line per step of a long operation.
@@ -86,6 +89,8 @@ type spec struct {
 	// Schedule is the VM's checkpoint schedule, if any (schedule.go); a
 	// fork gets none.
 	Schedule *Schedule `json:"schedule,omitempty"`
+	// RestartOnHostLoss: see CreateOptions.
+	RestartOnHostLoss bool `json:"restart_on_host_loss,omitempty"`
 }
 
 // newMAC is a new locally administered unicast hardware address.
@@ -242,7 +247,8 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	if err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
-	sp := spec{KernelFile: string(kernel), InitramfsFile: string(initramfs), BaseImage: string(base), Identity: newToken(), MAC: newMAC()}
+	sp := spec{KernelFile: string(kernel), InitramfsFile: string(initramfs), BaseImage: string(base), Identity: newToken(), MAC: newMAC(),
+		RestartOnHostLoss: o.RestartOnHostLoss}
 	if o.Egress != nil {
 		if m.net.host == nil && o.Egress.Mode != egress.AllowAll {
 			return registry.VM{}, fmt.Errorf("create vm %q: egress policy %s needs tap networking, and VMs here get %s: %w", o.Name, o.Egress, m.Network(), ErrInvalid)

@@ -245,6 +245,19 @@ func (s *sealer) add(dir storage.Path, n int) {
 	}
 }
 
+// busyUnder says whether the digests of a directory under root are
+// queued or being written.
+func (s *sealer) busyUnder(root storage.Path) bool {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	for dir, n := range s.pending {
+		if n > 0 && (dir == root || strings.HasPrefix(string(dir), string(root)+"/")) {
+			return true
+		}
+	}
+	return false
+}
+
 // busy says whether dir's digests are queued or being written.
 func (s *sealer) busy(dir storage.Path) bool {
 	s.pmu.Lock()

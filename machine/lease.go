@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/denhq/den/internal/atomicfile"
@@ -51,37 +52,32 @@ func (e *HeldError) Unwrap() error { return ErrBusy }
 
 // vmLeases takes and gives back the VMs' leases of a cluster host (a
 // host of its own takes none), and takes over the VMs of lost hosts.
-type vmLeases struct{ m *Manager }
+type vmLeases struct {
+	m *Manager
+	// mu orders takes and gives back; refs counts the operations that
+	// hold each VM's lease now.
+	mu   sync.Mutex
+	refs map[string]int
+}
 
 // take takes name's lease for an operation that holds the VM's local
 // lock, and returns what gives it back when the lock is let go: nothing
 // while the VM runs here (its VMM holds it on). A VM whose lease another
 // host holds is refused; one whose holder lost it is taken over first.
-func (v vmLeases) take(ctx context.Context, name string) (func(), error) {
+func (v *vmLeases) take(ctx context.Context, name string) (func(), error) {
 	ls := v.m.cfg.Leases
 	if ls == nil {
 		return func() {}, nil
 	}
-	l, err := ls.Acquire(ctx, name)
-	if errors.Is(err, registry.ErrLeased) {
-		if cur, gerr := ls.Get(ctx, name); gerr == nil && cur.Held() {
-			return nil, &HeldError{VM: name, Host: cur.Host}
-		}
-		return nil, fmt.Errorf("vm %q: %w: %w", name, err, ErrBusy)
-	}
+	v.mu.Lock()
+	v.refs[name]++
+	v.mu.Unlock()
+	l, err := v.acquire(ctx, name)
 	if err != nil {
-		return nil, fmt.Errorf("vm %q: take its lease: %w", name, err)
+		v.giveBack(name, registry.Lease{}, false)
+		return nil, err
 	}
-	release := func() {
-		if in := v.m.procs.instance(name); in != nil && alive(in) {
-			return
-		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if err := ls.Release(rctx, l); err != nil {
-			v.m.log.Warn("den: give back a vm's lease", "vm", name, "err", err)
-		}
-	}
+	release := func() { v.giveBack(name, l, true) }
 	from := l.TakenFrom
 	if from == "" {
 		from = v.pending(name)
@@ -95,9 +91,71 @@ func (v vmLeases) take(ctx context.Context, name string) (func(), error) {
 	return release, nil
 }
 
+// acquire takes name's lease, or says which host holds it.
+func (v *vmLeases) acquire(ctx context.Context, name string) (registry.Lease, error) {
+	ls := v.m.cfg.Leases
+	l, err := ls.Acquire(ctx, name)
+	if errors.Is(err, registry.ErrLeased) {
+		if cur, gerr := ls.Get(ctx, name); gerr == nil && cur.Held() {
+			return registry.Lease{}, &HeldError{VM: name, Host: cur.Host}
+		}
+		return registry.Lease{}, fmt.Errorf("vm %q: %w: %w", name, err, ErrBusy)
+	}
+	if err != nil {
+		return registry.Lease{}, fmt.Errorf("vm %q: take its lease: %w", name, err)
+	}
+	return l, nil
+}
+
+// giveBack ends an operation's hold on name's lease (held: it had the
+// lease l), and gives the lease back once nothing here needs it: no
+// operation holds it, no VMM of the VM runs here, and no digests of its
+// snapshots are being written (a host that woke it from a snapshot
+// whose digests are missing would refuse it as damaged). A lease kept
+// for digests is given back when they are written.
+func (v *vmLeases) giveBack(name string, l registry.Lease, held bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.refs[name]--; v.refs[name] > 0 {
+		return
+	}
+	delete(v.refs, name)
+	if !held {
+		return
+	}
+	if in := v.m.procs.instance(name); in != nil && alive(in) {
+		return // its VMM holds it on; the operation that stops it gives it back
+	}
+	if v.m.seal.busyUnder(storage.VMDir(name)) {
+		v.refs[name]++ // the digests' hold
+		go v.afterDigests(name, l)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := v.m.cfg.Leases.Release(ctx, l); err != nil {
+		v.m.log.Warn("den: give back a vm's lease", "vm", name, "err", err)
+	}
+}
+
+// afterDigests gives name's lease back (giveBack) once no digests of its
+// snapshots are being written, or at most after the time digests may
+// take to yield to operations.
+func (v *vmLeases) afterDigests(name string, l registry.Lease) {
+	deadline := time.Now().Add(5 * sealYieldMax)
+	for v.m.seal.busyUnder(storage.VMDir(name)) && time.Now().Before(deadline) {
+		select {
+		case <-v.m.closed:
+			return // the lease lapses, or the next daemon gives it back
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	v.giveBack(name, l, true)
+}
+
 // pending is the host a takeover of name that a crash cut short took
 // the VM from ("" for none).
-func (v vmLeases) pending(name string) string {
+func (v *vmLeases) pending(name string) string {
 	b, err := os.ReadFile(v.m.state.Takeover(name))
 	if err != nil {
 		return ""
@@ -114,7 +172,7 @@ func (v vmLeases) pending(name string) string {
 // woken it, and its guest written the disk, before it was lost. The
 // work is marked in the state dir first, so that a crash in the middle
 // leaves it for the next lock of the VM.
-func (v vmLeases) takeOver(ctx context.Context, name, from string) error {
+func (v *vmLeases) takeOver(ctx context.Context, name, from string) error {
 	mark := v.m.state.Takeover(name)
 	if err := os.MkdirAll(filepath.Dir(mark), 0o700); err != nil {
 		return fmt.Errorf("vm %q: take over from host %q: %w", name, from, err)
@@ -148,6 +206,16 @@ func (v vmLeases) takeOver(ctx context.Context, name, from string) error {
 			return fmt.Errorf("vm %q: take over from host %q: %w", name, from, err)
 		}
 		v.m.log.Warn("den: took over a vm of a lost host", "vm", name, "from", from, "was", vm.State)
+		if sp, err := decodeSpec(vm); err == nil && sp.RestartOnHostLoss {
+			// Once the caller lets the VM go (a caller that boots it
+			// anyway finds it running).
+			v.m.inBackground(func(ctx context.Context) {
+				v.m.log.Info("den: booting a vm of a lost host here, as its policy asks (on host loss: restart)", "vm", name, "from", from)
+				if _, err := v.m.ensureRunning(ctx, name, "", false); err != nil {
+					v.m.log.Warn("den: boot a vm of a lost host", "vm", name, "err", err)
+				}
+			})
+		}
 	}
 	if err := os.Remove(mark); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		v.m.log.Warn("den: takeover done, but its mark stays", "vm", name, "err", err)
@@ -158,7 +226,7 @@ func (v vmLeases) takeOver(ctx context.Context, name, from string) error {
 // lostReason is the record's reason for a VM taken over from a lost
 // host: the host, what the VM was, what is left of it, and what became
 // of its disk.
-func (v vmLeases) lostReason(ctx context.Context, vm registry.VM, from, disk string) string {
+func (v *vmLeases) lostReason(ctx context.Context, vm registry.VM, from, disk string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "lost with host %s (it stopped renewing its leases)", from)
 	if vm.State == registry.StateRunning {
@@ -184,7 +252,7 @@ func (v vmLeases) lostReason(ctx context.Context, vm registry.VM, from, disk str
 // old file, committed if ever once it reaches the metadata engine again,
 // then land in the old file, which nothing opens again, never in the disk
 // this host boots. It says what became of the disk.
-func (v vmLeases) setAsideLateWrites(ctx context.Context, name, from string) string {
+func (v *vmLeases) setAsideLateWrites(ctx context.Context, name, from string) string {
 	tmp := storage.VMDir(name).Join(takeoverDisk)
 	_ = v.m.vol.Remove(ctx, tmp) // a takeover a crash cut short
 	err := v.m.vol.Clone(ctx, storage.VMDisk(name), tmp)
@@ -205,7 +273,7 @@ const takeoverDisk = "disk-takeover"
 // watchLapsed takes over, every Leases.Every, the VMs whose host let
 // their lease lapse, until the Manager closes. Every live host looks;
 // the lease decides which one takes each VM.
-func (v vmLeases) watchLapsed() {
+func (v *vmLeases) watchLapsed() {
 	ls := v.m.cfg.Leases
 	t := time.NewTicker(ls.Every())
 	defer t.Stop()

@@ -209,7 +209,7 @@ type Manager struct {
 	host      hostLife
 	gc        collector
 	sched     schedules
-	leases    vmLeases
+	leases    *vmLeases
 
 	mu        sync.Mutex
 	instances map[string]*instance
@@ -399,6 +399,6 @@ func wire(m *Manager) *Manager {
 	m.records = records{m: m}
 	m.gc = collector{m: m}
 	m.sched = schedules{m: m}
-	m.leases = vmLeases{m}
+	m.leases = &vmLeases{m: m, refs: map[string]int{}}
 	return m
 }

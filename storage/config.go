@@ -40,6 +40,10 @@ type Config struct {
 	// local cache and upload them later (see the package doc before
 	// turning it on).
 	Writeback bool `json:"writeback,omitempty"`
+	// Shared says that other hosts mount the volume and write it too (a
+	// cluster's): the mount keeps no metadata caches, so that what
+	// another host wrote a moment ago shows at once here.
+	Shared bool `json:"-"`
 	// SecretsFile is a JSON file (mode 0600) with access_key, secret_key and
 	// meta_password.
 	SecretsFile string `json:"secrets_file,omitempty"`

@@ -168,6 +168,10 @@ func (v *JuiceFS) mountArgs() []string {
 	if v.cfg.Writeback {
 		args = append(args, "--writeback")
 	}
+	if v.cfg.Shared {
+		// Another host may have just renamed a snapshot into place.
+		args = append(args, "--attr-cache", "0", "--entry-cache", "0", "--dir-entry-cache", "0")
+	}
 	if v.cfg.CacheSizeMiB > 0 {
 		args = append(args, "--cache-size", strconv.FormatInt(v.cfg.CacheSizeMiB, 10))
 	}

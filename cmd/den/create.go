@@ -38,6 +38,7 @@ Examples:
 			&cli.BoolFlag{Name: "cold", Usage: "boot instead of restoring the image's warm base snapshot"},
 			&cli.StringFlag{Name: "egress", Usage: "egress policy: allow-all, deny-all, allow:LIST of CIDRs and domains, or deny:LIST of CIDRs[;allow:LIST] (default: the daemon's)"},
 			&cli.StringFlag{Name: "idle-timeout", Usage: "sleep after this long idle; 0 never", Value: api.DefaultIdleTimeout.String()},
+			&cli.StringFlag{Name: "on-host-loss", Usage: "in a cluster, when the host that runs it is lost: wait (for den start or restore) or restart (boot it from its disk on another host)", Value: "wait"},
 		),
 		Action: func(c *cli.Context) error {
 			name, err := oneName(c)
@@ -76,7 +77,7 @@ Examples:
 			}
 			vm, err := cl.CreateVM(ctx, api.CreateRequest{
 				Name: name, Image: c.String("image"), CPUs: c.Int("cpus"), MemoryBytes: mem, DiskBytes: disk,
-				IdleTimeout: c.String("idle-timeout"), Cold: c.Bool("cold"), Egress: c.String("egress"),
+				IdleTimeout: c.String("idle-timeout"), Cold: c.Bool("cold"), Egress: c.String("egress"), OnHostLoss: c.String("on-host-loss"),
 			}, func(ev api.Event) {
 				if !c.Bool("json") {
 					fmt.Fprintf(c.App.ErrWriter, "  %-8s %s\n", ev.Elapsed, ev.Progress)

@@ -53,7 +53,7 @@ an error. After --, and after the command of den exec, every word is an
 argument.`,
 		Commands: []*cli.Command{
 			createCommand(), lsCommand(), infoCommand(), execCommand(), sshCommand(), logsCommand(), rmCommand(),
-			checkpointCommand(), checkpointsCommand(), restoreCommand(), forkCommand(), diffCommand(), activityCommand(), sleepCommand(), wakeCommand(),
+			checkpointCommand(), checkpointsCommand(), restoreCommand(), forkCommand(), diffCommand(), activityCommand(), sleepCommand(), wakeCommand(), moveCommand(),
 			forwardCommand(), urlCommand(), netCommand(),
 			resizeCommand(), dfCommand(), gcCommand(), hostsCommand(), fenceCommand(),
 			keysCommand(), tokensCommand(), secretsCommand(), auditCommand(),
