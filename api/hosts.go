@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"time"
 )
 
@@ -76,5 +77,37 @@ type MoveResult struct {
 func (c *Client) Move(ctx context.Context, name string, req MoveRequest) (MoveResult, error) {
 	var res MoveResult
 	err := c.do(ctx, http.MethodPost, vmPath(name, "move"), req, &res)
+	return res, err
+}
+
+// DrainRequest drains a host (POST /v1/hosts/NAME/drain): it admits no
+// new VMs, and its running VMs move to other hosts.
+type DrainRequest struct {
+	// Undo admits VMs on the host again.
+	Undo bool `json:"undo,omitempty"`
+	// Force moves VMs with sessions open (they end).
+	Force bool `json:"force,omitempty"`
+}
+
+// DrainResult is a drain done: the VMs moved, and those that could not
+// be, with why.
+type DrainResult struct {
+	Host     string         `json:"host"`
+	Draining bool           `json:"draining"`
+	Moved    []MoveResult   `json:"moved"`
+	Failed   []DrainFailure `json:"failed"`
+}
+
+// DrainFailure is a VM a drain could not move.
+type DrainFailure struct {
+	VM    string `json:"vm"`
+	Error string `json:"error"`
+}
+
+// Drain drains a host of the cluster (or admits VMs on it again, with
+// req.Undo).
+func (c *Client) Drain(ctx context.Context, host string, req DrainRequest) (DrainResult, error) {
+	var res DrainResult
+	err := c.do(ctx, http.MethodPost, "/v1/hosts/"+url.PathEscape(host)+"/drain", req, &res)
 	return res, err
 }

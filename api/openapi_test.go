@@ -61,7 +61,7 @@ var wireTypes = map[string]struct {
 	"AddTokenRequest": {AddTokenRequest{}, true}, "Secret": {v: Secret{}},
 	"AddSecretRequest": {AddSecretRequest{}, true}, "SetSecretRequest": {SetSecretRequest{}, true}, "GrantRequest": {GrantRequest{}, true},
 
-	"HostList": {v: HostList{}}, "Host": {v: Host{}}, "MoveRequest": {v: MoveRequest{}}, "MoveResult": {v: MoveResult{}},
+	"HostList": {v: HostList{}}, "Host": {v: Host{}}, "MoveRequest": {v: MoveRequest{}}, "DrainRequest": {v: DrainRequest{}}, "DrainResult": {v: DrainResult{}}, "DrainFailure": {v: DrainFailure{}}, "MoveResult": {v: MoveResult{}},
 	"Storage": {v: Storage{}}, "Usage": {v: Usage{}}, "VMStorage": {v: VMStorage{}}, "CheckpointStorage": {v: CheckpointStorage{}},
 	"GCResult": {v: GCResult{}}, "Schedule": {v: Schedule{}}, "ScheduleInfo": {v: ScheduleInfo{}},
 	"GCRequest": {GCRequest{}, true}, "ScheduleRequest": {ScheduleRequest{}, true},

@@ -97,6 +97,7 @@ func TestOpenAPITour(t *testing.T) {
 	// One host, no cluster: a move is refused (e2e's TestClusterFence
 	// moves VMs between real hosts).
 	call("POST", "/v1/vms/box/move", `{"to":"host-b"}`, 409)
+	call("POST", "/v1/hosts/host-b/drain", `{}`, 409)
 	// The fake guest has no root device to grow: the error answer is held
 	// to the document (the VM of a success is GET /v1/vms/{name}'s).
 	call("POST", "/v1/vms/box/resize", `{"disk_bytes":16777216}`, 500)

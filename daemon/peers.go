@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -53,6 +54,8 @@ type peers struct {
 
 	mu         sync.Mutex
 	transports map[string]*http.Transport // by host and address
+	drain      bool                       // this host drains, as read at drainAt
+	drainAt    time.Time
 }
 
 func newPeers(cred *peer.Credential, hosts registry.HostStore, leases machine.Leases, lease time.Duration, log *slog.Logger) *peers {
@@ -150,6 +153,53 @@ func (p *peers) alive(ctx context.Context, host string) error {
 	return fmt.Errorf("no host named %q shares this registry (den hosts lists them): %w", host, machine.ErrNotFound)
 }
 
+// place chooses the host a VM that runs nowhere goes to when this host
+// does not take it (it is draining): the live host, other than this one,
+// that admits VMs and has the most free memory budget.
+func (p *peers) place(ctx context.Context) (string, error) {
+	hosts, now, err := p.hosts.ListHosts(ctx)
+	if err != nil {
+		return "", err
+	}
+	best, bestFree := "", int64(-1)
+	for _, h := range hosts {
+		if h.Name == p.cred.Host() || h.Draining || h.Address == "" || now.Sub(h.Heartbeat) >= p.lease {
+			continue
+		}
+		free := h.MemoryFreeBytes
+		if h.MemoryBudgetBytes < 0 {
+			free = math.MaxInt64 // no budget
+		}
+		if free > bestFree {
+			best, bestFree = h.Name, free
+		}
+	}
+	if best == "" {
+		return "", fmt.Errorf("no other live host of the cluster admits vms (den hosts): %w", machine.ErrBusy)
+	}
+	return best, nil
+}
+
+// draining says whether this host is draining (den hosts drain): it
+// admits no new VMs. The answer is at most a second old.
+func (p *peers) draining(ctx context.Context) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if time.Since(p.drainAt) < time.Second {
+		return p.drain
+	}
+	hosts, _, err := p.hosts.ListHosts(ctx)
+	if err != nil {
+		return p.drain
+	}
+	for _, h := range hosts {
+		if h.Name == p.cred.Host() {
+			p.drain, p.drainAt = h.Draining, time.Now()
+		}
+	}
+	return p.drain
+}
+
 // client is an API client of host's daemon, acting for c.
 func (p *peers) client(ctx context.Context, host string, c Caller) (*api.Client, error) {
 	addr, err := p.address(ctx, host)
@@ -186,9 +236,11 @@ func (p *peers) forward(w http.ResponseWriter, r *http.Request, host, vm string,
 		writeError(w, fmt.Errorf("vm %q is held by host %q: %w", vm, host, err))
 		return
 	}
-	ctx, cancel := p.whileHeld(r.Context(), host, vm)
-	defer cancel()
-	r = r.WithContext(ctx)
+	if vm != "" {
+		ctx, cancel := p.whileHeld(r.Context(), host, vm)
+		defer cancel()
+		r = r.WithContext(ctx)
+	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "https", addr, host
@@ -201,7 +253,11 @@ func (p *peers) forward(w http.ResponseWriter, r *http.Request, host, vm string,
 			if cause := context.Cause(r.Context()); cause != nil && cause != context.Canceled {
 				err = cause
 			}
-			writeError(w, fmt.Errorf("vm %q through host %q: %w", vm, host, err))
+			what := "request"
+			if vm != "" {
+				what = fmt.Sprintf("vm %q", vm)
+			}
+			writeError(w, fmt.Errorf("%s through host %q: %w", what, host, err))
 		},
 		ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
 	}
@@ -294,6 +350,38 @@ func (p *peers) listen(s *Server, addr string) (func(), error) {
 	return func() { _ = srv.Close() }, nil
 }
 
+// route is the other host that serves r, and the VM it is for (""
+// when this host serves it): a VM another host holds is served there;
+// on a draining host, a create, and a request for a VM that runs
+// nowhere, go to the host placement chooses. Sessions are routed by
+// peerSessions.
+func (p *peers) route(r *http.Request) (host, vm string) {
+	ctx := r.Context()
+	name, session := vmOfPath(r.URL.Path)
+	if session {
+		return "", ""
+	}
+	if name != "" {
+		if host := p.holder(ctx, name); host != "" {
+			return host, name
+		}
+	}
+	create := r.Method == http.MethodPost && r.URL.Path == "/v1/vms"
+	if (name == "" && !create) || !p.draining(ctx) {
+		return "", ""
+	}
+	if name != "" {
+		if l, err := p.leases.Get(ctx, name); err != nil || l.Held() {
+			return "", "" // held here: served here
+		}
+	}
+	to, err := p.place(ctx)
+	if err != nil {
+		return "", "" // refused here, as draining, if it starts anything
+	}
+	return to, ""
+}
+
 // vmOfPath is the VM a request's path names (/v1/vms/NAME/...), and
 // whether the request opens a session (those go through peerSessions,
 // which also serves a VM whose wake another host won).
@@ -322,13 +410,28 @@ type peerSessions struct {
 // it wakes it) is waited for: woken here once that host lets it go, or,
 // when that host woke it meanwhile, reached through it.
 func (ps peerSessions) Open(ctx context.Context, name, owner string) (*machine.Session, error) {
-	var held *machine.HeldError
-	for {
+	forwarded := forwardedBy(ctx) != ""
+	target := "" // the host the session is opened through
+	for target == "" {
+		if !forwarded && ps.p.draining(ctx) {
+			// Nothing new starts here: a VM that runs nowhere wakes
+			// on another host.
+			if l, err := ps.p.leases.Get(ctx, name); err == nil && !l.Held() {
+				to, err := ps.p.place(ctx)
+				if err != nil {
+					return nil, fmt.Errorf("vm %q: host %q is draining: %w", name, ps.self, err)
+				}
+				target = to
+				break
+			}
+		}
 		s, err := ps.URLSessions.Open(ctx, name, owner)
-		if !errors.As(err, &held) || forwardedBy(ctx) != "" {
+		var held *machine.HeldError
+		if !errors.As(err, &held) || forwarded {
 			return s, err
 		}
 		if vm, rerr := ps.records.Record(ctx, name); rerr != nil || vm.State != registry.StateSleeping {
+			target = held.Host
 			break
 		}
 		select {
@@ -346,5 +449,5 @@ func (ps peerSessions) Open(ctx context.Context, name, owner string) (*machine.S
 		// A VM's URL, whose access this host checked.
 		c = Caller{User: "den", Admin: true, Source: "url on host " + ps.self}
 	}
-	return ps.p.open(ctx, held.Host, name, c)
+	return ps.p.open(ctx, target, name, c)
 }

@@ -113,6 +113,7 @@ var routes = []route{
 	{"POST /v1/host/gc", (*Server).collectGarbage},
 	{"GET /v1/storage", (*Server).getStorage},
 	{"GET /v1/hosts", (*Server).listHosts},
+	{"POST /v1/hosts/{host}/drain", (*Server).drainHost},
 	{"GET /v1/keys", (*Server).listKeys},
 	{"POST /v1/keys", (*Server).addKey},
 	{"DELETE /v1/keys", (*Server).removeKey},
@@ -145,13 +146,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The machine checks the owner again under each VM's lock.
 	r = r.WithContext(machine.AsOwner(withCaller(r.Context(), caller), caller.owner()))
 	if s.peers != nil && forwardedBy(r.Context()) == "" {
-		// A VM another host of the cluster holds is served there.
-		if name, session := vmOfPath(r.URL.Path); name != "" && !session {
-			if host := s.peers.holder(r.Context(), name); host != "" {
-				s.peers.forward(rec, r, host, name, caller)
-				s.auditCall(caller, r, rec.status, start)
-				return
-			}
+		if host, vm := s.peers.route(r); host != "" {
+			s.peers.forward(rec, r, host, vm, caller)
+			s.auditCall(caller, r, rec.status, start)
+			return
 		}
 	}
 	s.mux.ServeHTTP(rec, r)
@@ -367,6 +365,10 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 	}
 	if owner(r) != "" {
 		req.Owner = owner(r)
+	}
+	if s.peers != nil && s.peers.draining(r.Context()) {
+		writeError(w, fmt.Errorf("create vm %q: this host is draining and no other host of the cluster admits vms: %w", req.Name, machine.ErrBusy))
+		return
 	}
 	opts := machine.CreateOptions{Name: req.Name, Owner: req.Owner, Image: req.Image, CPUs: req.CPUs,
 		MemoryBytes: req.MemoryBytes, DiskBytes: req.DiskBytes, IdleTimeout: -1, Cold: req.Cold, RestartOnHostLoss: req.OnHostLoss == "restart"}

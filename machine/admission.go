@@ -382,6 +382,9 @@ func (mb *memoryBudget) trySleepForMemory(ctx context.Context, r runningVM, reas
 		}
 		return "busy: " + op
 	}
+	if unlock, err = mb.m.locks.leased(ctx, r.name, unlock); err != nil {
+		return err.Error()
+	}
 	o, err := mb.m.holding(ctx, r.name, "sleep for memory", unlock)
 	if err != nil {
 		return err.Error()

@@ -68,6 +68,12 @@ func (lk *locks) lockName(ctx context.Context, name, op string) (func(), error) 
 	if err != nil {
 		return nil, err
 	}
+	return lk.leased(ctx, name, unlock)
+}
+
+// leased adds, on a cluster host, the VM's lease to a local lock's
+// unlock (lease.go); a refused lease lets the local lock go.
+func (lk *locks) leased(ctx context.Context, name string, unlock func()) (func(), error) {
 	release, err := lk.m.leases.take(ctx, name)
 	if err != nil {
 		unlock()
@@ -239,6 +245,11 @@ func (lk *locks) reconcileVM(ctx context.Context, name string) (registry.VM, err
 		return registry.VM{}, err
 	}
 	if unlock == nil {
+		return lk.m.get(ctx, name)
+	}
+	// On a cluster host, a VM is this host's to reconcile only while it
+	// holds its lease: another host may run it.
+	if unlock, err = lk.leased(ctx, name, unlock); err != nil {
 		return lk.m.get(ctx, name)
 	}
 	defer unlock()
