@@ -34,7 +34,7 @@ func TestNoVMMStartsPastTheFence(t *testing.T) {
 	if _, err := e.m.Record(ctx, "n"); !errors.Is(err, machine.ErrNotFound) {
 		t.Fatalf("the refused create left a record: %v", err)
 	}
-	if err := e.m.Wake(ctx, "s"); err == nil || !strings.Contains(err.Error(), "lost its cluster lease") {
+	if err := e.m.Wake(ctx, "s"); err == nil || !strings.Contains(err.Error(), "lost its host lease") {
 		t.Fatalf("wake past the fence: %v", err)
 	}
 	e.wantState("s", registry.StateSleeping)

@@ -1,0 +1,106 @@
+//go:build linux
+
+package machine_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/denhq/den/internal/poll"
+	"github.com/denhq/den/machine"
+	"github.com/denhq/den/registry"
+)
+
+// hostLeases are a cluster host's VM leases (machine.Leases) in the test's
+// registry, as the daemon takes them.
+type hostLeases struct {
+	db         registry.LeaseStore
+	host, inst string
+	ttl, every time.Duration
+}
+
+func (l *hostLeases) Acquire(ctx context.Context, vm string) (registry.Lease, error) {
+	return l.db.AcquireLease(ctx, vm, l.host, l.inst, l.ttl, l.ttl/2)
+}
+func (l *hostLeases) Release(ctx context.Context, x registry.Lease) error {
+	return l.db.ReleaseLease(ctx, x)
+}
+func (l *hostLeases) Get(ctx context.Context, vm string) (registry.Lease, error) {
+	return l.db.GetLease(ctx, vm)
+}
+func (l *hostLeases) Lapsed(ctx context.Context) ([]registry.Lease, error) {
+	return l.db.ExpiredLeases(ctx, l.ttl/2)
+}
+func (l *hostLeases) Every() time.Duration { return l.every }
+
+// TestVMLeases: on a cluster host, a VM's lease is held while the VM runs
+// there and until the digests of the memory it slept with are written,
+// then given back; a VM whose lease another host holds is refused (a
+// machine.HeldError naming that host), and a read there records nothing;
+// a VM whose holder let its lease lapse is taken over: recorded stopped,
+// lost with that host, its disk cloned afresh.
+func TestVMLeases(t *testing.T) {
+	var here *hostLeases
+	e := newEnvWith(t, func(c *machine.Config) {
+		here = &hostLeases{db: c.Registry.(registry.LeaseStore), host: "host-a", inst: "a", ttl: 6 * time.Second, every: 100 * time.Millisecond}
+		c.Leases, c.HostName = here, "host-a"
+	})
+	ctx := ctxT(t)
+	// (Nothing renews the leases here: the test is done with this
+	// host's well within theirs.)
+	other := &hostLeases{db: here.db, host: "host-b", inst: "b", ttl: 3 * time.Second}
+	e.create("box")
+	if l, err := here.Get(ctx, "box"); err != nil || !l.Held() || l.Host != "host-a" {
+		t.Fatalf("lease of a running vm: %+v, %v", l, err)
+	}
+	if _, err := other.Acquire(ctx, "box"); !errors.Is(err, registry.ErrLeased) {
+		t.Fatalf("another host took the lease of a vm that runs here: %v", err)
+	}
+	if err := e.m.Sleep(ctx, "box", false); err != nil {
+		t.Fatal(err)
+	}
+	if !poll.Until(time.Minute, func() bool { l, err := here.Get(ctx, "box"); return err == nil && !l.Held() }) {
+		t.Fatal("the lease of a vm put to sleep was never given back")
+	}
+	if e.m.Sealing("vms/box/suspend") {
+		t.Fatal("the lease was given back before the digests of the memory were written")
+	}
+
+	// Another host holds it (it woke it there): refused here, naming that
+	// host, and a read records nothing.
+	if _, err := other.Acquire(ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	var held *machine.HeldError
+	if err := e.m.Wake(ctx, "box"); !errors.As(err, &held) || held.Host != "host-b" {
+		t.Fatalf("wake of a vm another host holds: %v", err)
+	}
+	if _, err := e.m.Get(ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	e.wantState("box", registry.StateSleeping)
+
+	// host-b is lost: its lease lapses, and this host takes the VM over.
+	vm := e.record("box")
+	if _, err := e.reg.UpdateVMIf(ctx, "box", vm.Generation, func(v *registry.VM) error {
+		v.State = registry.StateRunning // it ran there
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !poll.Until(time.Minute, func() bool {
+		r, err := e.m.Record(ctx, "box")
+		return err == nil && r.State == registry.StateStopped
+	}) {
+		t.Fatalf("the vm of a lost host was not taken over: %+v", e.record("box"))
+	}
+	if r := e.record("box"); !strings.Contains(r.Reason, "lost with host host-b") || !strings.Contains(r.Reason, "its disk was cloned afresh") {
+		t.Fatalf("reason of a vm taken over: %q", r.Reason)
+	}
+	if l, err := here.Get(ctx, "box"); err != nil || l.Held() {
+		t.Fatalf("lease of a stopped vm taken over: %+v, %v", l, err)
+	}
+}
