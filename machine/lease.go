@@ -230,7 +230,7 @@ func (v *vmLeases) lostReason(ctx context.Context, vm registry.VM, from, disk st
 	var b strings.Builder
 	fmt.Fprintf(&b, "lost with host %s (it stopped renewing its leases)", from)
 	if vm.State == registry.StateRunning {
-		fmt.Fprintf(&b, ", where it ran since %s", vm.LastActive.UTC().Format(time.RFC3339))
+		fmt.Fprintf(&b, ", where it ran (last active %s)", vm.LastActive.UTC().Format(time.RFC3339))
 	} else {
 		fmt.Fprintf(&b, ", which was working on it (%s)", vm.State)
 	}

@@ -83,7 +83,7 @@ func (s StateDir) UsageFile() string { return filepath.Join(string(s), "usage.js
 // Takeover marks a VM whose lease this cluster host took over from a
 // lost host while the takeover's work on it is not done: it names that
 // host (a crash in the middle leaves it for the next lock of the VM).
-func (s StateDir) Takeover(vm string) string { return filepath.Join(string(s), "takeover", vm) }
+func (s StateDir) Takeover(vm string) string { return filepath.Join(string(s), "takeovers", vm) }
 
 // Instance is this state dir's daemon instance id (a cluster tells apart
 // daemons that give the same host name by it).
