@@ -75,6 +75,9 @@ type Options struct {
 	// IdleCheck is how often the idle monitor looks at the VMs
 	// (default 5 s).
 	IdleCheck time.Duration
+	// MaxWakes bounds the VMs woken or booted at once (0: the default;
+	// see machine.Config).
+	MaxWakes int
 	// SSHListen is the SSH gateway's address (host:port); "" or "off"
 	// runs no gateway.
 	SSHListen string
@@ -247,7 +250,7 @@ func Run(ctx context.Context, o Options) error {
 		State:   state, HostName: o.HostName, Volume: vol, Registry: db, AgentKey: agentKey, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
 		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, MemoryFiles: o.MemoryFiles, CollectGrace: o.CollectGrace, RAMDir: o.RAMDir, MemoryCopies: o.MemoryCopies,
 		RecordCap: o.ActivityCap, RecordPull: o.ActivityPull,
-		Memory: o.Memory, Network: o.Network, VMUser: o.VMUser,
+		Memory: o.Memory, Network: o.Network, VMUser: o.VMUser, MaxWakes: o.MaxWakes,
 	})
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)

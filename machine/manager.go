@@ -116,6 +116,12 @@ type Config struct {
 	// are woken at once when den starts (default
 	// DefaultBootWakeParallel); see hostlife.go.
 	BootWakeParallel int
+	// MaxWakes bounds the VMs this host wakes, boots or restores at once
+	// (default DefaultMaxWakes): after a cluster host is lost, a storm
+	// of requests for its VMs waits its turn here, at most WakeWait,
+	// then fails in one line.
+	MaxWakes int
+	WakeWait time.Duration
 	// ActivitySave is how often a running VM's last activity is written
 	// to the registry, at most (default DefaultActivitySave); see
 	// activity.go.
@@ -140,6 +146,12 @@ type Config struct {
 	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
 }
+
+// DefaultMaxWakes and DefaultWakeWait: see Config.MaxWakes.
+const (
+	DefaultMaxWakes = 8
+	DefaultWakeWait = 2 * time.Minute
+)
 
 // DefaultMemoryCopies is the disk local copies of snapshots' memory may
 // take by default.
@@ -226,6 +238,9 @@ type Manager struct {
 	// under mu.
 	lastRelease time.Time
 
+	// wakes holds a slot per wake, boot or restore under way (MaxWakes).
+	wakes chan struct{}
+
 	// volumeLostAt is when the volume's mount was last lost, and why:
 	// VMMs started before then run on a dead disk.
 	volumeLostAt  time.Time
@@ -245,6 +260,12 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	if cfg.DefaultImage == "" {
 		cfg.DefaultImage = image.Debian
+	}
+	if cfg.MaxWakes <= 0 {
+		cfg.MaxWakes = DefaultMaxWakes
+	}
+	if cfg.WakeWait <= 0 {
+		cfg.WakeWait = DefaultWakeWait
 	}
 	if err := os.MkdirAll(cfg.State.Path(), 0o700); err != nil {
 		return nil, fmt.Errorf("state dir: %w", err)
@@ -274,7 +295,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m := &Manager{
 		cfg: cfg, state: cfg.State, db: db, ownDB: ownDB, vol: cfg.Volume, signer: signer, log: cfg.Logger,
 		kvm: vmm.DetectKVM(), here: newThisHost(cfg.HostName), instances: map[string]*instance{}, holders: map[string]holder{}, waiters: map[string]chan struct{}{},
-		closed: make(chan struct{}),
+		closed: make(chan struct{}), wakes: make(chan struct{}, cfg.MaxWakes),
 	}
 	wire(m)
 	m.adm = m.budget.newAdmission()

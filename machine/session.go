@@ -6,11 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 
 	"github.com/denhq/den/activity"
 	"github.com/denhq/den/agent"
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
 )
 
@@ -159,6 +161,11 @@ func (m *Manager) ensureRunning(ctx context.Context, name, owner string, admit b
 func (o *op) run(ctx context.Context) (*instance, error) {
 	in := o.instance()
 	if in == nil || !alive(in) {
+		done, err := o.m.wakeSlot(ctx, o.name())
+		if err != nil {
+			return nil, err
+		}
+		defer done()
 		switch o.vm.State {
 		case registry.StateStopped:
 			restoring := o.spec.Restoring != ""
@@ -207,4 +214,28 @@ func (o *op) start(ctx context.Context) error {
 		return fmt.Errorf("start vm %q: %w", vm.Name, err)
 	}
 	return nil
+}
+
+// wakeSlot waits (at most Config.WakeWait) for one of the host's
+// Config.MaxWakes slots for a wake, boot or restore, and returns its
+// release: a storm of wakes (a lost host's VMs, all asked for at once)
+// takes its turns instead of starting every VMM at once.
+func (m *Manager) wakeSlot(ctx context.Context, name string) (func(), error) {
+	select {
+	case m.wakes <- struct{}{}:
+		return func() { <-m.wakes }, nil
+	default:
+	}
+	t := time.NewTimer(m.cfg.WakeWait)
+	defer t.Stop()
+	defer phase.Begin(ctx, "wait for a wake slot")()
+	select {
+	case m.wakes <- struct{}{}:
+		return func() { <-m.wakes }, nil
+	case <-t.C:
+		return nil, fmt.Errorf("vm %q: host %q is waking %d vms, its bound, and none finished within %s: try again: %w",
+			name, m.here.name, m.cfg.MaxWakes, m.cfg.WakeWait, ErrBusy)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("vm %q: waiting for one of host %q's %d wake slots: %w", name, m.here.name, m.cfg.MaxWakes, errors.Join(ErrBusy, ctx.Err()))
+	}
 }

@@ -60,6 +60,7 @@ Examples:
 			&cli.BoolFlag{Name: "no-digests", Usage: "for comparison: snapshots without digests, restores without verification"},
 			&cli.BoolFlag{Name: "memory-files", Usage: "for comparison: each snapshot's memory a file of its own, not stored by content"},
 			&cli.DurationFlag{Name: "gc-grace", Value: memstore.DefaultGrace, Usage: "the memory store keeps packs no snapshot names for this long after they were written"},
+			&cli.IntFlag{Name: "max-wakes", Value: machine.DefaultMaxWakes, Usage: "VMs woken or booted at once; more wait their turn (at most " + machine.DefaultWakeWait.String() + ", then a one-line refusal), as after a cluster host's loss"},
 			&cli.StringFlag{Name: "ram-dir", Usage: "where guest RAM files go (default: a tmpfs den mounts at STATE/ram)"},
 			&cli.StringFlag{Name: "activity-cap", Value: size.Format(activity.DefaultCap), Usage: "how much of the volume each VM's activity record (den activity) may take; the oldest half goes beyond it"},
 			&cli.DurationFlag{Name: "activity-pull", Value: machine.DefaultRecordPull, Usage: "how often a running VM's process record is read into its activity record (also read before a sleep, checkpoint or restore, and by den activity)"},
@@ -143,7 +144,7 @@ Examples:
 			return daemon.Run(ctx, daemon.Options{
 				StateDir: c.String("state-dir"), Socket: c.String("socket"), VolumeConfig: c.String("volume-config"), ClusterConfig: c.String("cluster"),
 				Images: imgs, DefaultImage: c.String("default-image"), VMM: c.String("vmm"), Version: version, Logger: log,
-				IdleCheck: c.Duration("idle-check"), QEMUStreamRAM: c.Bool("qemu-stream-ram"), RestoreCopy: c.Bool("restore-copy"), NoDigests: c.Bool("no-digests"),
+				IdleCheck: c.Duration("idle-check"), MaxWakes: c.Int("max-wakes"), QEMUStreamRAM: c.Bool("qemu-stream-ram"), RestoreCopy: c.Bool("restore-copy"), NoDigests: c.Bool("no-digests"),
 				MemoryFiles: c.Bool("memory-files"), CollectGrace: c.Duration("gc-grace"), ActivityCap: actCap, ActivityPull: c.Duration("activity-pull"), RAMDir: c.String("ram-dir"), SSHListen: c.String("ssh-listen"),
 				Memory: mem, Network: nc, MemoryCopies: copies,
 				HTTPListen: c.String("http-listen"), HTTPDomain: c.String("http-domain"), TLSCert: c.String("tls-cert"), TLSKey: c.String("tls-key"),
