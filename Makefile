@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 IMAGE_DIR ?= $(CURDIR)/build/images
 export DEN_IMAGE_DIR := $(IMAGE_DIR)
 
-.PHONY: all deps deps-apt deps-go deps-tools deps-ch deps-node build image test test-unit test-loaded lint bench demo clean
+.PHONY: all deps deps-apt deps-go deps-tools deps-ch deps-node build image test test-unit test-loaded lint bench demo demo-cluster clean
 
 all: build
 
@@ -64,6 +64,10 @@ bench: deps build image
 
 demo: deps build image
 	@scripts/demo.sh
+
+## demo-cluster: three hosts sharing PostgreSQL and a JuiceFS volume on MinIO
+demo-cluster: deps build image
+	@scripts/demo-cluster.sh
 
 clean:
 	rm -rf $(BIN) build
