@@ -412,17 +412,40 @@ type peerSessions struct {
 func (ps peerSessions) Open(ctx context.Context, name, owner string) (*machine.Session, error) {
 	forwarded := forwardedBy(ctx) != ""
 	target := "" // the host the session is opened through
+	sleeping := func() bool {
+		vm, err := ps.records.Record(ctx, name)
+		return err == nil && vm.State == registry.StateSleeping
+	}
+	wait := func() error {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("vm %q: waiting for the host that holds it to let it go: %w", name, errors.Join(machine.ErrBusy, ctx.Err()))
+		case <-time.After(100 * time.Millisecond):
+			return nil
+		}
+	}
 	for target == "" {
 		if !forwarded && ps.p.draining(ctx) {
 			// Nothing new starts here: a VM that runs nowhere wakes
 			// on another host.
-			if l, err := ps.p.leases.Get(ctx, name); err == nil && !l.Held() {
-				to, err := ps.p.place(ctx)
-				if err != nil {
+			l, err := ps.p.leases.Get(ctx, name)
+			switch {
+			case err != nil:
+				return nil, fmt.Errorf("vm %q: %w", name, err)
+			case !l.Held():
+				if target, err = ps.p.place(ctx); err != nil {
 					return nil, fmt.Errorf("vm %q: host %q is draining: %w", name, ps.self, err)
 				}
-				target = to
-				break
+				continue
+			case l.Host != ps.self:
+				if !sleeping() {
+					target = l.Host
+					continue
+				}
+				if err := wait(); err != nil {
+					return nil, err
+				}
+				continue
 			}
 		}
 		s, err := ps.URLSessions.Open(ctx, name, owner)
@@ -430,14 +453,12 @@ func (ps peerSessions) Open(ctx context.Context, name, owner string) (*machine.S
 		if !errors.As(err, &held) || forwarded {
 			return s, err
 		}
-		if vm, rerr := ps.records.Record(ctx, name); rerr != nil || vm.State != registry.StateSleeping {
+		if !sleeping() {
 			target = held.Host
-			break
+			continue
 		}
-		select {
-		case <-ctx.Done():
+		if err := wait(); err != nil {
 			return nil, err
-		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	c, ok := ctx.Value(callerKey{}).(Caller)

@@ -95,11 +95,17 @@ func (v *vmLeases) take(ctx context.Context, name string) (func(), error) {
 func (v *vmLeases) acquire(ctx context.Context, name string) (registry.Lease, error) {
 	ls := v.m.cfg.Leases
 	l, err := ls.Acquire(ctx, name)
-	if errors.Is(err, registry.ErrLeased) {
-		if cur, gerr := ls.Get(ctx, name); gerr == nil && cur.Held() {
+	for try := 0; errors.Is(err, registry.ErrLeased); try++ {
+		cur, gerr := ls.Get(ctx, name)
+		if gerr == nil && cur.Held() {
 			return registry.Lease{}, &HeldError{VM: name, Host: cur.Host}
 		}
-		return registry.Lease{}, fmt.Errorf("vm %q: %w: %w", name, err, ErrBusy)
+		if gerr != nil || cur.Host != "" || try == 2 {
+			// Lapsed, within the grace a lost host's fence has.
+			return registry.Lease{}, fmt.Errorf("vm %q: %w: %w", name, err, ErrBusy)
+		}
+		// Given back between the two reads: take it now.
+		l, err = ls.Acquire(ctx, name)
 	}
 	if err != nil {
 		return registry.Lease{}, fmt.Errorf("vm %q: take its lease: %w", name, err)
