@@ -55,9 +55,11 @@ func (e *HeldError) Unwrap() error { return ErrBusy }
 type vmLeases struct {
 	m *Manager
 	// mu orders takes and gives back; refs counts the operations that
-	// hold each VM's lease now.
+	// hold each VM's lease now, held is the lease this host holds of it
+	// (the last taken), given back by the last of them.
 	mu   sync.Mutex
 	refs map[string]int
+	held map[string]registry.Lease
 }
 
 // take takes name's lease for an operation that holds the VM's local
@@ -74,21 +76,27 @@ func (v *vmLeases) take(ctx context.Context, name string) (func(), error) {
 	v.mu.Unlock()
 	l, err := v.acquire(ctx, name)
 	if err != nil {
-		v.giveBack(name, registry.Lease{}, false)
+		v.giveBack(name, false)
 		return nil, err
 	}
-	release := func() { v.giveBack(name, l, true) }
+	v.mu.Lock()
+	v.held[name] = l
+	v.mu.Unlock()
 	from := l.TakenFrom
 	if from == "" {
 		from = v.pending(name)
 	}
 	if from != "" {
 		if err := v.takeOver(ctx, name, from); err != nil {
-			release()
+			// The lease stays: given back, the next host to take it
+			// would not know whom from, and boot a disk the lost host
+			// may still write. The next lock of the VM here (a request
+			// another host forwards, too) finishes the takeover.
+			v.giveBack(name, true)
 			return nil, err
 		}
 	}
-	return release, nil
+	return func() { v.giveBack(name, false) }, nil
 }
 
 // acquire takes name's lease, or says which host holds it.
@@ -113,20 +121,22 @@ func (v *vmLeases) acquire(ctx context.Context, name string) (registry.Lease, er
 	return l, nil
 }
 
-// giveBack ends an operation's hold on name's lease (held: it had the
-// lease l), and gives the lease back once nothing here needs it: no
-// operation holds it, no VMM of the VM runs here, and no digests of its
-// snapshots are being written (a host that woke it from a snapshot
-// whose digests are missing would refuse it as damaged). A lease kept
-// for digests is given back when they are written.
-func (v *vmLeases) giveBack(name string, l registry.Lease, held bool) {
+// giveBack ends an operation's hold on name's lease, and gives the
+// lease this host holds back once nothing here needs it: no operation
+// holds it, no VMM of the VM runs here, no digests of its snapshots are
+// being written (a host that woke it from a snapshot whose digests are
+// missing would refuse it as damaged), and it is not kept (keep: a
+// takeover to finish). A lease kept for digests is given back when they
+// are written.
+func (v *vmLeases) giveBack(name string, keep bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.refs[name]--; v.refs[name] > 0 {
 		return
 	}
 	delete(v.refs, name)
-	if !held {
+	l, ok := v.held[name]
+	if !ok || keep {
 		return
 	}
 	if in := v.m.procs.instance(name); in != nil && alive(in) {
@@ -134,29 +144,36 @@ func (v *vmLeases) giveBack(name string, l registry.Lease, held bool) {
 	}
 	if v.m.seal.busyUnder(storage.VMDir(name)) {
 		v.refs[name]++ // the digests' hold
-		go v.afterDigests(name, l)
+		go v.afterDigests(name)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := v.m.cfg.Leases.Release(ctx, l); err != nil {
+	if err := v.m.cfg.Leases.Release(ctx, l); err != nil && !errors.Is(err, registry.ErrLeaseLost) {
+		// Still held and renewed: the next operation on the VM here
+		// gives it back.
 		v.m.log.Warn("den: give back a vm's lease", "vm", name, "err", err)
+		return
 	}
+	delete(v.held, name)
 }
 
 // afterDigests gives name's lease back (giveBack) once no digests of its
-// snapshots are being written, or at most after the time digests may
-// take to yield to operations.
-func (v *vmLeases) afterDigests(name string, l registry.Lease) {
-	deadline := time.Now().Add(5 * sealYieldMax)
-	for v.m.seal.busyUnder(storage.VMDir(name)) && time.Now().Before(deadline) {
+// snapshots are being written. At a stop with digests still to write,
+// it stays held: the next start of this host writes them and gives it
+// back; another host takes it over only if this one does not come back
+// within the lease.
+func (v *vmLeases) afterDigests(name string) {
+	for v.m.seal.busyUnder(storage.VMDir(name)) {
 		select {
 		case <-v.m.closed:
-			return // the lease lapses, or the next daemon gives it back
+			if v.m.seal.busyUnder(storage.VMDir(name)) {
+				return
+			}
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	v.giveBack(name, l, true)
+	v.giveBack(name, false)
 }
 
 // pending is the host a takeover of name that a crash cut short took
