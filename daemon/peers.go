@@ -62,16 +62,6 @@ func newPeers(cred *peer.Credential, hosts registry.HostStore, leases machine.Le
 	return &peers{cred: cred, hosts: hosts, leases: leases, lease: lease, log: log, transports: map[string]*http.Transport{}}
 }
 
-// holder is the other host that holds the VM's lease ("" when none
-// does, or this one).
-func (p *peers) holder(ctx context.Context, vm string) string {
-	l, err := p.leases.Get(ctx, vm)
-	if err != nil || !l.Held() || l.Host == p.cred.Host() {
-		return ""
-	}
-	return l.Host
-}
-
 // whileHeld is ctx, ended when host lets vm's lease lapse: a host that
 // froze or died no longer answers, and a request or session forwarded
 // to it must not wait for it. It is looked at every Leases.Every. (A
@@ -116,41 +106,45 @@ func (p *peers) released(ctx context.Context, vm string) error {
 
 // address is where host's peer listener is, from its host record.
 func (p *peers) address(ctx context.Context, host string) (string, error) {
-	hosts, _, err := p.hosts.ListHosts(ctx)
+	h, _, err := p.lookup(ctx, host)
 	if err != nil {
 		return "", fmt.Errorf("reach host %q: %w", host, err)
 	}
+	if h.Address == "" {
+		return "", fmt.Errorf("reach host %q: it gives no address in its cluster config", host)
+	}
+	return h.Address, nil
+}
+
+// lookup is host's record, and the registry's clock to judge its
+// heartbeat by.
+func (p *peers) lookup(ctx context.Context, host string) (registry.Host, time.Time, error) {
+	hosts, now, err := p.hosts.ListHosts(ctx)
+	if err != nil {
+		return registry.Host{}, now, err
+	}
 	for _, h := range hosts {
 		if h.Name == host {
-			if h.Address == "" {
-				return "", fmt.Errorf("reach host %q: it gives no address in its cluster config", host)
-			}
-			return h.Address, nil
+			return h, now, nil
 		}
 	}
-	return "", fmt.Errorf("reach host %q: no such host in the registry", host)
+	return registry.Host{}, now, fmt.Errorf("no host named %q shares this registry (den hosts lists them): %w", host, machine.ErrNotFound)
 }
 
 // alive refuses a host that is not alive in the registry (by its
 // heartbeat) or gives no address.
 func (p *peers) alive(ctx context.Context, host string) error {
-	hosts, now, err := p.hosts.ListHosts(ctx)
+	h, now, err := p.lookup(ctx, host)
 	if err != nil {
 		return err
 	}
-	for _, h := range hosts {
-		if h.Name != host {
-			continue
-		}
-		if age := now.Sub(h.Heartbeat); age >= p.lease {
-			return fmt.Errorf("host %q is not alive: its last heartbeat is %s old", host, age.Round(time.Second))
-		}
-		if h.Address == "" && host != p.cred.Host() {
-			return fmt.Errorf("host %q gives no address in its cluster config", host)
-		}
-		return nil
+	if age := now.Sub(h.Heartbeat); age >= p.lease {
+		return fmt.Errorf("host %q is not alive: its last heartbeat is %s old", host, age.Round(time.Second))
 	}
-	return fmt.Errorf("no host named %q shares this registry (den hosts lists them): %w", host, machine.ErrNotFound)
+	if h.Address == "" && host != p.cred.Host() {
+		return fmt.Errorf("host %q gives no address in its cluster config", host)
+	}
+	return nil
 }
 
 // place chooses the host a VM that runs nowhere goes to when this host
@@ -184,20 +178,19 @@ func (p *peers) place(ctx context.Context) (string, error) {
 // admits no new VMs. The answer is at most a second old.
 func (p *peers) draining(ctx context.Context) bool {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if time.Since(p.drainAt) < time.Second {
-		return p.drain
+	drain, fresh := p.drain, time.Since(p.drainAt) < time.Second
+	p.mu.Unlock()
+	if fresh {
+		return drain
 	}
-	hosts, _, err := p.hosts.ListHosts(ctx)
+	h, _, err := p.lookup(ctx, p.cred.Host())
 	if err != nil {
-		return p.drain
+		return drain
 	}
-	for _, h := range hosts {
-		if h.Name == p.cred.Host() {
-			p.drain, p.drainAt = h.Draining, time.Now()
-		}
-	}
-	return p.drain
+	p.mu.Lock()
+	p.drain, p.drainAt = h.Draining, time.Now()
+	p.mu.Unlock()
+	return h.Draining
 }
 
 // client is an API client of host's daemon, acting for c.
@@ -283,17 +276,16 @@ func (p *peers) transport(host, addr string) *http.Transport {
 
 // open opens a session on vm through host, which holds it, as c.
 func (p *peers) open(ctx context.Context, host, vm string, c Caller) (*machine.Session, error) {
-	addr, err := p.address(ctx, host)
+	cl, err := p.client(ctx, host, c)
 	if err != nil {
 		return nil, fmt.Errorf("vm %q is held by host %q: %w", vm, host, err)
 	}
+	defer cl.CloseIdle()
 	// The session lasts beyond ctx (an operation's), for as long as the
 	// host holds the VM.
 	hctx, cancel := p.whileHeld(context.WithoutCancel(ctx), host, vm)
 	octx, ocancel := context.WithCancel(hctx)
 	stop := context.AfterFunc(ctx, ocancel)
-	cl := api.NewDialClient("host "+host, p.dial(host, addr)).WithHeader(callerHeader, p.header(c))
-	defer cl.CloseIdle()
 	sc, err := cl.SSH(octx, vm)
 	stop()
 	ocancel()
@@ -362,18 +354,20 @@ func (p *peers) route(r *http.Request) (host, vm string) {
 		return "", ""
 	}
 	if name != "" {
-		if host := p.holder(ctx, name); host != "" {
-			return host, name
-		}
-	}
-	create := r.Method == http.MethodPost && r.URL.Path == "/v1/vms"
-	if (name == "" && !create) || !p.draining(ctx) {
-		return "", ""
-	}
-	if name != "" {
-		if l, err := p.leases.Get(ctx, name); err != nil || l.Held() {
+		l, err := p.leases.Get(ctx, name)
+		switch {
+		case err != nil:
+			return "", ""
+		case l.Held() && l.Host != p.cred.Host():
+			return l.Host, name
+		case l.Held():
 			return "", "" // held here: served here
 		}
+	} else if r.Method != http.MethodPost || r.URL.Path != "/v1/vms" {
+		return "", "" // not a create
+	}
+	if !p.draining(ctx) {
+		return "", ""
 	}
 	to, err := p.place(ctx)
 	if err != nil {

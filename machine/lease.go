@@ -210,14 +210,7 @@ func (v *vmLeases) takeOver(ctx context.Context, name, from string) error {
 		return fmt.Errorf("vm %q: take over from host %q: %w", name, from, err)
 	case vm.State == registry.StateCreating || vm.State == registry.StateDeleting:
 		v.m.log.Warn("den: finishing a vm's creation or removal that a lost host began", "vm", name, "from", from, "state", vm.State)
-		v.m.procs.destroy(ctx, name)
-		if vm.State == registry.StateCreating {
-			v.m.startup.rollBackAutoCheckpoint(ctx, vm)
-		}
-		if err := v.m.db.DeleteCheckpoints(ctx, name); err != nil {
-			return fmt.Errorf("vm %q: take over from host %q: %w", name, from, err)
-		}
-		if err := v.m.db.DeleteVM(ctx, name); err != nil && !errors.Is(err, registry.ErrNotFound) {
+		if err := v.m.startup.dropUnfinished(ctx, vm); err != nil {
 			return fmt.Errorf("vm %q: take over from host %q: %w", name, from, err)
 		}
 	default:
@@ -293,6 +286,19 @@ func (v *vmLeases) setAsideLateWrites(ctx context.Context, name, from string) st
 // takeoverDisk is the clone setAsideLateWrites renames over a VM's disk.
 const takeoverDisk = "disk-takeover"
 
+// takeOverLapsed takes over the VM whose lease l lapsed, if no other
+// host did first, with a wait of its own for the VM's lock.
+func (v *vmLeases) takeOverLapsed(l registry.Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultLockWait)
+	defer cancel()
+	unlock, err := v.m.locks.lockName(ctx, l.VM, "take over from a lost host")
+	if err != nil {
+		v.m.log.Info("den: a vm of a lost host was not taken over here", "vm", l.VM, "from", l.Host, "err", err)
+		return
+	}
+	unlock()
+}
+
 // watchLapsed takes over, every Leases.Every, the VMs whose host let
 // their lease lapse, until the Manager closes. Every live host looks;
 // the lease decides which one takes each VM.
@@ -308,20 +314,14 @@ func (v *vmLeases) watchLapsed() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), DefaultLockWait)
 		lapsed, err := ls.Lapsed(ctx)
+		cancel()
 		if err != nil {
 			v.m.log.Warn("den: look for vms of lost hosts", "err", err)
 		}
 		for _, l := range lapsed {
-			if strings.HasPrefix(l.VM, "@") {
-				continue // a host's own lease, not a VM's
+			if !strings.HasPrefix(l.VM, "@") { // a host's own lease is no VM's
+				v.takeOverLapsed(l)
 			}
-			unlock, err := v.m.locks.lockName(ctx, l.VM, "take over from a lost host")
-			if err != nil {
-				v.m.log.Info("den: a vm of a lost host was not taken over here", "vm", l.VM, "from", l.Host, "err", err)
-				continue
-			}
-			unlock()
 		}
-		cancel()
 	}
 }

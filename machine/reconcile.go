@@ -3,6 +3,7 @@ package machine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -44,17 +45,11 @@ func (su *startup) reconcile(ctx context.Context) error {
 	var rest []registry.VM
 	for _, vm := range vms {
 		switch vm.State {
-		case registry.StateCreating:
-			su.m.log.Warn("den: rolling back a vm whose creation was interrupted", "vm", vm.Name)
-			su.m.procs.destroy(ctx, vm.Name)
-			su.m.startup.rollBackAutoCheckpoint(ctx, vm)
-			_ = su.m.db.DeleteCheckpoints(ctx, vm.Name)
-			_ = su.m.db.DeleteVM(ctx, vm.Name)
-		case registry.StateDeleting:
-			su.m.procs.destroy(ctx, vm.Name)
-			_ = os.RemoveAll(su.m.state.Run(vm.Name).Path())
-			_ = su.m.db.DeleteCheckpoints(ctx, vm.Name)
-			_ = su.m.db.DeleteVM(ctx, vm.Name)
+		case registry.StateCreating, registry.StateDeleting:
+			if vm.State == registry.StateCreating {
+				su.m.log.Warn("den: rolling back a vm whose creation was interrupted", "vm", vm.Name)
+			}
+			_ = su.dropUnfinished(ctx, vm)
 		default:
 			rest = append(rest, vm)
 		}
@@ -103,6 +98,23 @@ func (su *startup) claim(ctx context.Context) (map[string]func(), error) {
 		claimed[vm.Name] = unlock
 	}
 	return claimed, nil
+}
+
+// dropUnfinished finishes a VM whose creation (rolled back) or removal
+// was cut short: its VMM, files, checkpoints and record go.
+func (su *startup) dropUnfinished(ctx context.Context, vm registry.VM) error {
+	su.m.procs.destroy(ctx, vm.Name)
+	if vm.State == registry.StateCreating {
+		su.rollBackAutoCheckpoint(ctx, vm)
+	}
+	_ = os.RemoveAll(su.m.state.Run(vm.Name).Path())
+	if err := su.m.db.DeleteCheckpoints(ctx, vm.Name); err != nil {
+		return err
+	}
+	if err := su.m.db.DeleteVM(ctx, vm.Name); err != nil && !errors.Is(err, registry.ErrNotFound) {
+		return err
+	}
+	return nil
 }
 
 // reconcileWorkers bounds the VMs reconcile looks at at once.
