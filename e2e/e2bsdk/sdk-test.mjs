@@ -264,7 +264,8 @@ step('list, getInfo, setTimeout')
 // Pause (den sleep: memory kept), then connect (den wake): a file in
 // /dev/shm (memory only) is still there, and a background process runs on.
 await sbx.files.write('/dev/shm/kept', 'in memory')
-const bg = await sbx.commands.run('while :; do date +%s%N > /dev/shm/beat; echo beat; sleep 0.2; done', { background: true })
+// The beat is renamed into place: a reader never sees it half written.
+const bg = await sbx.commands.run('while :; do date +%s%N > /dev/shm/beat.new && mv /dev/shm/beat.new /dev/shm/beat; echo beat; sleep 0.2; done', { background: true })
 assert.equal(await sbx.pause({ requestTimeoutMs: slow }), true)
 got = await Sandbox.getInfo(sbx.sandboxId)
 assert.equal(got.state, 'paused')
@@ -286,7 +287,10 @@ assert.equal(await resumed.isRunning(), true)
 assert.equal((await resumed.commands.run('cat /dev/shm/kept')).stdout, 'in memory')
 // The background process: alive, beating (its output now dropped),
 // listed, not connectable, and killed.
-r = await resumed.commands.run(`kill -0 ${bg.pid} && a=$(cat /dev/shm/beat) && sleep 1 && b=$(cat /dev/shm/beat) && [ "$a" != "$b" ] && echo beating`)
+r = await resumed.commands.run(`kill -0 ${bg.pid} || { echo "process ${bg.pid} is gone"; exit 0; }
+a=$(cat /dev/shm/beat); i=0
+while [ $i -lt 50 ]; do sleep 0.2; b=$(cat /dev/shm/beat); [ "$a" != "$b" ] && { echo beating; exit 0; }; i=$((i+1)); done
+echo "beat stuck at $a"`)
 assert.equal(r.stdout, 'beating\n')
 procs = await resumed.commands.list()
 assert.ok(procs.some((p) => p.pid === bg.pid), `list after pause: ${JSON.stringify(procs)}`)
