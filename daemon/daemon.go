@@ -257,7 +257,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	undo.push(func() { _ = m.Close() })
 	keyAgents.m.Store(m)
-	if err := beat.attach(ctx, m, hostSelf(o.HostName, o.HostAddress, o.Version, m.VMMName())); err != nil {
+	if err := beat.attach(ctx, m, hostSelf(o.HostName, o.HostAddress, o.Version, m.Host())); err != nil {
 		return fmt.Errorf("daemon: host record: %w", err)
 	}
 
@@ -277,7 +277,7 @@ func Run(ctx context.Context, o Options) error {
 	var sessions URLSessions = m
 	var fwd *peers
 	if clusterHost != nil && clusterHost.cred != nil {
-		fwd = newPeers(clusterHost.cred, db, clusterHost, o.Lease, o.Logger)
+		fwd = newPeers(clusterHost.cred, db, clusterHost, o.Lease, m, o.Logger)
 		sessions = peerSessions{URLSessions: m, records: m, p: fwd, self: o.HostName}
 	}
 	gw, err := startGateway(o, sessions, keys, hostKey, inproc, auditLog)
@@ -285,9 +285,9 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("daemon: ssh gateway: %w", err)
 	}
 	undo.push(gw.close)
-	accel, note := m.Accel()
-	info := api.DaemonInfo{Version: o.Version, VMM: m.VMMName(), Accel: accel, AccelNote: note,
-		StateDir: state.Path(), Volume: vol.Root(), Network: m.Network(), GuestRAM: m.GuestRAM(), Gateway: gw.addr, GatewayFingerprint: gw.fingerprint}
+	here := m.Host()
+	info := api.DaemonInfo{Version: o.Version, VMM: here.VMM, Accel: here.Accel, AccelNote: here.AccelNote,
+		StateDir: state.Path(), Volume: vol.Root(), Network: here.Network, GuestRAM: here.GuestRAM, Gateway: gw.addr, GatewayFingerprint: gw.fingerprint}
 	web, err := startIngress(o, sessions)
 	if err != nil {
 		return fmt.Errorf("daemon: http: %w", err)
@@ -339,7 +339,7 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	refused = false
-	o.Logger.Info("den: serving", "socket", o.Socket, "vmm", info.VMM, "accel", accel)
+	o.Logger.Info("den: serving", "socket", o.Socket, "vmm", info.VMM, "accel", info.Accel)
 	if o.Ready != nil {
 		o.Ready()
 	}

@@ -190,9 +190,10 @@ func (h *heart) close() {
 }
 
 // hostSelf describes this host for its record.
-func hostSelf(name, address, version, vmm string) registry.Host {
+func hostSelf(name, address, version string, here machine.HostInfo) registry.Host {
 	model, cpus := hostinfo.CPU()
-	return registry.Host{Name: name, Address: address, Version: version, VMM: vmm, CPUModel: model, CPUs: cpus, StartedAt: time.Now().UTC()}
+	return registry.Host{Name: name, Address: address, Version: version, VMM: here.VMM, CPUModel: model, CPUs: cpus,
+		Compat: here.Compat, StartedAt: time.Now().UTC()}
 }
 
 // hostsView answers GET /v1/hosts from the registry.

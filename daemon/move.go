@@ -52,6 +52,11 @@ func (s *Server) moveVM(ctx context.Context, name string, req api.MoveRequest, c
 	if err != nil {
 		return api.MoveResult{}, err
 	}
+	// A host that cannot restore the VM's memory is refused before the
+	// VM sleeps.
+	if err := s.peers.restores(ctx, req.To, name); err != nil {
+		return api.MoveResult{}, fmt.Errorf("move vm %q: %w", name, err)
+	}
 	if st.State == registry.StateRunning && st.PID != 0 {
 		if req.To == self {
 			return api.MoveResult{}, fmt.Errorf("move vm %q: it runs on host %q already: %w", name, self, machine.ErrConflict)
@@ -150,7 +155,11 @@ func (s *Server) drainHost(w http.ResponseWriter, r *http.Request) {
 		if st.State != registry.StateRunning || st.PID == 0 {
 			continue
 		}
-		to, err := s.peers.place(ctx)
+		need, err := s.peers.m.Need(ctx, st.Name)
+		var to string
+		if err == nil {
+			to, err = s.peers.place(ctx, &need)
+		}
 		if err == nil {
 			var mv api.MoveResult
 			if mv, err = s.moveVM(ctx, st.Name, api.MoveRequest{To: to, Force: req.Force}, callerOf(r)); err == nil {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/internal/size"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/peer"
 	"github.com/denhq/den/registry"
@@ -50,6 +51,8 @@ type peers struct {
 	hosts  registry.HostStore // the hosts' addresses
 	leases machine.Leases     // which host holds a VM
 	lease  time.Duration      // a host whose heartbeat is older is not alive
+	m      placer             // what a VM needs, and what this host has
+	compat string             // this host's machine.HostInfo.Compat
 	log    *slog.Logger
 
 	mu         sync.Mutex
@@ -58,8 +61,16 @@ type peers struct {
 	drainAt    time.Time
 }
 
-func newPeers(cred *peer.Credential, hosts registry.HostStore, leases machine.Leases, lease time.Duration, log *slog.Logger) *peers {
-	return &peers{cred: cred, hosts: hosts, leases: leases, lease: lease, log: log, transports: map[string]*http.Transport{}}
+// placer is what placement asks of this host's machine.
+type placer interface {
+	Need(ctx context.Context, name string) (machine.Need, error)
+	Memory(ctx context.Context) machine.MemoryStatus
+	Host() machine.HostInfo
+}
+
+func newPeers(cred *peer.Credential, hosts registry.HostStore, leases machine.Leases, lease time.Duration, m placer, log *slog.Logger) *peers {
+	return &peers{cred: cred, hosts: hosts, leases: leases, lease: lease, m: m, compat: m.Host().Compat, log: log,
+		transports: map[string]*http.Transport{}}
 }
 
 // whileHeld is ctx, ended when host lets vm's lease lapse: a host that
@@ -147,31 +158,108 @@ func (p *peers) alive(ctx context.Context, host string) error {
 	return nil
 }
 
-// place chooses the host a VM that runs nowhere goes to when this host
-// does not take it (it is draining): the live host, other than this one,
-// that admits VMs and has the most free memory budget.
-func (p *peers) place(ctx context.Context) (string, error) {
+// place chooses, among the other live hosts that admit VMs, the one a
+// VM that runs nowhere goes to when this host does not take it: of those
+// with room in their memory budget for need and able to restore its
+// memory, the one with the most free budget (need nil: a create, any
+// host).
+func (p *peers) place(ctx context.Context, need *machine.Need) (string, error) {
 	hosts, now, err := p.hosts.ListHosts(ctx)
 	if err != nil {
 		return "", err
 	}
+	return choose(hosts, now, p.cred.Host(), p.lease, need)
+}
+
+// choose is place over hosts as the registry listed them at now.
+func choose(hosts []registry.Host, now time.Time, self string, lease time.Duration, need *machine.Need) (string, error) {
 	best, bestFree := "", int64(-1)
+	var why []string
 	for _, h := range hosts {
-		if h.Name == p.cred.Host() || h.Draining || h.Address == "" || now.Sub(h.Heartbeat) >= p.lease {
+		if h.Name == self || h.Draining || h.Address == "" || now.Sub(h.Heartbeat) >= lease {
 			continue
 		}
 		free := h.MemoryFreeBytes
 		if h.MemoryBudgetBytes < 0 {
 			free = math.MaxInt64 // no budget
 		}
+		if need != nil {
+			if err := need.RestorableOn(h.Name, h.Compat); err != nil {
+				why = append(why, err.Error())
+				continue
+			}
+			if free < need.MemoryBytes {
+				why = append(why, fmt.Sprintf("host %s has %s of its memory budget free, and vm %q needs %s",
+					h.Name, size.Format(free), need.VM, size.Format(need.MemoryBytes)))
+				continue
+			}
+		}
 		if free > bestFree {
 			best, bestFree = h.Name, free
 		}
 	}
 	if best == "" {
+		if len(why) > 0 {
+			return "", fmt.Errorf("no other live host of the cluster can take it: %s: %w", strings.Join(why, "; "), machine.ErrBusy)
+		}
 		return "", fmt.Errorf("no other live host of the cluster admits vms (den hosts): %w", machine.ErrBusy)
 	}
 	return best, nil
+}
+
+// placeWake is the host that wakes or boots vm, which runs nowhere (""
+// for this one): this host when it admits VMs, has room for it in its
+// memory budget and can restore its memory; else the other host place
+// chooses; else still this host, unless it is draining (its admission
+// then makes room by putting idle VMs to sleep, or its refusal says why
+// not).
+func (p *peers) placeWake(ctx context.Context, vm string) (string, error) {
+	drain := p.draining(ctx)
+	need, err := p.m.Need(ctx, vm)
+	switch {
+	case err != nil && drain:
+		return "", err
+	case err != nil:
+		return "", nil // served here: the request's own answer says why
+	case !drain && p.fitsHere(ctx, need):
+		return "", nil
+	}
+	to, err := p.place(ctx, &need)
+	if err != nil {
+		if drain {
+			return "", fmt.Errorf("host %q is draining: %w", p.cred.Host(), err)
+		}
+		return "", nil
+	}
+	return to, nil
+}
+
+// restores refuses host when, by its record, it cannot restore vm's
+// memory.
+func (p *peers) restores(ctx context.Context, host, vm string) error {
+	need, err := p.m.Need(ctx, vm)
+	if err != nil {
+		return err
+	}
+	compat := p.compat
+	if host != p.cred.Host() {
+		h, _, err := p.lookup(ctx, host)
+		if err != nil {
+			return err
+		}
+		compat = h.Compat
+	}
+	return need.RestorableOn(host, compat)
+}
+
+// fitsHere says whether this host has room for need in its memory budget
+// now and can restore its memory.
+func (p *peers) fitsHere(ctx context.Context, need machine.Need) bool {
+	if need.RestorableOn(p.cred.Host(), p.compat) != nil {
+		return false
+	}
+	mem := p.m.Memory(ctx)
+	return mem.Budget < 0 || mem.Free >= need.MemoryBytes
 }
 
 // draining says whether this host is draining (den hosts drain): it
@@ -343,49 +431,57 @@ func (p *peers) listen(s *Server, addr string) (func(), error) {
 }
 
 // route is the other host that serves r, and the VM it is for (""
-// when this host serves it): a VM another host holds is served there;
-// on a draining host, a create, and a request for a VM that runs
-// nowhere, go to the host placement chooses. Sessions are routed by
+// when this host serves it): a VM another host holds is served there; a
+// wake of a VM that runs nowhere goes where placeWake says; on a
+// draining host, a create, and any request for a VM that runs nowhere,
+// go to the host placement chooses. Sessions are routed by
 // peerSessions.
 func (p *peers) route(r *http.Request) (host, vm string) {
 	ctx := r.Context()
-	name, session := vmOfPath(r.URL.Path)
-	if session {
+	name, tail := vmOfPath(r.URL.Path)
+	if tail == "ssh" {
 		return "", ""
 	}
-	if name != "" {
-		l, err := p.leases.Get(ctx, name)
-		switch {
-		case err != nil:
-			return "", ""
-		case l.Held() && l.Host != p.cred.Host():
-			return l.Host, name
-		case l.Held():
-			return "", "" // held here: served here
+	if name == "" {
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/vms" || !p.draining(ctx) {
+			return "", "" // not a create, or one this host takes
 		}
-	} else if r.Method != http.MethodPost || r.URL.Path != "/v1/vms" {
-		return "", "" // not a create
+		to, err := p.place(ctx, nil)
+		if err != nil {
+			return "", "" // refused here, as draining
+		}
+		return to, ""
 	}
-	if !p.draining(ctx) {
+	l, err := p.leases.Get(ctx, name)
+	switch {
+	case err != nil:
+		return "", ""
+	case l.Held() && l.Host != p.cred.Host():
+		return l.Host, name
+	case l.Held():
+		return "", "" // held here: served here
+	}
+	wakes := r.Method == http.MethodPost && (tail == "wake" || tail == "fork")
+	if !wakes && !p.draining(ctx) {
 		return "", ""
 	}
-	to, err := p.place(ctx)
+	to, err := p.placeWake(ctx, name)
 	if err != nil {
 		return "", "" // refused here, as draining, if it starts anything
 	}
 	return to, ""
 }
 
-// vmOfPath is the VM a request's path names (/v1/vms/NAME/...), and
-// whether the request opens a session (those go through peerSessions,
-// which also serves a VM whose wake another host won).
-func vmOfPath(path string) (name string, session bool) {
+// vmOfPath is the VM a request's path names (/v1/vms/NAME/TAIL), and
+// what of it (a tail of "ssh" opens a session: those go through
+// peerSessions, which also serves a VM whose wake another host won).
+func vmOfPath(path string) (name, tail string) {
 	rest, ok := strings.CutPrefix(path, "/v1/vms/")
 	if !ok || rest == "" {
-		return "", false
+		return "", ""
 	}
-	name, tail, _ := strings.Cut(rest, "/")
-	return name, tail == "ssh"
+	name, tail, _ = strings.Cut(rest, "/")
+	return name, tail
 }
 
 // peerSessions opens sessions on the VMs this host runs or may wake,
@@ -419,19 +515,21 @@ func (ps peerSessions) Open(ctx context.Context, name, owner string) (*machine.S
 		}
 	}
 	for target == "" {
-		if !forwarded && ps.p.draining(ctx) {
-			// Nothing new starts here: a VM that runs nowhere wakes
-			// on another host.
+		if !forwarded {
+			// A VM that runs nowhere wakes where placement says; a
+			// draining host never opens one another host holds.
 			l, err := ps.p.leases.Get(ctx, name)
 			switch {
 			case err != nil:
 				return nil, fmt.Errorf("vm %q: %w", name, err)
 			case !l.Held():
-				if target, err = ps.p.place(ctx); err != nil {
-					return nil, fmt.Errorf("vm %q: host %q is draining: %w", name, ps.self, err)
+				if target, err = ps.p.placeWake(ctx, name); err != nil {
+					return nil, fmt.Errorf("vm %q: %w", name, err)
 				}
-				continue
-			case l.Host != ps.self:
+				if target != "" {
+					continue
+				}
+			case l.Host != ps.self && ps.p.draining(ctx):
 				if !sleeping() {
 					target = l.Host
 					continue

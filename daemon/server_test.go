@@ -128,7 +128,7 @@ func newAPIEnv(t *testing.T) *apiEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(beat.close)
-	if err := beat.attach(ctx, m, hostSelf("test-host", "", "dev", machinetest.Name)); err != nil {
+	if err := beat.attach(ctx, m, hostSelf("test-host", "", "dev", m.Host())); err != nil {
 		t.Fatal(err)
 	}
 	s.hosts = &hostsView{store: db, backend: db.Backend(), self: "test-host", lease: DefaultLease}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -77,9 +78,13 @@ func (c *clusterEnv) config(host string) string {
 	})
 }
 
-// host starts a daemon of the cluster.
-func (c *clusterEnv) host(name string) *daemon {
-	return startDaemonIn(c.t, c.setup(name))
+// host starts a daemon of the cluster, with env added to its
+// environment.
+func (c *clusterEnv) host(name string, env ...string) *daemon {
+	d := newDaemonIn(c.t, c.setup(name))
+	d.env = env
+	d.start()
+	return d
 }
 
 // setup is the daemon setup of host name: its cluster config, and the
@@ -395,6 +400,33 @@ func TestClusterFence(t *testing.T) {
 	}
 	if vm := a.info("box"); vm.State != "running" {
 		t.Fatalf("box on host-a after host-b thawed: %+v", vm)
+	}
+
+	// host-c runs another version of QEMU (its binary's --version says
+	// 9.1.0), which does not read box's memory: a move there is refused
+	// before box sleeps, and a wake through host-c runs box on host-a,
+	// which can restore it.
+	qemu := filepath.Join(c.dir, "qemu-9.1")
+	script := "#!/bin/sh\n[ \"$1\" = --version ] && { echo 'QEMU emulator version 9.1.0'; exit 0; }\nexec qemu-system-x86_64 \"$@\"\n"
+	if err := os.WriteFile(qemu, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	hc := c.host("host-c", "DEN_QEMU_BINARY="+qemu)
+	_, err = a.run("move", "box", "--to", "host-c")
+	var refused *runError
+	if !errors.As(err, &refused) || !strings.Contains(refused.stderr, `host host-c cannot restore vm "box"'s memory`) ||
+		!strings.Contains(refused.stderr, "on host host-c does not read that version's snapshots") || strings.Contains(refused.stderr, "\n") {
+		t.Fatalf("den move box --to host-c (another qemu): %v", err)
+	}
+	if vm := a.info("box"); vm.State != "running" || vm.Host != "host-a" {
+		t.Fatalf("box after a move refused: %+v", vm)
+	}
+	a.must("sleep", "box")
+	if out := hc.must("exec", "box", "--", "cat", "/root/mark"); out != "from-a\n" {
+		t.Fatalf("box woken through host-c: /root/mark %q", out)
+	}
+	if n, m := len(a.vmmPIDs("box")), len(hc.vmmPIDs("box")); n != 1 || m != 0 {
+		t.Fatalf("VMMs of box woken through host-c: host-a %d, host-c %d", n, m)
 	}
 
 	// PostgreSQL restarts under host-a: its renewals retry within the

@@ -89,6 +89,13 @@ func startDaemon(t testing.TB) *daemon { return startDaemonIn(t, registrySetup(t
 // filesystem there, say, or writes a volume config. setup returns extra
 // arguments for the daemon.
 func startDaemonIn(t testing.TB, setup func(dir string) []string) *daemon {
+	d := newDaemonIn(t, setup)
+	d.start()
+	return d
+}
+
+// newDaemonIn is startDaemonIn but for the start.
+func newDaemonIn(t testing.TB, setup func(dir string) []string) *daemon {
 	den, images := requireHost(t)
 	dir, err := os.MkdirTemp("/tmp", "den-e2e-")
 	if err != nil {
@@ -120,7 +127,6 @@ func startDaemonIn(t testing.TB, setup func(dir string) []string) *daemon {
 	}
 	d := &daemon{extraArgs: extra, t: t, den: den, images: images, state: filepath.Join(dir, "state"), socket: filepath.Join(dir, "den.sock"), logPath: filepath.Join(dir, "daemon.log")}
 	t.Cleanup(d.teardown)
-	d.start()
 	return d
 }
 

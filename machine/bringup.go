@@ -71,7 +71,7 @@ type bringUpFrom struct {
 // VM's size, and record the VM running.
 func (o *op) bringUp(ctx context.Context, from bringUpFrom, progress Progress) error {
 	m, vm, sp := o.m, o.vm, o.spec
-	accel, _ := m.Accel()
+	accel := m.vmms.caps(m.vmmName).Accelerator
 	srcSize, err := m.disks.fileSize(from.disk)
 	if err != nil {
 		return err

@@ -143,20 +143,20 @@ func (h snapshotHost) compatKey() string {
 const maxFlagsNamed = 6
 
 // restorableOn says why a snapshot taken at o cannot be restored at
-// here; nil when it can.
+// here (another host's record, or this one's); nil when it can.
 func (o snapshotHost) restorableOn(here snapshotHost) error {
 	switch {
 	case o.VMM != here.VMM:
-		return fmt.Errorf("it was taken by %s on host %s, and this host restores it with %s", o.VMM, o.Host, here.VMM)
+		return fmt.Errorf("it was taken by %s on host %s, and host %s restores it with %s", o.VMM, o.Host, here.Host, here.VMM)
 	case o.SnapshotVersion != "" && here.SnapshotVersion != "" && o.SnapshotVersion != here.SnapshotVersion:
-		return fmt.Errorf("it was taken by %s %s on host %s, and %s %s here does not read that version's snapshots",
-			o.VMM, o.VMMVersion, o.Host, here.VMM, here.VMMVersion)
+		return fmt.Errorf("it was taken by %s %s on host %s, and %s %s on host %s does not read that version's snapshots",
+			o.VMM, o.VMMVersion, o.Host, here.VMM, here.VMMVersion, here.Host)
 	case o.Accel != here.Accel:
-		return fmt.Errorf("it was taken under %s on host %s, and this host runs VMs under %s", o.Accel, o.Host, here.Accel)
+		return fmt.Errorf("it was taken under %s on host %s, and host %s runs VMs under %s", o.Accel, o.Host, here.Host, here.Accel)
 	case o.Accel != "kvm":
 		return nil // an emulated CPU is the VMM's, whatever the host's
 	case o.CPUVendor != "" && here.CPUVendor != "" && o.CPUVendor != here.CPUVendor:
-		return fmt.Errorf("it was taken on a %s CPU (host %s), and this host's is %s", o.CPUVendor, o.Host, here.CPUVendor)
+		return fmt.Errorf("it was taken on a %s CPU (host %s), and host %s's is %s", o.CPUVendor, o.Host, here.Host, here.CPUVendor)
 	}
 	var missing []string
 	for _, f := range o.CPUFlags {
@@ -174,5 +174,5 @@ func (o snapshotHost) restorableOn(here snapshotHost) error {
 	if len(missing) > maxFlagsNamed {
 		named += fmt.Sprintf(" and %d more", len(missing)-maxFlagsNamed)
 	}
-	return fmt.Errorf("host %s's CPU (%s) has features this host's (%s) lacks, which the guest may use: %s", o.Host, o.CPUModel, here.CPUModel, named)
+	return fmt.Errorf("host %s's CPU (%s) has features host %s's (%s) lacks, which the guest may use: %s", o.Host, o.CPUModel, here.Host, here.CPUModel, named)
 }

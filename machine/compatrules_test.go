@@ -1,6 +1,7 @@
 package machine
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -25,7 +26,7 @@ func TestRestorableOn(t *testing.T) {
 		{"same host", kvm, kvm, ""},
 		{"more features here", kvm, with(kvm, func(h *snapshotHost) { h.CPUFlags = []string{"avx2", "avx512f", "fpu", "sse2"} }), ""},
 		{"another vmm", kvm, with(kvm, func(h *snapshotHost) { h.VMM = "qemu" }), "taken by cloud-hypervisor on host a"},
-		{"another version", kvm, with(kvm, func(h *snapshotHost) { h.VMMVersion, h.SnapshotVersion = "v54.0", "v54.0" }), "v54.0 here does not read"},
+		{"another version", kvm, with(kvm, func(h *snapshotHost) { h.VMMVersion, h.SnapshotVersion = "v54.0", "v54.0" }), "v54.0 on host a does not read"},
 		{"a qemu patch release", tcg, with(tcg, func(h *snapshotHost) { h.VMMVersion = "7.2.23" }), ""},
 		{"a version not known", kvm, with(kvm, func(h *snapshotHost) { h.SnapshotVersion = "" }), ""},
 		{"another accelerator", kvm, with(kvm, func(h *snapshotHost) { h.Accel = "tcg" }), "under kvm on host a"},
@@ -51,5 +52,46 @@ func TestRestorableOn(t *testing.T) {
 	}
 	if tcg.compatKey() != with(tcg, func(h *snapshotHost) { h.CPUFlags = nil; h.Host = "b" }).compatKey() {
 		t.Error("tcg hosts with other CPUs do not share warm bases")
+	}
+}
+
+// TestNeedRestorableOn: placement reads another host's record of its
+// VMMs (HostInfo.Compat) with the same rules.
+func TestNeedRestorableOn(t *testing.T) {
+	taken := snapshotHost{Host: "a", VMM: "qemu", VMMVersion: "7.2.22", SnapshotVersion: "7.2", Accel: "tcg"}
+	compat := func(name, version string, vmms ...string) string {
+		own := map[string]snapshotHost{}
+		for _, v := range vmms {
+			h := taken
+			h.Host, h.VMM, h.VMMVersion, h.SnapshotVersion = name, v, version, version[:3]
+			own[v] = h
+		}
+		b, err := json.Marshal(own)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	sleeping := Need{VM: "box", vmm: "qemu", snapshot: &taken}
+	for _, c := range []struct {
+		name         string
+		need         Need
+		host, compat string
+		want         string // "" restorable, else a part of the reason
+	}{
+		{"same version", sleeping, "b", compat("b", "7.2.23", "qemu", "cloud-hypervisor"), ""},
+		{"another version", sleeping, "c", compat("c", "9.1.0", "qemu"),
+			`host c cannot restore vm "box"'s memory: it was taken by qemu 7.2.22 on host a, and qemu 9.1.0 on host c does not read`},
+		{"no such vmm", sleeping, "d", compat("d", "v53.0", "cloud-hypervisor"), `vm "box" runs under qemu, which host d does not have`},
+		{"a host that records nothing", sleeping, "e", "", ""},
+		{"nothing to restore", Need{VM: "box", vmm: "qemu"}, "c", compat("c", "9.1.0", "qemu"), ""},
+	} {
+		err := c.need.RestorableOn(c.host, c.compat)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: refused: %v", c.name, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: got %v, want %q", c.name, err, c.want)
+		}
 	}
 }

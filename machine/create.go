@@ -237,7 +237,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		}
 		o.DiskBytes = baseSize
 	}
-	accel, _ := m.Accel()
+	accel := m.vmms.caps(m.vmmName).Accelerator
 	now := time.Now().UTC()
 	kernel, err := m.boot.importFile(ctx, m.launch.kernel(), progress)
 	if err != nil {
@@ -251,7 +251,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 		RestartOnHostLoss: o.RestartOnHostLoss}
 	if o.Egress != nil {
 		if m.net.host == nil && o.Egress.Mode != egress.AllowAll {
-			return registry.VM{}, fmt.Errorf("create vm %q: egress policy %s needs tap networking, and VMs here get %s: %w", o.Name, o.Egress, m.Network(), ErrInvalid)
+			return registry.VM{}, fmt.Errorf("create vm %q: egress policy %s needs tap networking, and VMs here get %s: %w", o.Name, o.Egress, m.network(), ErrInvalid)
 		}
 		sp.Egress = o.Egress.String()
 	}

@@ -153,14 +153,6 @@ func (vs *vmms) mayStart() error {
 	return nil
 }
 
-// VMMName is the VMM new VMs run under.
-func (m *Manager) VMMName() string { return m.vmmName }
-
-// Accel is "kvm" or "tcg" for new VMs; the note says why.
-func (m *Manager) Accel() (string, string) {
-	return m.vmms.caps(m.vmmName).Accelerator, m.kvm.Reason
-}
-
 // vmms are the VMM drivers found on the host and the one new VMs run under
 // (drivers.go).
 type vmms struct{ m *Manager }

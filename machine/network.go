@@ -228,8 +228,8 @@ func (n *vmNet) identity(vm registry.VM, sp spec) (mac string, nc *agent.NetConf
 	return nets[0].MAC, &agent.NetConfig{IP: g.IP, GW: g.GW, DNS: g.DNS}
 }
 
-// Network says how VMs reach the network, for den info and doctor.
-func (m *Manager) Network() string {
+// network says how VMs reach the network, for den info and doctor.
+func (m *Manager) network() string {
 	if m.net.host != nil {
 		return m.net.host.String()
 	}
@@ -283,7 +283,7 @@ func (n *vmNet) summary(vm registry.VM, sp spec) (mode, ip, policy string) {
 func (m *Manager) SetEgress(ctx context.Context, name string, p egress.Policy) error {
 	_, err := m.updateSpec(ctx, name, "egress policy", func(sp *spec) error {
 		if sp.Net == nil || m.net.host == nil {
-			return fmt.Errorf("it has no tap network, so no egress policy can be enforced (%s): %w", m.Network(), ErrInvalid)
+			return fmt.Errorf("it has no tap network, so no egress policy can be enforced (%s): %w", m.network(), ErrInvalid)
 		}
 		sp.Egress = p.String()
 		// The rules change under the VM's lock, with the record.

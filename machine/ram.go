@@ -176,9 +176,6 @@ func (r *guestRAM) sweep(vms []registry.VM, inUse func(name string) bool, log *s
 	}
 }
 
-// GuestRAM says where guest RAM lives, for den doctor.
-func (m *Manager) GuestRAM() string { return m.ram.where }
-
 // mountTmpfs mounts a tmpfs at dir, as large as the host's RAM, unless a
 // tmpfs is there already (a daemon restart).
 func mountTmpfs(dir string) error {

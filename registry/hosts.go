@@ -24,6 +24,10 @@ type Host struct {
 	// Running and Sleeping count the host's VMs.
 	Running  int `json:"running"`
 	Sleeping int `json:"sleeping"`
+	// Compat is what the host's VMMs and CPU can restore, as the machine
+	// package records it (JSON): placement compares a memory snapshot's
+	// record with it.
+	Compat string `json:"compat,omitempty"`
 	// Draining hosts admit no new VMs (den hosts drain).
 	Draining  bool      `json:"draining,omitempty"`
 	StartedAt time.Time `json:"started_at"`
@@ -45,13 +49,13 @@ type HostStore interface {
 	SetDraining(ctx context.Context, name string, draining bool) (Host, error)
 }
 
-const hostColumns = `name, address, version, vmm, cpu_model, cpus, memory_budget, memory_free, running, sleeping, draining, started_at, heartbeat_at`
+const hostColumns = `name, address, version, vmm, cpu_model, cpus, memory_budget, memory_free, running, sleeping, draining, started_at, compat, heartbeat_at`
 
 func scanHost(s scanner) (Host, error) {
 	var h Host
 	var started, beat int64
 	err := s.Scan(&h.Name, &h.Address, &h.Version, &h.VMM, &h.CPUModel, &h.CPUs, &h.MemoryBudgetBytes, &h.MemoryFreeBytes,
-		&h.Running, &h.Sleeping, &h.Draining, &started, &beat)
+		&h.Running, &h.Sleeping, &h.Draining, &started, &h.Compat, &beat)
 	h.StartedAt = time.UnixMilli(started).UTC()
 	h.Heartbeat = time.UnixMilli(beat).UTC()
 	return h, err
@@ -63,13 +67,13 @@ func (d *DB) Heartbeat(ctx context.Context, h Host) error {
 		return err
 	}
 	now := d.meta.d.now
-	_, err := d.meta.ExecContext(ctx, `INSERT INTO hosts (`+hostColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,`+now+`)
+	_, err := d.meta.ExecContext(ctx, `INSERT INTO hosts (`+hostColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,`+now+`)
 		ON CONFLICT (name) DO UPDATE SET address = excluded.address, version = excluded.version, vmm = excluded.vmm,
 		cpu_model = excluded.cpu_model, cpus = excluded.cpus, memory_budget = excluded.memory_budget,
 		memory_free = excluded.memory_free, running = excluded.running, sleeping = excluded.sleeping,
-		started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at`,
+		started_at = excluded.started_at, compat = excluded.compat, heartbeat_at = excluded.heartbeat_at`,
 		h.Name, h.Address, h.Version, h.VMM, h.CPUModel, h.CPUs, h.MemoryBudgetBytes, h.MemoryFreeBytes,
-		h.Running, h.Sleeping, false, h.StartedAt.UnixMilli())
+		h.Running, h.Sleeping, false, h.StartedAt.UnixMilli(), h.Compat)
 	if err != nil {
 		return fmt.Errorf("heartbeat of host %q: %w", h.Name, err)
 	}

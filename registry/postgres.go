@@ -89,6 +89,7 @@ var postgresSchema = []string{
 		expires_at BIGINT NOT NULL DEFAULT 0
 	);
 	CREATE INDEX leases_host ON leases (host)`,
+	`ALTER TABLE hosts ADD COLUMN compat TEXT NOT NULL DEFAULT ''`,
 }
 
 // postgresMigrationLock is the advisory lock key under which a daemon

@@ -138,6 +138,8 @@ var sqliteSchema = []string{
 		generation INTEGER NOT NULL DEFAULT 0,
 		expires_at INTEGER NOT NULL DEFAULT 0
 	)`,
+	// compat is what a host's VMMs and CPU restore (Host.Compat).
+	`ALTER TABLE hosts ADD COLUMN compat TEXT NOT NULL DEFAULT ''`,
 }
 
 // Open opens (creating if needed) the SQLite database at path and brings
