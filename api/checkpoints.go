@@ -119,7 +119,7 @@ func (c *Client) Sleep(ctx context.Context, name string, req SleepRequest) (VM, 
 	return vm, err
 }
 
-// Wake brings a sleeping (or stopped) VM back.
+// Wake brings a sleeping (or stopped, or lost) VM back.
 func (c *Client) Wake(ctx context.Context, name string) (VM, error) {
 	var vm VM
 	err := c.do(ctx, http.MethodPost, vmPath(name, "wake"), struct{}{}, &vm)

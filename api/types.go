@@ -31,7 +31,7 @@ type VM struct {
 	// Cgroup is the running VMM's cgroup (nil: not running, or no
 	// cgroups).
 	Cgroup      *Cgroup `json:"cgroup,omitempty"`
-	State       string  `json:"state"` // creating, running, stopped, sleeping
+	State       string  `json:"state"` // creating, running, stopped, sleeping, lost, deleting
 	Reason      string  `json:"reason,omitempty"`
 	Image       string  `json:"image"`
 	CPUs        int     `json:"cpus"`

@@ -372,11 +372,11 @@ func (s *Server) vmOf(w http.ResponseWriter, r *http.Request, c *caller, id stri
 	return vm, true
 }
 
-// state is E2B's state of a den VM: paused when it sleeps or is
-// stopped.
+// state is E2B's state of a den VM: paused when it sleeps, is stopped
+// or was lost with its host.
 func state(vm api.VM) string {
 	switch vm.State {
-	case "sleeping", "stopped":
+	case "sleeping", "stopped", "lost":
 		return "paused"
 	}
 	return "running"

@@ -147,21 +147,26 @@ func hostsOf(t *testing.T, d *daemon) hostsJSON {
 	return h
 }
 
-// TestClusterFence: two live hosts share a PostgreSQL registry and a
-// volume in MinIO with its metadata in PostgreSQL, each running VMs of
-// its own under per-VM leases. A request for a VM one host runs is
-// forwarded to it from the other (mutual TLS); put to sleep on one, the
-// VM wakes on the other with its files; two hosts racing to wake it
-// start one VMM, and both requests are served. den move takes a VM, with
-// its processes, to either host; a drained host's VMs move to the other,
-// and creates and wakes through it start nothing there.
+// TestClusterFence: live hosts share a PostgreSQL registry and a volume
+// in MinIO with its metadata in PostgreSQL, each running VMs of its own
+// under per-VM leases. A request for a VM one host runs is forwarded to
+// it from another (mutual TLS); put to sleep on one, the VM wakes on the
+// other with its files; two hosts racing to wake it start one VMM, and
+// both requests are served. den move takes a VM, with its processes, to
+// either host; a drained host's VMs move to the other, and creates and
+// wakes through it start nothing there.
 // When a host's daemon freezes (SIGSTOP), its fence guard kills its VMMs
-// before its leases expire; once they lapsed past the grace, the other
-// host takes its VMs over (recorded stopped: lost with that host, their
-// disks cloned afresh, so that a write the frozen host's volume client
-// commits late never reaches them); the one made with --on-host-loss
-// restart is booted at once, the other when next used. When the frozen daemon thaws, its renewal is refused and it exits. A
-// restart of PostgreSQL leaves the live host and its VMs running.
+// before its leases expire; once they lapsed past the grace, another
+// host takes its VMs over (recorded lost, with that host, their disks
+// cloned afresh, so that a write the frozen host's volume client commits
+// late never reaches them); the one made with --on-host-loss restart is
+// booted at once, the other waits for a wake. When the frozen daemon
+// thaws, its renewal is refused and it exits.
+// A third host with another QEMU version is refused as a move's target,
+// and a wake through it is placed on a host that can restore the VM's
+// memory. Killed with its VMMs (kill -9), a host's VMs are taken over by
+// the third. A restart of PostgreSQL leaves the live host and its VMs
+// running.
 func TestClusterFence(t *testing.T) {
 	c := newClusterEnv(t, 6*time.Second)
 	a := c.host("host-a")
@@ -331,7 +336,7 @@ func TestClusterFence(t *testing.T) {
 	if !eventually(2*time.Minute, func() bool {
 		out, err := a.run("info", "box", "--json")
 		var vm vmJSON
-		return err == nil && json.Unmarshal([]byte(out), &vm) == nil && vm.State == "stopped" &&
+		return err == nil && json.Unmarshal([]byte(out), &vm) == nil && vm.State == "lost" &&
 			strings.Contains(vm.Reason, "lost with host host-b") && strings.Contains(vm.Reason, "its disk was cloned afresh")
 	}) {
 		t.Fatalf("box on host-a after host-b froze: %+v", a.info("box"))
@@ -368,6 +373,15 @@ func TestClusterFence(t *testing.T) {
 	if len(h.Hosts) != 2 || h.Hosts[0].Name != "host-a" || !h.Hosts[0].Alive || h.Hosts[1].Name != "host-b" || h.Hosts[1].Alive {
 		t.Fatalf("hosts on host-a: %+v", h)
 	}
+	// Lost, box waits for a person: an exec does not start it, a wake
+	// boots it from its disk.
+	if _, err := a.run("exec", "box", "--", "true"); err == nil || !strings.Contains(err.Error(), "den wake box boots it from its disk") {
+		t.Fatalf("exec on lost box: %v", err)
+	}
+	if n := len(a.vmmPIDs("box")); n != 0 {
+		t.Fatalf("an exec started lost box: %d VMMs", n)
+	}
+	a.must("wake", "box")
 	if out := a.must("exec", "box", "--", "cat", "/root/mark"); out != "from-a\n" {
 		t.Fatalf("box booted on host-a: /root/mark %q", out)
 	}
@@ -406,8 +420,22 @@ func TestClusterFence(t *testing.T) {
 	// 9.1.0), which does not read box's memory: a move there is refused
 	// before box sleeps, and a wake through host-c runs box on host-a,
 	// which can restore it.
-	qemu := filepath.Join(c.dir, "qemu-9.1")
-	script := "#!/bin/sh\n[ \"$1\" = --version ] && { echo 'QEMU emulator version 9.1.0'; exit 0; }\nexec qemu-system-x86_64 \"$@\"\n"
+	// (The script is where the VMMs' user can run it: host-c boots a VM
+	// through it below.)
+	real, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	qemuDir, err := os.MkdirTemp("/tmp", "den-e2e-qemu-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(qemuDir) })
+	qemu := filepath.Join(qemuDir, "qemu-9.1")
+	script := "#!/bin/sh\n[ \"$1\" = --version ] && { echo 'QEMU emulator version 9.1.0'; exit 0; }\nexec " + real + " \"$@\"\n"
+	if err := os.Chmod(qemuDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(qemu, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -429,20 +457,46 @@ func TestClusterFence(t *testing.T) {
 		t.Fatalf("VMMs of box woken through host-c: host-a %d, host-c %d", n, m)
 	}
 
-	// PostgreSQL restarts under host-a: its renewals retry within the
+	// host-a dies as a power cut would: kill -9 of its daemon, its fence
+	// guard and its VMMs. host-c sees it lost after its lease: box is
+	// lost with it, and other (--on-host-loss restart) boots on host-c.
+	a.kill()
+	killUnder(a.state)
+	if !eventually(2*time.Minute, func() bool {
+		out, err := hc.run("info", "box", "--json")
+		var vm vmJSON
+		return err == nil && json.Unmarshal([]byte(out), &vm) == nil && vm.State == "lost" && strings.Contains(vm.Reason, "lost with host host-a")
+	}) {
+		t.Fatalf("box on host-c after host-a was killed: %+v", hc.info("box"))
+	}
+	if !eventually(2*time.Minute, func() bool {
+		out, err := hc.run("info", "other", "--json")
+		var vm vmJSON
+		return err == nil && json.Unmarshal([]byte(out), &vm) == nil && vm.State == "running" && vm.Host == "host-c"
+	}) {
+		t.Fatalf("other (on host loss: restart) on host-c after host-a was killed: %+v", hc.info("other"))
+	}
+	if n, m := len(hc.vmmPIDs("other")), len(hc.vmmPIDs("box")); n != 1 || m != 0 {
+		t.Fatalf("VMMs on host-c after host-a was killed: other %d, box %d", n, m)
+	}
+	if h := hostsOf(t, hc); len(h.Hosts) != 3 || h.Hosts[0].Alive || h.Hosts[1].Alive || !h.Hosts[2].Alive {
+		t.Fatalf("hosts on host-c: %+v", h)
+	}
+
+	// PostgreSQL restarts under host-c: its renewals retry within the
 	// fence's deadline, and its VMs go on. (Last: JuiceFS fails the
 	// writes it commits while its metadata engine is away, and a disk
 	// that lost one fails every later flush, a snapshot's too; see
 	// docs/cluster.md.)
-	vmms := a.vmmPIDs("box")
+	vmms := hc.vmmPIDs("other")
 	if err := c.pg.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	a.must("exec", "box", "--", "true")
-	if got := a.vmmPIDs("box"); !slices.Equal(got, vmms) {
-		t.Fatalf("box's VMM after PostgreSQL restarted: %v, was %v", got, vmms)
+	hc.must("exec", "other", "--", "true")
+	if got := hc.vmmPIDs("other"); !slices.Equal(got, vmms) {
+		t.Fatalf("other's VMM after PostgreSQL restarted: %v, was %v", got, vmms)
 	}
-	if h := hostsOf(t, a); !h.Hosts[0].Alive {
+	if h := hostsOf(t, hc); !h.Hosts[2].Alive {
 		t.Fatalf("hosts after PostgreSQL restarted: %+v", h)
 	}
 }

@@ -216,7 +216,7 @@ func (v *vmLeases) takeOver(ctx context.Context, name, from string) error {
 	default:
 		reason := v.lostReason(ctx, vm, from, v.setAsideLateWrites(ctx, name, from))
 		if _, err := v.m.db.UpdateVMIf(ctx, name, vm.Generation, func(r *registry.VM) error {
-			r.State, r.Reason = registry.StateStopped, reason
+			r.State, r.Reason = registry.StateLost, reason
 			return nil
 		}); err != nil {
 			return fmt.Errorf("vm %q: take over from host %q: %w", name, from, err)
@@ -227,7 +227,7 @@ func (v *vmLeases) takeOver(ctx context.Context, name, from string) error {
 			// anyway finds it running).
 			v.m.inBackground(func(ctx context.Context) {
 				v.m.log.Info("den: booting a vm of a lost host here, as its policy asks (on host loss: restart)", "vm", name, "from", from)
-				if _, err := v.m.ensureRunning(ctx, name, "", false); err != nil {
+				if _, err := v.m.ensureRunning(ctx, name, "", false, true); err != nil {
 					v.m.log.Warn("den: boot a vm of a lost host", "vm", name, "err", err)
 				}
 			})

@@ -40,8 +40,9 @@ func (l *hostLeases) Every() time.Duration { return l.every }
 // there and until the digests of the memory it slept with are written,
 // then given back; a VM whose lease another host holds is refused (a
 // machine.HeldError naming that host), and a read there records nothing;
-// a VM whose holder let its lease lapse is taken over: recorded stopped,
-// lost with that host, its disk cloned afresh.
+// a VM whose holder let its lease lapse is taken over: recorded lost,
+// with that host, its disk cloned afresh; it waits for a person (a
+// session does not start it, a wake boots it).
 func TestVMLeases(t *testing.T) {
 	var here *hostLeases
 	e := newEnvWith(t, func(c *machine.Config) {
@@ -49,9 +50,21 @@ func TestVMLeases(t *testing.T) {
 		c.Leases, c.HostName = here, "host-a"
 	})
 	ctx := ctxT(t)
-	// (Nothing renews the leases here: the test is done with this
-	// host's well within theirs.)
+	// This host renews its leases, as its daemon does; host-b never
+	// does: its leases lapse.
+	renewing, stopRenewing := context.WithCancel(ctx)
+	defer stopRenewing()
+	go func() {
+		for renewing.Err() == nil {
+			_, _ = here.db.RenewLeases(renewing, here.host, here.inst, here.ttl)
+			select {
+			case <-renewing.Done():
+			case <-time.After(here.every):
+			}
+		}
+	}()
 	other := &hostLeases{db: here.db, host: "host-b", inst: "b", ttl: 3 * time.Second}
+	taken := map[[2]registry.State]bool{}
 	e.create("box")
 	if l, err := here.Get(ctx, "box"); err != nil || !l.Held() || l.Host != "host-a" {
 		t.Fatalf("lease of a running vm: %+v, %v", l, err)
@@ -93,14 +106,89 @@ func TestVMLeases(t *testing.T) {
 	}
 	if !poll.Until(time.Minute, func() bool {
 		r, err := e.m.Record(ctx, "box")
-		return err == nil && r.State == registry.StateStopped
+		return err == nil && r.State == registry.StateLost
 	}) {
 		t.Fatalf("the vm of a lost host was not taken over: %+v", e.record("box"))
 	}
 	if r := e.record("box"); !strings.Contains(r.Reason, "lost with host host-b") || !strings.Contains(r.Reason, "its disk was cloned afresh") {
 		t.Fatalf("reason of a vm taken over: %q", r.Reason)
 	}
+	taken[[2]registry.State{registry.StateRunning, registry.StateLost}] = true
 	if l, err := here.Get(ctx, "box"); err != nil || l.Held() {
-		t.Fatalf("lease of a stopped vm taken over: %+v, %v", l, err)
+		t.Fatalf("lease of a lost vm taken over: %+v, %v", l, err)
+	}
+	if _, err := e.m.Open(ctx, "box", ""); err == nil || !errors.Is(err, machine.ErrConflict) ||
+		!strings.Contains(err.Error(), `vm "box" is lost (lost with host host-b`) || !strings.Contains(err.Error(), "den wake box boots it from its disk") {
+		t.Fatalf("a session on a lost vm: %v", err)
+	}
+	e.wantState("box", registry.StateLost)
+	if err := e.m.Wake(ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	e.wantState("box", registry.StateRunning)
+	taken[[2]registry.State{registry.StateLost, registry.StateRunning}] = true
+
+	// A sleeping VM and a stopped one whose leases host-b let lapse (it
+	// was waking or booting them) are lost too; a restore brings one
+	// back (through stopped), and a lost VM can be removed.
+	cp, err := e.m.Checkpoint(ctx, "box", machine.CheckpointOptions{DiskOnly: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Sleep(ctx, "box", false); err != nil {
+		t.Fatal(err)
+	}
+	e.create("down")
+	e.drv.VM(e.state.Run("down")).Kill()
+	if !poll.Until(time.Minute, func() bool { return e.record("down").State == registry.StateStopped }) {
+		t.Fatalf("down was not recorded stopped: %+v", e.record("down"))
+	}
+	for _, name := range []string{"box", "down"} {
+		if !poll.Until(time.Minute, func() bool { _, err := other.Acquire(ctx, name); return err == nil }) {
+			t.Fatalf("host-b never got the lease of %s", name)
+		}
+	}
+	for name, from := range map[string]registry.State{"box": registry.StateSleeping, "down": registry.StateStopped} {
+		if !poll.Until(time.Minute, func() bool { r, err := e.m.Record(ctx, name); return err == nil && r.State == registry.StateLost }) {
+			t.Fatalf("%s of a lost host was not taken over: %+v", name, e.record(name))
+		}
+		taken[[2]registry.State{from, registry.StateLost}] = true
+	}
+	seen := map[registry.State]bool{}
+	watched := make(chan struct{})
+	stopWatch := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case <-stopWatch:
+				return
+			default:
+			}
+			if vm, err := e.m.Record(context.Background(), "box"); err == nil {
+				seen[vm.State] = true
+			}
+		}
+	}()
+	_, err = e.m.Restore(ctx, "box", cp.ID, machine.RestoreOptions{}, nil)
+	close(stopWatch)
+	<-watched
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.wantState("box", registry.StateRunning)
+	if seen[registry.StateStopped] {
+		taken[[2]registry.State{registry.StateLost, registry.StateStopped}] = true
+	}
+	if err := e.m.Remove(ctx, "down", true); err != nil {
+		t.Fatal(err)
+	}
+	taken[[2]registry.State{registry.StateLost, registry.StateDeleting}] = true
+	for from, tos := range registry.Transitions() {
+		for _, to := range tos {
+			if (from == registry.StateLost || to == registry.StateLost) && !taken[[2]registry.State{from, to}] {
+				t.Errorf("transition %s -> %s not exercised", from, to)
+			}
+		}
 	}
 }

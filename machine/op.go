@@ -32,6 +32,9 @@ type op struct {
 	// anySpec: the operation works on a VM whose spec does not decode
 	// (rm); then badSpec is set, and its writes leave the spec as it is.
 	anySpec, badSpec bool
+	// bootLost: a person asked for the VM to run (den wake, a restart
+	// policy), so run boots a lost one from its disk.
+	bootLost bool
 }
 
 // begin takes an existing VM's lock for an operation (kind names it in

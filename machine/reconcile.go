@@ -134,7 +134,7 @@ func (su *startup) reconcileVM(ctx context.Context, vm registry.VM) {
 	switch vm.State {
 	case registry.StateRunning:
 		su.adopt(ctx, vm)
-	case registry.StateSleeping, registry.StateStopped:
+	case registry.StateSleeping, registry.StateStopped, registry.StateLost:
 		su.strayVMM(ctx, vm)
 	}
 }
@@ -325,7 +325,7 @@ func (pr *procs) watch(in *instance) {
 // start-up reconcile).
 func (pr *procs) recordStopped(ctx context.Context, name, reason string) {
 	_, err := pr.m.db.UpdateVM(context.WithoutCancel(ctx), name, func(v *registry.VM) error {
-		if v.State == registry.StateStopped || v.State == registry.StateDeleting {
+		if v.State == registry.StateStopped || v.State == registry.StateDeleting || v.State == registry.StateLost {
 			return nil
 		}
 		v.State = registry.StateStopped

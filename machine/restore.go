@@ -100,9 +100,9 @@ func (o *op) restore(ctx context.Context, id string, opts RestoreOptions, progre
 	// head is that restore's checkpoint, and its disk half-way to it.
 	if !opts.NoSave && o.spec.Restoring == "" {
 		save := CheckpointOptions{Comment: "auto: before restore to " + id}
-		if vm.State == registry.StateStopped {
+		if vm.State == registry.StateStopped || vm.State == registry.StateLost {
 			save.DiskOnly = true
-			progress("saving the current disk first: the vm is stopped, no memory is left (--no-save skips this)")
+			progress(fmt.Sprintf("saving the current disk first: the vm is %s, no memory is left (--no-save skips this)", vm.State))
 		} else {
 			progress("saving the current state first (--no-save skips this)")
 		}

@@ -102,7 +102,7 @@ func (s *Session) Release() {
 // sleep either finished before (and the VM is woken) or does not start
 // while the session is open.
 func (m *Manager) Open(ctx context.Context, name, owner string) (*Session, error) {
-	in, err := m.ensureRunning(ctx, name, owner, true)
+	in, err := m.ensureRunning(ctx, name, owner, true, false)
 	if err != nil {
 		return nil, err
 	}
@@ -117,9 +117,10 @@ func (m *Manager) Open(ctx context.Context, name, owner string) (*Session, error
 }
 
 // ensureRunning returns the running instance of a VM, booting a stopped
-// VM or waking a sleeping one first; with admit, a session is counted on
-// it before any sleep can close it.
-func (m *Manager) ensureRunning(ctx context.Context, name, owner string, admit bool) (*instance, error) {
+// VM or waking a sleeping one first (a lost one only with boot: a person
+// asked for it); with admit, a session is counted on it before any sleep
+// can close it.
+func (m *Manager) ensureRunning(ctx context.Context, name, owner string, admit, boot bool) (*instance, error) {
 	if err := m.host.hostRefuses(name); err != nil {
 		return nil, err
 	}
@@ -140,6 +141,7 @@ func (m *Manager) ensureRunning(ctx context.Context, name, owner string, admit b
 		return nil, err
 	}
 	defer o.unlock()
+	o.bootLost = boot
 	in, err := o.run(ctx)
 	o.finish(err)
 	if err != nil {
@@ -167,6 +169,12 @@ func (o *op) run(ctx context.Context) (*instance, error) {
 		}
 		defer done()
 		switch o.vm.State {
+		case registry.StateLost:
+			if !o.bootLost {
+				return nil, fmt.Errorf("vm %q is lost (%s): it waits for a person: den wake %s boots it from its disk, den restore %s CHECKPOINT restores a checkpoint: %w",
+					o.name(), o.vm.Reason, o.name(), o.name(), ErrConflict)
+			}
+			fallthrough
 		case registry.StateStopped:
 			restoring := o.spec.Restoring != ""
 			if err := o.start(ctx); err != nil {

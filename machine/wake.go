@@ -9,10 +9,11 @@ import (
 	"github.com/denhq/den/storage"
 )
 
-// Wake restores a sleeping VM from its suspend slot and waits for its
-// agent; a running VM is left as it is.
+// Wake restores a sleeping VM from its suspend slot, or boots a stopped
+// or lost one from its disk, and waits for its agent; a running VM is
+// left as it is.
 func (m *Manager) Wake(ctx context.Context, name string) error {
-	_, err := m.ensureRunning(ctx, name, "", false)
+	_, err := m.ensureRunning(ctx, name, "", false, true)
 	return err
 }
 

@@ -20,14 +20,21 @@ const (
 	StateSleeping State = "sleeping"
 	// StateDeleting: being removed.
 	StateDeleting State = "deleting"
+	// StateLost: no VMM; the host that ran it, or worked on it, was lost
+	// (it let the VM's lease lapse), and another host took it over.
+	// Reason says which host, when, and what is left. It waits for a
+	// person: an explicit wake boots it from its disk, and a restore
+	// restores a checkpoint; nothing else starts it.
+	StateLost State = "lost"
 )
 
 // transitions is the table of valid state changes.
 var transitions = map[State][]State{
 	StateCreating: {StateRunning, StateStopped, StateDeleting},
-	StateRunning:  {StateStopped, StateSleeping, StateDeleting},
-	StateStopped:  {StateRunning, StateDeleting},
-	StateSleeping: {StateRunning, StateStopped, StateDeleting},
+	StateRunning:  {StateStopped, StateSleeping, StateDeleting, StateLost},
+	StateStopped:  {StateRunning, StateDeleting, StateLost},
+	StateSleeping: {StateRunning, StateStopped, StateDeleting, StateLost},
+	StateLost:     {StateRunning, StateStopped, StateDeleting},
 	StateDeleting: {},
 }
 

@@ -50,19 +50,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# step TITLE CMD...: run a step, show its output indented, and its time.
-step() {
-	local title=$1
-	shift
-	printf '\n\033[1m== %s\033[0m\n   $ %s\n' "$title" "$*"
-	local start end
-	start=$(date +%s%N)
-	"$@" 2>&1 | sed 's/^/   /'
-	end=$(date +%s%N)
-	printf '   (%d ms)\n' $(((end - start) / 1000000))
-	timings+=("$(printf '%-48s %6d ms' "$title" $(((end - start) / 1000000)))")
-}
-timings=()
+# shellcheck source=scripts/steps.sh
+. scripts/steps.sh
 
 # The network: the daemon's namespace (its VMs' TAPs, NAT and nftables
 # table, its listeners) and "the internet", a namespace with a web server

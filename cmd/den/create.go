@@ -38,7 +38,7 @@ Examples:
 			&cli.BoolFlag{Name: "cold", Usage: "boot instead of restoring the image's warm base snapshot"},
 			&cli.StringFlag{Name: "egress", Usage: "egress policy: allow-all, deny-all, allow:LIST of CIDRs and domains, or deny:LIST of CIDRs[;allow:LIST] (default: the daemon's)"},
 			&cli.StringFlag{Name: "idle-timeout", Usage: "sleep after this long idle; 0 never", Value: api.DefaultIdleTimeout.String()},
-			&cli.StringFlag{Name: "on-host-loss", Usage: "in a cluster, when the host that runs it is lost: wait (for den start or restore) or restart (boot it from its disk on another host)", Value: "wait"},
+			&cli.StringFlag{Name: "on-host-loss", Usage: "in a cluster, when the host that runs it is lost: wait (for den wake or den restore) or restart (boot it from its disk on another host)", Value: "wait"},
 		),
 		Action: func(c *cli.Context) error {
 			name, err := oneName(c)

@@ -12,7 +12,7 @@ import (
 func wakeCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "wake",
-		Usage:     "wake a sleeping VM (or boot a stopped one) and wait for it",
+		Usage:     "wake a sleeping VM (or boot a stopped or lost one) and wait for it",
 		ArgsUsage: "NAME",
 		UsageText: "den wake NAME\n   den wake --all [--timeout D] [--parallel N] [--json]",
 		Description: `--all wakes every sleeping VM (root only), the most recently active first,

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# make bench, its cluster part: den's figures across hosts on this
+# machine, with a real PostgreSQL and MinIO and the hosts on loopback
+# (scripts/cluster-lib.sh), medians over BENCH_CLUSTER_RUNS runs (5):
+#   - den move of a 512 MiB and a 2 GiB guest (half their memory written)
+#     between two hosts: the sleep (with its digests), the wake on the
+#     other host, the whole;
+#   - a wake on the host that put the VM to sleep beside a wake on the
+#     other host, in turn, each once the sleep's digests are written;
+#   - takeover: from kill -9 of a host (daemon, fence guard, VMMs) to its
+#     VM made with --on-host-loss restart running on another host, with
+#     the lease at 6 s.
+# Prints a Markdown table (docs/benchmarks.md keeps the latest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+name=bench-cluster
+hosts=(host-a host-b)
+# shellcheck source=scripts/cluster-lib.sh
+. scripts/cluster-lib.sh
+runs=${BENCH_CLUSTER_RUNS:-5}
+
+# since T0: milliseconds since T0 (date +%s%N).
+since() { echo $((($(date +%s%N) - $1) / 1000000)); }
+
+# median: of the numbers on stdin, one a line.
+median() { sort -n | awk '{v[NR] = $1} END {if (NR % 2) print v[(NR + 1) / 2]; else print int((v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
+
+# unheld VM: until no host holds VM's lease (the digests of its sleep are
+# written: any host may wake it).
+unheld() {
+	local holder
+	for _ in $(seq 1 1200); do
+		holder=$(PGPASSWORD=$pg_pw "$pgbin/psql" -tA -h 127.0.0.1 -p "$pg_port" -U postgres -d den \
+			-c "SELECT host FROM leases WHERE vm = '$1'")
+		[ -z "$holder" ] && return 0
+		sleep 0.1
+	done
+	echo "$name: host $holder never let $1 go" >&2
+	return 1
+}
+
+# field JSON NAME: a number field of den's --json output.
+field() { sed -n "s/^  \"$2\": \([0-9]*\),\{0,1\}$/\1/p" <<<"$1"; }
+
+# where VM: the host it runs on.
+where() { on host-a info "$1" --json | sed -n 's/^  "host": "\(.*\)",\{0,1\}$/\1/p'; }
+
+# fill HOST VM SIZE: write SIZE of non-zero data into the guest's memory.
+fill() { on "$1" exec "$2" -- sh -c "yes den | head -c $3 > /dev/shm/fill"; }
+
+say() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }
+
+say "setup: PostgreSQL, MinIO, ${hosts[*]}"
+start_postgres >/dev/null
+start_minio >/dev/null
+configure >/dev/null
+for h in "${hosts[@]}"; do start_host "$h"; done
+
+rows=()
+row() { rows+=("$(printf '| %s | %s | %s |' "$@")"); }
+
+# den move, both ways in turn.
+for size in 512M 2G; do
+	vm=move-${size,,}
+	half=$([ "$size" = 512M ] && echo 256M || echo 1G)
+	say "den move of a $size guest ($half written), $runs runs"
+	on host-a create "$vm" --memory "$size" --idle-timeout 0 >/dev/null
+	fill host-a "$vm" "$half"
+	sleeps=() wakes=() totals=()
+	to=host-b
+	for i in $(seq 1 "$runs"); do
+		out=$(on host-a move "$vm" --to "$to" --json)
+		sleeps+=("$(field "$out" sleep_ms)") wakes+=("$(field "$out" wake_ms)") totals+=("$(field "$out" total_ms)")
+		echo "   run $i: to $to: sleep ${sleeps[-1]} ms, wake ${wakes[-1]} ms, total ${totals[-1]} ms" >&2
+		to=$([ "$to" = host-b ] && echo host-a || echo host-b)
+	done
+	row "den move, $size guest ($half written): sleep incl. digests" "$(printf '%s\n' "${sleeps[@]}" | median) ms" "$runs"
+	row "den move, $size guest ($half written): wake on the other host" "$(printf '%s\n' "${wakes[@]}" | median) ms" "$runs"
+	row "den move, $size guest ($half written): whole" "$(printf '%s\n' "${totals[@]}" | median) ms" "$runs"
+	on host-a rm --force "$vm" >/dev/null
+done
+
+# Wakes on the same host and on the other one, in turn.
+say "wake on the host that slept it, and on the other, in turn, $runs runs"
+on host-a create wk --memory 512M --idle-timeout 0 >/dev/null
+fill host-a wk 128M
+same=() cross=()
+for i in $(seq 1 "$runs"); do
+	here=$(where wk)
+	there=$([ "$here" = host-a ] && echo host-b || echo host-a)
+	on "$here" sleep wk >/dev/null
+	unheld wk
+	t0=$(date +%s%N)
+	on "$here" wake wk >/dev/null
+	same+=("$(since "$t0")")
+	on "$here" sleep wk >/dev/null
+	unheld wk
+	t0=$(date +%s%N)
+	on "$there" wake wk >/dev/null
+	cross+=("$(since "$t0")")
+	got=$(where wk)
+	if [ "$got" != "$there" ]; then
+		echo "$name: a wake through $there ran wk on $got" >&2
+		exit 1
+	fi
+	echo "   run $i: on $here ${same[-1]} ms, on $there ${cross[-1]} ms" >&2
+done
+s=$(printf '%s\n' "${same[@]}" | median)
+c=$(printf '%s\n' "${cross[@]}" | median)
+row "wake, 512 MiB guest (128 MiB written), on the host that slept it" "$s ms" "$runs"
+row "wake, same guest, on another host" "$c ms ($(awk "BEGIN {printf \"%.2f\", $c / $s}")x)" "$runs"
+on host-a rm --force wk >/dev/null
+
+# Takeover: a fresh host each run, killed with its VM running.
+say "takeover after kill -9 of a host (lease 6 s), $runs runs"
+takes=()
+for i in $(seq 1 "$runs"); do
+	h=victim-$i
+	hosts+=("$h")
+	configure_host "$h"
+	start_host "$h"
+	on "$h" create "svc-$i" --memory 256M --idle-timeout 0 --on-host-loss restart >/dev/null
+	kill_host "$h" >/dev/null
+	t0=$(date +%s%N)
+	ok=
+	for _ in $(seq 1 1200); do
+		if [ "$(on host-a info "svc-$i" --json 2>/dev/null | sed -n 's/^  "state": "\(.*\)",$/\1/p')" = running ]; then
+			ok=1
+			break
+		fi
+		sleep 0.1
+	done
+	[ -n "$ok" ] || { echo "$name: svc-$i never ran again after $h was killed" >&2; exit 1; }
+	takes+=("$(since "$t0")")
+	echo "   run $i: svc-$i running on $(where "svc-$i") $((takes[-1])) ms after $h was killed" >&2
+	on host-a rm --force "svc-$i" >/dev/null
+done
+row "takeover: kill -9 of a host to its VM booted elsewhere (lease 6 s)" "$(printf '%s\n' "${takes[@]}" | median) ms" "$runs"
+
+accel=$(on host-a info --json | sed -n 's/.*"accel": "\(.*\)",/\1/p')
+printf '\nden cluster figures: %s, %s, %d cores, two hosts on loopback, PostgreSQL %s, MinIO\n\n' \
+	"$(uname -m)" "$accel" "$(nproc)" "$("$pgbin/postgres" --version | awk '{print $3}')"
+echo '| figure | median | runs |'
+echo '|---|---|---|'
+printf '%s\n' "${rows[@]}"
