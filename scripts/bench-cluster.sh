@@ -2,7 +2,7 @@
 # make bench, its cluster part: den's figures across hosts on this
 # machine, with a real PostgreSQL and MinIO and the hosts on loopback
 # (scripts/cluster-lib.sh), medians over BENCH_CLUSTER_RUNS runs (5):
-#   - den move of a 512 MiB and a 2 GiB guest (half their memory written)
+#   - den move of a 512 MiB and a 2 GiB guest (a quarter of their memory written)
 #     between two hosts: the sleep (with its digests), the wake on the
 #     other host, the whole;
 #   - a wake on the host that put the VM to sleep beside a wake on the
@@ -46,8 +46,8 @@ field() { sed -n "s/^  \"$2\": \([0-9]*\),\{0,1\}$/\1/p" <<<"$1"; }
 # where VM: the host it runs on.
 where() { on host-a info "$1" --json | sed -n 's/^  "host": "\(.*\)",\{0,1\}$/\1/p'; }
 
-# fill HOST VM SIZE: write SIZE of non-zero data into the guest's memory.
-fill() { on "$1" exec "$2" -- sh -c "yes den | head -c $3 > /dev/shm/fill"; }
+# fill HOST VM MIB: write MIB MiB of non-zero data into the guest's memory.
+fill() { on "$1" exec "$2" -- sh -c "yes den | head -c $(($3 << 20)) > /dev/shm/fill"; }
 
 say() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }
 
@@ -63,10 +63,10 @@ row() { rows+=("$(printf '| %s | %s | %s |' "$@")"); }
 # den move, both ways in turn.
 for size in 512M 2G; do
 	vm=move-${size,,}
-	half=$([ "$size" = 512M ] && echo 256M || echo 1G)
-	say "den move of a $size guest ($half written), $runs runs"
+	part=$([ "$size" = 512M ] && echo 128 || echo 512)
+	say "den move of a $size guest ($part MiB written), $runs runs"
 	on host-a create "$vm" --memory "$size" --idle-timeout 0 >/dev/null
-	fill host-a "$vm" "$half"
+	fill host-a "$vm" "$part"
 	sleeps=() wakes=() totals=()
 	to=host-b
 	for i in $(seq 1 "$runs"); do
@@ -75,16 +75,16 @@ for size in 512M 2G; do
 		echo "   run $i: to $to: sleep ${sleeps[-1]} ms, wake ${wakes[-1]} ms, total ${totals[-1]} ms" >&2
 		to=$([ "$to" = host-b ] && echo host-a || echo host-b)
 	done
-	row "den move, $size guest ($half written): sleep incl. digests" "$(printf '%s\n' "${sleeps[@]}" | median) ms" "$runs"
-	row "den move, $size guest ($half written): wake on the other host" "$(printf '%s\n' "${wakes[@]}" | median) ms" "$runs"
-	row "den move, $size guest ($half written): whole" "$(printf '%s\n' "${totals[@]}" | median) ms" "$runs"
+	row "den move, $size guest ($part MiB written): sleep incl. digests" "$(printf '%s\n' "${sleeps[@]}" | median) ms" "$runs"
+	row "den move, $size guest ($part MiB written): wake on the other host" "$(printf '%s\n' "${wakes[@]}" | median) ms" "$runs"
+	row "den move, $size guest ($part MiB written): whole" "$(printf '%s\n' "${totals[@]}" | median) ms" "$runs"
 	on host-a rm --force "$vm" >/dev/null
 done
 
 # Wakes on the same host and on the other one, in turn.
 say "wake on the host that slept it, and on the other, in turn, $runs runs"
 on host-a create wk --memory 512M --idle-timeout 0 >/dev/null
-fill host-a wk 128M
+fill host-a wk 128
 same=() cross=()
 for i in $(seq 1 "$runs"); do
 	here=$(where wk)
