@@ -129,6 +129,15 @@ func (c *clusterEnv) registry() *registry.DB {
 	return db
 }
 
+// infoUntil waits (bounded) until d's den info of vm satisfies cond.
+func (d *daemon) infoUntil(vm string, cond func(vmJSON) bool) bool {
+	return eventually(2*time.Minute, func() bool {
+		out, err := d.run("info", vm, "--json")
+		var got vmJSON
+		return err == nil && json.Unmarshal([]byte(out), &got) == nil && cond(got)
+	})
+}
+
 type hostsJSON struct {
 	Hosts []struct {
 		Name  string `json:"name"`
@@ -333,18 +342,14 @@ func TestClusterFence(t *testing.T) {
 	// restart) is booted on host-a.
 	// (A read forwarded to host-b meanwhile fails once host-b's lease
 	// lapsed, without waiting for it.)
-	if !eventually(2*time.Minute, func() bool {
-		out, err := a.run("info", "box", "--json")
-		var vm vmJSON
-		return err == nil && json.Unmarshal([]byte(out), &vm) == nil && vm.State == "lost" &&
+	if !a.infoUntil("box", func(vm vmJSON) bool {
+		return vm.State == "lost" &&
 			strings.Contains(vm.Reason, "lost with host host-b") && strings.Contains(vm.Reason, "its disk was cloned afresh")
 	}) {
 		t.Fatalf("box on host-a after host-b froze: %+v", a.info("box"))
 	}
-	if !eventually(2*time.Minute, func() bool {
-		out, err := a.run("info", "other", "--json")
-		var vm vmJSON
-		return err == nil && json.Unmarshal([]byte(out), &vm) == nil && vm.State == "running" && vm.Host == "host-a"
+	if !a.infoUntil("other", func(vm vmJSON) bool {
+		return vm.State == "running" && vm.Host == "host-a"
 	}) {
 		t.Fatalf("other (on host loss: restart) on host-a after host-b froze: %+v", a.info("other"))
 	}
@@ -462,17 +467,13 @@ func TestClusterFence(t *testing.T) {
 	// lost with it, and other (--on-host-loss restart) boots on host-c.
 	a.kill()
 	killUnder(a.state)
-	if !eventually(2*time.Minute, func() bool {
-		out, err := hc.run("info", "box", "--json")
-		var vm vmJSON
-		return err == nil && json.Unmarshal([]byte(out), &vm) == nil && vm.State == "lost" && strings.Contains(vm.Reason, "lost with host host-a")
+	if !hc.infoUntil("box", func(vm vmJSON) bool {
+		return vm.State == "lost" && strings.Contains(vm.Reason, "lost with host host-a")
 	}) {
 		t.Fatalf("box on host-c after host-a was killed: %+v", hc.info("box"))
 	}
-	if !eventually(2*time.Minute, func() bool {
-		out, err := hc.run("info", "other", "--json")
-		var vm vmJSON
-		return err == nil && json.Unmarshal([]byte(out), &vm) == nil && vm.State == "running" && vm.Host == "host-c"
+	if !hc.infoUntil("other", func(vm vmJSON) bool {
+		return vm.State == "running" && vm.Host == "host-c"
 	}) {
 		t.Fatalf("other (on host loss: restart) on host-c after host-a was killed: %+v", hc.info("other"))
 	}

@@ -86,26 +86,36 @@ func (c compat) write(dir, vmmName string) error {
 // recorded them) is let through.
 func (c compat) check(ctx context.Context, dir storage.Path, vmmName string) error {
 	m := c.m
-	host, err := m.vol.Path(dir)
-	if err != nil {
+	from, err := c.read(dir)
+	if err != nil || from == nil {
 		return err
-	}
-	data, err := os.ReadFile(filepath.Join(host, HostFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("read the snapshot's host: %w", err)
-	}
-	var from snapshotHost
-	if err := json.Unmarshal(data, &from); err != nil {
-		return fmt.Errorf("snapshot host record %s: %w", filepath.Join(host, HostFile), err)
 	}
 	if err := from.restorableOn(c.record(vmmName)); err != nil {
 		return fmt.Errorf("its memory cannot be restored on host %s: %w (bring it up on a host like %s, or restore a disk-only checkpoint): %w",
 			m.here.name, err, from.Host, ErrConflict)
 	}
 	return nil
+}
+
+// read is the host record of the snapshot in dir (a volume path); nil
+// when it has none (taken before den recorded them).
+func (c compat) read(dir storage.Path) (*snapshotHost, error) {
+	host, err := c.m.vol.Path(dir)
+	if err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(filepath.Join(host, HostFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the snapshot's host: %w", err)
+	}
+	var from snapshotHost
+	if err := json.Unmarshal(data, &from); err != nil {
+		return nil, fmt.Errorf("snapshot host record %s: %w", filepath.Join(host, HostFile), err)
+	}
+	return &from, nil
 }
 
 // linuxOnlyFlag are /proc/cpuinfo flags that Linux defines itself

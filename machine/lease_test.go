@@ -154,30 +154,14 @@ func TestVMLeases(t *testing.T) {
 		}
 		taken[[2]registry.State{from, registry.StateLost}] = true
 	}
-	seen := map[registry.State]bool{}
-	watched := make(chan struct{})
-	stopWatch := make(chan struct{})
-	go func() {
-		defer close(watched)
-		for {
-			select {
-			case <-stopWatch:
-				return
-			default:
-			}
-			if vm, err := e.m.Record(context.Background(), "box"); err == nil {
-				seen[vm.State] = true
-			}
-		}
-	}()
+	seen := e.watchStates("box")
 	_, err = e.m.Restore(ctx, "box", cp.ID, machine.RestoreOptions{}, nil)
-	close(stopWatch)
-	<-watched
+	states := seen()
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.wantState("box", registry.StateRunning)
-	if seen[registry.StateStopped] {
+	if states[registry.StateStopped] {
 		taken[[2]registry.State{registry.StateLost, registry.StateStopped}] = true
 	}
 	if err := e.m.Remove(ctx, "down", true); err != nil {

@@ -76,25 +76,11 @@ func TestTransitions(t *testing.T) {
 	note("a")
 	// A restore passes through stopped (recorded before the disk is
 	// replaced); watch the record while it runs.
-	var seen sync.Map
-	stop := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if vm, err := e.m.Record(context.Background(), "a"); err == nil {
-				seen.Store(vm.State, true)
-			}
-		}
-	}()
+	seen := e.watchStates("a")
 	if _, err := e.m.Restore(ctx, "a", cp.ID, machine.RestoreOptions{NoSave: true}, nil); err != nil {
 		t.Fatal(err)
 	}
-	close(stop)
-	if _, ok := seen.Load(registry.StateStopped); ok {
+	if seen()[registry.StateStopped] {
 		taken[[2]registry.State{registry.StateSleeping, registry.StateStopped}] = true
 		taken[[2]registry.State{registry.StateStopped, registry.StateRunning}] = true
 	}
@@ -132,6 +118,31 @@ func TestTransitions(t *testing.T) {
 	var te *registry.TransitionError
 	if !errors.As(err, &te) || !errors.Is(err, registry.ErrIllegalTransition) {
 		t.Fatalf("deleting -> running: %v", err)
+	}
+}
+
+// watchStates reads name's record over and over until the returned
+// function is called, which answers every state the reads saw.
+func (e *env) watchStates(name string) func() map[registry.State]bool {
+	seen := map[registry.State]bool{}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if vm, err := e.m.Record(context.Background(), name); err == nil {
+				seen[vm.State] = true
+			}
+		}
+	}()
+	return func() map[registry.State]bool {
+		close(stop)
+		<-done
+		return seen
 	}
 }
 

@@ -3,13 +3,7 @@ package machine
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
-	"maps"
-	"os"
-	"path/filepath"
-	"slices"
 
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
@@ -36,10 +30,10 @@ type HostInfo struct {
 // Host describes this host.
 func (m *Manager) Host() HostInfo {
 	own := map[string]snapshotHost{}
-	for _, name := range slices.Sorted(maps.Keys(m.drivers)) {
+	for name := range m.drivers {
 		own[name] = m.compat.record(name)
 	}
-	compat, _ := json.Marshal(own)
+	compat, _ := json.Marshal(own) // (its keys sorted)
 	return HostInfo{
 		Name: m.here.name, VMM: m.vmmName, Accel: m.vmms.caps(m.vmmName).Accelerator, AccelNote: m.kvm.Reason,
 		Network: m.network(), GuestRAM: m.ram.where, Compat: string(compat),
@@ -76,27 +70,11 @@ func (m *Manager) Need(ctx context.Context, name string) (Need, error) {
 		// memory records that host.
 		rec := m.compat.record(vm.VMM)
 		n.snapshot = &rec
-		return n, nil
 	case registry.StateSleeping:
-	default:
-		return n, nil
+		if n.snapshot, err = m.compat.read(storage.SuspendDir(vm.Name)); err != nil {
+			return n, fmt.Errorf("vm %q: where its memory was put to sleep: %w", name, err)
+		}
 	}
-	host, err := m.vol.Path(storage.SuspendDir(vm.Name))
-	if err != nil {
-		return n, err
-	}
-	data, err := os.ReadFile(filepath.Join(host, HostFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return n, nil
-	}
-	if err != nil {
-		return n, fmt.Errorf("vm %q: read where its memory was put to sleep: %w", name, err)
-	}
-	var from snapshotHost
-	if err := json.Unmarshal(data, &from); err != nil {
-		return n, fmt.Errorf("vm %q: snapshot host record %s: %w", name, filepath.Join(host, HostFile), err)
-	}
-	n.snapshot = &from
 	return n, nil
 }
 
