@@ -516,8 +516,10 @@ func (ps peerSessions) Open(ctx context.Context, name, owner string) (*machine.S
 	}
 	for target == "" {
 		if !forwarded {
-			// A VM that runs nowhere wakes where placement says; a
-			// draining host never opens one another host holds.
+			// A VM that runs nowhere wakes where placement says; one
+			// another host holds is never opened here (that host may
+			// let it go meanwhile, and placement is skipped): it is
+			// reached through that host, or waited for while it sleeps.
 			l, err := ps.p.leases.Get(ctx, name)
 			switch {
 			case err != nil:
@@ -529,7 +531,7 @@ func (ps peerSessions) Open(ctx context.Context, name, owner string) (*machine.S
 				if target != "" {
 					continue
 				}
-			case l.Host != ps.self && ps.p.draining(ctx):
+			case l.Host != ps.self:
 				if !sleeping() {
 					target = l.Host
 					continue
