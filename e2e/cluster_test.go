@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/denhq/den/internal/netns"
 	"github.com/denhq/den/internal/pgtest"
 	"github.com/denhq/den/peer"
 	"github.com/denhq/den/registry"
@@ -29,10 +33,39 @@ type clusterEnv struct {
 	minio *minio
 	dir   string
 	lease time.Duration
+	// lan, when set, holds each host in a network namespace of its own
+	// (lan.Hosts[hosts[name]]), and PostgreSQL and MinIO in its servers
+	// namespace; else all share the test's loopback.
+	lan   *netns.LAN
+	hosts map[string]int
 }
 
+// newClusterEnv is a cluster whose hosts share the test's loopback.
 func newClusterEnv(t testing.TB, lease time.Duration) *clusterEnv {
-	c := &clusterEnv{t: t, pg: pgtest.Start(t), minio: startMinio(t), dir: t.TempDir(), lease: lease}
+	return newCluster(t, lease, pgtest.Start(t), startMinio(t))
+}
+
+// newClusterLAN is a cluster of the hosts named, each in a network
+// namespace of its own, as machines on a network are: its peer
+// listener, SSH gateway and URLs on its own address, reaching
+// PostgreSQL and MinIO at the LAN's servers address.
+func newClusterLAN(t testing.TB, lease time.Duration, hosts ...string) *clusterEnv {
+	requireHost(t)
+	lan, err := netns.NewLAN(fmt.Sprintf("c%d", os.Getpid()%100000), hosts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lan.Close)
+	c := newCluster(t, lease, pgtest.StartIn(t, lan.Servers, netns.LANAddr), startMinioIn(t, lan.Servers, netns.LANAddr+":9000"))
+	c.lan, c.hosts = lan, map[string]int{}
+	for i, h := range hosts {
+		c.hosts[h] = i
+	}
+	return c
+}
+
+func newCluster(t testing.TB, lease time.Duration, pg *pgtest.Server, m *minio) *clusterEnv {
+	c := &clusterEnv{t: t, pg: pg, minio: m, dir: t.TempDir(), lease: lease}
 	c.pg.CreateDatabase(t, "den")
 	c.pg.CreateDatabase(t, "den_volume")
 	c.write("cluster-secrets.json", map[string]string{"registry_password": pgtest.Password})
@@ -60,11 +93,15 @@ func (c *clusterEnv) write(name string, v any) string {
 }
 
 // config writes host's cluster config and returns its path: its peer
-// listener on a loopback port of its own.
+// listener on a loopback port of its own, or on its LAN address.
 func (c *clusterEnv) config(host string) string {
+	addr := "127.0.0.1:" + freePort(c.t)
+	if c.lan != nil {
+		addr = c.addr(host) + ":7443"
+	}
 	return c.write(host+".json", map[string]any{
 		"host":         host,
-		"address":      "127.0.0.1:" + freePort(c.t),
+		"address":      addr,
 		"ca_cert":      "ca.crt",
 		"ca_key":       "ca.key",
 		"registry":     c.pg.TCPURL("den"),
@@ -89,7 +126,8 @@ func (c *clusterEnv) host(name string, env ...string) *daemon {
 
 // setup is the daemon setup of host name: its cluster config, and the
 // unmount of the shared volume when the test ends, whatever teardown
-// found.
+// found. On a LAN, the daemon runs in the host's namespace, its SSH
+// gateway on port 2222 of its address and its URLs on port 8080.
 func (c *clusterEnv) setup(name string) func(dir string) []string {
 	return func(dir string) []string {
 		c.t.Cleanup(func() {
@@ -97,8 +135,52 @@ func (c *clusterEnv) setup(name string) func(dir string) []string {
 				_ = syscall.Unmount(filepath.Join(dir, "state", "juicefs", m), syscall.MNT_DETACH)
 			}
 		})
-		return []string{"--cluster", c.config(name)}
+		args := []string{"--cluster", c.config(name)}
+		if c.lan != nil {
+			args = append(args, "--netns", c.lan.Hosts[c.hosts[name]],
+				"--ssh-listen", c.addr(name)+":2222", "--http-listen", c.addr(name)+":8080")
+		}
+		return args
 	}
+}
+
+// addr is host's address on the LAN.
+func (c *clusterEnv) addr(host string) string {
+	i, ok := c.hosts[host]
+	if !ok {
+		c.t.Fatalf("host %s is not on the test's LAN", host)
+	}
+	return c.lan.Addrs[i]
+}
+
+// ssh runs OpenSSH's client with key against host's gateway from the
+// LAN's servers namespace (another machine of the network), and returns
+// stdout, stderr and the exit status.
+func (c *clusterEnv) ssh(g *gw, key, host string, args ...string) (string, string, int) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", append(append([]string{"netns", "exec", c.lan.Servers, "ssh"}, g.opts(key)...), "-p", "2222")...)
+	cmd.Args = append(cmd.Args, args...)
+	return runTool(c.t, cmd, nil)
+}
+
+// get GETs url with the bearer token from the LAN's servers namespace,
+// and returns the status and the body.
+func (c *clusterEnv) get(url, token string) (int, string, error) {
+	hc := &http.Client{Timeout: 3 * time.Minute, Transport: &http.Transport{DisableKeepAlives: true, DialContext: netns.Dialer(c.lan.Servers)}}
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
 }
 
 // registrySetup is the daemon setup of a test that did not ask for one:
@@ -156,11 +238,13 @@ func hostsOf(t *testing.T, d *daemon) hostsJSON {
 	return h
 }
 
-// TestClusterFence: live hosts share a PostgreSQL registry and a volume
-// in MinIO with its metadata in PostgreSQL, each running VMs of its own
-// under per-VM leases. A request for a VM one host runs is forwarded to
-// it from another (mutual TLS); put to sleep on one, the VM wakes on the
-// other with its files; two hosts racing to wake it start one VMM, and
+// TestClusterFence: live hosts, each in a network namespace of its own,
+// share a PostgreSQL registry and a volume in MinIO with its metadata in
+// PostgreSQL, each running VMs of its own under per-VM leases. A request
+// for a VM one host runs is forwarded to it from another (mutual TLS);
+// put to sleep on one, the VM is woken on another by an ssh through that
+// host's gateway, with its files and processes; its URL is served
+// through a third host; two hosts racing to wake it start one VMM, and
 // both requests are served. den move takes a VM, with its processes, to
 // either host; a drained host's VMs move to the other, and creates and
 // wakes through it start nothing there.
@@ -177,16 +261,21 @@ func hostsOf(t *testing.T, d *daemon) hostsJSON {
 // the third. A restart of PostgreSQL leaves the live host and its VMs
 // running.
 func TestClusterFence(t *testing.T) {
-	c := newClusterEnv(t, 6*time.Second)
+	c := newClusterLAN(t, 6*time.Second, "host-a", "host-b", "host-c")
 	a := c.host("host-a")
 	b := c.host("host-b")
+	hc := c.host("host-c")
 	h := hostsOf(t, a)
-	if h.Registry != "postgres" || len(h.Hosts) != 2 || h.Hosts[0].Name != "host-a" || !h.Hosts[0].Alive || !h.Hosts[0].This ||
-		h.Hosts[1].Name != "host-b" || !h.Hosts[1].Alive {
+	if h.Registry != "postgres" || len(h.Hosts) != 3 || h.Hosts[0].Name != "host-a" || !h.Hosts[0].Alive || !h.Hosts[0].This ||
+		h.Hosts[1].Name != "host-b" || !h.Hosts[1].Alive || h.Hosts[2].Name != "host-c" || !h.Hosts[2].Alive {
 		t.Fatalf("hosts on host-a: %+v", h)
 	}
+	g := &gw{t: t, dir: t.TempDir()}
+	key := g.key("alice")
+	a.must("keys", "add", key+".pub") // for user default, who owns the VMs
 	a.must("create", "box", "--memory", "256M", "--idle-timeout", "0")
-	a.must("exec", "box", "--", "sh", "-c", "echo from-a > /root/mark; sync")
+	a.must("exec", "box", "--", "sh", "-c", "echo from-a > /root/mark; sync; sleep 100000 </dev/null >/dev/null 2>&1 &")
+	const still = "cat /root/mark; grep -q '10000[0]' /proc/[0-9]*/cmdline 2>/dev/null && echo sleeping"
 	b.must("create", "other", "--memory", "256M", "--idle-timeout", "0", "--on-host-loss", "restart")
 	if n, m := len(a.vmmPIDs("box")), len(b.vmmPIDs("other")); n != 1 || m != 1 {
 		t.Fatalf("VMMs: box on host-a %d, other on host-b %d", n, m)
@@ -203,18 +292,55 @@ func TestClusterFence(t *testing.T) {
 		t.Fatalf("host-b started %d VMMs of box", n)
 	}
 
-	// Put to sleep on host-a, box wakes on host-b with its file.
+	// Put to sleep on host-a, box is woken by an ssh through host-b's
+	// gateway, from another machine of the network: it runs on host-b,
+	// with its file and the process it left running.
 	a.must("sleep", "box")
-	if out := b.must("exec", "box", "--", "cat", "/root/mark"); out != "from-a\n" {
-		t.Fatalf("box woken on host-b: /root/mark %q", out)
+	if out, errs, code := c.ssh(g, key, "host-b", "box@"+c.addr("host-b"), still); out != "from-a\nsleeping\n" || code != 0 {
+		t.Fatalf("ssh box@host-b: %q %q %d", out, errs, code)
 	}
 	if n, m := len(a.vmmPIDs("box")), len(b.vmmPIDs("box")); n != 0 || m != 1 {
-		t.Fatalf("VMMs of box after its wake on host-b: host-a %d, host-b %d", n, m)
+		t.Fatalf("VMMs of box after its wake through host-b's gateway: host-a %d, host-b %d", n, m)
+	}
+	// box's URL is served through host-c, from host-b, which runs it.
+	b.must("exec", "box", "--", "sh", "-c", "mkdir -p /tmp/www && echo hi from box > /tmp/www/index.html && httpd -p 8080 -h /tmp/www")
+	var u struct{ Token string }
+	if err := json.Unmarshal([]byte(hc.must("url", "box", "--json")), &u); err != nil || u.Token == "" {
+		t.Fatalf("den url box on host-c: %v %+v", err, u)
+	}
+	if code, body, err := c.get("http://"+c.addr("host-c")+":8080/vm/box/", u.Token); err != nil || code != 200 || body != "hi from box\n" {
+		t.Fatalf("box's URL through host-c: %d %q %v", code, body, err)
+	}
+	if n, m := len(b.vmmPIDs("box")), len(hc.vmmPIDs("box")); n != 1 || m != 0 {
+		t.Fatalf("VMMs of box after its URL was served through host-c: host-b %d, host-c %d", n, m)
+	}
+	underRestart(t, c, map[*daemon][][]string{
+		a:  {{"create", "load-a", "--memory", "128M", "--idle-timeout", "0"}, {"sleep", "load-a"}, {"exec", "load-a", "--", "true"}},
+		b:  {{"sleep", "box"}, {"exec", "box", "--", "true"}, {"exec", "other", "--", "true"}},
+		hc: {{"create", "load-c", "--memory", "128M", "--idle-timeout", "0"}, {"sleep", "load-c"}, {"exec", "load-c", "--", "true"}},
+	})
+	for _, vm := range []string{"load-a", "load-c"} {
+		_, _ = a.run("rm", "--force", vm) // a create that failed left none
+	}
+	if out := a.must("ls"); strings.Contains(out, "load-") {
+		t.Fatalf("den ls after the load VMs were removed:\n%s", out)
+	}
+	if n, m := len(b.vmmPIDs("box")), len(b.vmmPIDs("other")); n != 1 || m != 1 {
+		t.Fatalf("VMMs on host-b after PostgreSQL restarted: box %d, other %d", n, m)
 	}
 
-	// Both hosts race to wake box: one VMM each time, and the request
-	// that lost the race is served through the host that won it.
-	for round := range 3 {
+	// host-c stops (it comes back below with another QEMU): a stop with
+	// no VM of its own.
+	if err := hc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	hc.waitExit()
+
+	// Both hosts race to wake box, 20 times: one VMM each time, and the
+	// request that lost the race is served through the host that won it.
+	races := time.Now()
+	won := map[string]int{}
+	for round := range 20 {
 		a.must("sleep", "box") // forwarded to the host that runs it
 		outs := make(chan string, 2)
 		for _, d := range []*daemon{a, b} {
@@ -232,14 +358,16 @@ func TestClusterFence(t *testing.T) {
 				t.Fatalf("round %d: a wake: %s", round, out)
 			}
 		}
-		if n, m := len(a.vmmPIDs("box")), len(b.vmmPIDs("box")); n+m != 1 {
+		n, m := len(a.vmmPIDs("box")), len(b.vmmPIDs("box"))
+		if n+m != 1 {
 			t.Fatalf("round %d: VMMs of box: host-a %d, host-b %d", round, n, m)
 		}
+		won[map[bool]string{true: "host-a", false: "host-b"}[n == 1]]++
 	}
+	t.Logf("20 rounds of racing wakes in %s, won by %v", time.Since(races).Round(time.Second), won)
 	// den move, asked of either host, goes through the host that runs
 	// the VM: box ends on each host in turn, with its file and a
 	// process it left running.
-	b.must("exec", "box", "--", "sh", "-c", "sleep 100000 </dev/null >/dev/null 2>&1 &")
 	moves := []string{"host-a", "host-b"} // ending on host-b
 	if len(a.vmmPIDs("box")) == 1 {
 		moves = []string{"host-b", "host-a", "host-b"}
@@ -262,7 +390,7 @@ func TestClusterFence(t *testing.T) {
 		if n, m := len(here.vmmPIDs("box")), len(there.vmmPIDs("box")); n != 1 || m != 0 {
 			t.Fatalf("VMMs of box after its move to %s: there %d, elsewhere %d", to, n, m)
 		}
-		if out := here.must("exec", "box", "--", "sh", "-c", "cat /root/mark; grep -q '10000[0]' /proc/[0-9]*/cmdline 2>/dev/null && echo sleeping"); out != "from-a\nsleeping\n" {
+		if out := here.must("exec", "box", "--", "sh", "-c", still); out != "from-a\nsleeping\n" {
 			t.Fatalf("box moved to %s: %q", to, out)
 		}
 	}
@@ -375,7 +503,7 @@ func TestClusterFence(t *testing.T) {
 		t.Fatalf("host-a's disk of box holds host-b's late write (%q, %v)", got, err)
 	}
 	h = hostsOf(t, a)
-	if len(h.Hosts) != 2 || h.Hosts[0].Name != "host-a" || !h.Hosts[0].Alive || h.Hosts[1].Name != "host-b" || h.Hosts[1].Alive {
+	if len(h.Hosts) != 3 || !h.Hosts[0].Alive || h.Hosts[1].Alive || h.Hosts[2].Alive {
 		t.Fatalf("hosts on host-a: %+v", h)
 	}
 	// Lost, box waits for a person: an exec does not start it, a wake
@@ -444,7 +572,8 @@ func TestClusterFence(t *testing.T) {
 	if err := os.WriteFile(qemu, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	hc := c.host("host-c", "DEN_QEMU_BINARY="+qemu)
+	hc.env = []string{"DEN_QEMU_BINARY=" + qemu}
+	hc.start()
 	_, err = a.run("move", "box", "--to", "host-c")
 	var refused *runError
 	if !errors.As(err, &refused) || !strings.Contains(refused.stderr, `host host-c cannot restore vm "box"'s memory`) ||
@@ -534,4 +663,99 @@ func TestClusterConfigRefused(t *testing.T) {
 			t.Errorf("%s: the volume was mounted", tc.name)
 		}
 	}
+}
+
+// underRestart runs each host's verbs in turn, the hosts side by side,
+// and restarts PostgreSQL meanwhile. Each verb finishes, or fails with a
+// one-line error; afterwards every host is alive, no VM is lost, and a
+// running VM has one VMM, on the host that den info says runs it.
+func underRestart(t *testing.T, c *clusterEnv, load map[*daemon][][]string) {
+	t.Helper()
+	type done struct {
+		err        error
+		start, end time.Time
+	}
+	dones := make(chan done, 16)
+	n := 0
+	for d, verbs := range load {
+		n += len(verbs)
+		go func() {
+			for _, args := range verbs {
+				start := time.Now()
+				_, err := d.run(args...)
+				dones <- done{err, start, time.Now()}
+			}
+		}()
+	}
+	// The creates boot for seconds: PostgreSQL restarts while they and
+	// the others are under way.
+	down := time.Now()
+	if err := c.pg.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	up := time.Now()
+	across := 0
+	for range n {
+		d := <-dones
+		if d.start.Before(down) && d.end.After(up) {
+			across++
+		}
+		err := d.err
+		var re *runError
+		switch {
+		case err == nil:
+		case !errors.As(err, &re) || re.stderr == "" || strings.Contains(re.stderr, "\n"):
+			t.Fatalf("under a PostgreSQL restart: %v", err)
+		default:
+			t.Logf("under a PostgreSQL restart: %v", err)
+		}
+	}
+	t.Logf("PostgreSQL restarted in %s; %d of %d verbs ran across it", up.Sub(down).Round(time.Millisecond), across, n)
+	if across == 0 {
+		t.Fatal("no verb ran across PostgreSQL's restart")
+	}
+	var hosts []*daemon
+	for d := range load {
+		hosts = append(hosts, d)
+	}
+	for _, d := range hosts {
+		for _, h := range hostsOf(t, d).Hosts {
+			if !h.Alive {
+				t.Fatalf("host %s seen dead from a host after PostgreSQL restarted", h.Name)
+			}
+		}
+	}
+	var vms []vmJSON
+	if err := json.Unmarshal([]byte(hosts[0].must("ls", "--json")), &vms); err != nil {
+		t.Fatal(err)
+	}
+	for _, vm := range vms {
+		vm := hosts[0].info(vm.Name)
+		vmms := map[string]int{}
+		total := 0
+		for _, d := range hosts {
+			if k := len(d.vmmPIDs(vm.Name)); k > 0 {
+				vmms[hostOf(t, d)] += k
+				total += k
+			}
+		}
+		switch {
+		case vm.State == "sleeping" && total == 0:
+		case vm.State == "running" && total == 1 && vmms[vm.Host] == 1:
+		default:
+			t.Fatalf("vm %s after PostgreSQL restarted: %+v; VMMs by host %v", vm.Name, vm, vmms)
+		}
+	}
+}
+
+// hostOf is the name of d's host.
+func hostOf(t *testing.T, d *daemon) string {
+	t.Helper()
+	for _, h := range hostsOf(t, d).Hosts {
+		if h.This {
+			return h.Name
+		}
+	}
+	t.Fatal("den hosts names no host as this one")
+	return ""
 }

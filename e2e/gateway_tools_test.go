@@ -81,7 +81,7 @@ func (g *gw) ssh(key string, stdin []byte, args ...string) (string, string, int)
 	return runTool(g.t, g.sshCmd(ctx, key, args...), stdin)
 }
 
-func runTool(t *testing.T, cmd *exec.Cmd, stdin []byte) (string, string, int) {
+func runTool(t testing.TB, cmd *exec.Cmd, stdin []byte) (string, string, int) {
 	t.Helper()
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

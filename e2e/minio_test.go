@@ -10,15 +10,22 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/denhq/den/internal/netns"
+	"github.com/denhq/den/internal/testutil"
 )
 
-// minio is a MinIO server on 127.0.0.1 for a test.
+// minio is a MinIO server on 127.0.0.1 for a test, or on an address in
+// a network namespace (ns).
 type minio struct {
 	t    testing.TB
 	bin  string
 	dir  string
+	ns   string
 	addr string
 	cmd  *exec.Cmd
+	// exited is closed when cmd has exited.
+	exited <-chan struct{}
 }
 
 const (
@@ -28,17 +35,24 @@ const (
 
 func startMinio(t testing.TB) *minio {
 	t.Helper()
-	bin := filepath.Join(repoRoot(t), "bin", "minio")
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("bin/minio not built (make deps): %v", err)
-	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
 	l.Close()
-	m := &minio{t: t, bin: bin, dir: t.TempDir(), addr: addr}
+	return startMinioIn(t, "", addr)
+}
+
+// startMinioIn starts MinIO on addr in network namespace ns ("": the
+// test's).
+func startMinioIn(t testing.TB, ns, addr string) *minio {
+	t.Helper()
+	bin := filepath.Join(repoRoot(t), "bin", "minio")
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("bin/minio not built (make deps): %v", err)
+	}
+	m := &minio{t: t, bin: bin, dir: t.TempDir(), ns: ns, addr: addr}
 	m.start()
 	t.Cleanup(m.stop)
 	return m
@@ -50,12 +64,18 @@ func (m *minio) start() {
 	m.cmd.Env = append(os.Environ(), "MINIO_ROOT_USER="+minioUser, "MINIO_ROOT_PASSWORD="+minioPassword,
 		"MINIO_BROWSER=off", "MINIO_UPDATE=off", "MINIO_CI_CD=1")
 	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := m.cmd.Start(); err != nil {
+	exited, err := testutil.StartLockedIn(m.ns, m.cmd)
+	if err != nil {
 		m.t.Fatal(err)
+	}
+	m.exited = exited
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: netns.Dialer(m.ns)}}
+	if m.ns == "" {
+		hc = http.DefaultClient
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		resp, err := http.Get("http://" + m.addr + "/minio/health/ready")
+		resp, err := hc.Get("http://" + m.addr + "/minio/health/ready")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -70,7 +90,7 @@ func (m *minio) start() {
 func (m *minio) stop() {
 	if m.cmd != nil && m.cmd.Process != nil {
 		_ = m.cmd.Process.Kill()
-		_, _ = m.cmd.Process.Wait()
+		<-m.exited
 		m.cmd = nil
 	}
 }

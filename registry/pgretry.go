@@ -4,6 +4,9 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -18,6 +21,12 @@ import (
 // pooled connection is pinged before its next statement: the others
 // are most likely dead too.
 const suspectFor = 10 * time.Second
+
+// restartPatience is how long a new connection waits for a server that
+// refuses it, or says it is starting up or shutting down: about what a
+// restart or a failover takes, not what an outage does. An operation
+// that meets a restart finishes once it is over.
+const restartPatience = 10 * time.Second
 
 // ended is what the connections of one database share: until when they
 // are suspect.
@@ -45,7 +54,7 @@ func newEndedConnector(cfg pgx.ConnConfig, e *ended) endedConnector {
 }
 
 func (c endedConnector) Connect(ctx context.Context) (driver.Conn, error) {
-	dc, err := c.Connector.Connect(ctx)
+	dc, err := c.connect(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -55,6 +64,48 @@ func (c endedConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	}
 	return endedConn{sc, c.e}, nil
 }
+
+// connect connects, waiting (restartPatience at most) while the server
+// is down or restarting.
+func (c endedConnector) connect(ctx context.Context) (driver.Conn, error) {
+	start := time.Now()
+	wait := 50 * time.Millisecond
+	for {
+		dc, err := c.Connector.Connect(ctx)
+		if err == nil || !serverAway(err) || ctx.Err() != nil {
+			return dc, err
+		}
+		c.e.mark()
+		if time.Since(start)+wait > restartPatience {
+			return nil, fmt.Errorf("postgresql took no connection within %s: %w", restartPatience, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for postgresql to take a connection: %w", errors.Join(ctx.Err(), err))
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// serverAway says err is of a server that is down or restarting: the
+// connection was refused, or ended before it was set up, or the server
+// said it is starting up or shutting down (SQLSTATE class 57P).
+func serverAway(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return endedCode(pe.Code)
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Net == "unix" && errors.Is(err, syscall.ENOENT) {
+		return true // its socket file is gone while it is down
+	}
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// endedCode: administrator or crash shutdown, or not accepting yet.
+func endedCode(code string) bool { return code == "57P01" || code == "57P02" || code == "57P03" }
 
 // endedConn is a pgx connection that reports a session the server ended
 // as driver.ErrBadConn where sending again is safe: a BEGIN, and a query
@@ -77,7 +128,23 @@ func (c endedConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.T
 func (c endedConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
 	inTx := c.Conn.Conn().PgConn().TxStatus() != 'I'
 	rows, err := c.Conn.QueryContext(ctx, q, args)
+	if err != nil && !inTx && ctx.Err() == nil && c.lost(err) {
+		// A query outside a transaction may run twice: sent again on
+		// another connection however far it got on this one.
+		c.e.mark()
+		return nil, driver.ErrBadConn
+	}
 	return rows, c.bad(ctx, err, !inTx)
+}
+
+// lost says the connection ended with err: it broke (pgx closes a
+// connection whose network failed), or the server ended the session.
+func (c endedConn) lost(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return endedCode(pe.Code)
+	}
+	return c.Conn.Conn().IsClosed()
 }
 
 func (c endedConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
@@ -96,7 +163,7 @@ func (c endedConn) bad(ctx context.Context, err error, ended bool) error {
 		return err
 	}
 	var pe *pgconn.PgError
-	isEnded := errors.As(err, &pe) && (pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03")
+	isEnded := errors.As(err, &pe) && endedCode(pe.Code)
 	unsent := pgconn.SafeToRetry(err) || errors.Is(err, syscall.EPIPE)
 	if isEnded || unsent {
 		c.e.mark()

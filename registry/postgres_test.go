@@ -233,3 +233,43 @@ func TestPostgresRestart(t *testing.T) {
 		t.Fatalf("fenced statement after the restart: %v", err)
 	}
 }
+
+// TestPostgresDown: an operation that meets PostgreSQL down for a
+// restart waits for it to come back, reads and writes alike; one that
+// meets it down for longer than a restart takes fails, saying so.
+func TestPostgresDown(t *testing.T) {
+	ctx := context.Background()
+	pg := pgtest.Start(t)
+	db, err := OpenPostgres(ctx, pg.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	newVM(t, db, "box")
+	pg.Down()
+	done := make(chan error, 2)
+	go func() {
+		_, err := db.GetVM(ctx, "box")
+		done <- err
+	}()
+	go func() { done <- db.TouchVM(ctx, "box", time.Now()) }()
+	time.Sleep(500 * time.Millisecond) // both under way (they pass either way once it is up)
+	if err := pg.Up(); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatalf("an operation across a restart: %v", err)
+		}
+	}
+	pg.Down()
+	start := time.Now()
+	_, err = db.GetVM(ctx, "box")
+	if err == nil || !strings.Contains(err.Error(), "postgresql took no connection within 10s") {
+		t.Fatalf("a read with PostgreSQL down: %v", err)
+	}
+	t.Logf("with PostgreSQL down, a read failed after %s: %v", time.Since(start).Round(time.Millisecond), err)
+	if err := pg.Up(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -69,6 +69,66 @@ func (p *Pair) Close() {
 	}
 }
 
+// LANAddr is the address of a LAN's servers namespace, on its bridge;
+// its hosts are 10.98.0.11 and up.
+const LANAddr = "10.98.0.1"
+
+// LAN is a namespace per host of a cluster and one for the servers they
+// share (a registry, object storage), on one bridge in the servers'
+// namespace: a network of machines inside this one.
+//
+//	Servers: br0 10.98.0.1/24, lo
+//	Hosts[i]: eth0 10.98.0.(11+i)/24, lo
+type LAN struct {
+	Servers string
+	// Hosts are the hosts' namespaces, and Addrs their addresses, in
+	// the order NewLAN was given their names.
+	Hosts, Addrs []string
+}
+
+// NewLAN makes a LAN named PREFIXlan with a host namespace PREFIX+NAME
+// per name (any left by an earlier run with these names is removed
+// first).
+func NewLAN(prefix string, names ...string) (*LAN, error) {
+	l := &LAN{Servers: prefix + "lan"}
+	for i, name := range names {
+		l.Hosts = append(l.Hosts, prefix+name)
+		l.Addrs = append(l.Addrs, fmt.Sprintf("10.98.0.%d", 11+i))
+	}
+	l.Close()
+	cmds := [][]string{
+		{"netns", "add", l.Servers},
+		{"-n", l.Servers, "link", "set", "lo", "up"},
+		{"-n", l.Servers, "link", "add", "name", "br0", "type", "bridge"},
+		{"-n", l.Servers, "addr", "add", LANAddr + "/24", "dev", "br0"},
+		{"-n", l.Servers, "link", "set", "br0", "up"},
+	}
+	for i, ns := range l.Hosts {
+		port := fmt.Sprintf("vh%d", i)
+		cmds = append(cmds,
+			[]string{"netns", "add", ns},
+			[]string{"link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", port, "netns", l.Servers},
+			[]string{"-n", l.Servers, "link", "set", port, "master", "br0", "up"},
+			[]string{"-n", ns, "addr", "add", l.Addrs[i] + "/24", "dev", "eth0"},
+			[]string{"-n", ns, "link", "set", "eth0", "up"},
+			[]string{"-n", ns, "link", "set", "lo", "up"})
+	}
+	for _, args := range cmds {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		}
+	}
+	return l, nil
+}
+
+// Close removes the LAN's namespaces (and with them their devices).
+func (l *LAN) Close() {
+	for _, ns := range append([]string{l.Servers}, l.Hosts...) {
+		_ = exec.Command("ip", "netns", "del", ns).Run()
+	}
+}
+
 // In runs fn on a thread inside namespace ns; sockets fn makes stay in
 // ns. The thread is never given back to the runtime (it ends with its
 // goroutine), so nothing else runs in ns by accident.

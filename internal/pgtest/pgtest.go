@@ -1,5 +1,6 @@
 // Package pgtest runs a real PostgreSQL (the machine's own) on a loopback
-// port for tests, and hands out a fresh database per test.
+// port, or an address in a network namespace, for tests, and hands out a
+// fresh database per test.
 package pgtest
 
 import (
@@ -32,8 +33,12 @@ type Server struct {
 	// URL reaches the "postgres" database as the superuser, without the
 	// password (Password).
 	URL string
-	// Port is the loopback port the server listens on.
+	// Port is the port the server listens on.
 	Port int
+
+	// ns and addr are the network namespace ("": the test's) and the
+	// address the server listens on.
+	ns, addr string
 
 	base   string
 	bindir string
@@ -64,7 +69,16 @@ func BinDir() (string, error) {
 // Start starts a server that the test's cleanup stops.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	s, err := start()
+	return StartIn(t, "", "")
+}
+
+// StartIn is Start with the server in network namespace ns (a name from
+// ip netns), listening on addr there: as a cluster's hosts in namespaces
+// of their own reach it. Its unix socket (DSN) reaches it from any
+// namespace.
+func StartIn(t testing.TB, ns, addr string) *Server {
+	t.Helper()
+	s, err := start(ns, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +99,7 @@ func Shared(t testing.TB) *Server {
 	shared.Lock()
 	defer shared.Unlock()
 	if shared.s == nil && shared.err == nil {
-		shared.s, shared.err = start()
+		shared.s, shared.err = start("", "")
 	}
 	if shared.err != nil {
 		t.Fatal(shared.err)
@@ -110,11 +124,11 @@ func (s *Server) DSN(db string) string {
 	return fmt.Sprintf("postgres://postgres:%s@/%s?host=%s&port=%d&sslmode=disable", Password, db, s.base, s.Port)
 }
 
-// TCPURL is the URL of database db over loopback TCP, without the
+// TCPURL is the URL of database db over TCP, without the
 // password (as a config file names it; the password goes in a secrets
 // file).
 func (s *Server) TCPURL(db string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.Port, db)
+	return fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", net.JoinHostPort(s.addr, strconv.Itoa(s.Port)), db)
 }
 
 // NewDatabase creates an empty database of its own for the test, dropped
@@ -170,6 +184,12 @@ func (s *Server) Restart() error {
 	return s.run()
 }
 
+// Down stops the server, as for a restart that Up completes.
+func (s *Server) Down() { s.halt() }
+
+// Up starts the server Down stopped; it returns once it answers.
+func (s *Server) Up() error { return s.run() }
+
 // halt stops the server process: a fast shutdown (SIGINT), then SIGKILL
 // after 15 s.
 func (s *Server) halt() {
@@ -188,7 +208,7 @@ func (s *Server) Log() string {
 	return string(b)
 }
 
-func start() (*Server, error) {
+func start(ns, addr string) (*Server, error) {
 	bindir, err := BinDir()
 	if err != nil {
 		return nil, err
@@ -197,19 +217,22 @@ func start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{base: base, bindir: bindir}
+	s := &Server{base: base, bindir: bindir, ns: ns, addr: addr, Port: 5432}
 	if err := s.init(); err != nil {
 		os.RemoveAll(base)
 		return nil, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		os.RemoveAll(base)
-		return nil, err
+	if ns == "" {
+		// The test's own namespace: a free loopback port.
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			os.RemoveAll(base)
+			return nil, err
+		}
+		s.addr, s.Port = "127.0.0.1", l.Addr().(*net.TCPAddr).Port
+		l.Close()
 	}
-	s.Port = l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	s.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.Port)
+	s.URL = s.TCPURL("postgres")
 	if err := s.run(); err != nil {
 		os.RemoveAll(base)
 		return nil, err
@@ -269,12 +292,22 @@ func (s *Server) init() error {
 	if out, err := c.CombinedOutput(); err != nil {
 		return fmt.Errorf("initdb: %w\n%s", err, out)
 	}
-	return nil
+	if s.ns == "" {
+		return nil
+	}
+	// In a namespace, clients come from the networks it is on, with the
+	// password.
+	hba, err := os.OpenFile(filepath.Join(s.base, "data", "pg_hba.conf"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return err
+	}
+	_, err = hba.WriteString("host all all samenet scram-sha-256\n")
+	return errors.Join(err, hba.Close())
 }
 
 func (s *Server) run() error {
 	c, err := s.command("postgres", "-D", filepath.Join(s.base, "data"), "-k", s.base, "-p", strconv.Itoa(s.Port),
-		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=300")
+		"-c", "listen_addresses="+s.addr, "-c", "fsync=off", "-c", "max_connections=300")
 	if err != nil {
 		return err
 	}
@@ -284,7 +317,7 @@ func (s *Server) run() error {
 		}
 	}
 	c.Stdout, c.Stderr = s.logf, s.logf
-	exited, err := testutil.StartLocked(c)
+	exited, err := testutil.StartLockedIn(s.ns, c)
 	if err != nil {
 		return fmt.Errorf("start postgres: %w", err)
 	}

@@ -1,15 +1,17 @@
 // Package testutil holds what den's tests share: a log sink that
 // goroutines may write together, fresh SSH keys, bounded waits, damage
 // to a file, the skip of a test that needs root, and servers that die
-// with the test binary.
+// with the test binary (in a network namespace of their own if asked).
 package testutil
 
 import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+	"golang.org/x/sys/unix"
 
 	"github.com/denhq/den/internal/poll"
 )
@@ -107,11 +110,20 @@ func NeedRoot(t testing.TB, why string) {
 // then waits for the process: Pdeathsig fires when the thread that forked
 // exits, so the server dies with the test binary, and only then. The
 // returned channel is closed when the process has exited.
-func StartLocked(cmd *exec.Cmd) (<-chan struct{}, error) {
+func StartLocked(cmd *exec.Cmd) (<-chan struct{}, error) { return StartLockedIn("", cmd) }
+
+// StartLockedIn is StartLocked with the process in network namespace ns
+// (a name from ip netns; "" is the test's own): the forking thread
+// enters it first, and the process inherits it.
+func StartLockedIn(ns string, cmd *exec.Cmd) (<-chan struct{}, error) {
 	started := make(chan error, 1)
 	exited := make(chan struct{})
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		if err := setns(ns); err != nil {
+			started <- err
+			return
+		}
 		err := cmd.Start()
 		started <- err
 		if err != nil {
@@ -121,4 +133,20 @@ func StartLocked(cmd *exec.Cmd) (<-chan struct{}, error) {
 		close(exited)
 	}()
 	return exited, <-started
+}
+
+// setns moves the calling thread into network namespace ns ("": stays).
+func setns(ns string) error {
+	if ns == "" {
+		return nil
+	}
+	f, err := os.Open(filepath.Join("/var/run/netns", ns))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("enter network namespace %s: %w", ns, err)
+	}
+	return nil
 }
