@@ -697,7 +697,7 @@ func underRestart(t *testing.T, c *clusterEnv, load map[*daemon][][]string) {
 	across := 0
 	for range n {
 		d := <-dones
-		if d.start.Before(down) && d.end.After(up) {
+		if d.start.Before(up) && d.end.After(down) {
 			across++
 		}
 		err := d.err
@@ -710,7 +710,7 @@ func underRestart(t *testing.T, c *clusterEnv, load map[*daemon][][]string) {
 			t.Logf("under a PostgreSQL restart: %v", err)
 		}
 	}
-	t.Logf("PostgreSQL restarted in %s; %d of %d verbs ran across it", up.Sub(down).Round(time.Millisecond), across, n)
+	t.Logf("PostgreSQL restarted in %s; %d of %d verbs were under way meanwhile", up.Sub(down).Round(time.Millisecond), across, n)
 	if across == 0 {
 		t.Fatal("no verb ran across PostgreSQL's restart")
 	}
