@@ -5,6 +5,8 @@ package machine_test
 import (
 	"context"
 	"errors"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
+	"github.com/denhq/den/vmm"
 )
 
 // hostLeases are a cluster host's VM leases (machine.Leases) in the test's
@@ -174,5 +177,49 @@ func TestVMLeases(t *testing.T) {
 				t.Errorf("transition %s -> %s not exercised", from, to)
 			}
 		}
+	}
+}
+
+// TestStrayVMMOfAnotherHost: a VMM still running on this host for a VM
+// another host now holds (this host's fence failed to stop it) is
+// stopped at start-up, and the VM is left to that host.
+func TestStrayVMMOfAnotherHost(t *testing.T) {
+	var here *hostLeases
+	e := newEnvWith(t, func(c *machine.Config) {
+		here = &hostLeases{db: c.Registry.(registry.LeaseStore), host: "host-a", inst: "a", ttl: time.Minute, every: 100 * time.Millisecond}
+		c.Leases, c.HostName = here, "host-a"
+	})
+	ctx := ctxT(t)
+	e.create("box")
+	if err := e.m.Sleep(ctx, "box", false); err != nil {
+		t.Fatal(err)
+	}
+	other := &hostLeases{db: here.db, host: "host-b", inst: "b", ttl: time.Minute}
+	if !poll.Until(time.Minute, func() bool { _, err := other.Acquire(ctx, "box"); return err == nil }) {
+		t.Fatal("host-b never got the lease of box")
+	}
+	// A process stands in for the VMM: box's PID file names it.
+	rd := e.state.Run("box")
+	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc, err := vmm.StartProcess(vmm.ProcessSpec{Binary: sleep, Args: []string{"600"}, Log: rd.Log(), PIDFile: rd.PIDFile(), Dir: rd.Path()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proc.Kill() })
+	e.restart()
+	select {
+	case <-proc.Exited():
+	case <-time.After(testTimeout):
+		t.Fatal("a vmm of a vm host-b holds still runs here after a restart")
+	}
+	e.wantState("box", registry.StateSleeping)
+	if l, err := here.Get(ctx, "box"); err != nil || !l.Held() || l.Host != "host-b" {
+		t.Fatalf("lease of box after the restart: %+v, %v", l, err)
 	}
 }

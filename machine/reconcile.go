@@ -78,8 +78,9 @@ func (su *startup) reconcile(ctx context.Context) error {
 // claim takes, on a cluster host, the lock and lease of every VM that
 // no other host holds, for reconcile, which then looks at those alone: a
 // VM another host runs, creates or works on is that host's to reconcile.
-// It returns the claimed VMs' unlocks (nil on a host of its own: every
-// VM is this host's).
+// A VMM of such a VM still running here (its fence failed to stop it)
+// is stopped: never two VMMs on one disk. It returns the claimed VMs'
+// unlocks (nil on a host of its own: every VM is this host's).
 func (su *startup) claim(ctx context.Context) (map[string]func(), error) {
 	if su.m.cfg.Leases == nil {
 		return nil, nil
@@ -93,6 +94,9 @@ func (su *startup) claim(ctx context.Context) (map[string]func(), error) {
 		unlock, err := su.m.locks.lockName(ctx, vm.Name, "start-up")
 		if err != nil {
 			su.m.log.Info("den: start-up: a vm is another host's", "vm", vm.Name, "err", err)
+			if held := (*HeldError)(nil); errors.As(err, &held) && held.Host != su.m.cfg.HostName {
+				su.strayElsewhere(vm.Name, held.Host)
+			}
 			continue
 		}
 		claimed[vm.Name] = unlock
@@ -228,6 +232,19 @@ func (su *startup) strayVMM(ctx context.Context, vm registry.VM) {
 		_ = p.Stop(10 * time.Second)
 	}
 	su.m.launch.discardRuntime(vm.Name)
+}
+
+// strayElsewhere stops a VMM left running here for a VM that host holds,
+// and removes its runtime files (they are this host's alone).
+func (su *startup) strayElsewhere(name, host string) {
+	rd := su.m.state.Run(name)
+	p, err := vmm.AdoptProcess(rd.PIDFile())
+	if err != nil {
+		return
+	}
+	su.m.log.Warn("den: stopping a vmm of a vm another host holds", "vm", name, "host", host, "pid", p.PID())
+	_ = p.Stop(10 * time.Second)
+	su.m.launch.discardRuntime(name)
 }
 
 // sweepClones removes the clones a crash cut short in vm's directory (a
