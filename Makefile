@@ -45,7 +45,7 @@ image: build
 test: deps build image
 	$(GO) test -p 1 -count=1 -timeout 60m ./...
 	DEN_TEST_REGISTRY=postgres $(GO) test -count=1 -timeout 20m ./machine/
-	DEN_E2E_REGISTRY=postgres $(GO) test -count=1 -timeout 20m -run 'TestCheckpointRestoreFork$$|TestCrashDuringCheckpointAndRestore$$' ./e2e/
+	DEN_E2E_REGISTRY=postgres $(GO) test -count=1 -timeout 20m -run 'TestCheckpointRestoreFork$$|TestCrashDuringCheckpointAndRestore$$|TestLocalUsers$$|TestAPITokens$$' ./e2e/
 
 ## test-unit: the tests that need neither root nor images
 test-unit:

@@ -137,6 +137,8 @@ func (s *Store) each(ctx context.Context, m *Manifest, f func(e Extent, b []byte
 	skip := map[loc]bool{}
 	failed := map[Digest]Damage{} // each digest's last copy that failed
 	buf := make([]byte, maxRun)
+	packs := openPacks{s: s, files: map[string]*os.File{}}
+	defer packs.close()
 	for try := 0; len(pending) > 0; try++ {
 		found, missing, err := s.place(m, pending, skip, try > 0)
 		if err != nil {
@@ -157,7 +159,7 @@ func (s *Store) each(ctx context.Context, m *Manifest, f func(e Extent, b []byte
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			err := s.readRun(r, buf, f, func(e placed, detail string) {
+			err := packs.readRun(r, buf, f, func(e placed, detail string) {
 				if detail != packMissing {
 					s.markDamaged(e.Digest)
 				}
@@ -176,21 +178,53 @@ func (s *Store) each(ctx context.Context, m *Manifest, f func(e Extent, b []byte
 // packMissing: the collector moved the extent and removed its pack.
 const packMissing = "its pack is missing"
 
+// openPacks are the packs one read of a manifest opened, each once: on
+// the volume, an open and a close are round trips to its metadata
+// engine, and a manifest's extents lie in runs of a few pages each when
+// its memory shares most of them with other snapshots.
+type openPacks struct {
+	s     *Store
+	files map[string]*os.File // nil: the pack is missing
+}
+
+func (p openPacks) open(name string) (*os.File, error) {
+	if f, ok := p.files[name]; ok {
+		return f, nil
+	}
+	f, err := os.Open(p.s.packPath(name))
+	if errors.Is(err, fs.ErrNotExist) {
+		p.files[name] = nil
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	p.files[name] = f
+	return f, nil
+}
+
+func (p openPacks) close() {
+	for _, f := range p.files {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
 // readRun reads one run and hands its extents to f; those it cannot (the
 // pack is gone, or too short, or they do not match their digests) to
 // retry, with why.
-func (s *Store) readRun(r readRun, buf []byte, f func(Extent, []byte) error, retry func(e placed, detail string)) error {
-	pack, err := os.Open(s.packPath(r.pack))
-	if errors.Is(err, fs.ErrNotExist) {
+func (p openPacks) readRun(r readRun, buf []byte, f func(Extent, []byte) error, retry func(e placed, detail string)) error {
+	pack, err := p.open(r.pack)
+	if err != nil {
+		return fmt.Errorf("read memory: %w", err)
+	}
+	if pack == nil {
 		for _, e := range r.ext {
 			retry(e, packMissing)
 		}
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("read memory: %w", err)
-	}
-	defer pack.Close()
 	last := r.ext[len(r.ext)-1]
 	n := last.at + last.n - r.at
 	got, rerr := pack.ReadAt(buf[:n], r.at)
