@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -195,4 +196,35 @@ func (e *env) wantState(name string, want registry.State) registry.VM {
 		e.t.Fatalf("vm %s is %s (%s), want %s", name, vm.State, vm.Reason, want)
 	}
 	return vm
+}
+
+// standIn starts a process that stands in for a VMM in rd (made if it
+// is missing): rd's PID file names it. It is killed when the test ends.
+func standIn(t *testing.T, rd vmm.RunDir) *vmm.Process {
+	t.Helper()
+	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc, err := vmm.StartProcess(vmm.ProcessSpec{Binary: sleep, Args: []string{"600"}, Log: rd.Log(), PIDFile: rd.PIDFile(), Dir: rd.Path()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proc.Kill() })
+	return proc
+}
+
+// restartStops restarts the Manager, which must stop proc (what it
+// stands for, in the failure).
+func (e *env) restartStops(proc *vmm.Process, what string) {
+	e.t.Helper()
+	e.restart()
+	select {
+	case <-proc.Exited():
+	case <-time.After(testTimeout):
+		e.t.Fatalf("%s still runs after the restart", what)
+	}
 }

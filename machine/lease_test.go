@@ -5,8 +5,6 @@ package machine_test
 import (
 	"context"
 	"errors"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +12,6 @@ import (
 	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
-	"github.com/denhq/den/vmm"
 )
 
 // hostLeases are a cluster host's VM leases (machine.Leases) in the test's
@@ -199,25 +196,7 @@ func TestStrayVMMOfAnotherHost(t *testing.T) {
 		t.Fatal("host-b never got the lease of box")
 	}
 	// A process stands in for the VMM: box's PID file names it.
-	rd := e.state.Run("box")
-	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	sleep, err := exec.LookPath("sleep")
-	if err != nil {
-		t.Fatal(err)
-	}
-	proc, err := vmm.StartProcess(vmm.ProcessSpec{Binary: sleep, Args: []string{"600"}, Log: rd.Log(), PIDFile: rd.PIDFile(), Dir: rd.Path()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proc.Kill() })
-	e.restart()
-	select {
-	case <-proc.Exited():
-	case <-time.After(testTimeout):
-		t.Fatal("a vmm of a vm host-b holds still runs here after a restart")
-	}
+	e.restartStops(standIn(t, e.state.Run("box")), "a vmm of a vm host-b holds")
 	e.wantState("box", registry.StateSleeping)
 	if l, err := here.Get(ctx, "box"); err != nil || !l.Held() || l.Host != "host-b" {
 		t.Fatalf("lease of box after the restart: %+v, %v", l, err)

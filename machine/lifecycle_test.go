@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,7 +19,6 @@ import (
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
-	"github.com/denhq/den/vmm"
 )
 
 // TestTransitions walks every edge of the state table through the
@@ -825,24 +823,7 @@ func TestRestartStopsPrelaunchedVMMs(t *testing.T) {
 	e := newEnv(t)
 	e.create("x")
 	rd := e.state.Run("_pre-x-1f")
-	if err := os.MkdirAll(rd.Path(), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	sleep, err := exec.LookPath("sleep")
-	if err != nil {
-		t.Fatal(err)
-	}
-	proc, err := vmm.StartProcess(vmm.ProcessSpec{Binary: sleep, Args: []string{"600"}, Log: rd.Log(), PIDFile: rd.PIDFile(), Dir: rd.Path()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proc.Kill() })
-	e.restart()
-	select {
-	case <-proc.Exited():
-	case <-time.After(testTimeout):
-		t.Fatal("the prelaunched process still runs after the restart")
-	}
+	e.restartStops(standIn(t, rd), "the prelaunched process")
 	if dirExists(rd.Path()) {
 		t.Fatalf("%s is still there after the restart", rd.Path())
 	}

@@ -182,13 +182,7 @@ func TestPostgresUnreachable(t *testing.T) {
 // still succeed.
 func TestPostgresRestart(t *testing.T) {
 	ctx := context.Background()
-	pg := pgtest.Start(t)
-	db, err := OpenPostgres(ctx, pg.NewDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	newVM(t, db, "box")
+	pg, db := ownPostgres(t)
 	l, err := db.AcquireLease(ctx, "box", "host-a", "i1", time.Minute, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -239,13 +233,7 @@ func TestPostgresRestart(t *testing.T) {
 // meets it down for longer than a restart takes fails, saying so.
 func TestPostgresDown(t *testing.T) {
 	ctx := context.Background()
-	pg := pgtest.Start(t)
-	db, err := OpenPostgres(ctx, pg.NewDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	newVM(t, db, "box")
+	pg, db := ownPostgres(t)
 	pg.Down()
 	done := make(chan error, 2)
 	go func() {
@@ -264,7 +252,7 @@ func TestPostgresDown(t *testing.T) {
 	}
 	pg.Down()
 	start := time.Now()
-	_, err = db.GetVM(ctx, "box")
+	_, err := db.GetVM(ctx, "box")
 	if err == nil || !strings.Contains(err.Error(), "postgresql took no connection within 10s") {
 		t.Fatalf("a read with PostgreSQL down: %v", err)
 	}
@@ -272,4 +260,17 @@ func TestPostgresDown(t *testing.T) {
 	if err := pg.Up(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// ownPostgres is a PostgreSQL server of the test's own (to restart or
+// stop), and a registry on it that records a VM, box.
+func ownPostgres(t *testing.T) (*pgtest.Server, *DB) {
+	pg := pgtest.Start(t)
+	db, err := OpenPostgres(context.Background(), pg.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	newVM(t, db, "box")
+	return pg, db
 }
