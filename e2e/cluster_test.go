@@ -320,10 +320,10 @@ func TestClusterFence(t *testing.T) {
 	// flushes, and with them its next sleep; see docs/cluster.md.)
 	b.must("sleep", "box")
 	b.must("sleep", "other")
-	reg := c.registry()
+	db := c.registry()
 	if !eventually(2*time.Minute, func() bool { // their digests written
 		for _, vm := range []string{"box", "other"} {
-			if l, err := reg.GetLease(context.Background(), vm); err != nil || l.Held() {
+			if l, err := db.GetLease(context.Background(), vm); err != nil || l.Held() {
 				return false
 			}
 		}
@@ -452,7 +452,6 @@ func TestClusterFence(t *testing.T) {
 
 	// host-b's daemon freezes: its fence guard kills its VMMs while its
 	// leases are still held.
-	db := c.registry()
 	if err := syscall.Kill(b.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -736,8 +735,10 @@ func underRestart(t *testing.T, c *clusterEnv, load map[*daemon][][]string) {
 		t.Fatal("no verb ran across PostgreSQL's restart")
 	}
 	var hosts []*daemon
+	names := map[*daemon]string{}
 	for d := range load {
 		hosts = append(hosts, d)
+		names[d] = hostOf(t, d)
 	}
 	for _, d := range hosts {
 		for _, h := range hostsOf(t, d).Hosts {
@@ -756,7 +757,7 @@ func underRestart(t *testing.T, c *clusterEnv, load map[*daemon][][]string) {
 		total := 0
 		for _, d := range hosts {
 			if k := len(d.vmmPIDs(vm.Name)); k > 0 {
-				vmms[hostOf(t, d)] += k
+				vmms[names[d]] += k
 				total += k
 			}
 		}

@@ -227,23 +227,24 @@ func (su *startup) strayVMM(ctx context.Context, vm registry.VM) {
 			cancel()
 		}
 	}
-	if p, err := vmm.AdoptProcess(rd.PIDFile()); err == nil {
-		su.m.log.Warn("den: stopping a vmm left by an interrupted operation", "vm", vm.Name, "state", vm.State, "pid", p.PID())
-		_ = p.Stop(10 * time.Second)
-	}
-	su.m.launch.discardRuntime(vm.Name)
+	su.stopLeft(vm.Name, "den: stopping a vmm left by an interrupted operation", "state", vm.State)
 }
 
-// strayElsewhere stops a VMM left running here for a VM that host holds,
-// and removes its runtime files (they are this host's alone).
+// strayElsewhere stops a VMM left running here for a VM that host holds.
 func (su *startup) strayElsewhere(name, host string) {
-	rd := su.m.state.Run(name)
-	p, err := vmm.AdoptProcess(rd.PIDFile())
-	if err != nil {
-		return
+	if _, err := vmm.AdoptProcess(su.m.state.Run(name).PIDFile()); err == nil {
+		su.stopLeft(name, "den: stopping a vmm of a vm another host holds", "host", host)
 	}
-	su.m.log.Warn("den: stopping a vmm of a vm another host holds", "vm", name, "host", host, "pid", p.PID())
-	_ = p.Stop(10 * time.Second)
+}
+
+// stopLeft stops the VMM a crash or a failed fence left running for
+// name, if it still runs, saying why (with attrs), and removes name's
+// runtime files (they are this host's alone).
+func (su *startup) stopLeft(name, why string, attrs ...any) {
+	if p, err := vmm.AdoptProcess(su.m.state.Run(name).PIDFile()); err == nil {
+		su.m.log.Warn(why, append([]any{"vm", name, "pid", p.PID()}, attrs...)...)
+		_ = p.Stop(10 * time.Second)
+	}
 	su.m.launch.discardRuntime(name)
 }
 

@@ -29,8 +29,9 @@ const suspectFor = 10 * time.Second
 const restartPatience = 10 * time.Second
 
 // ended is what the connections of one database share: until when they
-// are suspect.
-type ended struct{ until atomic.Int64 }
+// are suspect, and how many connections the server has refused (down
+// or restarting).
+type ended struct{ until, refused atomic.Int64 }
 
 func (e *ended) mark() { e.until.Store(time.Now().Add(suspectFor).UnixNano()) }
 
@@ -76,6 +77,7 @@ func (c endedConnector) connect(ctx context.Context) (driver.Conn, error) {
 			return dc, err
 		}
 		c.e.mark()
+		c.e.refused.Add(1)
 		if time.Since(start)+wait > restartPatience {
 			return nil, fmt.Errorf("postgresql took no connection within %s: %w", restartPatience, err)
 		}

@@ -113,6 +113,7 @@ func OpenPostgres(ctx context.Context, url string) (*DB, error) {
 	db.SetMaxOpenConns(16)
 	db.SetConnMaxIdleTime(5 * time.Minute)
 	d := newDB(db, postgresDialect)
+	d.ended = e
 	// Lease renewals and heartbeats get connections of their own: a
 	// busy record never starves them.
 	meta := sql.OpenDB(newEndedConnector(*cfg, e))

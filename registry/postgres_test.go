@@ -10,6 +10,7 @@ import (
 
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/pgtest"
+	"github.com/denhq/den/internal/poll"
 )
 
 // TestPostgresHostsShareOneRecord: several daemons (here, several
@@ -241,7 +242,10 @@ func TestPostgresDown(t *testing.T) {
 		done <- err
 	}()
 	go func() { done <- db.TouchVM(ctx, "box", time.Now()) }()
-	time.Sleep(500 * time.Millisecond) // both under way (they pass either way once it is up)
+	// Up once the server refused them a connection: they wait for it.
+	if !poll.Until(time.Minute, func() bool { return db.ended.refused.Load() > 0 }) {
+		t.Fatal("no operation asked the server that is down for a connection")
+	}
 	if err := pg.Up(); err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,9 @@ type DB struct {
 	// meta is the hosts' records and leases, never fenced: a host renews
 	// its lease, and records its heartbeat, through it.
 	meta *conn
+	// ended is what a PostgreSQL registry's connections share (nil on
+	// SQLite).
+	ended *ended
 }
 
 func newDB(db *sql.DB, d dialect) *DB {

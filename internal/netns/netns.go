@@ -136,19 +136,30 @@ func In(ns string, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		f, err := os.Open("/var/run/netns/" + ns)
-		if err != nil {
+		if err := Enter(ns); err != nil {
 			errc <- err
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", ns, err)
 			return
 		}
 		errc <- fn()
 	}()
 	return <-errc
+}
+
+// Enter moves the calling thread, which must be locked to its goroutine
+// and never given back to the runtime, into namespace ns ("": it stays).
+func Enter(ns string) error {
+	if ns == "" {
+		return nil
+	}
+	f, err := os.Open("/var/run/netns/" + ns)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("setns %s: %w", ns, err)
+	}
+	return nil
 }
 
 // Listen listens on addr inside namespace ns.

@@ -8,10 +8,8 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
-	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -19,8 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
-	"golang.org/x/sys/unix"
 
+	"github.com/denhq/den/internal/netns"
 	"github.com/denhq/den/internal/poll"
 )
 
@@ -120,7 +118,7 @@ func StartLockedIn(ns string, cmd *exec.Cmd) (<-chan struct{}, error) {
 	exited := make(chan struct{})
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		if err := setns(ns); err != nil {
+		if err := netns.Enter(ns); err != nil {
 			started <- err
 			return
 		}
@@ -133,20 +131,4 @@ func StartLockedIn(ns string, cmd *exec.Cmd) (<-chan struct{}, error) {
 		close(exited)
 	}()
 	return exited, <-started
-}
-
-// setns moves the calling thread into network namespace ns ("": stays).
-func setns(ns string) error {
-	if ns == "" {
-		return nil
-	}
-	f, err := os.Open(filepath.Join("/var/run/netns", ns))
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-		return fmt.Errorf("enter network namespace %s: %w", ns, err)
-	}
-	return nil
 }
