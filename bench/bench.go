@@ -39,6 +39,10 @@ type Options struct {
 	// ScaleOnly measures only a host with many sleeping VMs
 	// (sleepers.go).
 	ScaleOnly bool
+	// Cluster is a cluster config (den daemon --cluster) the scale
+	// figures' daemon joins: its VMs are recorded in the cluster's
+	// PostgreSQL and kept on its shared volume.
+	Cluster string
 	// ActivityOnly measures only what the guest's activity record
 	// costs (activity.go).
 	ActivityOnly bool

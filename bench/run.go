@@ -73,6 +73,9 @@ func startDaemon(ctx context.Context, o Options, v variant) (*daemon, error) {
 	for _, f := range v.flags {
 		args = append(args, strings.ReplaceAll(f, "{state}", filepath.Join(dir, "state")))
 	}
+	if o.Cluster != "" {
+		args = append(args, "--cluster", o.Cluster)
+	}
 	d.cmd = exec.Command(o.Den, args...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

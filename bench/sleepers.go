@@ -2,8 +2,10 @@ package bench
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,8 +14,11 @@ import (
 	"time"
 
 	"github.com/denhq/den/api"
+	"github.com/denhq/den/cluster"
+	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver, to count a cluster's rows
 )
 
 // Sleeping VMs a host keeps for the scale figures (--quick: quickSleepers).
@@ -56,8 +61,8 @@ func (d *daemon) sleepers(ctx context.Context, o Options, v variant, accel strin
 		return figs, fmt.Errorf("sleepers: %w", err)
 	}
 	say(fmt.Sprintf("%d sleeping VMs: cloning and registering", n))
-	names, inodes, err := d.cloneSleepers(ctx, "seed", n)
-	defer d.dropSleepers(names)
+	names, cost, err := d.cloneSleepers(ctx, o, "seed", n)
+	defer d.dropSleepers(o, names)
 	if err != nil {
 		return figs, fmt.Errorf("sleepers: %w", err)
 	}
@@ -100,7 +105,7 @@ func (d *daemon) sleepers(ctx context.Context, o Options, v variant, accel strin
 	}
 	label := fmt.Sprintf("%dx256M asleep", n)
 	mem := Figure{Name: fmt.Sprintf("daemon RSS with %d sleeping VMs", n), VMM: d.vmm, Accel: accel, Memory: label, Unit: "KiB", Samples: rss,
-		Note: fmt.Sprintf("%d KiB with one; %d volume inodes and 1 registry row per sleeping VM", rss1>>10, inodes)}
+		Note: fmt.Sprintf("%d KiB with one; %s", rss1>>10, cost)}
 	mem.Median, mem.Min, mem.Max = stats(rss)
 	return append(figs,
 		figure(fmt.Sprintf("daemon start to API answering, %d sleeping VMs", n), d.vmm, accel, label, starts),
@@ -112,9 +117,10 @@ func (d *daemon) sleepers(ctx context.Context, o Options, v variant, accel strin
 
 // cloneSleepers clones VM seed's files on the volume n times and
 // registers each clone as a sleeping VM of its own, the daemon being
-// down. It returns the clones' names and how many inodes each holds.
-func (d *daemon) cloneSleepers(ctx context.Context, seed string, n int) (names []string, inodes int, err error) {
-	err = d.offline(ctx, func(db *registry.DB, vol *storage.JuiceFS) error {
+// down. It returns the clones' names and what each costs the volume and
+// the databases.
+func (d *daemon) cloneSleepers(ctx context.Context, o Options, seed string, n int) (names []string, cost sleeperCost, err error) {
+	err = d.offline(ctx, o, func(db *registry.DB, vol *storage.JuiceFS, dbs []database) error {
 		vm, err := db.GetVM(ctx, seed)
 		if err != nil {
 			return err
@@ -123,8 +129,14 @@ func (d *daemon) cloneSleepers(ctx context.Context, seed string, n int) (names [
 		if err != nil {
 			return err
 		}
-		if err := filepath.WalkDir(src, func(string, fs.DirEntry, error) error { inodes++; return nil }); err != nil {
+		if err := filepath.WalkDir(src, func(string, fs.DirEntry, error) error { cost.inodes++; return nil }); err != nil {
 			return err
+		}
+		before := make([]int64, len(dbs))
+		for i, b := range dbs {
+			if before[i], err = b.rows(ctx); err != nil {
+				return err
+			}
 		}
 		for i := range n {
 			name := fmt.Sprintf("sleeper-%04d", i)
@@ -138,20 +150,39 @@ func (d *daemon) cloneSleepers(ctx context.Context, seed string, n int) (names [
 				return fmt.Errorf("register %s: %w", name, err)
 			}
 		}
+		for i, b := range dbs {
+			after, err := b.rows(ctx)
+			if err != nil {
+				return err
+			}
+			cost.rows = append(cost.rows, fmt.Sprintf("%.1f %s rows", float64(after-before[i])/float64(n), b.what))
+		}
 		return nil
 	})
-	return names, inodes, err
+	return names, cost, err
+}
+
+// sleeperCost is what one sleeping VM costs: the volume's inodes and,
+// said in words, the rows of each database (den's registry and the
+// volume's metadata).
+type sleeperCost struct {
+	inodes int
+	rows   []string
+}
+
+func (c sleeperCost) String() string {
+	return fmt.Sprintf("%d volume inodes, %s per sleeping VM", c.inodes, strings.Join(c.rows, ", "))
 }
 
 // dropSleepers removes the clones' records and files with the daemon
 // down, and starts it again.
-func (d *daemon) dropSleepers(names []string) {
+func (d *daemon) dropSleepers(o Options, names []string) {
 	if len(names) == 0 || d.halt() != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	_ = d.offline(ctx, func(db *registry.DB, vol *storage.JuiceFS) error {
+	_ = d.offline(ctx, o, func(db *registry.DB, vol *storage.JuiceFS, _ []database) error {
 		for _, name := range names {
 			_ = db.DeleteVM(ctx, name)
 			_ = vol.Remove(ctx, storage.VMDir(name))
@@ -162,14 +193,38 @@ func (d *daemon) dropSleepers(names []string) {
 }
 
 // offline runs f on the stopped daemon's registry and volume (mounted
-// for it, and unmounted after).
-func (d *daemon) offline(ctx context.Context, f func(*registry.DB, *storage.JuiceFS) error) error {
-	db, err := registry.Open(filepath.Join(d.dir, "state", "den.db"))
+// for it, and unmounted after): the cluster's when it joined one
+// (Options.Cluster). dbs are the databases the two keep their records in.
+func (d *daemon) offline(ctx context.Context, o Options, f func(reg *registry.DB, vol *storage.JuiceFS, dbs []database) error) error {
+	state := machine.StateDir(filepath.Join(d.dir, "state"))
+	vcfg := storage.Config{StateDir: state.VolumeState()}
+	dbs := []database{
+		{what: "registry", driver: "sqlite", dsn: "file:" + state.DB()},
+		{what: "volume metadata", driver: "sqlite", dsn: "file:" + filepath.Join(vcfg.StateDir, "meta.db")},
+	}
+	open := func() (*registry.DB, error) { return registry.Open(state.DB()) }
+	if o.Cluster != "" {
+		cc, err := cluster.Load(o.Cluster, "bench", vcfg.StateDir)
+		if err != nil {
+			return err
+		}
+		vcfg = cc.Volume
+		meta, err := url.Parse(cc.Volume.MetaURL)
+		if err != nil {
+			return fmt.Errorf("volume meta_url: %w", err)
+		}
+		if pw := cc.Volume.Secrets.MetaPassword; pw != "" {
+			meta.User = url.UserPassword(meta.User.Username(), pw)
+		}
+		dbs = []database{{what: "registry", driver: "pgx", dsn: cc.RegistryDSN()}, {what: "volume metadata", driver: "pgx", dsn: meta.String()}}
+		open = func() (*registry.DB, error) { return registry.OpenPostgres(ctx, cc.RegistryDSN()) }
+	}
+	db, err := open()
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	vol, err := storage.Open(ctx, storage.Config{StateDir: filepath.Join(d.dir, "state", "juicefs")})
+	vol, err := storage.Open(ctx, vcfg)
 	if err != nil {
 		return err
 	}
@@ -178,7 +233,53 @@ func (d *daemon) offline(ctx context.Context, f func(*registry.DB, *storage.Juic
 		defer cancel()
 		_ = vol.Unmount(uctx)
 	}()
-	return f(db, vol)
+	return f(db, vol, dbs)
+}
+
+// database is a database a scale run counts rows in.
+type database struct {
+	what   string
+	driver string // database/sql's: "sqlite" or "pgx"
+	dsn    string
+}
+
+// rows counts the rows of every table in the database's schema.
+func (b database) rows(ctx context.Context) (int64, error) {
+	db, err := sql.Open(b.driver, b.dsn)
+	if err != nil {
+		return 0, fmt.Errorf("count %s rows: %w", b.what, err)
+	}
+	defer db.Close()
+	q := `SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'`
+	if b.driver == "pgx" {
+		q = `SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'`
+	}
+	tables, err := db.QueryContext(ctx, q)
+	if err != nil {
+		return 0, fmt.Errorf("count %s rows: %w", b.what, err)
+	}
+	var names []string
+	for tables.Next() {
+		var name string
+		if err := tables.Scan(&name); err != nil {
+			tables.Close()
+			return 0, fmt.Errorf("count %s rows: %w", b.what, err)
+		}
+		names = append(names, name)
+	}
+	tables.Close()
+	if err := tables.Err(); err != nil {
+		return 0, fmt.Errorf("count %s rows: %w", b.what, err)
+	}
+	var total int64
+	for _, name := range names {
+		var n int64
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM "`+name+`"`).Scan(&n); err != nil {
+			return 0, fmt.Errorf("count %s rows: table %s: %w", b.what, name, err)
+		}
+		total += n
+	}
+	return total, nil
 }
 
 // halt stops the daemon as a shutdown does (SIGTERM); its volume stays

@@ -127,7 +127,9 @@ func (c *clusterEnv) host(name string, env ...string) *daemon {
 // setup is the daemon setup of host name: its cluster config, and the
 // unmount of the shared volume when the test ends, whatever teardown
 // found. On a LAN, the daemon runs in the host's namespace, its SSH
-// gateway on port 2222 of its address and its URLs on port 8080.
+// gateway on port 2222 of its address and its URLs on port 8080, its VMs
+// on TAPs (their resolver asks the servers' address, where nothing
+// answers: the test's guests resolve no name).
 func (c *clusterEnv) setup(name string) func(dir string) []string {
 	return func(dir string) []string {
 		c.t.Cleanup(func() {
@@ -137,7 +139,7 @@ func (c *clusterEnv) setup(name string) func(dir string) []string {
 		})
 		args := []string{"--cluster", c.config(name)}
 		if c.lan != nil {
-			args = append(args, "--netns", c.lan.Hosts[c.hosts[name]],
+			args = append(args, "--netns", c.lan.Hosts[c.hosts[name]], "--net", "tap", "--dns-upstream", netns.LANAddr+":53",
 				"--ssh-listen", c.addr(name)+":2222", "--http-listen", c.addr(name)+":8080")
 		}
 		return args
@@ -280,6 +282,12 @@ func TestClusterFence(t *testing.T) {
 	if n, m := len(a.vmmPIDs("box")), len(b.vmmPIDs("other")); n != 1 || m != 1 {
 		t.Fatalf("VMMs: box on host-a %d, other on host-b %d", n, m)
 	}
+	// On TAPs, each VM has a subnet of its own in the cluster: host-b,
+	// which started before box was made, passed box's by.
+	_, boxIP := a.guestAddr("box")
+	if _, otherIP := b.guestAddr("other"); boxIP == "" || otherIP == "" || boxIP == otherIP {
+		t.Fatalf("guest addresses: box %q, other %q", boxIP, otherIP)
+	}
 	// A VM one host runs is reached through the other: the request is
 	// forwarded to its host.
 	if out := b.must("exec", "box", "--", "cat", "/root/mark"); out != "from-a\n" {
@@ -301,6 +309,9 @@ func TestClusterFence(t *testing.T) {
 	}
 	if n, m := len(a.vmmPIDs("box")), len(b.vmmPIDs("box")); n != 0 || m != 1 {
 		t.Fatalf("VMMs of box after its wake through host-b's gateway: host-a %d, host-b %d", n, m)
+	}
+	if _, ip := b.guestAddr("box"); ip != boxIP {
+		t.Fatalf("box's address on host-b: %q, on host-a %q", ip, boxIP)
 	}
 	// box's URL is served through host-c, from host-b, which runs it.
 	b.must("exec", "box", "--", "sh", "-c", "mkdir -p /tmp/www && echo hi from box > /tmp/www/index.html && httpd -p 8080 -h /tmp/www")

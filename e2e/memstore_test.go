@@ -144,12 +144,20 @@ func TestMemoryCheckpointCosts(t *testing.T) {
 // TestMemorySharedAndDamaged: two VMs from one warm base, and a fork and
 // its source, store their unchanged memory once; a flipped byte in an
 // extent they share is found by verify, marks every checkpoint that
-// names it, and each is refused on restore.
+// names it, and each is refused on restore. A VM asleep on memory that
+// shares it, with no local copy of it, is refused its wake (the fill of
+// its RAM checks each extent) and stays asleep.
 func TestMemorySharedAndDamaged(t *testing.T) {
 	d := startDaemon(t)
 	for _, vm := range []string{"a", "b"} {
 		d.must("create", vm, "--memory", "256M", "--idle-timeout", "0")
 		d.must("checkpoint", vm)
+	}
+	d.must("create", "s", "--memory", "256M", "--idle-timeout", "0")
+	d.must("sleep", "s")
+	ms, err := memstore.ReadManifest(d.volumePath("vms", "s", "suspend"))
+	if err != nil {
+		t.Fatal(err)
 	}
 	d.must("fork", "a@cp-1", "c")
 	d.must("checkpoint", "c")
@@ -168,15 +176,19 @@ func TestMemorySharedAndDamaged(t *testing.T) {
 		t.Fatalf("the store holds %d bytes live for %d bytes the snapshots name: not stored once", st.Live, named)
 	}
 
-	// An extent that a@cp-1 and b@cp-1 both name (the base's).
+	// An extent that a@cp-1, b@cp-1 and the memory s slept with all
+	// name (the base's).
 	ma, mb := d.manifestOf("a", "cp-1"), d.manifestOf("b", "cp-1")
-	inB := map[memstore.Digest]bool{}
+	inB, inS := map[memstore.Digest]bool{}, map[memstore.Digest]bool{}
 	for _, e := range mb.Extents {
 		inB[e.Digest] = true
 	}
+	for _, e := range ms.Extents {
+		inS[e.Digest] = true
+	}
 	var shared memstore.Digest
 	for _, e := range ma.Extents {
-		if inB[e.Digest] {
+		if inB[e.Digest] && inS[e.Digest] {
 			shared = e.Digest
 			break
 		}
@@ -187,7 +199,7 @@ func TestMemorySharedAndDamaged(t *testing.T) {
 	}
 	name, at, ok := store.Locate(shared)
 	if shared == (memstore.Digest{}) || !ok {
-		t.Fatal("a@cp-1 and b@cp-1 share no extent the store holds")
+		t.Fatal("a@cp-1, b@cp-1 and s's suspend slot share no extent the store holds")
 	}
 	f, err := os.OpenFile(d.volumePath("memstore", "packs", name), os.O_RDWR, 0)
 	if err != nil {
@@ -220,6 +232,14 @@ func TestMemorySharedAndDamaged(t *testing.T) {
 		if _, err := d.run("restore", vm, "cp-1", "--no-save"); err == nil || !strings.Contains(stderrOf(err), "damaged") {
 			t.Fatalf("restore of %s@cp-1, which names a damaged extent: %v", vm, err)
 		}
+	}
+	d.kill() // local copies of memory go with a restart
+	d.start()
+	if _, err := d.run("wake", "s"); err == nil || !strings.Contains(stderrOf(err), "damaged") || !strings.Contains(stderrOf(err), "it stays asleep") {
+		t.Fatalf("wake of s, asleep on memory that names a damaged extent: %v", err)
+	}
+	if vm := d.info("s"); vm.State != "sleeping" {
+		t.Fatalf("s after its wake was refused: %+v", vm)
 	}
 }
 

@@ -31,7 +31,39 @@ func (o *op) reserve(ctx context.Context, vm registry.VM) error {
 	if err != nil {
 		return err
 	}
-	return o.read(rec)
+	if err := o.read(rec); err != nil {
+		return err
+	}
+	return o.ownSubnet(ctx)
+}
+
+// ownSubnet gives the new VM another subnet while the record gives its
+// own to another VM too: in a cluster, hosts that create VMs at once may
+// pick the same one (each passes by the subnets recorded before it
+// chose). The VM that finds the other recorded moves; should both, each
+// tries again, a few times.
+func (o *op) ownSubnet(ctx context.Context) error {
+	n := &o.m.net
+	for try := 0; o.spec.Net != nil; try++ {
+		other, err := n.sharer(ctx, o.name(), *o.spec.Net)
+		if err != nil || other == "" {
+			return err
+		}
+		if try == 4 {
+			return fmt.Errorf("network: its subnet %s is vm %q's too, and so was every other it took: %w", o.spec.Net.Subnet, other, ErrBusy)
+		}
+		old := *o.spec.Net
+		var sp spec
+		if err := n.takeLease(ctx, o.name(), &sp, true, &o.undo); err != nil {
+			return err
+		}
+		if err := o.update(ctx, func(_ *registry.VM, s *spec) error { s.Net = sp.Net; return nil }); err != nil {
+			return err
+		}
+		n.dropLease(ctx, o.name(), &old)
+		o.m.log.Info("den: a new vm's subnet was another's too: it takes another", "vm", o.name(), "other", other, "from", old.Subnet, "to", sp.Net.Subnet)
+	}
+	return nil
 }
 
 // nameFree refuses a name a VM has in db. Create and fork check it

@@ -258,7 +258,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions, progress Progress
 	sp.Cmdline = m.launch.cmdline(o.Name, sp.Identity)
 	// The lease first: the warm base boots on the network the VM will
 	// have.
-	if err := m.net.takeLease(o.Name, &sp, &op.undo); err != nil {
+	if err := m.net.takeLease(ctx, o.Name, &sp, false, &op.undo); err != nil {
 		return registry.VM{}, fmt.Errorf("create vm %q: %w", o.Name, err)
 	}
 	vm := registry.VM{

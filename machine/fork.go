@@ -59,7 +59,7 @@ func (m *Manager) Fork(ctx context.Context, src, id, name string, progress Progr
 	vm := srcVM
 	vm.Name, vm.State, vm.Reason, vm.CreatedAt, vm.LastActive = name, registry.StateCreating, "", now, now
 	var own spec
-	if err := m.net.takeLease(name, &own, &fo.undo); err != nil {
+	if err := m.net.takeLease(ctx, name, &own, false, &fo.undo); err != nil {
 		return registry.VM{}, fmt.Errorf("fork %s to %q: %w", src, name, err)
 	}
 	vm.SpecJSON = mustJSON(own)

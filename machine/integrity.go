@@ -39,6 +39,12 @@ type snapshotRef struct {
 	// local is a local copy of the snapshot's memory file (memcopy.go),
 	// read and checked in place of the volume's; "" for none.
 	local string
+	// filled: the restore that follows the verification fills the
+	// guest's RAM with the memory kept by content, checking every extent
+	// against its digest as it reads it (memstore.Fill), whenever no
+	// local copy stands in: the verification leaves the store's extents
+	// to it, rather than read them twice.
+	filled bool
 }
 
 func checkpointRef(cp registry.Checkpoint) snapshotRef {

@@ -109,7 +109,9 @@ func (ss *snapshots) originDir(in *instance) string {
 }
 
 // fillMemory fills dst, a RAM file, with the memory of the VMM snapshot
-// in the directory host, from the store.
+// in the directory host, from the store, checking each extent. A damaged
+// extent fails it before the guest runs, and marks every checkpoint
+// whose memory shares it (markSharers).
 func (ss *snapshots) fillMemory(ctx context.Context, host, dst string) error {
 	man, err := memstore.ReadManifest(host)
 	if err != nil {
@@ -120,6 +122,12 @@ func (ss *snapshots) fillMemory(ctx context.Context, host, dst string) error {
 		return err
 	}
 	if err := store.Fill(ctx, man, dst); err != nil {
+		var d memstore.Damage
+		if errors.As(err, &d) {
+			err = damaged{err}
+			ss.m.integrity.markSharers([]memstore.Damage{d}, err)
+			return err
+		}
 		if errors.Is(err, memstore.ErrDamaged) {
 			return damaged{err}
 		}
@@ -168,6 +176,9 @@ func (g *integrity) verifyKept(ctx context.Context, ref *snapshotRef, host strin
 		g.m.log.Warn("den: a local memory copy failed verification: dropped", "snapshot", ref.what, "err", err)
 		_ = os.Remove(ref.local)
 		ref.local = ""
+	}
+	if ref.filled && !marked {
+		return nil // the fill checks each extent it reads (fillMemory)
 	}
 	return g.verifyStored(ctx, man)
 }

@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -74,13 +75,19 @@ type vmNet struct {
 	// userNet says whether a VMM has a network of its own (user mode).
 	userNet func(vmmName string) bool
 	log     *slog.Logger
+	// db is the record, shared by the hosts of a cluster (shared): a
+	// subnet is then one VM's across the cluster, so that a VM keeps
+	// its address on whichever host it wakes.
+	db     registry.Store
+	shared bool
 }
 
 // setupNetwork opens the host network for the VMs on record (tap mode),
 // or says why VMs use the VMM's own network.
 func (m *Manager) setupNetwork(ctx context.Context) error {
 	c := m.cfg.Network
-	m.net = vmNet{egress: c.DefaultEgress, log: m.log, userNet: func(name string) bool { return m.vmms.caps(name).UserNet }}
+	m.net = vmNet{egress: c.DefaultEgress, log: m.log, userNet: func(name string) bool { return m.vmms.caps(name).UserNet },
+		db: m.db, shared: m.cfg.Leases != nil}
 	use, why, err := tapWanted(c)
 	if err != nil || !use {
 		if why != "" {
@@ -156,13 +163,17 @@ func (n *vmNet) policyOf(sp spec) egress.Policy {
 
 // takeLease gives a new VM its own subnet and TAP (a fork gets new ones).
 // Its undo gives back that lease and nothing else: never by name, which
-// may be another VM's.
-func (n *vmNet) takeLease(name string, sp *spec, undo *cleanups) error {
+// may be another VM's. In a cluster the subnets other hosts gave their
+// VMs are passed by (learn); anywhere: see network.Host.Reserve.
+func (n *vmNet) takeLease(ctx context.Context, name string, sp *spec, anywhere bool, undo *cleanups) error {
 	sp.Net = nil
 	if n.host == nil {
 		return nil
 	}
-	l, err := n.host.Reserve(name)
+	if err := n.learn(ctx); err != nil {
+		return err
+	}
+	l, err := n.host.Reserve(name, anywhere)
 	if err != nil {
 		return err
 	}
@@ -171,6 +182,43 @@ func (n *vmNet) takeLease(name string, sp *spec, undo *cleanups) error {
 		return n.host.Release(context.Background(), name, l)
 	})
 	return nil
+}
+
+// learn marks, in a cluster, every subnet the record gives a VM as held
+// here: other hosts made VMs since this one started.
+func (n *vmNet) learn(ctx context.Context) error {
+	if !n.shared {
+		return nil
+	}
+	vms, err := n.db.ListVMs(ctx, "")
+	if err != nil {
+		return fmt.Errorf("network: the subnets of the cluster's vms: %w", err)
+	}
+	for _, vm := range vms {
+		if sp, err := decodeSpec(vm); err == nil && sp.Net != nil {
+			n.host.Know(vm.Name, *sp.Net)
+		}
+	}
+	return nil
+}
+
+// sharer is the VM other than name that the record gives subnet l too,
+// if any: two hosts of a cluster that create VMs at once may both pick
+// a subnet neither knew taken.
+func (n *vmNet) sharer(ctx context.Context, name string, l network.Lease) (string, error) {
+	if !n.shared {
+		return "", nil
+	}
+	vms, err := n.db.ListVMs(ctx, "")
+	if err != nil {
+		return "", fmt.Errorf("network: the subnets of the cluster's vms: %w", err)
+	}
+	for _, vm := range vms {
+		if sp, err := decodeSpec(vm); err == nil && vm.Name != name && sp.Net != nil && sp.Net.Subnet == l.Subnet {
+			return vm.Name, nil
+		}
+	}
+	return "", nil
 }
 
 // dropLease gives back a lease takeLease took that the VM will not use
@@ -185,12 +233,30 @@ func (n *vmNet) dropLease(ctx context.Context, name string, l *network.Lease) {
 }
 
 // up puts a VM on its TAP before its VMM starts (it opens the TAP by
-// name); VMs without a lease are left alone.
+// name); VMs without a lease are left alone. In a cluster, a subnet held
+// here by a VM the record no longer gives it (removed, or given another
+// since on another host) is taken from that VM first.
 func (n *vmNet) up(ctx context.Context, name string, sp spec) error {
 	if n.host == nil || sp.Net == nil {
 		return nil
 	}
-	if err := n.host.Attach(ctx, name, *sp.Net, n.policyOf(sp)); err != nil {
+	err := n.host.Attach(ctx, name, *sp.Net, n.policyOf(sp))
+	var taken *network.SubnetTakenError
+	if errors.As(err, &taken) && n.shared {
+		other, serr := n.sharer(ctx, name, *sp.Net)
+		switch {
+		case serr != nil:
+			err = serr
+		case other == "":
+			n.log.Info("den: a subnet held here for a vm that no longer has it goes to the vm that has it", "subnet", taken.Subnet, "from", taken.VM, "to", name)
+			if err = n.host.Detach(ctx, taken.VM); err == nil {
+				err = n.host.Attach(ctx, name, *sp.Net, n.policyOf(sp))
+			}
+		default:
+			err = fmt.Errorf("%w: the record gives it to vm %q too", err, other)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
 	return nil

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/denhq/den/activity"
+	"github.com/denhq/den/checkpoint"
+	"github.com/denhq/den/memstore"
 	"github.com/denhq/den/storage"
 )
 
@@ -24,17 +26,32 @@ func (o *op) wake(ctx context.Context) error {
 	m, vm, seal := o.m, o.vm, o.spec.SuspendSeal
 	// The memory is verified while the VMM starts: the local copy of it
 	// when there is one, which is then what the VMM reads.
+	// Without one, the memory kept by content is checked as the VMM's
+	// RAM is filled with it, before the guest runs (ref.filled).
 	ref := m.snaps.withLocalMemory(suspendRef(vm.Name, seal), suspendKey(seal, vm.Generation))
+	ref.filled = true
 	check := func(ctx context.Context) error {
 		if err := m.integrity.verify(ctx, ref, vm.VMM); err != nil {
-			return fmt.Errorf("%w; it stays asleep: restore a checkpoint (den checkpoints %s)", err, vm.Name)
+			return verifyFailed{err}
 		}
 		return nil
 	}
 	in, err := o.restoreInto(ctx, restoreSource{snapDir: ref.dir, local: ref.local, check: check})
 	if err != nil {
-		if errors.Is(err, errGuestRan) {
+		var vf verifyFailed
+		switch {
+		case errors.Is(err, errGuestRan):
 			m.snaps.dropRunSlot(ctx, vm.Name, err)
+		case errors.As(err, &vf):
+			err = fmt.Errorf("%w; it stays asleep: restore a checkpoint (den checkpoints %s)", err, vm.Name)
+		case errors.Is(err, checkpoint.ErrDamaged): // found by the fill
+			var d memstore.Damage
+			if errors.As(err, &d) {
+				err = damaged{d}
+			}
+			err = checkpoint.VerifyError(ref.what, err)
+			m.log.Error("den: snapshot failed verification", "snapshot", ref.what, "err", err)
+			err = fmt.Errorf("%w; it stays asleep: restore a checkpoint (den checkpoints %s)", err, vm.Name)
 		}
 		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
 	}
@@ -66,3 +83,8 @@ func (ss *snapshots) dropRunSlot(ctx context.Context, name string, cause error) 
 	ss.m.gc.poke()
 	ss.m.procs.recordStopped(ctx, name, "wake failed after the guest ran ("+cause.Error()+"); it boots from its disk when next used")
 }
+
+// verifyFailed is a wake's verification that failed: the VM stays asleep.
+type verifyFailed struct{ error }
+
+func (v verifyFailed) Unwrap() error { return v.error }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -232,7 +233,7 @@ func (h *Host) register(vm string, l Lease, p egress.Policy) (attachment, bool, 
 		return attachment{}, false, fmt.Errorf("its subnet %s is not one of the pool %s", l.Subnet, h.cfg.Pool.prefix)
 	}
 	if other, ok := h.slots[slot]; ok && other != vm {
-		return attachment{}, false, fmt.Errorf("its subnet %s is vm %q's", l.Subnet, other)
+		return attachment{}, false, &SubnetTakenError{Subnet: l.Subnet, VM: other}
 	}
 	h.slots[slot] = vm
 	if old, ok := h.vms[vm]; ok && old.lease == l && old.policy.String() == p.String() {
@@ -244,11 +245,41 @@ func (h *Host) register(vm string, l Lease, p egress.Policy) (attachment, bool, 
 	return *a, true, nil
 }
 
-// Reserve takes a new lease for vm: the pool's lowest free subnet.
-func (h *Host) Reserve(vm string) (Lease, error) {
+// SubnetTakenError refuses a VM a subnet another VM holds here.
+type SubnetTakenError struct {
+	Subnet netip.Prefix
+	VM     string // the VM that holds it
+}
+
+func (e *SubnetTakenError) Error() string {
+	return fmt.Sprintf("its subnet %s is vm %q's", e.Subnet, e.VM)
+}
+
+// Know marks l's subnet as held by vm, a VM this host does not run (in a
+// cluster: one another host made): Reserve passes it by. A subnet held
+// here already is left as it is.
+func (h *Host) Know(vm string, l Lease) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for n := 0; n < h.cfg.Pool.Slots(); n++ {
+	if slot := h.cfg.Pool.Slot(l.Subnet); slot >= 0 {
+		if _, ok := h.slots[slot]; !ok {
+			h.slots[slot] = vm
+		}
+	}
+}
+
+// Reserve takes a new lease for vm: the pool's lowest free subnet, or
+// with anywhere one chosen at random among the free (two hosts of a
+// cluster that chose the same then choose apart).
+func (h *Host) Reserve(vm string, anywhere bool) (Lease, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	start := 0
+	if anywhere {
+		start = rand.IntN(h.cfg.Pool.Slots())
+	}
+	for i := 0; i < h.cfg.Pool.Slots(); i++ {
+		n := (start + i) % h.cfg.Pool.Slots()
 		if _, ok := h.slots[n]; ok {
 			continue
 		}
