@@ -49,6 +49,11 @@ func WriteTable(w io.Writer, r Result) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	for _, f := range r.Figures {
+		if f.Note != "" {
+			fmt.Fprintf(w, "  %s: %s\n", f.Name, f.Note)
+		}
+	}
 	if len(r.Ratios) > 0 {
 		fmt.Fprintln(w, "\nratios (hold on any machine):")
 		keys := make([]string, 0, len(r.Ratios))
@@ -112,6 +117,11 @@ func Markdown(r Result) string {
 	for _, f := range r.Figures {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |%s\n", f.Name, f.VMM, f.Accel, f.Memory,
 			format(f.Median, f.Unit), format(f.Min, f.Unit), format(f.Max, f.Unit), p99Cell(p99, " "+format(f.P99, f.Unit)+" |"))
+	}
+	for _, f := range r.Figures {
+		if f.Note != "" {
+			fmt.Fprintf(&b, "\n%s: %s\n", f.Name, f.Note)
+		}
 	}
 	if len(r.Ratios) > 0 {
 		b.WriteString("\n| ratio | value |\n|---|---:|\n")

@@ -23,6 +23,7 @@ import (
 type daemon struct {
 	dir     string
 	cmd     *exec.Cmd
+	exited  chan struct{} // closed once cmd has exited
 	client  *api.Client
 	version string
 	vmm     string
@@ -82,18 +83,12 @@ func startDaemon(ctx context.Context, o Options, v variant) (*daemon, error) {
 	if err := d.cmd.Start(); err != nil {
 		return nil, err
 	}
+	d.watchExit()
 	d.client = api.NewClient(sock)
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		if _, err := d.client.Info(ctx); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(dir, "daemon.log")) // before stop removes it
-			d.stop()
-			return nil, fmt.Errorf("daemon did not start: %s", tail(log, 2000))
-		}
-		time.Sleep(50 * time.Millisecond)
+	if _, err := d.answering(ctx, time.Now(), 2*time.Minute); err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "daemon.log")) // before stop removes it
+		d.stop()
+		return nil, fmt.Errorf("daemon did not start: %w: %s", err, tail(log, 2000))
 	}
 	d.version = vmmVersion(v.vmm)
 	return d, nil
@@ -134,14 +129,41 @@ func (d *daemon) stop() {
 		}
 	}
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _, _ = d.cmd.Process.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-d.exited:
 		_ = syscall.Unmount(filepath.Join(d.dir, "state", "ram"), syscall.MNT_DETACH) // den's tmpfs for guest RAM
 		_ = os.RemoveAll(d.dir)
 	case <-time.After(time.Minute):
 		_ = d.cmd.Process.Kill()
+	}
+}
+
+// watchExit closes d.exited once d.cmd, just started, exits.
+func (d *daemon) watchExit() {
+	exited, cmd := make(chan struct{}), d.cmd
+	d.exited = exited
+	go func() { _ = cmd.Wait(); close(exited) }()
+}
+
+// answering waits, up to limit, until the daemon started at start
+// answers on its API, and says how long that took; a daemon that exits
+// meanwhile fails it at once.
+func (d *daemon) answering(ctx context.Context, start time.Time, limit time.Duration) (time.Duration, error) {
+	deadline := start.Add(limit)
+	for {
+		if _, err := d.client.Info(ctx); err == nil {
+			return time.Since(start), nil
+		}
+		select {
+		case <-d.exited:
+			return 0, fmt.Errorf("the daemon exited (%v)", d.cmd.ProcessState)
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("the daemon did not answer within %s", limit)
+		}
 	}
 }
 

@@ -285,14 +285,14 @@ func (b database) rows(ctx context.Context) (int64, error) {
 // halt stops the daemon as a shutdown does (SIGTERM); its volume stays
 // mounted, for the next daemon to adopt.
 func (d *daemon) halt() error {
-	if d.cmd.ProcessState != nil {
+	select {
+	case <-d.exited:
 		return nil
+	default:
 	}
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _, _ = d.cmd.Process.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-d.exited:
 		return nil
 	case <-time.After(2 * time.Minute):
 		_ = d.cmd.Process.Kill()
@@ -307,17 +307,12 @@ func (d *daemon) restart(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	deadline := start.Add(5 * time.Minute)
-	for {
-		if _, err := d.client.Info(ctx); err == nil {
-			return time.Since(start), nil
-		}
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(d.dir, "daemon.log"))
-			return 0, fmt.Errorf("daemon did not answer 5m after it started: %s", tail(log, 2000))
-		}
-		time.Sleep(20 * time.Millisecond)
+	t, err := d.answering(ctx, start, 5*time.Minute)
+	if err != nil {
+		log, _ := os.ReadFile(filepath.Join(d.dir, "daemon.log"))
+		return 0, fmt.Errorf("restart: %w: %s", err, tail(log, 2000))
 	}
+	return t, nil
 }
 
 // relaunch starts the stopped daemon again with the same command line,
@@ -336,6 +331,7 @@ func (d *daemon) relaunch() (time.Time, error) {
 		return time.Time{}, err
 	}
 	d.cmd = cmd
+	d.watchExit()
 	return start, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -127,17 +128,16 @@ func (s *Store) place(m *Manifest, exts []Extent, skip map[loc]bool, fresh bool)
 	}
 }
 
-// each reads every extent m names from the store, in the packs' order,
-// checks it against its digest and hands it to f (the bytes are f's only
-// during the call). A copy that is missing or does not match sends the
-// extent to another copy (the indexes read again); an extent no copy of
-// which is whole is a Damage, handed to bad.
+// each reads every extent m names from the store, checks it against its
+// digest and hands it to f (the bytes are f's only during the call; f is
+// called from several goroutines at once). A copy that is missing or
+// does not match sends the extent to another copy (the indexes read
+// again); an extent no copy of which is whole is a Damage, handed to bad.
 func (s *Store) each(ctx context.Context, m *Manifest, f func(e Extent, b []byte) error, bad func(Damage) error) error {
 	pending := m.Extents
 	skip := map[loc]bool{}
 	failed := map[Digest]Damage{} // each digest's last copy that failed
-	buf := make([]byte, maxRun)
-	packs := openPacks{s: s, files: map[string]*os.File{}}
+	packs := &openPacks{s: s, files: map[string]*os.File{}}
 	defer packs.close()
 	for try := 0; len(pending) > 0; try++ {
 		found, missing, err := s.place(m, pending, skip, try > 0)
@@ -155,24 +155,57 @@ func (s *Store) each(ctx context.Context, m *Manifest, f func(e Extent, b []byte
 			}
 		}
 		pending = nil
-		for _, r := range runs(found) {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			err := packs.readRun(r, buf, f, func(e placed, detail string) {
+		var mu sync.Mutex // pending, skip, failed
+		err = readRuns(ctx, runs(found), func(r readRun, buf []byte) error {
+			return packs.readRun(r, buf, f, func(e placed, detail string) {
 				if detail != packMissing {
 					s.markDamaged(e.Digest)
 				}
+				mu.Lock()
+				defer mu.Unlock()
 				skip[e.loc] = true
 				failed[e.Digest] = Damage{Digest: e.Digest, Pack: r.pack, At: e.at, Detail: detail}
 				pending = append(pending, e.Extent)
 			})
-			if err != nil {
-				return err
-			}
+		})
+		if err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// readers is how many runs a read of a manifest reads at once: on the
+// volume, a read that misses the cache waits on the object store, and
+// the digests keep a core busy each.
+const readers = 4
+
+// readRuns calls read for every run, from readers goroutines, each with
+// a buffer of its own; the first error ends it.
+func readRuns(ctx context.Context, rs []readRun, read func(readRun, []byte) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(readers, len(rs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, maxRun)
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(len(rs)) || ctx.Err() != nil {
+					return
+				}
+				if err := read(rs[i], buf); err != nil {
+					cancel(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return context.Cause(ctx)
 }
 
 // packMissing: the collector moved the extent and removed its pack.
@@ -184,10 +217,13 @@ const packMissing = "its pack is missing"
 // its memory shares most of them with other snapshots.
 type openPacks struct {
 	s     *Store
+	mu    sync.Mutex
 	files map[string]*os.File // nil: the pack is missing
 }
 
-func (p openPacks) open(name string) (*os.File, error) {
+func (p *openPacks) open(name string) (*os.File, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if f, ok := p.files[name]; ok {
 		return f, nil
 	}
@@ -203,7 +239,7 @@ func (p openPacks) open(name string) (*os.File, error) {
 	return f, nil
 }
 
-func (p openPacks) close() {
+func (p *openPacks) close() {
 	for _, f := range p.files {
 		if f != nil {
 			f.Close()
@@ -214,7 +250,7 @@ func (p openPacks) close() {
 // readRun reads one run and hands its extents to f; those it cannot (the
 // pack is gone, or too short, or they do not match their digests) to
 // retry, with why.
-func (p openPacks) readRun(r readRun, buf []byte, f func(Extent, []byte) error, retry func(e placed, detail string)) error {
+func (p *openPacks) readRun(r readRun, buf []byte, f func(Extent, []byte) error, retry func(e placed, detail string)) error {
 	pack, err := p.open(r.pack)
 	if err != nil {
 		return fmt.Errorf("read memory: %w", err)

@@ -28,7 +28,7 @@ fi
 port() {
 	local p
 	while :; do
-		p=$((20000 + RANDOM % 30000))
+		p=$((20000 + RANDOM % 12000)) # below the ephemeral ports (32768-)
 		if ! (: >"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 			echo "$p"
 			return
