@@ -190,6 +190,33 @@ func (s *Store) Collect(ctx context.Context, roots []string, o CollectOptions) (
 	return c, ctx.Err()
 }
 
+// holder is the pack, of those that hold a copy of d (newest first),
+// that keeps it: the first whose copy matches d, else the first.
+func (s *Store) holder(packs []*packState, d Digest) *packState {
+	for _, p := range packs {
+		for _, e := range p.entries {
+			if e.Digest == d && s.whole(p.name, e) {
+				return p
+			}
+		}
+	}
+	return packs[0]
+}
+
+// whole says whether the copy e names in pack name matches its digest.
+func (s *Store) whole(name string, e idxEntry) bool {
+	f, err := os.Open(s.packPath(name))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, e.Len)
+	if _, err := f.ReadAt(b, e.At); err != nil {
+		return false
+	}
+	return Digest(blake3.Sum256(b)) == e.Digest
+}
+
 // collectPlan is what a collection does.
 type collectPlan struct {
 	garbage []string       // packs to remove
@@ -326,12 +353,28 @@ func (s *Store) choose(cc *collectCache, roots []string, grace time.Duration, c 
 	c.Packs = len(packs) + len(bare)
 	// Each named extent is held by one pack, the newest that has it: a
 	// young one if any (it may be the one a new manifest counts on), and
-	// a copy written again after another was found damaged.
+	// a copy written again after another was found damaged. Of an extent
+	// with several copies, the newest whole one: pack times tie within a
+	// tick of the clock, and a damaged copy must never be the one kept.
 	sort.SliceStable(packs, func(i, j int) bool { return packs[i].mtime.After(packs[j].mtime) })
+	copies := map[Digest][]*packState{}
+	for _, p := range packs {
+		for _, e := range p.entries {
+			if live[e.Digest] {
+				copies[e.Digest] = append(copies[e.Digest], p)
+			}
+		}
+	}
 	held := map[Digest]bool{}
 	for _, p := range packs {
 		for _, e := range p.entries {
-			if live[e.Digest] && !held[e.Digest] {
+			if !live[e.Digest] || held[e.Digest] {
+				continue
+			}
+			if cs := copies[e.Digest]; len(cs) > 1 {
+				copies[e.Digest] = []*packState{s.holder(cs, e.Digest)}
+			}
+			if copies[e.Digest][0] == p {
 				held[e.Digest] = true
 				p.live = append(p.live, e)
 			}
