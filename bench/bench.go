@@ -291,7 +291,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		vmms = available()
 	}
 	vs := variants(vmms, o.Quick)
-	if o.ActivityOnly {
+	if o.ActivityOnly || o.ScaleOnly {
 		vs = mainVariants(vmms)
 	}
 	if o.E2BOnly {

@@ -21,9 +21,16 @@ import (
 
 // daemon is the den daemon a benchmark runs against.
 type daemon struct {
-	dir     string
-	cmd     *exec.Cmd
-	exited  chan struct{} // closed once cmd has exited
+	dir    string
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once cmd has exited
+	// others are the VMs it found at its start (other hosts', in a
+	// cluster).
+	others map[string]bool
+	// cluster: it is a host of a cluster (Options.Cluster), where stop
+	// removes no VM (another host may have made it meanwhile): each
+	// measure removes its own.
+	cluster bool
 	client  *api.Client
 	version string
 	vmm     string
@@ -54,7 +61,7 @@ func startDaemon(ctx context.Context, o Options, v variant) (*daemon, error) {
 	if err := os.Chmod(dir, 0o711); err != nil {
 		return nil, err
 	}
-	d := &daemon{dir: dir, vmm: v.name, opCPU: -1}
+	d := &daemon{dir: dir, vmm: v.name, opCPU: -1, cluster: o.Cluster != ""}
 	sock := filepath.Join(dir, "den.sock")
 	logf, err := os.Create(filepath.Join(dir, "daemon.log"))
 	if err != nil {
@@ -90,6 +97,15 @@ func startDaemon(ctx context.Context, o Options, v variant) (*daemon, error) {
 		d.stop()
 		return nil, fmt.Errorf("daemon did not start: %w: %s", err, tail(log, 2000))
 	}
+	vms, err := d.client.ListVMs(ctx)
+	if err != nil {
+		d.stop()
+		return nil, err
+	}
+	d.others = map[string]bool{}
+	for _, vm := range vms {
+		d.others[vm.Name] = true
+	}
 	d.version = vmmVersion(v.vmm)
 	return d, nil
 }
@@ -119,11 +135,12 @@ func vmmVersion(vmmName string) string {
 	return strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
 }
 
-// stop removes every VM and stops the daemon (which unmounts the volume).
+// stop removes every VM (none in a cluster) and stops the daemon (which
+// unmounts the volume).
 func (d *daemon) stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if vms, err := d.client.ListVMs(ctx); err == nil {
+	if vms, err := d.client.ListVMs(ctx); err == nil && !d.cluster {
 		for _, vm := range vms {
 			_ = d.client.RemoveVM(ctx, vm.Name, true)
 		}

@@ -47,6 +47,7 @@ func (d *daemon) sleepers(ctx context.Context, o Options, v variant, accel strin
 	if _, err := d.client.CreateVM(ctx, api.CreateRequest{Name: "seed", MemoryBytes: 256 << 20, IdleTimeout: "0"}, nil); err != nil {
 		return figs, fmt.Errorf("sleepers: %w", err)
 	}
+	defer func() { _ = d.client.RemoveVM(context.WithoutCancel(ctx), "seed", true) }() // after the clones
 	if _, err := d.exec(ctx, "seed", "echo seed > /root/mark; sync"); err != nil {
 		return figs, fmt.Errorf("sleepers: %w", err)
 	}
@@ -86,8 +87,8 @@ func (d *daemon) sleepers(ctx context.Context, o Options, v variant, accel strin
 			if err != nil {
 				return figs, fmt.Errorf("sleepers: den ls: %w", err)
 			}
-			if len(vms) != n+1 {
-				return figs, fmt.Errorf("sleepers: den ls (%d) lists %d VMs, want %d", j+1, len(vms), n+1)
+			if want := n + 1 + len(d.others); len(vms) != want {
+				return figs, fmt.Errorf("sleepers: den ls (%d) lists %d VMs, want %d", j+1, len(vms), want)
 			}
 			*into = append(*into, t)
 		}
@@ -143,12 +144,13 @@ func (d *daemon) cloneSleepers(ctx context.Context, o Options, seed string, n in
 			if err := vol.Clone(ctx, storage.VMDir(seed), storage.VMDir(name)); err != nil {
 				return err
 			}
-			names = append(names, name)
 			clone := vm
 			clone.Name, clone.Generation = name, 0
 			if err := db.CreateVM(ctx, clone); err != nil {
+				_ = vol.Remove(ctx, storage.VMDir(name))
 				return fmt.Errorf("register %s: %w", name, err)
 			}
+			names = append(names, name)
 		}
 		for i, b := range dbs {
 			after, err := b.rows(ctx)
