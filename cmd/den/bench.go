@@ -25,7 +25,7 @@ Examples:
    den bench --quick
    den bench --network --runs 3     # only the network figures (tap vs user-mode, URLs, DNS)
    den bench --scale --runs 3       # only a host with 1,000 sleeping VMs (--quick: 100)
-   den bench --scale --cluster host-s.json   # the same, the host one of a cluster (PostgreSQL, shared volume)
+   den bench --scale --cluster host-s.json   # the same on a new host of a cluster (its PostgreSQL and volume)
    den bench --activity --runs 7    # only what the guest's activity record costs (a build, record on and off)
    den bench --e2b --runs 20        # only the E2B SDK against den's own path (node and make deps-node)
    den bench --quick --breakdown    # and where each operation's time goes
