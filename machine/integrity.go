@@ -178,16 +178,22 @@ func (g *integrity) verify(ctx context.Context, ref snapshotRef, vmmName string)
 		return ctx.Err()
 	}
 	if err != nil {
-		err = checkpoint.VerifyError(ref.what, err)
-		if errors.Is(err, checkpoint.ErrDamaged) && ref.id != "" {
-			if merr := g.m.snaps.store().MarkDamaged(ref.vm, ref.id, err.Error()); merr != nil {
-				g.m.log.Warn("den: mark a checkpoint damaged", "vm", ref.vm, "checkpoint", ref.id, "err", merr)
-			}
-		}
-		g.m.log.Error("den: snapshot failed verification", "snapshot", ref.what, "err", err)
-		return err
+		return g.failed(ref, err)
 	}
 	return nil
+}
+
+// failed is the error of ref's failed verification (or of a fill that
+// found it damaged), which it marks on a checkpoint and logs.
+func (g *integrity) failed(ref snapshotRef, err error) error {
+	err = checkpoint.VerifyError(ref.what, err)
+	if errors.Is(err, checkpoint.ErrDamaged) && ref.id != "" {
+		if merr := g.m.snaps.store().MarkDamaged(ref.vm, ref.id, err.Error()); merr != nil {
+			g.m.log.Warn("den: mark a checkpoint damaged", "vm", ref.vm, "checkpoint", ref.id, "err", merr)
+		}
+	}
+	g.m.log.Error("den: snapshot failed verification", "snapshot", ref.what, "err", err)
+	return err
 }
 
 // verifyRunning reads, after a lazy restore, what verify sampled, and

@@ -187,38 +187,43 @@ func (n *vmNet) takeLease(ctx context.Context, name string, sp *spec, anywhere b
 // learn marks, in a cluster, every subnet the record gives a VM as held
 // here: other hosts made VMs since this one started.
 func (n *vmNet) learn(ctx context.Context) error {
-	if !n.shared {
-		return nil
+	subnets, err := n.recorded(ctx)
+	for vm, l := range subnets {
+		n.host.Know(vm, l)
 	}
-	vms, err := n.db.ListVMs(ctx, "")
-	if err != nil {
-		return fmt.Errorf("network: the subnets of the cluster's vms: %w", err)
-	}
-	for _, vm := range vms {
-		if sp, err := decodeSpec(vm); err == nil && sp.Net != nil {
-			n.host.Know(vm.Name, *sp.Net)
-		}
-	}
-	return nil
+	return err
 }
 
 // sharer is the VM other than name that the record gives subnet l too,
 // if any: two hosts of a cluster that create VMs at once may both pick
 // a subnet neither knew taken.
 func (n *vmNet) sharer(ctx context.Context, name string, l network.Lease) (string, error) {
+	subnets, err := n.recorded(ctx)
+	for vm, other := range subnets {
+		if vm != name && other.Subnet == l.Subnet {
+			return vm, nil
+		}
+	}
+	return "", err
+}
+
+// recorded is, in a cluster, the lease the record gives each VM that has
+// one (nil on a host of its own, whose leases are all here).
+func (n *vmNet) recorded(ctx context.Context) (map[string]network.Lease, error) {
 	if !n.shared {
-		return "", nil
+		return nil, nil
 	}
 	vms, err := n.db.ListVMs(ctx, "")
 	if err != nil {
-		return "", fmt.Errorf("network: the subnets of the cluster's vms: %w", err)
+		return nil, fmt.Errorf("network: the subnets of the cluster's vms: %w", err)
 	}
+	subnets := map[string]network.Lease{}
 	for _, vm := range vms {
-		if sp, err := decodeSpec(vm); err == nil && vm.Name != name && sp.Net != nil && sp.Net.Subnet == l.Subnet {
-			return vm.Name, nil
+		if sp, err := decodeSpec(vm); err == nil && sp.Net != nil {
+			subnets[vm.Name] = *sp.Net
 		}
 	}
-	return "", nil
+	return subnets, nil
 }
 
 // dropLease gives back a lease takeLease took that the VM will not use

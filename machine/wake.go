@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/denhq/den/activity"
-	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/memstore"
 	"github.com/denhq/den/storage"
 )
@@ -39,19 +38,14 @@ func (o *op) wake(ctx context.Context) error {
 	in, err := o.restoreInto(ctx, restoreSource{snapDir: ref.dir, local: ref.local, check: check})
 	if err != nil {
 		var vf verifyFailed
+		var d memstore.Damage
 		switch {
 		case errors.Is(err, errGuestRan):
 			m.snaps.dropRunSlot(ctx, vm.Name, err)
 		case errors.As(err, &vf):
-			err = fmt.Errorf("%w; it stays asleep: restore a checkpoint (den checkpoints %s)", err, vm.Name)
-		case errors.Is(err, checkpoint.ErrDamaged): // found by the fill
-			var d memstore.Damage
-			if errors.As(err, &d) {
-				err = damaged{d}
-			}
-			err = checkpoint.VerifyError(ref.what, err)
-			m.log.Error("den: snapshot failed verification", "snapshot", ref.what, "err", err)
-			err = fmt.Errorf("%w; it stays asleep: restore a checkpoint (den checkpoints %s)", err, vm.Name)
+			err = stillAsleep(err, vm.Name)
+		case errors.As(err, &d): // found by the fill
+			err = stillAsleep(m.integrity.failed(ref, damaged{d}), vm.Name)
 		}
 		return fmt.Errorf("wake vm %q: %w", vm.Name, err)
 	}
@@ -82,6 +76,12 @@ func (ss *snapshots) dropRunSlot(ctx context.Context, name string, cause error) 
 	}
 	ss.m.gc.poke()
 	ss.m.procs.recordStopped(ctx, name, "wake failed after the guest ran ("+cause.Error()+"); it boots from its disk when next used")
+}
+
+// stillAsleep says that the VM stays asleep after a wake refused its
+// memory.
+func stillAsleep(err error, vm string) error {
+	return fmt.Errorf("%w; it stays asleep: restore a checkpoint (den checkpoints %s)", err, vm)
 }
 
 // verifyFailed is a wake's verification that failed: the VM stays asleep.
