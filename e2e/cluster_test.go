@@ -155,6 +155,22 @@ func (c *clusterEnv) addr(host string) string {
 	return c.lan.Addrs[i]
 }
 
+// taps lists den's TAPs in host's network namespace.
+func (c *clusterEnv) taps(t *testing.T, host string) []string {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", c.lan.Hosts[c.hosts[host]], "ip", "-o", "link", "show", "type", "tun").CombinedOutput()
+	if err != nil {
+		t.Fatalf("links of %s: %v: %s", host, err, out)
+	}
+	var taps []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], "dn") {
+			taps = append(taps, strings.TrimSuffix(f[1], ":"))
+		}
+	}
+	return taps
+}
+
 // ssh runs OpenSSH's client with key against host's gateway from the
 // LAN's servers namespace (another machine of the network), and returns
 // stdout, stderr and the exit status.
@@ -325,23 +341,13 @@ func TestClusterFence(t *testing.T) {
 	if n, m := len(b.vmmPIDs("box")), len(hc.vmmPIDs("box")); n != 1 || m != 0 {
 		t.Fatalf("VMMs of box after its URL was served through host-c: host-b %d, host-c %d", n, m)
 	}
-	// PostgreSQL restarts while each host creates, sleeps and wakes a VM.
-	// (box and other sleep meanwhile: a running VM whose disk write
-	// JuiceFS commits while PostgreSQL is away fails its disk's later
-	// flushes, and with them its next sleep; see docs/cluster.md.)
-	b.must("sleep", "box")
-	b.must("sleep", "other")
-	db := c.registry()
-	if !eventually(2*time.Minute, func() bool { // their digests written
-		for _, vm := range []string{"box", "other"} {
-			if l, err := db.GetLease(context.Background(), vm); err != nil || l.Held() {
-				return false
-			}
-		}
-		return true
-	}) {
-		t.Fatal("host-b never gave the leases of box and other back after their sleep")
+	// PostgreSQL restarts while each host creates, sleeps and wakes a VM,
+	// and box and other run on host-b, writing their disks: a write
+	// JuiceFS commits while PostgreSQL is away waits for it.
+	for _, vm := range []string{"box", "other"} {
+		churn(b, vm)
 	}
+	db := c.registry()
 	load := map[*daemon][][]string{}
 	for _, d := range []*daemon{a, b, hc} {
 		vm := "load-" + hostOf(t, d)
@@ -355,6 +361,8 @@ func TestClusterFence(t *testing.T) {
 		t.Fatalf("den ls after the load VMs were removed:\n%s", out)
 	}
 	for _, vm := range []string{"box", "other"} {
+		churned(t, b, vm)
+		b.must("sleep", vm) // its disk flushes
 		b.must("exec", vm, "--", "true")
 	}
 	if n, m := len(b.vmmPIDs("box")), len(b.vmmPIDs("other")); n != 1 || m != 1 {
@@ -605,6 +613,11 @@ func TestClusterFence(t *testing.T) {
 	}
 	hc.env = []string{"DEN_QEMU_BINARY=" + qemu}
 	hc.start()
+	// host-c runs none of the cluster's VMs: it put none on its network
+	// at its start.
+	if taps := c.taps(t, "host-c"); len(taps) != 0 {
+		t.Fatalf("TAPs on host-c, which runs no VM: %v", taps)
+	}
 	_, err = a.run("move", "box", "--to", "host-c")
 	var refused *runError
 	if !errors.As(err, &refused) || !strings.Contains(refused.stderr, `host host-c cannot restore vm "box"'s memory`) ||
@@ -644,21 +657,49 @@ func TestClusterFence(t *testing.T) {
 		t.Fatalf("hosts on host-c: %+v", h)
 	}
 
-	// PostgreSQL restarts under host-c: its renewals retry within the
-	// fence's deadline, and its VMs go on. (Last: JuiceFS fails the
-	// writes it commits while its metadata engine is away, and a disk
-	// that lost one fails every later flush, a snapshot's too; see
-	// docs/cluster.md.)
+	// PostgreSQL restarts under host-c while other writes its disk: the
+	// host's renewals retry within the fence's deadline, and its VM goes
+	// on, its disk too.
 	vmms := hc.vmmPIDs("other")
+	churn(hc, "other")
 	if err := c.pg.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	hc.must("exec", "other", "--", "true")
+	churned(t, hc, "other")
 	if got := hc.vmmPIDs("other"); !slices.Equal(got, vmms) {
 		t.Fatalf("other's VMM after PostgreSQL restarted: %v, was %v", got, vmms)
 	}
 	if h := hostsOf(t, hc); !h.Hosts[2].Alive {
 		t.Fatalf("hosts after PostgreSQL restarted: %+v", h)
+	}
+	hc.must("sleep", "other") // its disk flushes
+	if out := hc.must("exec", "other", "--", "sh", "-c", "dd if=/dev/zero of=/var/tmp/after bs=64k count=4 conv=fsync 2>/dev/null && echo written"); out != "written\n" {
+		t.Fatalf("a disk write in other after its sleep across PostgreSQL's restart: %q", out)
+	}
+}
+
+// churn starts a loop in vm's guest that writes its disk, each write
+// flushed (dd conv=fsync), until churned stops it.
+func churn(d *daemon, vm string) {
+	d.must("exec", vm, "--", "sh", "-c", "rm -f /var/tmp/churn.stop /var/tmp/churn.err; "+
+		"(while [ ! -e /var/tmp/churn.stop ]; do dd if=/dev/urandom of=/var/tmp/churn bs=64k count=16 conv=fsync 2>/dev/null || echo failed >>/var/tmp/churn.err; done; "+
+		"echo stopped >/var/tmp/churn.stopped) </dev/null >/dev/null 2>&1 &")
+}
+
+// churned stops churn's loop in vm's guest, and fails the test if a write
+// or flush of the loop failed or the guest's kernel saw an I/O error.
+func churned(t *testing.T, d *daemon, vm string) {
+	t.Helper()
+	d.must("exec", vm, "--", "touch", "/var/tmp/churn.stop")
+	if !eventually(time.Minute, func() bool {
+		_, err := d.run("exec", vm, "--", "test", "-e", "/var/tmp/churn.stopped")
+		return err == nil
+	}) {
+		t.Fatalf("the disk writer in %s did not stop", vm)
+	}
+	out := d.must("exec", vm, "--", "sh", "-c", "cat /var/tmp/churn.err 2>/dev/null; dmesg | grep -i 'i/o error'; rm -f /var/tmp/churn.stopped; true")
+	if out != "" {
+		t.Fatalf("disk writes in %s across PostgreSQL's restart:\n%s", vm, out)
 	}
 }
 

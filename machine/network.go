@@ -83,7 +83,9 @@ type vmNet struct {
 }
 
 // setupNetwork opens the host network for the VMs on record (tap mode),
-// or says why VMs use the VMM's own network.
+// or says why VMs use the VMM's own network. In a cluster, only the VMs
+// whose VMM runs on this host go on it at start; the rest when they wake
+// or boot here.
 func (m *Manager) setupNetwork(ctx context.Context) error {
 	c := m.cfg.Network
 	m.net = vmNet{egress: c.DefaultEgress, log: m.log, userNet: func(name string) bool { return m.vmms.caps(name).UserNet },
@@ -104,6 +106,11 @@ func (m *Manager) setupNetwork(ctx context.Context) error {
 	for _, vm := range vms {
 		sp, err := decodeSpec(vm)
 		if err != nil || sp.Net == nil {
+			continue
+		}
+		if m.net.shared && !vmm.Recorded(m.state.Run(vm.Name).PIDFile()) {
+			// A cluster's VM goes on this host's network when it runs
+			// here (up): at start, those whose VMM runs here already.
 			continue
 		}
 		on = append(on, network.VM{Name: vm.Name, Lease: *sp.Net, Policy: m.net.policyOf(sp)})
@@ -357,6 +364,9 @@ func (m *Manager) SetEgress(ctx context.Context, name string, p egress.Policy) e
 			return fmt.Errorf("it has no tap network, so no egress policy can be enforced (%s): %w", m.network(), ErrInvalid)
 		}
 		sp.Egress = p.String()
+		if m.net.shared && !m.net.host.On(name) {
+			return nil // asleep or stopped in a cluster: it goes on the network of the host it runs on next with it
+		}
 		// The rules change under the VM's lock, with the record.
 		return m.net.host.SetPolicy(ctx, name, p)
 	})

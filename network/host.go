@@ -255,6 +255,14 @@ func (e *SubnetTakenError) Error() string {
 	return fmt.Sprintf("its subnet %s is vm %q's", e.Subnet, e.VM)
 }
 
+// On reports whether vm is on this host's network (Attach put it there).
+func (h *Host) On(vm string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.vms[vm]
+	return ok
+}
+
 // Know marks l's subnet as held by vm, a VM this host does not run (in a
 // cluster: one another host made): Reserve passes it by. A subnet held
 // here already is left as it is.

@@ -1,14 +1,20 @@
 package storage
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -155,8 +161,10 @@ func TestMinIOVolume(t *testing.T) {
 // TestSharedVolume is the scale-out shape: data in MinIO, metadata in
 // PostgreSQL with its password passed through the environment, mounted by
 // two "hosts" (two mounts) at once.
-func TestSharedVolume(t *testing.T) {
-	needIntegration(t)
+// sharedConfig is the config of a volume that keeps its metadata in a
+// PostgreSQL server and its data in a MinIO server, both started here.
+func sharedConfig(t *testing.T) (Config, *minioServer, *pgtest.Server) {
+	t.Helper()
 	m := startMinIO(t)
 	pg := pgtest.Start(t)
 	secrets := t.TempDir() + "/secrets.json"
@@ -172,6 +180,12 @@ func TestSharedVolume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cfg, m, pg
+}
+
+func TestSharedVolume(t *testing.T) {
+	needIntegration(t)
+	cfg, m, _ := sharedConfig(t)
 	a := openVolume(t, cfg)
 	// The password reached juicefs, and not through its command line.
 	svc, sup, err := a.MountPIDs()
@@ -216,6 +230,218 @@ func TestSharedVolume(t *testing.T) {
 	if sha(t, pb) != sha(t, pa) {
 		t.Fatal("the second mount reads different data")
 	}
+}
+
+// TestSharedVolumeAcrossPostgresRestart: a disk kept open and written by
+// another process, as a VMM does, goes on through a restart of the
+// PostgreSQL server that holds the volume's metadata. A flush that runs
+// while the server is down waits for it, and what was written is there on
+// another mount afterwards. (JuiceFS as released fails that flush, and
+// every later write and flush of the file: bin/juicefs is built with
+// tools/juicefs/patch.)
+func TestSharedVolumeAcrossPostgresRestart(t *testing.T) {
+	needIntegration(t)
+	cfg, _, pg := sharedConfig(t)
+	a := openVolume(t, cfg)
+	ctx := context.Background()
+	if err := a.CreateDisk(ctx, VMDisk("box"), 64*mib); err != nil {
+		t.Fatal(err)
+	}
+	path, _ := a.Path(VMDisk("box"))
+
+	w := startDiskWriter(t, path)
+	// waitFor waits until cond holds of the flushes done, failing on a
+	// write or flush that failed.
+	waitFor := func(what string, cond func(flushes int) bool) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			n, err := w.state()
+			if err != nil {
+				t.Fatalf("%s: %v\njuicefs: %s", what, err, a.logTail(6))
+			}
+			if cond(n) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 2m (%d flushes done)", what, n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFor("writes before the restart", func(n int) bool { return n >= 8 })
+	pg.Down()
+	// JuiceFS counts the metadata transactions it runs again: the
+	// writer's next flush runs one while the server is away.
+	retried := txRestarts(t, a.Root())
+	waitFor("a flush waiting while PostgreSQL is down", func(int) bool { return txRestarts(t, a.Root()) > retried })
+	if err := pg.Up(); err != nil {
+		t.Fatal(err)
+	}
+	up, _ := w.state()
+	waitFor("writes after the restart", func(n int) bool { return n >= up+8 })
+	n := w.stop()
+	t.Logf("%d writes, each flushed, one of them while PostgreSQL was down", n)
+
+	// Another host's mount reads what was written.
+	cfgB := cfg
+	cfgB.StateDir = t.TempDir()
+	cfgB.MountPoint, cfgB.CacheDir = "", ""
+	b := openVolume(t, cfgB)
+	pb, _ := b.Path(VMDisk("box"))
+	want := writerContent(n)
+	got := make([]byte, len(want))
+	f, err := os.Open(pb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the other mount reads other data than was written across the restart")
+	}
+}
+
+// The disk writer: a process of its own that writes slots of a file in
+// turn, each write flushed, and says so a line each ("ok N", or "error
+// ..." and exits); it stops when its standard input closes, saying "done
+// N". The test must not hold the file open itself: a process it forks
+// meanwhile (PostgreSQL) would close it at exec, and a close of a JuiceFS
+// file waits for its flush.
+const writerSlot, writerSlots = 256 << 10, 16
+
+// writerContent is what the file's slots hold after n writes.
+func writerContent(n int) []byte {
+	b := make([]byte, writerSlot*writerSlots)
+	for i := max(0, n-writerSlots); i < n; i++ {
+		copy(b[(i%writerSlots)*writerSlot:], pattern(writerSlot, byte(i)))
+	}
+	return b
+}
+
+type diskWriter struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	mu    sync.Mutex
+	n     int
+	err   error
+	done  chan struct{}
+}
+
+func startDiskWriter(t *testing.T, path string) *diskWriter {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestDiskWriterProcess$")
+	cmd.Env = append(os.Environ(), "DEN_TEST_DISK_WRITER="+path)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w := &diskWriter{cmd: cmd, stdin: stdin, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			line := sc.Text()
+			w.mu.Lock()
+			if k, ok := strings.CutPrefix(line, "ok "); ok {
+				w.n, _ = strconv.Atoi(k)
+			} else if k, ok := strings.CutPrefix(line, "done "); ok {
+				w.n, _ = strconv.Atoi(k)
+			} else if msg, ok := strings.CutPrefix(line, "error "); ok {
+				w.err = errors.New(msg)
+			}
+			w.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-w.done
+		_ = cmd.Wait()
+	})
+	return w
+}
+
+// state is how many writes were flushed, and the writer's error.
+func (w *diskWriter) state() (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n, w.err
+}
+
+// stop ends the writer, and says how many writes it made.
+func (w *diskWriter) stop() int {
+	w.stdin.Close()
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
+
+// TestDiskWriterProcess is the disk writer, when the environment names a
+// file (DEN_TEST_DISK_WRITER).
+func TestDiskWriterProcess(t *testing.T) {
+	path := os.Getenv("DEN_TEST_DISK_WRITER")
+	if path == "" {
+		t.Skip("the disk writer of TestSharedVolumeAcrossPostgresRestart (a process of its own)")
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	stop := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		close(stop)
+	}()
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			fmt.Println("done", i)
+			os.Exit(0)
+		default:
+		}
+		_, err := f.WriteAt(pattern(writerSlot, byte(i)), int64((i%writerSlots)*writerSlot))
+		if err == nil {
+			err = f.Sync()
+		}
+		if err != nil {
+			fmt.Printf("error write %d: %v\n", i, err)
+			os.Exit(1)
+		}
+		fmt.Println("ok", i+1)
+	}
+}
+
+// txRestarts is how many metadata transactions the JuiceFS mount at root
+// has run again, from its statistics file.
+func txRestarts(t *testing.T, root string) float64 {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, ".stats"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, line := range strings.Split(string(b), "\n") {
+		if name, value, ok := strings.Cut(line, " "); ok && strings.HasPrefix(name, "juicefs_transaction_restart") {
+			v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+			if err != nil {
+				t.Fatalf("%s: %q: %v", filepath.Join(root, ".stats"), line, err)
+			}
+			sum += v
+		}
+	}
+	return sum
 }
 
 // TestAdoptAfterDaemonRestart: a daemon that stops (Close) leaves the mount
