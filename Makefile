@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 IMAGE_DIR ?= $(CURDIR)/build/images
 export DEN_IMAGE_DIR := $(IMAGE_DIR)
 
-.PHONY: all deps deps-apt deps-go deps-tools deps-ch deps-node build image test test-unit test-loaded lint bench demo demo-cluster clean
+.PHONY: all deps deps-apt deps-go deps-tools deps-ch deps-node build image test test-unit test-loaded test-postgres lint bench demo demo-cluster clean
 
 all: build
 
@@ -50,6 +50,12 @@ test: deps build image
 ## test-unit: the tests that need neither root nor images
 test-unit:
 	$(GO) test -short -count=1 ./...
+
+## test-postgres: the machine and e2e suites whole with the registry on
+## PostgreSQL (make test runs a part of the e2e suite so, for its time)
+test-postgres: deps build image
+	DEN_TEST_REGISTRY=postgres $(GO) test -count=1 -timeout 20m ./machine/
+	DEN_E2E_REGISTRY=postgres $(GO) test -count=1 -timeout 70m ./e2e/
 
 ## test-loaded: the e2e suite three times with every CPU busy (after make test)
 test-loaded: build image

@@ -162,13 +162,26 @@ func (d *daemon) start() {
 			c.Close()
 			return
 		}
-		if d.cmd.ProcessState != nil {
-			break
+		if zombie(d.cmd.Process.Pid) {
+			log, _ := os.ReadFile(d.logPath)
+			d.t.Fatalf("daemon exited at its start:\n%s", log)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	log, _ := os.ReadFile(d.logPath)
 	d.t.Fatalf("daemon did not come up within 60s:\n%s", log)
+}
+
+// zombie reports whether child process pid has exited (and is not yet
+// waited for), without waiting for it: a later Wait still reaps it.
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || strings.HasPrefix(s[i+1:], " Z")
 }
 
 // waitExit waits (bounded) for a daemon that is expected to die by

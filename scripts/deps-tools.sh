@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Builds the pinned tool binaries den runs as separate programs:
 #   bin/juicefs  from tools/juicefs (github.com/juicedata/juicefs, cgo),
-#                with tools/juicefs/patch added (see juicefs_patched)
+#                with tools/juicefs/patch added (see juicefs_patched); its
+#                version says so (juicefs --version: 1.4.1+den.pgretry)
 #   bin/minio    from tools/minio   (github.com/minio/minio, AGPL: tests and
 #                local S3 only, never linked into den)
 # Each is rebuilt only when missing or when its pin changed: a stamp file
-# beside the binary records a hash of the tool module's go.mod and go.sum and
-# of the Go version. Idempotent; one line per step.
+# beside the binary records a hash of the tool module's go.mod and go.sum,
+# of its patch if any, and of the Go version. Idempotent; one line per step.
 set -euo pipefail
+shopt -s inherit_errexit # a step that fails in $(...) fails the script
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="$root/bin"
 go="${GO:-go}"
@@ -33,8 +35,9 @@ stamp() {
 # (*dbMeta).shouldRetry calling it first for PostgreSQL, so that JuiceFS
 # runs a metadata transaction again when PostgreSQL restarts rather than
 # failing a VM's disk for good (the file's comment says why). Prints the
-# go build flag that builds tools/juicefs against the copy. A JuiceFS
-# whose shouldRetry has changed fails here, before anything is built.
+# go build flags that build tools/juicefs against the copy, and mark its
+# version. A JuiceFS whose shouldRetry has changed fails here, before
+# anything is built.
 juicefs_patched() {
 	local dir out="$bin/juicefs.build"
 	dir="$(cd "$root/tools/juicefs" && "$go" mod download -json github.com/juicedata/juicefs |
@@ -49,6 +52,7 @@ juicefs_patched() {
 	chmod -R u+w "$out/src"
 	awk '
 		/^func \(m \*dbMeta\) shouldRetry\(err error\) bool \{$/ { in_fn = 1 }
+		/^}$/ { in_fn = 0 }
 		{ print }
 		in_fn && /^\tcase "postgres":$/ {
 			print "\t\tif denRetryable(err) {"
@@ -69,11 +73,13 @@ juicefs_patched() {
 		echo "replace github.com/juicedata/juicefs => $out/src"
 	} >"$out/go.mod"
 	echo "-modfile=$out/go.mod"
+	# storage.Open warns when a cluster's juicefs lacks this mark.
+	echo "-ldflags=-X github.com/juicedata/juicefs/pkg/version.revisionDate=den -X github.com/juicedata/juicefs/pkg/version.revision=pgretry"
 }
 
 # build NAME MODULE CGO ESTIMATE [PREPARE]: PREPARE, run only when the
-# binary is built, prints go build's flags for it (and may keep what it
-# makes in bin/NAME.build, removed after).
+# binary is built, prints go build's flags for it, one a line (and may
+# keep what it makes in bin/NAME.build, removed after).
 build() {
 	local name="$1" module="$2" cgo="$3" estimate="$4" prepare="${5:-}"
 	local flags=()
@@ -89,7 +95,9 @@ build() {
 	echo "deps: building $name $ver ($estimate)"
 	local start=$SECONDS
 	if [ -n "$prepare" ]; then
-		flags=("$("$prepare")")
+		local printed
+		printed="$("$prepare")"
+		mapfile -t flags <<<"$printed"
 	fi
 	(cd "$root/tools/$name" && CGO_ENABLED="$cgo" "$go" build "${flags[@]}" -o "$out.tmp" "$module")
 	mv -f "$out.tmp" "$out"

@@ -6,11 +6,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -42,6 +44,25 @@ func FindJuiceFS(explicit string) (string, error) {
 		return "", errors.New("find juicefs: not in DEN_JUICEFS, beside den or in PATH: run `make deps` (scripts/deps-tools.sh builds bin/juicefs)")
 	}
 	return p, nil
+}
+
+// Patched is in the version of the juicefs that `make deps` builds
+// (scripts/deps-tools.sh): JuiceFS with den's patch that runs a metadata
+// transaction again when PostgreSQL restarts (tools/juicefs/patch).
+const Patched = "+den.pgretry"
+
+// warnUnpatched logs a warning when bin, run on metadata in PostgreSQL,
+// is not the juicefs `make deps` builds: a restart of PostgreSQL then
+// fails the disks of running VMs for good.
+func warnUnpatched(ctx context.Context, bin string) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "--version").Output()
+	if err == nil && strings.Contains(string(out), Patched) {
+		return
+	}
+	slog.Warn("storage: this juicefs is not den's build (make deps): a restart of PostgreSQL will fail the disks of running vms (docs/cluster.md)",
+		"juicefs", bin, "version", strings.TrimSpace(string(out)), "err", err)
 }
 
 // run runs one juicefs command to completion. On failure the error carries

@@ -81,6 +81,9 @@ func Open(ctx context.Context, cfg Config) (*JuiceFS, error) {
 	if err != nil {
 		return nil, wrap(err)
 	}
+	if strings.HasPrefix(c.MetaURL, "postgres") {
+		warnUnpatched(ctx, bin)
+	}
 	for _, d := range []string{c.StateDir, c.CacheDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, wrap(err)

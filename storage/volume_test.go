@@ -23,6 +23,7 @@ import (
 
 	"github.com/denhq/den/internal/pgtest"
 	"github.com/denhq/den/internal/sparse"
+	"github.com/denhq/den/internal/testutil"
 )
 
 const (
@@ -233,10 +234,10 @@ func TestSharedVolume(t *testing.T) {
 }
 
 // TestSharedVolumeAcrossPostgresRestart: a disk kept open and written by
-// another process, as a VMM does, goes on through a restart of the
-// PostgreSQL server that holds the volume's metadata. A flush that runs
-// while the server is down waits for it, and what was written is there on
-// another mount afterwards. (JuiceFS as released fails that flush, and
+// another process, as a VMM does, goes on through a restart and a crash
+// of the PostgreSQL server that holds the volume's metadata. A flush that
+// runs while the server is down waits for it, and what was written is
+// there on another mount afterwards. (JuiceFS as released fails that flush, and
 // every later write and flush of the file: bin/juicefs is built with
 // tools/juicefs/patch.)
 func TestSharedVolumeAcrossPostgresRestart(t *testing.T) {
@@ -269,19 +270,36 @@ func TestSharedVolumeAcrossPostgresRestart(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	waitFor("writes before the restart", func(n int) bool { return n >= 8 })
-	pg.Down()
-	// JuiceFS counts the metadata transactions it runs again: the
-	// writer's next flush runs one while the server is away.
-	retried := txRestarts(t, a.Root())
-	waitFor("a flush waiting while PostgreSQL is down", func(int) bool { return txRestarts(t, a.Root()) > retried })
-	if err := pg.Up(); err != nil {
+	// A restart (a fast shutdown: connections terminated), then a crash
+	// (an immediate shutdown: connections cut, then crash recovery).
+	for _, stop := range []struct {
+		name string
+		down func()
+	}{{"restart", pg.Down}, {"crash", pg.Crash}} {
+		waitFor("writes before the "+stop.name, func(n int) bool { return n >= 8 })
+		stop.down()
+		up := false
+		t.Cleanup(func() {
+			if !up {
+				_ = pg.Up() // a failed test's writer and mount wait for it
+			}
+		})
+		// JuiceFS counts the metadata transactions it runs again: the
+		// writer's next flush runs one while the server is away.
+		retried := txRestarts(t, a.Root())
+		waitFor("a flush waiting through the "+stop.name, func(int) bool { return txRestarts(t, a.Root()) > retried })
+		if err := pg.Up(); err != nil {
+			t.Fatal(err)
+		}
+		up = true
+		n, _ := w.state()
+		waitFor("writes after the "+stop.name, func(k int) bool { return k >= n+8 })
+	}
+	n, err := w.stop()
+	if err != nil {
 		t.Fatal(err)
 	}
-	up, _ := w.state()
-	waitFor("writes after the restart", func(n int) bool { return n >= up+8 })
-	n := w.stop()
-	t.Logf("%d writes, each flushed, one of them while PostgreSQL was down", n)
+	t.Logf("%d writes, each flushed, through a restart and a crash of PostgreSQL", n)
 
 	// Another host's mount reads what was written.
 	cfgB := cfg
@@ -378,13 +396,12 @@ func (w *diskWriter) state() (int, error) {
 	return w.n, w.err
 }
 
-// stop ends the writer, and says how many writes it made.
-func (w *diskWriter) stop() int {
+// stop ends the writer, and says how many writes it made and how the
+// last one failed, if it did.
+func (w *diskWriter) stop() (int, error) {
 	w.stdin.Close()
 	<-w.done
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.n
+	return w.state()
 }
 
 // TestDiskWriterProcess is the disk writer, when the environment names a
@@ -424,24 +441,14 @@ func TestDiskWriterProcess(t *testing.T) {
 }
 
 // txRestarts is how many metadata transactions the JuiceFS mount at root
-// has run again, from its statistics file.
+// has run again.
 func txRestarts(t *testing.T, root string) float64 {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(root, ".stats"))
+	n, err := testutil.JuiceFSRetries(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sum float64
-	for _, line := range strings.Split(string(b), "\n") {
-		if name, value, ok := strings.Cut(line, " "); ok && strings.HasPrefix(name, "juicefs_transaction_restart") {
-			v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-			if err != nil {
-				t.Fatalf("%s: %q: %v", filepath.Join(root, ".stats"), line, err)
-			}
-			sum += v
-		}
-	}
-	return sum
+	return n
 }
 
 // TestAdoptAfterDaemonRestart: a daemon that stops (Close) leaves the mount

@@ -187,6 +187,19 @@ func (s *Server) Restart() error {
 // Down stops the server, as for a restart that Up completes.
 func (s *Server) Down() { s.halt() }
 
+// Crash stops the server at once, as a crash of it would: an immediate
+// shutdown (SIGQUIT), its connections cut without a word to the statements
+// in flight. Up starts it again, with crash recovery.
+func (s *Server) Crash() {
+	_ = s.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-s.exited:
+	case <-time.After(15 * time.Second):
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		<-s.exited
+	}
+}
+
 // Up starts the server Down stopped; it returns once it answers.
 func (s *Server) Up() error { return s.run() }
 

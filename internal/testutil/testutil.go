@@ -1,16 +1,20 @@
 // Package testutil holds what den's tests share: a log sink that
 // goroutines may write together, fresh SSH keys, bounded waits, damage
-// to a file, the skip of a test that needs root, and servers that die
-// with the test binary (in a network namespace of their own if asked).
+// to a file, the skip of a test that needs root, servers that die with
+// the test binary (in a network namespace of their own if asked), and a
+// JuiceFS mount's count of retried transactions.
 package testutil
 
 import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -131,4 +135,24 @@ func StartLockedIn(ns string, cmd *exec.Cmd) (<-chan struct{}, error) {
 		close(exited)
 	}()
 	return exited, <-started
+}
+
+// JuiceFSRetries is how many metadata transactions the JuiceFS mount at
+// root has run again, from its statistics file (.stats).
+func JuiceFSRetries(root string) (float64, error) {
+	b, err := os.ReadFile(filepath.Join(root, ".stats"))
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, line := range strings.Split(string(b), "\n") {
+		if name, value, ok := strings.Cut(line, " "); ok && strings.HasPrefix(name, "juicefs_transaction_restart") {
+			v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s: %q: %w", filepath.Join(root, ".stats"), line, err)
+			}
+			sum += v
+		}
+	}
+	return sum, nil
 }
