@@ -31,9 +31,11 @@ func (su *startup) reconcile(ctx context.Context) error {
 		return err
 	}
 	defer func() {
+		unlocks := make([]func(), 0, len(claimed))
 		for _, unlock := range claimed {
-			unlock()
+			unlocks = append(unlocks, unlock)
 		}
+		inParallel(unlocks, reconcileWorkers, func(unlock func()) { unlock() })
 	}()
 	vms, err := su.m.db.ListVMs(ctx, "")
 	if err != nil {
@@ -54,22 +56,7 @@ func (su *startup) reconcile(ctx context.Context) error {
 			rest = append(rest, vm)
 		}
 	}
-	todo := make(chan registry.VM)
-	var wg sync.WaitGroup
-	for range min(reconcileWorkers, len(rest)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for vm := range todo {
-				su.reconcileVM(ctx, vm)
-			}
-		}()
-	}
-	for _, vm := range rest {
-		todo <- vm
-	}
-	close(todo)
-	wg.Wait()
+	inParallel(rest, reconcileWorkers, func(vm registry.VM) { su.reconcileVM(ctx, vm) })
 	su.sweepPrelaunched()
 	su.m.ram.sweep(vms, func(n string) bool { return su.m.procs.instance(n) != nil }, su.m.log)
 	return nil
@@ -90,18 +77,40 @@ func (su *startup) claim(ctx context.Context) (map[string]func(), error) {
 		return nil, err
 	}
 	claimed := map[string]func(){}
-	for _, vm := range vms {
+	var mu sync.Mutex
+	inParallel(vms, reconcileWorkers, func(vm registry.VM) {
 		unlock, err := su.m.locks.lockName(ctx, vm.Name, "start-up")
 		if err != nil {
 			su.m.log.Info("den: start-up: a vm is another host's", "vm", vm.Name, "err", err)
 			if held := (*HeldError)(nil); errors.As(err, &held) && held.Host != su.m.cfg.HostName {
 				su.strayElsewhere(vm.Name, held.Host)
 			}
-			continue
+			return
 		}
+		mu.Lock()
 		claimed[vm.Name] = unlock
-	}
+		mu.Unlock()
+	})
 	return claimed, nil
+}
+
+// inParallel calls fn on each item, workers at a time, and returns when
+// all calls have.
+func inParallel[T any](items []T, workers int, fn func(T)) {
+	todo := make(chan T)
+	var wg sync.WaitGroup
+	for range min(workers, len(items)) {
+		wg.Go(func() {
+			for it := range todo {
+				fn(it)
+			}
+		})
+	}
+	for _, it := range items {
+		todo <- it
+	}
+	close(todo)
+	wg.Wait()
 }
 
 // dropUnfinished finishes a VM whose creation (rolled back) or removal
@@ -121,7 +130,8 @@ func (su *startup) dropUnfinished(ctx context.Context, vm registry.VM) error {
 	return nil
 }
 
-// reconcileWorkers bounds the VMs reconcile looks at at once.
+// reconcileWorkers bounds the VMs reconcile looks at at once (claims,
+// sweeps, unlocks: each waits mostly on the registry or the volume).
 const reconcileWorkers = 4
 
 // reconcileVM sweeps what a crash left of one VM's operations and adopts
