@@ -93,6 +93,9 @@ func (c *clusterEnv) write(name string, v any) string {
 	return p
 }
 
+// clusterBucket is the MinIO bucket of a cluster's volume.
+const clusterBucket = "den-cluster"
+
 // config writes host's cluster config and returns its path: its peer
 // listener on a loopback port of its own, or on its LAN address.
 func (c *clusterEnv) config(host string) string {
@@ -109,7 +112,7 @@ func (c *clusterEnv) config(host string) string {
 		"secrets_file": "cluster-secrets.json",
 		"volume": map[string]any{
 			"meta_url":     c.pg.TCPURL("den_volume"),
-			"s3":           map[string]any{"endpoint": "http://" + c.minio.addr, "bucket": "den-cluster", "create_bucket": true},
+			"s3":           map[string]any{"endpoint": "http://" + c.minio.addr, "bucket": clusterBucket, "create_bucket": true},
 			"secrets_file": "volume-secrets.json",
 		},
 		"lease": c.lease.String(),
@@ -207,16 +210,32 @@ func (c *clusterEnv) get(url, token string) (int, string, error) {
 // (a real PostgreSQL and MinIO), so that the tests make test runs that
 // way too exercise the PostgreSQL registry and the shared volume. Its
 // lease is long: crash tests restart the daemon well within half of it.
-func registrySetup(t testing.TB) func(dir string) []string {
+func registrySetup(t testing.TB) daemonSetup {
 	switch r := os.Getenv("DEN_E2E_REGISTRY"); r {
 	case "", "sqlite":
-		return nil
+		return daemonSetup{}
 	case "postgres":
-		return newClusterEnv(t, time.Minute).setup("e2e-host")
+		c := newClusterEnv(t, time.Minute)
+		return daemonSetup{
+			args:     c.setup("e2e-host"),
+			objects:  filepath.Join(c.minio.dir, clusterBucket),
+			registry: func() (*registry.DB, error) { return registry.OpenPostgres(context.Background(), c.pg.DSN("den")) },
+		}
 	default:
 		t.Fatalf("DEN_E2E_REGISTRY=%q: want sqlite or postgres", r)
-		return nil
+		return daemonSetup{}
 	}
+}
+
+// daemonSetup is how a daemon is set up (nil and "": as on a host of
+// its own).
+type daemonSetup struct {
+	args func(dir string) []string // run on the test's directory: the daemon's extra arguments
+	// objects is where the daemon's volume keeps its objects (a
+	// cluster's: MinIO's directory of its bucket).
+	objects string
+	// registry opens the daemon's registry (a cluster's: in PostgreSQL).
+	registry func() (*registry.DB, error)
 }
 
 // registry opens den's record as the hosts do.

@@ -21,6 +21,7 @@ import (
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/internal/testutil"
+	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
 
@@ -78,11 +79,37 @@ type daemon struct {
 	// extraArgs to its command line.
 	env       []string
 	extraArgs []string
+	// objects and openRegistry: see daemonSetup.
+	objects      string
+	openRegistry func() (*registry.DB, error)
 }
 
 // startDaemon starts a daemon on a fresh state dir (short path: unix
 // sockets live under it) and waits until its socket answers.
-func startDaemon(t testing.TB) *daemon { return startDaemonIn(t, registrySetup(t)) }
+func startDaemon(t testing.TB) *daemon {
+	setup := registrySetup(t)
+	d := newDaemonIn(t, setup.args)
+	d.objects, d.openRegistry = setup.objects, setup.registry
+	d.start()
+	return d
+}
+
+// registry opens the daemon's registry, as the daemon does (with the
+// daemon down: SQLite allows one writer).
+func (d *daemon) registry() *registry.DB {
+	d.t.Helper()
+	var db *registry.DB
+	var err error
+	if d.openRegistry != nil {
+		db, err = d.openRegistry()
+	} else {
+		db, err = registry.Open(filepath.Join(d.state, "den.db"))
+	}
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return db
+}
 
 // startDaemonIn is startDaemon with setup run on the test's directory
 // (which will hold the state dir) first: a test mounts a small

@@ -18,13 +18,17 @@ import (
 	"github.com/denhq/den/memstore"
 )
 
-// objectBytes is what the embedded volume's object store holds, once it
+// objectBytes is what the daemon's volume's object store holds, once it
 // stopped changing (a block written may still be on its way).
 func (d *daemon) objectBytes() int64 {
 	d.t.Helper()
 	size := func() int64 {
 		var n int64
-		_ = filepath.WalkDir(filepath.Join(d.state, "juicefs", "objects"), func(_ string, e fs.DirEntry, err error) error {
+		dir := d.objects
+		if dir == "" {
+			dir = filepath.Join(d.state, "juicefs", "objects")
+		}
+		_ = filepath.WalkDir(dir, func(_ string, e fs.DirEntry, err error) error {
 			if err == nil && !e.IsDir() {
 				if info, err := e.Info(); err == nil {
 					n += info.Size()

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
 
@@ -38,10 +37,7 @@ func TestThousandSleepingVMs(t *testing.T) {
 	d.kill()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	db, err := registry.Open(filepath.Join(d.state, "den.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := d.registry()
 	seed, err := db.GetVM(ctx, "seed")
 	if err != nil {
 		t.Fatal(err)
@@ -109,10 +105,7 @@ func TestThousandSleepingVMs(t *testing.T) {
 	// The clones go as they came, behind the daemon's back, so that the
 	// teardown removes one VM, not a thousand.
 	d.kill()
-	db, err = registry.Open(filepath.Join(d.state, "den.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db = d.registry()
 	defer db.Close()
 	for _, name := range names {
 		if err := db.DeleteVM(ctx, name); err != nil {

@@ -190,23 +190,19 @@ func (s *Server) Down() { s.halt() }
 // Crash stops the server at once, as a crash of it would: an immediate
 // shutdown (SIGQUIT), its connections cut without a word to the statements
 // in flight. Up starts it again, with crash recovery.
-func (s *Server) Crash() {
-	_ = s.cmd.Process.Signal(syscall.SIGQUIT)
-	select {
-	case <-s.exited:
-	case <-time.After(15 * time.Second):
-		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-		<-s.exited
-	}
-}
+func (s *Server) Crash() { s.shutdown(syscall.SIGQUIT) }
 
 // Up starts the server Down stopped; it returns once it answers.
 func (s *Server) Up() error { return s.run() }
 
 // halt stops the server process: a fast shutdown (SIGINT), then SIGKILL
 // after 15 s.
-func (s *Server) halt() {
-	_ = s.cmd.Process.Signal(syscall.SIGINT)
+func (s *Server) halt() { s.shutdown(syscall.SIGINT) }
+
+// shutdown sends the server process sig, and SIGKILL if it has not exited
+// 15 s later.
+func (s *Server) shutdown(sig syscall.Signal) {
+	_ = s.cmd.Process.Signal(sig)
 	select {
 	case <-s.exited:
 	case <-time.After(15 * time.Second):
