@@ -58,6 +58,9 @@ func (d *daemon) sleepers(ctx context.Context, o Options, v variant, accel strin
 	if err != nil {
 		return figs, fmt.Errorf("sleepers: %w", err)
 	}
+	if err := d.leaseGiven(ctx, o, "seed"); err != nil {
+		return figs, fmt.Errorf("sleepers: %w", err)
+	}
 	if err := d.halt(); err != nil {
 		return figs, fmt.Errorf("sleepers: %w", err)
 	}
@@ -192,6 +195,40 @@ func (d *daemon) dropSleepers(o Options, names []string) {
 		return nil
 	})
 	_, _ = d.restart(ctx)
+}
+
+// leaseGiven waits, in a cluster, until the daemon gave vm's lease back
+// after its sleep (once the memory's digests are written). A daemon that
+// stops before keeps it, and another host takes the VM over as a lost
+// host's once the lease lapsed, while the clones are made from its files.
+func (d *daemon) leaseGiven(ctx context.Context, o Options, vm string) error {
+	if o.Cluster == "" {
+		return nil
+	}
+	cc, err := cluster.Load(o.Cluster, "bench", machine.StateDir(filepath.Join(d.dir, "state")).VolumeState())
+	if err != nil {
+		return err
+	}
+	db, err := registry.OpenPostgres(ctx, cc.RegistryDSN())
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		l, err := db.GetLease(ctx, vm)
+		if err == nil && !l.Held() {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("vm %q: its lease still held 2m after its sleep (%v)", vm, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // offline runs f on the stopped daemon's registry and volume (mounted
