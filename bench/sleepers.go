@@ -15,6 +15,7 @@ import (
 
 	"github.com/denhq/den/api"
 	"github.com/denhq/den/cluster"
+	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/machine"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
@@ -214,21 +215,18 @@ func (d *daemon) leaseGiven(ctx context.Context, o Options, vm string) error {
 		return err
 	}
 	defer db.Close()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		l, err := db.GetLease(ctx, vm)
-		if err == nil && !l.Held() {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("vm %q: its lease still held 2m after its sleep (%v)", vm, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
+	given := poll.Until(2*time.Minute, func() bool {
+		var l registry.Lease
+		l, err = db.GetLease(ctx, vm)
+		return err == nil && !l.Held() || ctx.Err() != nil
+	})
+	if err := ctx.Err(); err != nil {
+		return err
 	}
+	if !given {
+		return fmt.Errorf("vm %q: its lease still held 2m after its sleep (%v)", vm, err)
+	}
+	return nil
 }
 
 // offline runs f on the stopped daemon's registry and volume (mounted

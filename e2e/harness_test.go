@@ -23,6 +23,8 @@ import (
 	"github.com/denhq/den/internal/testutil"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
+
+	"golang.org/x/sys/unix"
 )
 
 // repoRoot is the den checkout the tests run in.
@@ -199,16 +201,12 @@ func (d *daemon) start() {
 	d.t.Fatalf("daemon did not come up within 60s:\n%s", log)
 }
 
-// zombie reports whether child process pid has exited (and is not yet
-// waited for), without waiting for it: a later Wait still reaps it.
+// zombie reports whether child process pid has exited, without waiting
+// for it (WNOWAIT): a later Wait still reaps it.
 func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || strings.HasPrefix(s[i+1:], " Z")
+	var info unix.Siginfo
+	err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+	return err != nil || info.Signo != 0 // a pid that is no child of ours has exited too
 }
 
 // waitExit waits (bounded) for a daemon that is expected to die by

@@ -210,11 +210,20 @@ func (s *Store) whole(name string, e idxEntry) bool {
 		return false
 	}
 	defer f.Close()
-	b := make([]byte, e.Len)
-	if _, err := f.ReadAt(b, e.At); err != nil {
-		return false
+	ok, err := entryWhole(f, e, make([]byte, e.Len))
+	return err == nil && ok
+}
+
+// entryWhole reads the copy e names from its pack f into buf, and says
+// whether it matches its digest (false: buf is too small for it).
+func entryWhole(f *os.File, e idxEntry, buf []byte) (bool, error) {
+	if e.Len > int64(len(buf)) {
+		return false, nil
 	}
-	return Digest(blake3.Sum256(b)) == e.Digest
+	if _, err := f.ReadAt(buf[:e.Len], e.At); err != nil && !errors.Is(err, io.EOF) {
+		return false, err
+	}
+	return Digest(blake3.Sum256(buf[:e.Len])) == e.Digest, nil
 }
 
 // collectPlan is what a collection does.
@@ -468,14 +477,8 @@ func (s *Store) movePack(ctx context.Context, pw *packWriter, p *packState, buf 
 		if err := ctx.Err(); err != nil {
 			return false, err
 		}
-		if e.Len > int64(len(buf)) {
-			return false, nil
-		}
-		if _, err := f.ReadAt(buf[:e.Len], e.At); err != nil && !errors.Is(err, io.EOF) {
+		if ok, err := entryWhole(f, e, buf); !ok || err != nil {
 			return false, err
-		}
-		if Digest(blake3.Sum256(buf[:e.Len])) != e.Digest {
-			return false, nil
 		}
 		if !pw.has(e.Digest) {
 			if err := pw.add(e.Digest, buf[:e.Len]); err != nil {

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/denhq/den/internal/pgtest"
+	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/internal/sparse"
 	"github.com/denhq/den/internal/testutil"
 )
@@ -255,19 +256,17 @@ func TestSharedVolumeAcrossPostgresRestart(t *testing.T) {
 	// write or flush that failed.
 	waitFor := func(what string, cond func(flushes int) bool) {
 		t.Helper()
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			n, err := w.state()
-			if err != nil {
-				t.Fatalf("%s: %v\njuicefs: %s", what, err, a.logTail(6))
-			}
-			if cond(n) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 2m (%d flushes done)", what, n)
-			}
-			time.Sleep(20 * time.Millisecond)
+		var n int
+		var err error
+		done := poll.Until(2*time.Minute, func() bool {
+			n, err = w.state()
+			return err != nil || cond(n)
+		})
+		if err != nil {
+			t.Fatalf("%s: %v\njuicefs: %s", what, err, a.logTail(6))
+		}
+		if !done {
+			t.Fatalf("%s: not within 2m (%d flushes done)", what, n)
 		}
 	}
 	// A restart (a fast shutdown: connections terminated), then a crash
