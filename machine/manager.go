@@ -298,6 +298,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		closed: make(chan struct{}), wakes: make(chan struct{}, cfg.MaxWakes),
 	}
 	wire(m)
+	m.usage = usageCache{db: db, vol: cfg.Volume, log: m.log, background: m.inBackground}
 	m.adm = m.budget.newAdmission()
 	m.snaps.spares = &spares{vol: cfg.Volume, log: m.log, background: m.inBackground}
 	if err := m.vmms.chooseVMM(); err != nil {
@@ -327,7 +328,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		closeDB()
 		return nil, err
 	}
-	m.usage.load(m.state.UsageFile())
+	_ = os.Remove(m.state.UsageFile()) // an earlier den's figures: the registry keeps them now
 	go m.guard.watchVolume()
 	go m.budget.watchPressure()
 	m.activity.startActivitySaver()
@@ -337,7 +338,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if cfg.Leases != nil {
 		go m.leases.watchLapsed()
 	}
-	m.inBackground(func(ctx context.Context) { m.usage.warm(ctx, m.db, m.vol, m.state.UsageFile(), m.log) })
+	m.inBackground(func(ctx context.Context) { m.usage.warm(ctx, m.db) })
 	// VMs a host shutdown put to sleep wake in the background.
 	m.host.startBootWake()
 	return m, nil
@@ -374,7 +375,6 @@ func (m *Manager) Close() error {
 	case <-time.After(30 * time.Second):
 		m.log.Warn("den: background digests still running at shutdown")
 	}
-	m.usage.saveTo(m.state.UsageFile(), m.log)
 	// The instances stay known (Running still counts them): their VMMs
 	// run on, and the next Manager adopts them.
 	m.mu.Lock()

@@ -134,10 +134,18 @@ func (o *op) finish(err error) {
 	o.undo.release()
 }
 
-// end finishes the operation and lets the VM go.
+// end finishes the operation and lets the VM go. A VM the operation
+// left sleeping, stopped or lost has its disk measured in the background
+// (usage.go): nothing changes it until its record does.
 func (o *op) end(err error) {
 	o.finish(err)
 	o.unlock()
+	if err == nil && o.vm.Name != "" {
+		switch o.vm.State {
+		case registry.StateSleeping, registry.StateStopped, registry.StateLost:
+			o.m.usage.soon(o.vm)
+		}
+	}
 }
 
 // update writes the record: change edits it and its spec (a copy of the

@@ -76,8 +76,8 @@ func (s StateDir) FenceLock() string { return filepath.Join(string(s), "fence.lo
 // FenceLog is the fence guard's log.
 func (s StateDir) FenceLog() string { return filepath.Join(string(s), "fence.log") }
 
-// UsageFile keeps the disks' measured use across restarts, by the
-// generation of each VM's record it was measured at (usage.go).
+// UsageFile is where an earlier den kept the disks' measured use (the
+// registry keeps it now: usage.go); a start removes it.
 func (s StateDir) UsageFile() string { return filepath.Join(string(s), "usage.json") }
 
 // Takeover marks a VM whose lease this cluster host took over from a

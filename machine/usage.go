@@ -2,72 +2,46 @@ package machine
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
-	"os"
 	"sync"
 
-	"github.com/denhq/den/internal/atomicfile"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 )
 
 // usageCache remembers each VM's last measured disk use, and the
-// generation of the VM's record it was measured at. Measuring asks the
-// volume (tens of milliseconds under load), which the answer to a wake or
-// a sleep should not wait for, nor a listing pay for each of a thousand
-// sleeping VMs. A VM that is not running changes its disk only through an
-// operation, and every operation writes its record: the figure measured
-// at the record's generation holds until the record changes, across a
-// restart too (the figures are kept in the state dir).
+// generation of the VM's record it was measured at, and shares the
+// figures through the registry (registry.UsageStore): every host of a
+// cluster lists what any of them measured, and a restart keeps them.
+// Measuring asks the volume (tens of milliseconds under load), which the
+// answer to a wake or a sleep should not wait for, nor a listing pay for
+// each of a thousand sleeping VMs. A VM that is not running changes its
+// disk only through an operation, and every operation writes its record:
+// the figure measured at the record's generation holds until the record
+// changes. An operation that leaves its VM not running has its disk
+// measured in the background (soon), so that the next listing, on any
+// host, finds the figure.
 type usageCache struct {
-	mu      sync.Mutex
-	by      map[string]usageFigure
-	changed bool // since the last save
-}
+	db  registry.UsageStore
+	vol storage.Volume
+	log *slog.Logger
+	// background runs the measures soon asks for (Manager.inBackground).
+	background func(func(context.Context)) bool
 
-type usageFigure struct {
-	Gen  int64 `json:"gen"`
-	Data int64 `json:"data"`
-	// Created is the VM's creation (Unix ms): a VM made again under
-	// the name starts its generations anew.
-	Created int64 `json:"created"`
-}
-
-// load reads the figures a previous daemon saved in path; none when
-// there are none or they cannot be read (they are measured again).
-func (c *usageCache) load(path string) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return
-	}
-	var by map[string]usageFigure
-	if json.Unmarshal(data, &by) != nil {
-		return
-	}
-	c.mu.Lock()
-	c.by = by
-	c.mu.Unlock()
-}
-
-// save writes the figures to path when they changed since the last save.
-func (c *usageCache) save(path string) error {
-	c.mu.Lock()
-	if !c.changed {
-		c.mu.Unlock()
-		return nil
-	}
-	data, err := json.Marshal(c.by)
-	c.changed = false
-	c.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(path, data, 0o600)
+	mu sync.Mutex
+	by map[string]registry.DiskUsage
+	// queued are the VMs soon asked to measure, the latest record of
+	// each; measuring says a worker is at them.
+	queued    map[string]registry.VM
+	measuring bool
 }
 
 // usageWorkers bounds the measures a listing runs at once.
 const usageWorkers = 8
+
+// usageBatch is how many figures the warm-up measures before it shares
+// them.
+const usageBatch = 32
 
 // fresh is the figure of vm when it still holds: measured at its record's
 // generation, and the VM is not running.
@@ -77,8 +51,8 @@ func (c *usageCache) fresh(vm registry.VM) (int64, bool) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	f, ok := c.by[vm.Name]
-	return f.Data, ok && f.Gen == vm.Generation && f.Created == vm.CreatedAt.UnixMilli()
+	u, ok := c.by[vm.Name]
+	return u.Data, ok && u.Holds(vm)
 }
 
 // last is the last figure measured of the VM (0 when never measured).
@@ -88,86 +62,185 @@ func (c *usageCache) last(name string) int64 {
 	return c.by[name].Data
 }
 
-// used is the data vm's disk on vol holds: the figure that still holds
-// (fresh) when measure says so, else measured now (and remembered); the
-// last figure when measure is false.
-func (c *usageCache) used(ctx context.Context, vol storage.Volume, vm registry.VM, measure bool) int64 {
+// pull takes the figures the registry has that are newer than this
+// host's.
+func (c *usageCache) pull(ctx context.Context) {
+	us, err := c.db.DiskUsages(ctx)
+	if err != nil {
+		c.log.Debug("den: read the disks' measured use", "err", err)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.by == nil {
+		c.by = make(map[string]registry.DiskUsage, len(us))
+	}
+	for name, u := range us {
+		if have, ok := c.by[name]; !ok || !have.Created.Equal(u.Created) || have.Generation < u.Generation {
+			c.by[name] = u
+		}
+	}
+}
+
+// measure asks the volume what vm's disk holds, and keeps the figure.
+func (c *usageCache) measure(ctx context.Context, vm registry.VM) (registry.DiskUsage, error) {
+	u, err := c.vol.Usage(ctx, storage.VMDisk(vm.Name))
+	if err != nil {
+		return registry.DiskUsage{}, err
+	}
+	fig := registry.DiskUsage{VM: vm.Name, Created: vm.CreatedAt, Generation: vm.Generation, Data: u.Data}
+	c.mu.Lock()
+	if c.by == nil {
+		c.by = map[string]registry.DiskUsage{}
+	}
+	c.by[vm.Name] = fig
+	c.mu.Unlock()
+	return fig, nil
+}
+
+// share records figures in the registry for the other hosts, and the
+// next start.
+func (c *usageCache) share(ctx context.Context, figs []registry.DiskUsage) {
+	if err := c.db.SetDiskUsage(ctx, figs); err != nil {
+		c.log.Debug("den: record the disks' measured use", "err", err)
+	}
+}
+
+// used is the data vm's disk holds: the figure that still holds (fresh)
+// when measure says so, else measured now (and shared); the last figure
+// when measure is false.
+func (c *usageCache) used(ctx context.Context, vm registry.VM, measure bool) int64 {
 	if !measure {
 		return c.last(vm.Name)
 	}
 	if data, ok := c.fresh(vm); ok {
 		return data
 	}
-	u, err := vol.Usage(ctx, storage.VMDisk(vm.Name))
+	fig, err := c.measure(ctx, vm)
 	if err != nil {
 		return 0
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.by == nil {
-		c.by = map[string]usageFigure{}
+	if vm.State != registry.StateRunning {
+		c.share(ctx, []registry.DiskUsage{fig})
 	}
-	c.by[vm.Name] = usageFigure{Gen: vm.Generation, Data: u.Data, Created: vm.CreatedAt.UnixMilli()}
-	c.changed = true
-	return u.Data
+	return fig.Data
 }
 
-// fill sets each status's DiskUsed, measuring (usageWorkers at a time)
-// only those whose figure no longer holds.
-func (c *usageCache) fill(ctx context.Context, vol storage.Volume, sts []Status) {
-	todo := make(chan int)
-	var wg sync.WaitGroup
-	for range min(usageWorkers, len(sts)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range todo {
-				sts[i].DiskUsed = c.used(ctx, vol, sts[i].VM, true)
+// fill sets each status's DiskUsed: the figures that hold, this host's or
+// another's (pulled from the registry once, when this host lacks some),
+// and measures (usageWorkers at a time) the others, which it shares.
+func (c *usageCache) fill(ctx context.Context, sts []Status) {
+	stale := func() []int {
+		var todo []int
+		for i := range sts {
+			if data, ok := c.fresh(sts[i].VM); ok {
+				sts[i].DiskUsed = data
+			} else {
+				todo = append(todo, i)
 			}
-		}()
-	}
-	for i := range sts {
-		if data, ok := c.fresh(sts[i].VM); ok {
-			sts[i].DiskUsed = data
-			continue
 		}
-		todo <- i
+		return todo
 	}
-	close(todo)
-	wg.Wait()
+	todo := stale()
+	if len(todo) == 0 {
+		return
+	}
+	c.pull(ctx)
+	todo = stale()
+	var mu sync.Mutex
+	var figs []registry.DiskUsage
+	inParallel(todo, usageWorkers, func(i int) {
+		fig, err := c.measure(ctx, sts[i].VM)
+		if err != nil {
+			return
+		}
+		sts[i].DiskUsed = fig.Data
+		if sts[i].VM.State != registry.StateRunning {
+			mu.Lock()
+			figs = append(figs, fig)
+			mu.Unlock()
+		}
+	})
+	c.share(ctx, figs)
 }
 
-// warm measures, one at a time, the disks of the VMs of db that are not
-// running and whose figure no longer holds, so that the first listing
-// after a start finds their figures (a host with a thousand sleeping VMs
-// lists them at once), and saves them to path.
-func (c *usageCache) warm(ctx context.Context, db registry.Store, vol storage.Volume, path string, log *slog.Logger) {
-	defer c.saveTo(path, log)
+// warm takes the figures the registry has, then measures, one at a time,
+// the disks of db's VMs that are not running and whose figure no longer
+// holds, and shares them usageBatch at a time: the first listing after a
+// start finds their figures (a host with a thousand sleeping VMs lists
+// them at once).
+func (c *usageCache) warm(ctx context.Context, db registry.VMStore) {
+	c.pull(ctx)
 	vms, err := db.ListVMs(ctx, "")
 	if err != nil {
 		return
 	}
+	var figs []registry.DiskUsage
 	for _, vm := range vms {
 		if ctx.Err() != nil {
+			break
+		}
+		if _, ok := c.fresh(vm); ok || vm.State == registry.StateRunning {
+			continue
+		}
+		if fig, err := c.measure(ctx, vm); err == nil {
+			figs = append(figs, fig)
+		}
+		if len(figs) == usageBatch {
+			c.share(ctx, figs)
+			figs = nil
+		}
+	}
+	c.share(context.WithoutCancel(ctx), figs)
+}
+
+// soon measures vm's disk in the background and shares the figure: an
+// operation left the VM not running, with the record vm.
+func (c *usageCache) soon(vm registry.VM) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.queued == nil {
+		c.queued = map[string]registry.VM{}
+	}
+	c.queued[vm.Name] = vm
+	if c.measuring {
+		return
+	}
+	c.measuring = c.background(c.measureQueued)
+}
+
+// measureQueued measures what soon queued, one VM at a time, until none
+// is left.
+func (c *usageCache) measureQueued(ctx context.Context) {
+	for {
+		c.mu.Lock()
+		var vm registry.VM
+		found := false
+		for name, v := range c.queued {
+			vm, found = v, true
+			delete(c.queued, name)
+			break
+		}
+		if !found || ctx.Err() != nil {
+			c.measuring = false
+			c.mu.Unlock()
 			return
 		}
-		if vm.State != registry.StateRunning {
-			c.used(ctx, vol, vm, true)
+		c.mu.Unlock()
+		if _, ok := c.fresh(vm); ok {
+			continue
+		}
+		if fig, err := c.measure(ctx, vm); err == nil {
+			c.share(ctx, []registry.DiskUsage{fig})
 		}
 	}
 }
 
-// saveTo keeps the figures in path for the next start.
-func (c *usageCache) saveTo(path string, log *slog.Logger) {
-	if err := c.save(path); err != nil {
-		log.Warn("den: save the disks' measured use", "err", err)
-	}
-}
-
-// forget drops a removed VM's figure.
+// forget drops a removed VM's figure (the registry's goes with its
+// record).
 func (c *usageCache) forget(name string) {
 	c.mu.Lock()
 	delete(c.by, name)
-	c.changed = true
+	delete(c.queued, name)
 	c.mu.Unlock()
 }

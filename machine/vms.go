@@ -80,7 +80,7 @@ func (m *Manager) List(ctx context.Context, owner string) ([]Status, error) {
 	for _, vm := range vms {
 		out = append(out, m.status(ctx, vm, false))
 	}
-	m.usage.fill(ctx, m.vol, out)
+	m.usage.fill(ctx, out)
 	return out, nil
 }
 
@@ -99,7 +99,7 @@ func (m *Manager) status(ctx context.Context, vm registry.VM, measure bool) Stat
 	if sp, err := decodeSpec(vm); err == nil {
 		st.Net, st.IP, st.Egress = m.net.summary(vm, sp)
 	}
-	st.DiskUsed = m.usage.used(ctx, m.vol, vm, measure)
+	st.DiskUsed = m.usage.used(ctx, vm, measure)
 	if vm.State == registry.StateRunning && in != nil && alive(in) {
 		st.PID = in.hv.PID()
 		if m.cfg.Leases != nil {

@@ -90,6 +90,12 @@ var postgresSchema = []string{
 	);
 	CREATE INDEX leases_host ON leases (host)`,
 	`ALTER TABLE hosts ADD COLUMN compat TEXT NOT NULL DEFAULT ''`,
+	`CREATE TABLE disk_usage (
+		vm         TEXT PRIMARY KEY,
+		created    BIGINT NOT NULL,
+		generation BIGINT NOT NULL,
+		data       BIGINT NOT NULL
+	)`,
 }
 
 // postgresMigrationLock is the advisory lock key under which a daemon

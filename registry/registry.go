@@ -32,13 +32,16 @@ type DB struct {
 	// meta is the hosts' records and leases, never fenced: a host renews
 	// its lease, and records its heartbeat, through it.
 	meta *conn
+	// figures is the record's connections unfenced, for what is only
+	// advisory (disk use measured).
+	figures *conn
 	// ended is what a PostgreSQL registry's connections share (nil on
 	// SQLite).
 	ended *ended
 }
 
 func newDB(db *sql.DB, d dialect) *DB {
-	return &DB{db: &conn{db: db, d: d, fence: &atomic.Pointer[Lease]{}}, meta: &conn{db: db, d: d}}
+	return &DB{db: &conn{db: db, d: d, fence: &atomic.Pointer[Lease]{}}, meta: &conn{db: db, d: d}, figures: &conn{db: db, d: d}}
 }
 
 // Fence makes every later write of the record (VMs, checkpoints, keys,
@@ -143,6 +146,13 @@ var sqliteSchema = []string{
 	)`,
 	// compat is what a host's VMMs and CPU restore (Host.Compat).
 	`ALTER TABLE hosts ADD COLUMN compat TEXT NOT NULL DEFAULT ''`,
+	// disk_usage is each VM's disk use as last measured (UsageStore).
+	`CREATE TABLE disk_usage (
+		vm         TEXT PRIMARY KEY,
+		created    INTEGER NOT NULL,
+		generation INTEGER NOT NULL,
+		data       INTEGER NOT NULL
+	)`,
 }
 
 // Open opens (creating if needed) the SQLite database at path and brings
@@ -346,14 +356,25 @@ func (d *DB) update(ctx context.Context, name string, gen int64, f func(*VM) err
 	return vm, nil
 }
 
-// DeleteVM removes a VM's record.
+// DeleteVM removes a VM's record, with its disk use's.
 func (d *DB) DeleteVM(ctx context.Context, name string) error {
-	res, err := d.db.ExecContext(ctx, `DELETE FROM vms WHERE name = ?`, name)
+	tx, err := d.db.BeginTx(ctx)
+	if err != nil {
+		return fmt.Errorf("delete vm %q: %w", name, err)
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, `DELETE FROM vms WHERE name = ?`, name)
 	if err != nil {
 		return fmt.Errorf("delete vm %q: %w", name, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return fmt.Errorf("vm %q: %w", name, ErrNotFound)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM disk_usage WHERE vm = ?`, name); err != nil {
+		return fmt.Errorf("delete vm %q: %w", name, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("delete vm %q: %w", name, err)
 	}
 	return nil
 }

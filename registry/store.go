@@ -9,8 +9,9 @@ import (
 const DefaultOwner = "default"
 
 // Store is den's durable record: VMs, their checkpoints' catalog,
-// users' keys, API tokens, and the hosts sharing the record with the
-// leases that say which host may run a VM. *DB implements it on SQLite
+// users' keys, API tokens, the hosts sharing the record with the
+// leases that say which host may run a VM, and the disk use measured of
+// VMs. *DB implements it on SQLite
 // (one host) and on PostgreSQL (hosts of a cluster share one database).
 type Store interface {
 	VMStore
@@ -19,6 +20,7 @@ type Store interface {
 	TokenStore
 	HostStore
 	LeaseStore
+	UsageStore
 	Close() error
 }
 

@@ -30,6 +30,7 @@ type Volume struct {
 	// UsageDelay makes Usage as slow as a metadata walk on JuiceFS.
 	UsageDelay time.Duration
 	health     atomic.Int64 // Health calls
+	usage      atomic.Int64 // Usage calls
 }
 
 var _ storage.Volume = (*Volume)(nil)
@@ -214,6 +215,7 @@ func (v *Volume) Usage(ctx context.Context, p storage.Path) (storage.Usage, erro
 	if err != nil {
 		return storage.Usage{}, err
 	}
+	v.usage.Add(1)
 	if v.UsageDelay > 0 {
 		time.Sleep(v.UsageDelay)
 	}
@@ -244,6 +246,9 @@ func (v *Volume) Health(ctx context.Context) error {
 
 // HealthCalls counts the Health calls so far.
 func (v *Volume) HealthCalls() int64 { return v.health.Load() }
+
+// UsageCalls counts the disks measured (Usage calls).
+func (v *Volume) UsageCalls() int64 { return v.usage.Load() }
 
 // Subscribe delivers Emit's events.
 func (v *Volume) Subscribe() (<-chan storage.Event, func()) {
