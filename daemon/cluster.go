@@ -149,6 +149,11 @@ func (c *clusterHost) Lapsed(ctx context.Context) ([]registry.Lease, error) {
 	return c.store.ExpiredLeases(ctx, c.ttl/2)
 }
 
+// Mine implements machine.Leases.
+func (c *clusterHost) Mine(ctx context.Context) ([]registry.Lease, error) {
+	return c.store.HostLeases(ctx, c.lease.Host)
+}
+
 // Every implements machine.Leases: a third of the lease.
 func (c *clusterHost) Every() time.Duration { return c.ttl / 3 }
 

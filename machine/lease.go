@@ -32,6 +32,8 @@ type Leases interface {
 	// Lapsed lists the leases whose holder let them lapse past the
 	// grace: the VMs of lost hosts.
 	Lapsed(ctx context.Context) ([]registry.Lease, error)
+	// Mine lists the leases that name this host, held or let lapse.
+	Mine(ctx context.Context) ([]registry.Lease, error)
 	// Every is how often to look for lapsed leases.
 	Every() time.Duration
 }
@@ -189,7 +191,8 @@ func (v *vmLeases) pending(name string) string {
 // takeOver deals with a VM whose lease this host took from host from,
 // which let it lapse: that host is lost, and whatever it did with the
 // VM was cut short. A VM it was creating is rolled back, one it was
-// removing is removed; any other VM is recorded stopped, with a disk
+// removing is removed; any other VM has what the host's operations left
+// swept (as a start does) and is recorded lost, with a disk
 // file of its own (setAsideLateWrites) and a reason that says what is
 // left. Its sleep's memory is not restored: the lost host may have
 // woken it, and its guest written the disk, before it was lost. The
@@ -214,6 +217,14 @@ func (v *vmLeases) takeOver(ctx context.Context, name, from string) error {
 			return fmt.Errorf("vm %q: take over from host %q: %w", name, from, err)
 		}
 	default:
+		// What the lost host's operations left half done is swept first,
+		// as that host's own start would have: once the VM's lease was
+		// given back, that start no longer looks at it (claim).
+		v.m.startup.sweepCheckpoints(ctx, name)
+		v.m.startup.sweepSuspend(ctx, vm)
+		if vm, err = v.m.db.GetVM(ctx, name); err != nil {
+			return fmt.Errorf("vm %q: take over from host %q: %w", name, from, err)
+		}
 		reason := v.lostReason(ctx, vm, from, v.setAsideLateWrites(ctx, name, from))
 		if _, err := v.m.db.UpdateVMIf(ctx, name, vm.Generation, func(r *registry.VM) error {
 			r.State, r.Reason = registry.StateLost, reason

@@ -34,6 +34,9 @@ func (l *hostLeases) Get(ctx context.Context, vm string) (registry.Lease, error)
 func (l *hostLeases) Lapsed(ctx context.Context) ([]registry.Lease, error) {
 	return l.db.ExpiredLeases(ctx, l.ttl/2)
 }
+func (l *hostLeases) Mine(ctx context.Context) ([]registry.Lease, error) {
+	return l.db.HostLeases(ctx, l.host)
+}
 func (l *hostLeases) Every() time.Duration { return l.every }
 
 // TestVMLeases: on a cluster host, a VM's lease is held while the VM runs
@@ -200,5 +203,48 @@ func TestStrayVMMOfAnotherHost(t *testing.T) {
 	e.wantState("box", registry.StateSleeping)
 	if l, err := here.Get(ctx, "box"); err != nil || !l.Held() || l.Host != "host-b" {
 		t.Fatalf("lease of box after the restart: %+v, %v", l, err)
+	}
+}
+
+// TestStartLooksAtItsOwn: a cluster host's start claims, to reconcile,
+// the VMs whose lease names it (a VM it runs), not a VM whose lease it
+// gave back (asleep, its digests written): that lease is left as it was,
+// not taken and given back (which would make its generation grow). A
+// host with a thousand sleeping VMs starts without a round of leases.
+func TestStartLooksAtItsOwn(t *testing.T) {
+	e := newEnvWith(t, func(c *machine.Config) {
+		c.Leases = &hostLeases{db: c.Registry.(registry.LeaseStore), host: "host-a", inst: "a", ttl: time.Minute, every: time.Second}
+		c.HostName = "host-a"
+	})
+	ctx := ctxT(t)
+	here := e.cfg.Leases
+	e.create("kept")
+	e.create("given")
+	if err := e.m.Sleep(ctx, "given", false); err != nil {
+		t.Fatal(err)
+	}
+	var given registry.Lease
+	if !poll.Until(time.Minute, func() bool {
+		var err error
+		given, err = here.Get(ctx, "given")
+		return err == nil && !given.Held()
+	}) {
+		t.Fatal("the lease of a vm put to sleep was never given back")
+	}
+	kept, err := here.Get(ctx, "kept")
+	if err != nil || !kept.Held() {
+		t.Fatalf("lease of a running vm: %+v, %v", kept, err)
+	}
+
+	e.restart()
+	e.wantState("kept", registry.StateRunning)
+	if l, err := here.Get(ctx, "kept"); err != nil || !l.Held() || l.Generation != kept.Generation {
+		t.Fatalf("lease of the running vm after the start: %+v (was %+v), %v", l, kept, err)
+	}
+	if l, err := here.Get(ctx, "given"); err != nil || l.Host != "" || l.Generation != given.Generation {
+		t.Fatalf("the start took the lease of a vm it had given back: %+v (was %+v), %v", l, given, err)
+	}
+	if err := e.m.Wake(ctx, "given"); err != nil {
+		t.Fatal(err)
 	}
 }

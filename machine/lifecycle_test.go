@@ -120,13 +120,18 @@ func TestTransitions(t *testing.T) {
 }
 
 // watchStates reads name's record over and over until the returned
-// function is called, which answers every state the reads saw.
+// function is called, which answers every state the reads saw. It
+// returns once a first read is done: the reads are under way (their
+// connection to the registry made) before what they watch begins.
 func (e *env) watchStates(name string) func() map[registry.State]bool {
 	seen := map[registry.State]bool{}
-	stop, done := make(chan struct{}), make(chan struct{})
+	stop, done, first := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		for {
+		for n := 0; ; n++ {
+			if n == 1 {
+				close(first)
+			}
 			select {
 			case <-stop:
 				return
@@ -137,6 +142,11 @@ func (e *env) watchStates(name string) func() map[registry.State]bool {
 			}
 		}
 	}()
+	select {
+	case <-first:
+	case <-time.After(testTimeout):
+		e.t.Fatal("the record's first read never came back")
+	}
 	return func() map[registry.State]bool {
 		close(stop)
 		<-done

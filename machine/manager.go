@@ -39,6 +39,7 @@ import (
 	"github.com/denhq/den/activity"
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/image"
+	"github.com/denhq/den/internal/phase"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/vmm"
@@ -310,17 +311,22 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if budget == 0 {
 		budget = DefaultMemoryCopies
 	}
+	endStep := phase.Begin(ctx, StartStep+"local files")
 	if err := m.snaps.initMemCopies(budget); err != nil {
 		closeDB()
 		return nil, fmt.Errorf("local memory copies: %w", err)
 	}
 	m.snaps.spares.dropAll(ctx) // one may be half made
 	m.diffs.sweep()
+	endStep()
 	if m.conf, err = newConfinement(m.cfg, m.ram.dir, m.adm.overhead, m.kvm.Accelerator()); err != nil {
 		closeDB()
 		return nil, err
 	}
-	if err := m.setupNetwork(ctx); err != nil {
+	endStep = phase.Begin(ctx, StartStep+"network")
+	err = m.setupNetwork(ctx)
+	endStep()
+	if err != nil {
 		closeDB()
 		return nil, err
 	}

@@ -26,17 +26,21 @@ import (
 // running, their VMM adopted or, when it is gone, are marked stopped with
 // the reason.
 func (su *startup) reconcile(ctx context.Context) error {
+	endStep := phase.Begin(ctx, StartStep+"claim")
 	claimed, err := su.claim(ctx)
+	endStep()
 	if err != nil {
 		return err
 	}
 	defer func() {
+		defer phase.Begin(ctx, StartStep+"let go")()
 		unlocks := make([]func(), 0, len(claimed))
 		for _, unlock := range claimed {
 			unlocks = append(unlocks, unlock)
 		}
 		inParallel(unlocks, reconcileWorkers, func(unlock func()) { unlock() })
 	}()
+	defer phase.Begin(ctx, StartStep+"reconcile")()
 	vms, err := su.m.db.ListVMs(ctx, "")
 	if err != nil {
 		return err
@@ -56,18 +60,25 @@ func (su *startup) reconcile(ctx context.Context) error {
 			rest = append(rest, vm)
 		}
 	}
+	endStep = phase.Begin(ctx, StartStep+"sweep")
 	inParallel(rest, reconcileWorkers, func(vm registry.VM) { su.reconcileVM(ctx, vm) })
+	endStep()
 	su.sweepPrelaunched()
 	su.m.ram.sweep(vms, func(n string) bool { return su.m.procs.instance(n) != nil }, su.m.log)
 	return nil
 }
 
-// claim takes, on a cluster host, the lock and lease of every VM that
-// no other host holds, for reconcile, which then looks at those alone: a
-// VM another host runs, creates or works on is that host's to reconcile.
-// A VMM of such a VM still running here (its fence failed to stop it)
-// is stopped: never two VMMs on one disk. It returns the claimed VMs'
-// unlocks (nil on a host of its own: every VM is this host's).
+// claim takes, on a cluster host, the lock and lease of each VM this
+// host may have left something of, for reconcile, which then looks at
+// those alone: a VM whose lease names this host (held, or let lapse: a
+// VMM of this host's, an operation, or the digests of a snapshot was cut
+// short), whose VMM's PID file is here (it may run), or that is half created
+// or removed. A VM whose lease was given back has nothing of this host's
+// in flight: an operation gives it back once done, and once its
+// snapshots' digests are written. A VM another host holds is that host's
+// to reconcile; a VMM of it still running here (its fence failed to stop
+// it) is stopped: never two VMMs on one disk. It returns the claimed
+// VMs' unlocks (nil on a host of its own: every VM is this host's).
 func (su *startup) claim(ctx context.Context) (map[string]func(), error) {
 	if su.m.cfg.Leases == nil {
 		return nil, nil
@@ -76,6 +87,21 @@ func (su *startup) claim(ctx context.Context) (map[string]func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	mine, err := su.m.cfg.Leases.Mine(ctx)
+	if err != nil {
+		return nil, err
+	}
+	named := make(map[string]bool, len(mine))
+	for _, l := range mine {
+		named[l.VM] = true
+	}
+	vms = slices.DeleteFunc(vms, func(vm registry.VM) bool {
+		if named[vm.Name] || vm.State == registry.StateCreating || vm.State == registry.StateDeleting {
+			return false
+		}
+		_, err := os.Stat(su.m.state.Run(vm.Name).PIDFile())
+		return err != nil
+	})
 	claimed := map[string]func(){}
 	var mu sync.Mutex
 	inParallel(vms, reconcileWorkers, func(vm registry.VM) {
@@ -445,6 +471,10 @@ func decodeSpec(vm registry.VM) (spec, error) {
 	}
 	return sp, nil
 }
+
+// StartStep begins the names of the steps of a start that New times
+// (phase) under its context: the daemon logs them.
+const StartStep = "start-up: "
 
 // startup finds, when den starts, what the last daemon left: VMMs to
 // adopt, records to reconcile, half-made clones, slots and checkpoints to

@@ -63,6 +63,9 @@ type LeaseStore interface {
 	// ExpiredLeases returns the leases whose holder let them expire at
 	// least grace ago: VMs whose host is presumed dead.
 	ExpiredLeases(ctx context.Context, grace time.Duration) ([]Lease, error)
+	// HostLeases returns the leases that name host, held or let lapse,
+	// ordered by VM.
+	HostLeases(ctx context.Context, host string) ([]Lease, error)
 }
 
 var _ LeaseStore = (*DB)(nil)
@@ -197,6 +200,26 @@ func (d *DB) ExpiredLeases(ctx context.Context, grace time.Duration) ([]Lease, e
 	out, err := collect(rows, scanLease)
 	if err != nil {
 		return nil, fmt.Errorf("expired leases: %w", err)
+	}
+	for i := range out {
+		out[i].Now = time.UnixMilli(now).UTC()
+	}
+	return out, nil
+}
+
+// HostLeases implements LeaseStore.
+func (d *DB) HostLeases(ctx context.Context, host string) ([]Lease, error) {
+	now, err := d.dbNow(ctx, d.meta)
+	if err != nil {
+		return nil, fmt.Errorf("leases of host %q: %w", host, err)
+	}
+	rows, err := d.meta.QueryContext(ctx, `SELECT `+leaseColumns+` FROM leases WHERE host = ? ORDER BY vm`, host)
+	if err != nil {
+		return nil, fmt.Errorf("leases of host %q: %w", host, err)
+	}
+	out, err := collect(rows, scanLease)
+	if err != nil {
+		return nil, fmt.Errorf("leases of host %q: %w", host, err)
 	}
 	for i := range out {
 		out[i].Now = time.UnixMilli(now).UTC()
