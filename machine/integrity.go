@@ -82,11 +82,17 @@ const (
 // they wait while any operation holds a VM (a wake, a checkpoint...): a
 // digest is never on an operation's critical path, nor competes with
 // one. The wait is bounded (sealYieldMax), so a host never idle still
-// gets its digests. Once a host shutdown began they neither rest nor
-// wait: the VMs are asleep, and the shutdown waits for the digests of
-// their memory (which its own hold on the VMs would otherwise stall).
+// gets its digests. Once a host shutdown or a stop began they neither
+// rest nor wait: the shutdown waits for the digests of the memory of the
+// VMs it put to sleep (which its own hold on them would otherwise
+// stall), and a cluster host's stop for those under way.
 func (g *integrity) sealPace() checkpoint.Pace {
 	idle := 1.0
+	select {
+	case <-g.m.closed: // a cluster host's stop waits for them (Close)
+		idle = 0
+	default:
+	}
 	if g.m.hostDown.Load() {
 		idle = 0
 	}
@@ -270,6 +276,13 @@ func (s *sealer) busyUnder(root storage.Path) bool {
 	return false
 }
 
+// any says whether any digests are queued or being written.
+func (s *sealer) any() bool {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	return len(s.pending) > 0
+}
+
 // busy says whether dir's digests are queued or being written.
 func (s *sealer) busy(dir storage.Path) bool {
 	s.pmu.Lock()
@@ -356,6 +369,10 @@ func (g *integrity) sealLater(dir storage.Path, ref snapshotRef) {
 	}
 }
 
+// sealDelay holds every seal back before it reads anything: 0 but in
+// tests, which make digests take long.
+var sealDelay time.Duration
+
 // sealNow digests dir's large files, after any seal under way. A seal
 // that fails leaves them without digests, which verification then
 // reports (the snapshot is recorded with its seal).
@@ -363,7 +380,7 @@ func (g *integrity) sealNow(dir storage.Path, localSeal string, local map[string
 	defer g.m.seal.add(dir, -1)
 	g.m.seal.mu.Lock()
 	defer g.m.seal.mu.Unlock()
-	ctx, cancel := g.m.lifetime()
+	ctx, cancel := g.m.digestLifetime()
 	defer cancel()
 	// The digests run at the lowest CPU priority: the VMs, and den's own
 	// work for them, come first.
@@ -373,6 +390,13 @@ func (g *integrity) sealNow(dir storage.Path, localSeal string, local map[string
 		return
 	}
 	start := time.Now()
+	if sealDelay > 0 {
+		select {
+		case <-time.After(sealDelay):
+		case <-ctx.Done():
+			return
+		}
+	}
 	pace := g.sealPace()
 	pace.Data = g.dataRanges(ctx)
 	for try := 1; ; try++ {
@@ -470,6 +494,23 @@ func (g *integrity) unmarkUnsealed(ctx context.Context, name string) {
 func notExist(err error) bool { return errors.Is(err, os.ErrNotExist) }
 
 // lifetime is a context that ends when the Manager closes.
+// digestLifetime is lifetime for the digests of snapshots, which a
+// cluster host's Close lets finish first (endDigests).
+func (m *Manager) digestLifetime() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-m.digestsEnd:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// endDigests ends the digests under way (at their next extent).
+func (m *Manager) endDigests() { m.digestsOnce.Do(func() { close(m.digestsEnd) }) }
+
 func (m *Manager) lifetime() (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {

@@ -62,6 +62,9 @@ type vmLeases struct {
 	mu   sync.Mutex
 	refs map[string]int
 	held map[string]registry.Lease
+	// afterDigest counts the leases kept for digests, to give back
+	// once they are written (Close waits for it).
+	afterDigest sync.WaitGroup
 }
 
 // take takes name's lease for an operation that holds the VM's local
@@ -146,7 +149,7 @@ func (v *vmLeases) giveBack(name string, keep bool) {
 	}
 	if v.m.seal.busyUnder(storage.VMDir(name)) {
 		v.refs[name]++ // the digests' hold
-		go v.afterDigests(name)
+		v.afterDigest.Go(func() { v.afterDigests(name) })
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -161,14 +164,14 @@ func (v *vmLeases) giveBack(name string, keep bool) {
 }
 
 // afterDigests gives name's lease back (giveBack) once no digests of its
-// snapshots are being written. At a stop with digests still to write,
-// it stays held: the next start of this host writes them and gives it
-// back; another host takes it over only if this one does not come back
-// within the lease.
+// snapshots are being written. A stop lets them finish within its bound
+// (Close); with digests still to write after that, it stays held: the
+// next start of this host writes them and gives it back; another host
+// takes it over only if this one does not come back within the lease.
 func (v *vmLeases) afterDigests(name string) {
 	for v.m.seal.busyUnder(storage.VMDir(name)) {
 		select {
-		case <-v.m.closed:
+		case <-v.m.digestsEnd:
 			if v.m.seal.busyUnder(storage.VMDir(name)) {
 				return
 			}

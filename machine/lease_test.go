@@ -248,3 +248,33 @@ func TestStartLooksAtItsOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestStopWritesDigestsFirst: a cluster host stopped while it writes the
+// digests of a VM's sleep writes them first, and gives the VM's lease
+// back: kept, it would lapse while the host is down, and another host
+// would take the VM over as a lost host's.
+func TestStopWritesDigestsFirst(t *testing.T) {
+	defer machine.SetSealDelay(2 * time.Second)()
+	e := newEnvWith(t, func(c *machine.Config) {
+		c.Leases = &hostLeases{db: c.Registry.(registry.LeaseStore), host: "host-a", inst: "a", ttl: time.Minute, every: time.Second}
+		c.HostName = "host-a"
+	})
+	ctx := ctxT(t)
+	e.create("box")
+	if err := e.m.Sleep(ctx, "box", false); err != nil {
+		t.Fatal(err)
+	}
+	if !e.m.Sealing("vms/box/suspend") {
+		t.Fatal("the digests of the sleep were written before the test could stop the host")
+	}
+	if err := e.m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := e.cfg.Leases.Get(ctx, "box"); err != nil || l.Held() {
+		t.Fatalf("lease of a vm after a stop that wrote its digests: %+v, %v", l, err)
+	}
+	e.open()
+	if err := e.m.Wake(ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -40,6 +40,7 @@ import (
 	"github.com/denhq/den/agent"
 	"github.com/denhq/den/image"
 	"github.com/denhq/den/internal/phase"
+	"github.com/denhq/den/internal/poll"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
 	"github.com/denhq/den/vmm"
@@ -230,10 +231,15 @@ type Manager struct {
 	waiters   map[string]chan struct{} // closed when a holder lets go
 	ops       sync.WaitGroup           // operations holding a VM's lock
 	closed    chan struct{}
-	closeOnce sync.Once      // Close's work, once closed is closed
-	hostWG    sync.WaitGroup // the boot wake (hostlife.go)
-	actWG     sync.WaitGroup // the activity saver (activity.go)
-	hostDown  atomic.Bool    // a host shutdown began: no new work is admitted (hostlife.go)
+	closeOnce sync.Once // Close's work, once closed is closed
+	// digestsEnd ends the digests of snapshots (endDigests): with closed
+	// on a host of its own, once they are written (or Close's bound is
+	// over) on a cluster host.
+	digestsEnd  chan struct{}
+	digestsOnce sync.Once
+	hostWG      sync.WaitGroup // the boot wake (hostlife.go)
+	actWG       sync.WaitGroup // the activity saver (activity.go)
+	hostDown    atomic.Bool    // a host shutdown began: no new work is admitted (hostlife.go)
 
 	// lastRelease is when an operation last let go of a VM (waitQuiet);
 	// under mu.
@@ -296,7 +302,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m := &Manager{
 		cfg: cfg, state: cfg.State, db: db, ownDB: ownDB, vol: cfg.Volume, signer: signer, log: cfg.Logger,
 		kvm: vmm.DetectKVM(), here: newThisHost(cfg.HostName), instances: map[string]*instance{}, holders: map[string]holder{}, waiters: map[string]chan struct{}{},
-		closed: make(chan struct{}), wakes: make(chan struct{}, cfg.MaxWakes),
+		closed: make(chan struct{}), digestsEnd: make(chan struct{}), wakes: make(chan struct{}, cfg.MaxWakes),
 	}
 	wire(m)
 	m.usage = usageCache{db: db, vol: cfg.Volume, log: m.log, background: m.inBackground}
@@ -361,21 +367,37 @@ func (m *Manager) Close() error {
 	}
 	// A host shutdown (SleepAll) may have closed it already.
 	m.host.refuseNew()
+	if m.cfg.Leases == nil {
+		m.endDigests() // the next start writes them
+	}
 	drained := make(chan struct{})
 	go func() { m.ops.Wait(); m.hostWG.Wait(); close(drained) }()
 	wait := m.cfg.DrainTimeout
 	if wait <= 0 {
 		wait = DefaultDrainTimeout
 	}
+	deadline := time.Now().Add(wait)
 	select {
 	case <-drained:
 	case <-time.After(wait):
 		m.log.Warn("den: operations still running at shutdown; closing anyway", "waited", wait)
 	}
+	// A cluster host keeps a VM's lease until the digests of its sleep
+	// are written, and another host takes over, as a lost host's, a VM
+	// whose lease this one let lapse: so it lets the digests under way
+	// finish first, within what is left of the bound, and gives those
+	// leases back.
+	if m.seal.any() && m.cfg.Leases != nil {
+		m.log.Info("den: stopping once the digests of snapshots under way are written", "within", time.Until(deadline).Round(time.Second))
+		if !poll.Until(time.Until(deadline), func() bool { return !m.seal.any() }) {
+			m.log.Warn("den: digests still being written at shutdown: their vms' leases stay held until the next start writes them")
+		}
+	}
+	m.endDigests()
 	// Background digests end at their next extent: wait for them, so
 	// that none reads a volume being unmounted.
 	bg := make(chan struct{})
-	go func() { m.background.Wait(); m.ram.frees.wait(); close(bg) }()
+	go func() { m.background.Wait(); m.ram.frees.wait(); m.leases.afterDigest.Wait(); close(bg) }()
 	select {
 	case <-bg:
 	case <-time.After(30 * time.Second):
