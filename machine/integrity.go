@@ -88,12 +88,7 @@ const (
 // stall), and a cluster host's stop for those under way.
 func (g *integrity) sealPace() checkpoint.Pace {
 	idle := 1.0
-	select {
-	case <-g.m.closed: // a cluster host's stop waits for them (Close)
-		idle = 0
-	default:
-	}
-	if g.m.hostDown.Load() {
+	if g.m.hostDown.Load() || g.m.closing() {
 		idle = 0
 	}
 	return checkpoint.Pace{Idle: idle, Yield: g.sealYield}
@@ -110,7 +105,7 @@ const (
 // VM, and not at all once a host shutdown began.
 func (g *integrity) sealYield(ctx context.Context) {
 	deadline := time.Now().Add(sealYieldMax)
-	for !g.m.hostDown.Load() {
+	for !g.m.hostDown.Load() && !g.m.closing() {
 		left := time.Until(deadline)
 		if left <= 0 || ctx.Err() != nil {
 			return
@@ -250,6 +245,41 @@ type sealer struct {
 	mu      sync.Mutex // one seal at a time
 	pmu     sync.Mutex
 	pending map[storage.Path]int // directories queued or being sealed
+	// unsealed are the directories whose last seal was cut short or
+	// failed: their digests are missing.
+	unsealed map[storage.Path]bool
+}
+
+// left records how dir's seal ended: with its digests missing or not.
+func (s *sealer) left(dir storage.Path, missing bool) {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	if !missing {
+		delete(s.unsealed, dir)
+		return
+	}
+	if s.unsealed == nil {
+		s.unsealed = map[storage.Path]bool{}
+	}
+	s.unsealed[dir] = true
+}
+
+// unsealedUnder says whether a directory under root was left without
+// its digests by a seal cut short or failed.
+func (s *sealer) unsealedUnder(root storage.Path) bool {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	for dir := range s.unsealed {
+		if under(dir, root) {
+			return true
+		}
+	}
+	return false
+}
+
+// under says whether dir is root or in it.
+func under(dir, root storage.Path) bool {
+	return dir == root || strings.HasPrefix(string(dir), string(root)+"/")
 }
 
 func (s *sealer) add(dir storage.Path, n int) {
@@ -269,7 +299,7 @@ func (s *sealer) busyUnder(root storage.Path) bool {
 	s.pmu.Lock()
 	defer s.pmu.Unlock()
 	for dir, n := range s.pending {
-		if n > 0 && (dir == root || strings.HasPrefix(string(dir), string(root)+"/")) {
+		if n > 0 && under(dir, root) {
 			return true
 		}
 	}
@@ -382,6 +412,10 @@ func (g *integrity) sealNow(dir storage.Path, localSeal string, local map[string
 	defer g.m.seal.mu.Unlock()
 	ctx, cancel := g.m.digestLifetime()
 	defer cancel()
+	// Until it is written, or there is nothing to write, the snapshot is
+	// left without digests: one cut short by a stop, or failed.
+	done := false
+	defer func() { g.m.seal.left(dir, !done) }()
 	// The digests run at the lowest CPU priority: the VMs, and den's own
 	// work for them, come first.
 	lowPriority()
@@ -404,10 +438,15 @@ func (g *integrity) sealNow(dir storage.Path, localSeal string, local map[string
 		err := checkpoint.Seal(ctx, host, pace, localSeal, local)
 		if err == nil {
 			g.m.log.Debug("den: snapshot digested", "dir", string(dir), "took", time.Since(start))
+			done = true
 			return
 		}
-		if errors.Is(err, checkpoint.ErrUnsealed) || ctx.Err() != nil || notExist(err) {
-			return // no snapshot there any more, or den is stopping
+		if ctx.Err() != nil {
+			return // den is stopping
+		}
+		if errors.Is(err, checkpoint.ErrUnsealed) || notExist(err) {
+			done = true
+			return // no snapshot there any more
 		}
 		g.m.log.Warn("den: digest a snapshot", "dir", string(dir), "try", try, "err", err)
 		if try == 3 {
@@ -494,28 +533,38 @@ func (g *integrity) unmarkUnsealed(ctx context.Context, name string) {
 func notExist(err error) bool { return errors.Is(err, os.ErrNotExist) }
 
 // lifetime is a context that ends when the Manager closes.
+func (m *Manager) lifetime() (context.Context, context.CancelFunc) { return until(m.closed) }
+
 // digestLifetime is lifetime for the digests of snapshots, which a
 // cluster host's Close lets finish first (endDigests).
 func (m *Manager) digestLifetime() (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		select {
-		case <-m.digestsEnd:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	return ctx, cancel
+	return until(m.digestsEnd)
 }
 
-// endDigests ends the digests under way (at their next extent).
-func (m *Manager) endDigests() { m.digestsOnce.Do(func() { close(m.digestsEnd) }) }
+// endDigests ends the digests under way (at their next extent). Under
+// the leases' lock: no lease is kept for digests after it (giveBack).
+func (m *Manager) endDigests() {
+	m.leases.mu.Lock()
+	defer m.leases.mu.Unlock()
+	m.digestsOnce.Do(func() { close(m.digestsEnd) })
+}
 
-func (m *Manager) lifetime() (context.Context, context.CancelFunc) {
+// closing says whether Close began.
+func (m *Manager) closing() bool {
+	select {
+	case <-m.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// until is a context that ends when done is closed.
+func until(done <-chan struct{}) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		select {
-		case <-m.closed:
+		case <-done:
 			cancel()
 		case <-ctx.Done():
 		}

@@ -149,7 +149,17 @@ func (v *vmLeases) giveBack(name string, keep bool) {
 	}
 	if v.m.seal.busyUnder(storage.VMDir(name)) {
 		v.refs[name]++ // the digests' hold
-		v.afterDigest.Go(func() { v.afterDigests(name) })
+		select {
+		case <-v.m.digestsEnd: // kept, for the next start's digests
+		default:
+			v.afterDigest.Go(func() { v.afterDigests(name) })
+		}
+		return
+	}
+	if v.m.seal.unsealedUnder(storage.VMDir(name)) {
+		// Digests a seal left missing: kept, so that the next start of
+		// this host claims the VM and writes them (sealPending).
+		v.refs[name]++
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -177,6 +187,9 @@ func (v *vmLeases) afterDigests(name string) {
 			}
 		case <-time.After(100 * time.Millisecond):
 		}
+	}
+	if v.m.seal.unsealedUnder(storage.VMDir(name)) {
+		return // cut short or failed: kept (giveBack)
 	}
 	v.giveBack(name, false)
 }
@@ -228,6 +241,7 @@ func (v *vmLeases) takeOver(ctx context.Context, name, from string) error {
 		if vm, err = v.m.db.GetVM(ctx, name); err != nil {
 			return fmt.Errorf("vm %q: take over from host %q: %w", name, from, err)
 		}
+		v.m.integrity.sealPending(ctx, vm)
 		reason := v.lostReason(ctx, vm, from, v.setAsideLateWrites(ctx, name, from))
 		if _, err := v.m.db.UpdateVMIf(ctx, name, vm.Generation, func(r *registry.VM) error {
 			r.State, r.Reason = registry.StateLost, reason

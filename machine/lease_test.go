@@ -278,3 +278,39 @@ func TestStopWritesDigestsFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestStopCutsDigestsKeepsLease: a cluster host whose stop's bound runs
+// out before the digests of a VM's sleep are written keeps the VM's
+// lease (they are missing), and its next start claims the VM, writes
+// them and gives the lease back.
+func TestStopCutsDigestsKeepsLease(t *testing.T) {
+	undo := machine.SetSealDelay(time.Hour)
+	defer undo()
+	e := newEnvWith(t, func(c *machine.Config) {
+		c.Leases = &hostLeases{db: c.Registry.(registry.LeaseStore), host: "host-a", inst: "a", ttl: time.Minute, every: time.Second}
+		c.HostName = "host-a"
+		c.DrainTimeout = 500 * time.Millisecond
+	})
+	ctx := ctxT(t)
+	e.create("box")
+	if err := e.m.Sleep(ctx, "box", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := e.cfg.Leases.Get(ctx, "box"); err != nil || !l.Held() || l.Host != "host-a" {
+		t.Fatalf("lease of a vm whose digests a stop cut short: %+v, %v", l, err)
+	}
+	undo()
+	e.open()
+	if !poll.Until(time.Minute, func() bool {
+		l, err := e.cfg.Leases.Get(ctx, "box")
+		return err == nil && !l.Held() && !e.m.Sealing("vms/box/suspend")
+	}) {
+		t.Fatal("the next start did not write the digests and give the lease back")
+	}
+	if err := e.m.Wake(ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/storage"
@@ -191,7 +192,9 @@ func (c *usageCache) warm(ctx context.Context, db registry.VMStore) {
 			figs = nil
 		}
 	}
-	c.share(context.WithoutCancel(ctx), figs)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	c.share(sctx, figs)
 }
 
 // soon measures vm's disk in the background and shares the figure: an

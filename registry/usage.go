@@ -3,6 +3,8 @@ package registry
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -49,6 +51,9 @@ func (d *DB) SetDiskUsage(ctx context.Context, us []DiskUsage) error {
 		return fmt.Errorf("record disk use: %w", err)
 	}
 	defer tx.Rollback()
+	// In the order of the rows' key: two hosts writing the same rows
+	// take their locks in one order.
+	us = slices.SortedFunc(slices.Values(us), func(a, b DiskUsage) int { return strings.Compare(a.VM, b.VM) })
 	for _, u := range us {
 		// Only a figure of the record as it is now: one measured at a
 		// generation since written over, or of a VM since removed, would
