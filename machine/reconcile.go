@@ -71,8 +71,8 @@ func (su *startup) reconcile(ctx context.Context) error {
 // claim takes, on a cluster host, the lock and lease of each VM this
 // host may have left something of, for reconcile, which then looks at
 // those alone: a VM whose lease names this host (held, or let lapse: a
-// VMM of this host's, an operation, or the digests of a snapshot was cut
-// short), whose VMM's PID file is here (it may run), or that is half created
+// VMM of this host's, an operation, or the digests of a snapshot cut
+// short or failed), whose VMM's PID file is here (it may run), or that is half created
 // or removed. A VM whose lease was given back has nothing of this host's
 // in flight: an operation gives it back once done, and once its
 // snapshots' digests are written. A VM another host holds is that host's
