@@ -72,10 +72,10 @@ func (su *startup) reconcile(ctx context.Context) error {
 // host may have left something of, for reconcile, which then looks at
 // those alone: a VM whose lease names this host (held, or let lapse: a
 // VMM of this host's, an operation, or the digests of a snapshot cut
-// short or failed), whose VMM's PID file is here (it may run), or that is half created
-// or removed. A VM whose lease was given back has nothing of this host's
-// in flight: an operation gives it back once done, and once its
-// snapshots' digests are written. A VM another host holds is that host's
+// short or failed), whose VMM's PID file is here (it may run), or that
+// is half created or removed. A VM whose lease was given back has
+// nothing of this host's in flight: an operation gives it back once
+// done, and once its snapshots' digests are written. A VM another host holds is that host's
 // to reconcile; a VMM of it still running here (its fence failed to stop
 // it) is stopped: never two VMMs on one disk. It returns the claimed
 // VMs' unlocks (nil on a host of its own: every VM is this host's).
