@@ -3,6 +3,7 @@ package machine
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -146,8 +147,12 @@ func (c *usageCache) fill(ctx context.Context, sts []Status) {
 	if len(todo) == 0 {
 		return
 	}
-	c.pull(ctx)
-	todo = stale()
+	// A running VM's figure is measured each time: only those of VMs
+	// that are not are worth a read of the registry's.
+	if slices.ContainsFunc(todo, func(i int) bool { return sts[i].VM.State != registry.StateRunning }) {
+		c.pull(ctx)
+		todo = stale()
+	}
 	var mu sync.Mutex
 	var figs []registry.DiskUsage
 	inParallel(todo, usageWorkers, func(i int) {
