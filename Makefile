@@ -43,7 +43,7 @@ image: build
 ## One package at a time: the e2e and image packages each boot TCG guests,
 ## and both at once on 2 cores once stalled a guest past its 4 min boot.
 test: deps build image
-	$(GO) test -p 1 -count=1 -timeout 60m ./...
+	$(GO) test -p 1 -count=1 -timeout 75m ./...
 	DEN_TEST_REGISTRY=postgres $(GO) test -count=1 -timeout 20m ./machine/
 	DEN_E2E_REGISTRY=postgres $(GO) test -count=1 -timeout 20m -run 'TestCheckpointRestoreFork$$|TestCrashDuringCheckpointAndRestore$$|TestLocalUsers$$|TestAPITokens$$' ./e2e/
 
