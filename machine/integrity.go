@@ -88,7 +88,7 @@ const (
 // stall), and a cluster host's stop for those under way.
 func (g *integrity) sealPace() checkpoint.Pace {
 	idle := 1.0
-	if g.m.hostDown.Load() || g.m.closing() {
+	if g.m.hostDown.Load() || isClosed(g.m.closed) {
 		idle = 0
 	}
 	return checkpoint.Pace{Idle: idle, Yield: g.sealYield}
@@ -105,7 +105,7 @@ const (
 // VM, and not at all once a host shutdown began.
 func (g *integrity) sealYield(ctx context.Context) {
 	deadline := time.Now().Add(sealYieldMax)
-	for !g.m.hostDown.Load() && !g.m.closing() {
+	for !g.m.hostDown.Load() && !isClosed(g.m.closed) {
 		left := time.Until(deadline)
 		if left <= 0 || ctx.Err() != nil {
 			return
@@ -410,7 +410,9 @@ func (g *integrity) sealNow(dir storage.Path, localSeal string, local map[string
 	defer g.m.seal.add(dir, -1)
 	g.m.seal.mu.Lock()
 	defer g.m.seal.mu.Unlock()
-	ctx, cancel := g.m.digestLifetime()
+	// It ends with the digests (endDigests): a cluster host's Close lets
+	// it finish first.
+	ctx, cancel := until(g.m.digestsEnd)
 	defer cancel()
 	// Until it is written, or there is nothing to write, the snapshot is
 	// left without digests: one cut short by a stop, or failed.
@@ -535,24 +537,10 @@ func notExist(err error) bool { return errors.Is(err, os.ErrNotExist) }
 // lifetime is a context that ends when the Manager closes.
 func (m *Manager) lifetime() (context.Context, context.CancelFunc) { return until(m.closed) }
 
-// digestLifetime is lifetime for the digests of snapshots, which a
-// cluster host's Close lets finish first (endDigests).
-func (m *Manager) digestLifetime() (context.Context, context.CancelFunc) {
-	return until(m.digestsEnd)
-}
-
-// endDigests ends the digests under way (at their next extent). Under
-// the leases' lock: no lease is kept for digests after it (giveBack).
-func (m *Manager) endDigests() {
-	m.leases.mu.Lock()
-	defer m.leases.mu.Unlock()
-	m.digestsOnce.Do(func() { close(m.digestsEnd) })
-}
-
-// closing says whether Close began.
-func (m *Manager) closing() bool {
+// isClosed says whether ch is closed (Close began, for m.closed).
+func isClosed(ch <-chan struct{}) bool {
 	select {
-	case <-m.closed:
+	case <-ch:
 		return true
 	default:
 		return false

@@ -173,6 +173,14 @@ func (v *vmLeases) giveBack(name string, keep bool) {
 	delete(v.held, name)
 }
 
+// endDigests ends the digests under way (at their next extent). Under
+// the leases' lock: no lease is kept for digests after it (giveBack).
+func (v *vmLeases) endDigests() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.m.digestsOnce.Do(func() { close(v.m.digestsEnd) })
+}
+
 // afterDigests gives name's lease back (giveBack) once no digests of its
 // snapshots are being written. A stop lets them finish within its bound
 // (Close); with digests still to write after that, it stays held: the

@@ -368,7 +368,7 @@ func (m *Manager) Close() error {
 	// A host shutdown (SleepAll) may have closed it already.
 	m.host.refuseNew()
 	if m.cfg.Leases == nil {
-		m.endDigests() // the next start writes them
+		m.leases.endDigests() // the next start writes them
 	}
 	drained := make(chan struct{})
 	go func() { m.ops.Wait(); m.hostWG.Wait(); close(drained) }()
@@ -393,7 +393,7 @@ func (m *Manager) Close() error {
 			m.log.Warn("den: digests still being written at shutdown: their vms' leases stay held until the next start writes them")
 		}
 	}
-	m.endDigests()
+	m.leases.endDigests()
 	// Background digests end at their next extent: wait for them, so
 	// that none reads a volume being unmounted.
 	bg := make(chan struct{})
