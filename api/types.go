@@ -38,9 +38,13 @@ type VM struct {
 	MemoryBytes int64   `json:"memory_bytes"`
 	DiskBytes   int64   `json:"disk_bytes"`
 	DiskUsed    int64   `json:"disk_used_bytes"`
-	VMM         string  `json:"vmm"`
-	Accel       string  `json:"accel"`
-	PID         int     `json:"pid,omitempty"`
+	// DiskUsedPending: the disk's use is being measured, and
+	// disk_used_bytes is the last figure (0: none yet); a listing waits
+	// only so long for the measures.
+	DiskUsedPending bool   `json:"disk_used_pending,omitempty"`
+	VMM             string `json:"vmm"`
+	Accel           string `json:"accel"`
+	PID             int    `json:"pid,omitempty"`
 	// Host is the cluster host the VM runs on (none on a host of its
 	// own).
 	Host        string    `json:"host,omitempty"`

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -71,7 +72,7 @@ func (d *daemon) sleepers(ctx context.Context, o Options, v variant, accel strin
 	if err != nil {
 		return figs, fmt.Errorf("sleepers: %w", err)
 	}
-	var starts, firstLs, nextLs []time.Duration
+	var starts, firstLs, measured, nextLs []time.Duration
 	var rss []float64
 	for i := 0; i < o.Runs; i++ {
 		say(fmt.Sprintf("%d sleeping VMs: daemon start and den ls (%d/%d)", n, i+1, o.Runs))
@@ -85,17 +86,39 @@ func (d *daemon) sleepers(ctx context.Context, o Options, v variant, accel strin
 			return figs, fmt.Errorf("sleepers: %w", err)
 		}
 		starts = append(starts, t)
-		for j, into := range []*[]time.Duration{&firstLs, &nextLs} {
+		ls := func() ([]api.VM, time.Duration, error) {
 			var vms []api.VM
 			t, err := timed(func() (err error) { vms, err = d.client.ListVMs(ctx); return err })
 			if err != nil {
-				return figs, fmt.Errorf("sleepers: den ls: %w", err)
+				return nil, 0, fmt.Errorf("sleepers: den ls: %w", err)
 			}
 			if want := n + 1 + len(d.others); len(vms) != want {
-				return figs, fmt.Errorf("sleepers: den ls (%d) lists %d VMs, want %d", j+1, len(vms), want)
+				return nil, 0, fmt.Errorf("sleepers: den ls lists %d VMs, want %d", len(vms), want)
 			}
-			*into = append(*into, t)
+			return vms, t, nil
 		}
+		from := time.Now()
+		vms, t1, err := ls()
+		if err != nil {
+			return figs, err
+		}
+		firstLs = append(firstLs, t1)
+		// A listing waits only so long for the disks it measures: the
+		// next listings find the figures as they come.
+		for slices.ContainsFunc(vms, func(vm api.VM) bool { return vm.DiskUsedPending }) {
+			if time.Since(from) > 30*time.Minute {
+				return figs, fmt.Errorf("sleepers: den ls still measures disks after 30m")
+			}
+			if vms, _, err = ls(); err != nil {
+				return figs, err
+			}
+		}
+		measured = append(measured, time.Since(from))
+		_, t2, err := ls()
+		if err != nil {
+			return figs, err
+		}
+		nextLs = append(nextLs, t2)
 		r, err := d.rss()
 		if err != nil {
 			return figs, fmt.Errorf("sleepers: %w", err)
@@ -115,6 +138,7 @@ func (d *daemon) sleepers(ctx context.Context, o Options, v variant, accel strin
 	return append(figs,
 		figure(fmt.Sprintf("daemon start to API answering, %d sleeping VMs", n), d.vmm, accel, label, starts),
 		figure(fmt.Sprintf("den ls of %d sleeping VMs, the first after a start", n), d.vmm, accel, label, firstLs),
+		figure(fmt.Sprintf("den ls of %d sleeping VMs: from the first until no disk is being measured", n), d.vmm, accel, label, measured),
 		figure(fmt.Sprintf("den ls of %d sleeping VMs, the next", n), d.vmm, accel, label, nextLs),
 		mem,
 	), nil

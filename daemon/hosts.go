@@ -90,7 +90,10 @@ func (h *heart) run(ctx context.Context) {
 	if h.cluster != nil {
 		tick = h.lease / 10
 	}
-	t := time.NewTicker(tick)
+	// A renewal that failed is tried again sooner: the registry back
+	// from a restart is seen within retry, not a tick.
+	retry := min(tick, 250*time.Millisecond)
+	t := time.NewTimer(tick)
 	defer t.Stop()
 	recorded := time.Now()
 	var failing error
@@ -100,9 +103,11 @@ func (h *heart) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		next := time.Now().Add(tick)
 		rctx, cancel := context.WithTimeout(ctx, h.lease/4)
 		err := h.renew(rctx)
 		cancel()
+		renewed := err == nil
 		if r := h.rec.Load(); err == nil && r != nil && time.Since(recorded) >= h.lease/3 {
 			rctx, cancel := context.WithTimeout(ctx, h.lease)
 			if err = r.record(rctx, h.store); err == nil {
@@ -124,6 +129,11 @@ func (h *heart) run(ctx context.Context) {
 			h.log.Info("den: heartbeat recorded again")
 			failing = nil
 		}
+		wait := time.Until(next)
+		if !renewed {
+			wait = retry
+		}
+		t.Reset(max(wait, 0))
 	}
 }
 

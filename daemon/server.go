@@ -233,7 +233,7 @@ func (s *Server) getInfo(w http.ResponseWriter, r *http.Request) {
 func toAPI(st machine.Status) api.VM {
 	vm := api.VM{
 		Name: st.Name, Owner: st.Owner, State: string(st.State), Reason: st.Reason, Image: st.Image,
-		CPUs: st.CPUs, MemoryBytes: st.MemoryBytes, DiskBytes: st.DiskBytes, DiskUsed: st.DiskUsed,
+		CPUs: st.CPUs, MemoryBytes: st.MemoryBytes, DiskBytes: st.DiskBytes, DiskUsed: st.DiskUsed, DiskUsedPending: st.DiskMeasuring,
 		VMM: st.VMM, Accel: st.Accel, PID: st.PID, Host: st.Host, IdleTimeout: st.IdleTimeout.String(),
 		CreatedAt: st.CreatedAt, LastActive: st.LastActive, Operation: st.Op, Generation: st.Generation,
 		Network: st.Net, IP: st.IP, Egress: st.Egress,

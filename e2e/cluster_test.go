@@ -299,7 +299,9 @@ func hostsOf(t *testing.T, d *daemon) hostsJSON {
 // the third. A restart of PostgreSQL leaves the live host and its VMs
 // running.
 func TestClusterFence(t *testing.T) {
-	c := newClusterLAN(t, 6*time.Second, "host-a", "host-b", "host-c")
+	// The lease leaves a restart of PostgreSQL under the load below, some
+	// seconds on a loaded 2-core machine, well within the fence's L/2.
+	c := newClusterLAN(t, 12*time.Second, "host-a", "host-b", "host-c")
 	a := c.host("host-a")
 	b := c.host("host-b")
 	hc := c.host("host-c")

@@ -392,6 +392,10 @@ type vmJSON struct {
 	Owner  string `json:"owner"`
 	Accel  string `json:"accel"`
 	Host   string `json:"host"`
+	// DiskUsed is what the disk holds; DiskPending says it is being
+	// measured.
+	DiskUsed    int64 `json:"disk_used_bytes"`
+	DiskPending bool  `json:"disk_used_pending"`
 }
 
 func (d *daemon) info(name string) vmJSON {

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/denhq/den/internal/testutil"
 	"github.com/denhq/den/storage"
 )
 
@@ -66,17 +68,31 @@ func TestThousandSleepingVMs(t *testing.T) {
 	d.start() // it answers once its start is over
 	t.Logf("daemon start with %d VMs: %s", sleepers+1, time.Since(began).Round(time.Millisecond))
 	// The first listing measures the disks the daemon has not measured
-	// yet since its start (it does in the background); the next ones
-	// find every figure.
+	// yet (the clones were registered behind its back), waiting for
+	// them only so long; the next listings find the figures as they
+	// come, and once none is being measured, every disk has its own.
 	began = time.Now()
 	d.must("ls")
 	t.Logf("den ls of %d VMs, the first: %s", sleepers+1, time.Since(began).Round(time.Millisecond))
-	began = time.Now()
-	out := d.must("ls", "--json")
-	t.Logf("den ls of %d VMs, the next: %s", sleepers+1, time.Since(began).Round(time.Millisecond))
 	var vms []vmJSON
-	if err := json.Unmarshal([]byte(out), &vms); err != nil {
-		t.Fatal(err)
+	list := func() {
+		vms = nil
+		if err := json.Unmarshal([]byte(d.must("ls", "--json")), &vms); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitForWithin(t, 10*time.Minute, "a listing with no disk being measured", func() bool {
+		list()
+		return !slices.ContainsFunc(vms, func(vm vmJSON) bool { return vm.DiskPending })
+	})
+	t.Logf("den ls of %d VMs: no disk being measured %s after the first", sleepers+1, time.Since(began).Round(time.Millisecond))
+	began = time.Now()
+	list()
+	t.Logf("den ls of %d VMs, the next: %s", sleepers+1, time.Since(began).Round(time.Millisecond))
+	for _, vm := range vms {
+		if vm.DiskUsed <= 0 || vm.DiskPending {
+			t.Fatalf("den ls: %s's disk: %d bytes, pending %v", vm.Name, vm.DiskUsed, vm.DiskPending)
+		}
 	}
 	asleep := 0
 	for _, vm := range vms {

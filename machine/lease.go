@@ -62,6 +62,9 @@ type vmLeases struct {
 	mu   sync.Mutex
 	refs map[string]int
 	held map[string]registry.Lease
+	// failed are the leases whose giving back failed (the registry
+	// away): held, and renewed, until watchLapsed gives them back.
+	failed map[string]bool
 	// afterDigest counts the leases kept for digests, to give back
 	// once they are written (Close waits for it).
 	afterDigest sync.WaitGroup
@@ -140,6 +143,7 @@ func (v *vmLeases) giveBack(name string, keep bool) {
 		return
 	}
 	delete(v.refs, name)
+	delete(v.failed, name)
 	l, ok := v.held[name]
 	if !ok || keep {
 		return
@@ -165,12 +169,30 @@ func (v *vmLeases) giveBack(name string, keep bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := v.m.cfg.Leases.Release(ctx, l); err != nil && !errors.Is(err, registry.ErrLeaseLost) {
-		// Still held and renewed: the next operation on the VM here
-		// gives it back.
-		v.m.log.Warn("den: give back a vm's lease", "vm", name, "err", err)
+		// Still held and renewed: given back by watchLapsed, or by the
+		// next operation on the VM here.
+		v.m.log.Warn("den: give back a vm's lease: tried again later", "vm", name, "err", err)
+		v.failed[name] = true
 		return
 	}
 	delete(v.held, name)
+}
+
+// giveBackFailed gives back again the leases whose giving back failed,
+// unless an operation holds them meanwhile.
+func (v *vmLeases) giveBackFailed() {
+	v.mu.Lock()
+	var names []string
+	for name := range v.failed {
+		if v.refs[name] == 0 {
+			v.refs[name]++ // giveBack's, below
+			names = append(names, name)
+		}
+	}
+	v.mu.Unlock()
+	for _, name := range names {
+		v.giveBack(name, false)
+	}
 }
 
 // endDigests ends the digests under way (at their next extent). Under
@@ -336,7 +358,8 @@ func (v *vmLeases) takeOverLapsed(l registry.Lease) {
 }
 
 // watchLapsed takes over, every Leases.Every, the VMs whose host let
-// their lease lapse, until the Manager closes. Every live host looks;
+// their lease lapse, and gives back the leases whose giving back failed,
+// until the Manager closes. Every live host looks;
 // the lease decides which one takes each VM.
 func (v *vmLeases) watchLapsed() {
 	ls := v.m.cfg.Leases
@@ -359,5 +382,6 @@ func (v *vmLeases) watchLapsed() {
 				v.takeOverLapsed(l)
 			}
 		}
+		v.giveBackFailed()
 	}
 }

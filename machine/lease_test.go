@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,12 +21,17 @@ type hostLeases struct {
 	db         registry.LeaseStore
 	host, inst string
 	ttl, every time.Duration
+	// refuse fails this many Release calls, as a registry away would.
+	refuse atomic.Int32
 }
 
 func (l *hostLeases) Acquire(ctx context.Context, vm string) (registry.Lease, error) {
 	return l.db.AcquireLease(ctx, vm, l.host, l.inst, l.ttl, l.ttl/2)
 }
 func (l *hostLeases) Release(ctx context.Context, x registry.Lease) error {
+	if l.refuse.Add(-1) >= 0 {
+		return errors.New("registry away")
+	}
 	return l.db.ReleaseLease(ctx, x)
 }
 func (l *hostLeases) Get(ctx context.Context, vm string) (registry.Lease, error) {
@@ -312,5 +318,35 @@ func TestStopCutsDigestsKeepsLease(t *testing.T) {
 	}
 	if err := e.m.Wake(ctx, "box"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestFailedGiveBackRetried: a VM's lease whose giving back failed (the
+// registry away) is given back again, without another operation on the
+// VM: held, it would be renewed, and the VM refused on other hosts.
+func TestFailedGiveBackRetried(t *testing.T) {
+	var here *hostLeases
+	e := newEnvWith(t, func(c *machine.Config) {
+		here = &hostLeases{db: c.Registry.(registry.LeaseStore), host: "host-a", inst: "a", ttl: time.Minute, every: 100 * time.Millisecond}
+		c.Leases, c.HostName = here, "host-a"
+	})
+	ctx := ctxT(t)
+	e.create("box")
+	here.refuse.Store(1)
+	if err := e.m.Sleep(ctx, "box", false); err != nil {
+		t.Fatal(err)
+	}
+	if !poll.Until(time.Minute, func() bool {
+		l, err := here.Get(ctx, "box")
+		return err == nil && !l.Held()
+	}) {
+		t.Fatalf("the lease of a sleeping vm whose giving back failed is still held (refusals left %d)", here.refuse.Load())
+	}
+	if n := here.refuse.Load(); n >= 0 {
+		t.Fatalf("the lease was given back without a refusal: %d left", n)
+	}
+	other := &hostLeases{db: here.db, host: "host-b", inst: "b", ttl: time.Minute}
+	if _, err := other.Acquire(ctx, "box"); err != nil {
+		t.Fatalf("another host takes the sleeping vm's lease: %v", err)
 	}
 }

@@ -448,6 +448,6 @@ func wire(m *Manager) *Manager {
 	m.records = records{m: m}
 	m.gc = collector{m: m}
 	m.sched = schedules{m: m}
-	m.leases = &vmLeases{m: m, refs: map[string]int{}, held: map[string]registry.Lease{}}
+	m.leases = &vmLeases{m: m, refs: map[string]int{}, held: map[string]registry.Lease{}, failed: map[string]bool{}}
 	return m
 }

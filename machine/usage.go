@@ -36,6 +36,8 @@ type usageCache struct {
 	// each; measuring says a worker is at them.
 	queued    map[string]registry.VM
 	measuring bool
+	// flights are the measures listings started (fill), by VM.
+	flights map[string]*flight
 }
 
 // usageWorkers bounds the measures a listing runs at once.
@@ -128,9 +130,26 @@ func (c *usageCache) used(ctx context.Context, vm registry.VM, measure bool) int
 	return fig.Data
 }
 
+// listWait bounds how long a listing waits for the disks it measures:
+// past it, a VM lists its last figure, marked as being measured
+// (Status.DiskMeasuring), and the measure goes on in the background and
+// is shared, for the next listing on any host.
+const listWait = 2 * time.Second
+
+// flight is a measure under way of one VM's disk, at one record of it:
+// listings that want that figure meanwhile wait for it instead of
+// measuring again.
+type flight struct {
+	vm   registry.VM
+	done chan struct{} // closed once fig and ok are set
+	fig  registry.DiskUsage
+	ok   bool
+}
+
 // fill sets each status's DiskUsed: the figures that hold, this host's or
 // another's (pulled from the registry once, when this host lacks some),
-// and measures (usageWorkers at a time) the others, which it shares.
+// and measures (usageWorkers at a time, in the background) the others,
+// which it shares. It waits at most listWait for the measures.
 func (c *usageCache) fill(ctx context.Context, sts []Status) {
 	stale := func() []int {
 		var todo []int
@@ -153,21 +172,93 @@ func (c *usageCache) fill(ctx context.Context, sts []Status) {
 		c.pull(ctx)
 		todo = stale()
 	}
+	fls := c.fly(ctx, todo, sts)
+	wait := time.NewTimer(listWait)
+	defer wait.Stop()
+waiting:
+	for _, f := range fls {
+		select {
+		case <-f.done:
+		case <-wait.C:
+			break waiting
+		case <-ctx.Done():
+			break waiting
+		}
+	}
+	for k, i := range todo {
+		select {
+		case <-fls[k].done:
+			if fls[k].ok {
+				sts[i].DiskUsed = fls[k].fig.Data
+				continue
+			}
+		default:
+			sts[i].DiskMeasuring = true
+		}
+		sts[i].DiskUsed = c.last(sts[i].VM.Name)
+	}
+}
+
+// fly returns the flights of the VMs of sts at indexes todo: those under
+// way at the same record, and new ones it starts in the background (or
+// runs under ctx, when the Manager is closing).
+func (c *usageCache) fly(ctx context.Context, todo []int, sts []Status) []*flight {
+	fls := make([]*flight, len(todo))
+	var start []*flight
+	c.mu.Lock()
+	if c.flights == nil {
+		c.flights = map[string]*flight{}
+	}
+	for k, i := range todo {
+		vm := sts[i].VM
+		f := c.flights[vm.Name]
+		if f == nil || f.vm.Generation != vm.Generation || !f.vm.CreatedAt.Equal(vm.CreatedAt) {
+			f = &flight{vm: vm, done: make(chan struct{})}
+			c.flights[vm.Name] = f
+			start = append(start, f)
+		}
+		fls[k] = f
+	}
+	c.mu.Unlock()
+	if len(start) > 0 && !c.background(func(ctx context.Context) { c.measureAll(ctx, start) }) {
+		c.measureAll(ctx, start)
+	}
+	return fls
+}
+
+// measureAll measures the flights' disks, usageWorkers at a time, and
+// shares the figures of VMs that are not running, usageBatch at a time.
+func (c *usageCache) measureAll(ctx context.Context, fls []*flight) {
 	var mu sync.Mutex
 	var figs []registry.DiskUsage
-	inParallel(todo, usageWorkers, func(i int) {
-		fig, err := c.measure(ctx, sts[i].VM)
-		if err != nil {
+	inParallel(fls, usageWorkers, func(f *flight) {
+		if ctx.Err() == nil {
+			fig, err := c.measure(ctx, f.vm)
+			f.fig, f.ok = fig, err == nil
+		}
+		c.mu.Lock()
+		if c.flights[f.vm.Name] == f {
+			delete(c.flights, f.vm.Name)
+		}
+		c.mu.Unlock()
+		close(f.done)
+		if !f.ok || f.vm.State == registry.StateRunning {
 			return
 		}
-		sts[i].DiskUsed = fig.Data
-		if sts[i].VM.State != registry.StateRunning {
-			mu.Lock()
-			figs = append(figs, fig)
-			mu.Unlock()
+		mu.Lock()
+		figs = append(figs, f.fig)
+		var batch []registry.DiskUsage
+		if len(figs) == usageBatch {
+			batch, figs = figs, nil
+		}
+		mu.Unlock()
+		if batch != nil {
+			c.share(ctx, batch)
 		}
 	})
-	c.share(ctx, figs)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	c.share(sctx, figs)
 }
 
 // warm takes the figures the registry has, then measures, one at a time,

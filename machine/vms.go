@@ -20,6 +20,10 @@ type Status struct {
 	// or when it does not run here).
 	Host     string
 	DiskUsed int64
+	// DiskMeasuring: the disk's use is being measured, and DiskUsed is
+	// the last figure (0 when there is none): a listing waits only so long
+	// for the measures.
+	DiskMeasuring bool
 	// Op is the operation holding the VM now ("" when none), for OpFor.
 	Op    string
 	OpFor time.Duration

@@ -7,6 +7,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/denhq/den/api"
 	"github.com/denhq/den/internal/size"
 )
 
@@ -15,7 +16,12 @@ func lsCommand() *cli.Command {
 		Name:      "ls",
 		Usage:     "list VMs",
 		UsageText: "den ls [--json]",
-		Description: `Examples:
+		Description: `DISK is what the disk holds, of its size. A listing waits a couple of
+seconds at most for the disks it measures: past that, a VM shows its last
+figure ("-" when it has none yet; disk_used_pending in --json) and the
+next listing finds the new one.
+
+Examples:
    den ls
    den ls --json | jq -r '.[] | select(.state == "running") | .name'`,
 		Flags: withDaemon(jsonFlag()),
@@ -38,12 +44,21 @@ func lsCommand() *cli.Command {
 			fmt.Fprintln(tw, "NAME\tSTATE\tCPUS\tMEMORY\tDISK\tIMAGE\tVMM\tLAST ACTIVE")
 			for _, vm := range vms {
 				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s/%s\t%s\t%s\t%s\n", vm.Name, vm.State, vm.CPUs,
-					size.Format(vm.MemoryBytes), size.Format(vm.DiskUsed), size.Format(vm.DiskBytes),
+					size.Format(vm.MemoryBytes), diskUsed(vm), size.Format(vm.DiskBytes),
 					vm.Image, vm.VMM+"/"+vm.Accel, ago(vm.LastActive))
 			}
 			return tw.Flush()
 		},
 	}
+}
+
+// diskUsed prints what a VM's disk holds: "-" while it is measured for
+// the first time.
+func diskUsed(vm api.VM) string {
+	if vm.DiskUsedPending && vm.DiskUsed == 0 {
+		return "-"
+	}
+	return size.Format(vm.DiskUsed)
 }
 
 // ago prints a past time as "3m ago".

@@ -31,6 +31,8 @@ type Volume struct {
 	UsageDelay time.Duration
 	health     atomic.Int64 // Health calls
 	usage      atomic.Int64 // Usage calls
+	// held, when set (HoldUsage), holds Usage back until it is closed.
+	held chan struct{}
 }
 
 var _ storage.Volume = (*Volume)(nil)
@@ -219,6 +221,16 @@ func (v *Volume) Usage(ctx context.Context, p storage.Path) (storage.Usage, erro
 	if v.UsageDelay > 0 {
 		time.Sleep(v.UsageDelay)
 	}
+	v.mu.Lock()
+	held := v.held
+	v.mu.Unlock()
+	if held != nil {
+		select {
+		case <-held:
+		case <-ctx.Done():
+			return storage.Usage{}, ctx.Err()
+		}
+	}
 	var u storage.Usage
 	err = filepath.WalkDir(h, func(_ string, e fs.DirEntry, err error) error {
 		if err != nil {
@@ -246,6 +258,23 @@ func (v *Volume) Health(ctx context.Context) error {
 
 // HealthCalls counts the Health calls so far.
 func (v *Volume) HealthCalls() int64 { return v.health.Load() }
+
+// HoldUsage holds every Usage back until the returned func is called:
+// a metadata walk that takes its time.
+func (v *Volume) HoldUsage() (release func()) {
+	ch := make(chan struct{})
+	v.mu.Lock()
+	v.held = ch
+	v.mu.Unlock()
+	return sync.OnceFunc(func() {
+		v.mu.Lock()
+		if v.held == ch {
+			v.held = nil
+		}
+		v.mu.Unlock()
+		close(ch)
+	})
+}
 
 // UsageCalls counts the disks measured (Usage calls).
 func (v *Volume) UsageCalls() int64 { return v.usage.Load() }
