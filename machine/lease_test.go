@@ -45,6 +45,22 @@ func (l *hostLeases) Mine(ctx context.Context) ([]registry.Lease, error) {
 }
 func (l *hostLeases) Every() time.Duration { return l.every }
 
+// newHostA is a test env whose Manager is cluster host host-a, with
+// leases of ttl looked at every every; tweak, when set, changes the
+// rest of its config.
+func newHostA(t *testing.T, ttl, every time.Duration, tweak func(*machine.Config)) (*env, *hostLeases) {
+	t.Helper()
+	var here *hostLeases
+	e := newEnvWith(t, func(c *machine.Config) {
+		here = &hostLeases{db: c.Registry.(registry.LeaseStore), host: "host-a", inst: "a", ttl: ttl, every: every}
+		c.Leases, c.HostName = here, "host-a"
+		if tweak != nil {
+			tweak(c)
+		}
+	})
+	return e, here
+}
+
 // TestVMLeases: on a cluster host, a VM's lease is held while the VM runs
 // there and until the digests of the memory it slept with are written,
 // then given back; a VM whose lease another host holds is refused (a
@@ -53,11 +69,7 @@ func (l *hostLeases) Every() time.Duration { return l.every }
 // with that host, its disk cloned afresh; it waits for a person (a
 // session does not start it, a wake boots it).
 func TestVMLeases(t *testing.T) {
-	var here *hostLeases
-	e := newEnvWith(t, func(c *machine.Config) {
-		here = &hostLeases{db: c.Registry.(registry.LeaseStore), host: "host-a", inst: "a", ttl: 6 * time.Second, every: 100 * time.Millisecond}
-		c.Leases, c.HostName = here, "host-a"
-	})
+	e, here := newHostA(t, 6*time.Second, 100*time.Millisecond, nil)
 	ctx := ctxT(t)
 	// This host renews its leases, as its daemon does; host-b never
 	// does: its leases lapse.
@@ -190,11 +202,7 @@ func TestVMLeases(t *testing.T) {
 // another host now holds (this host's fence failed to stop it) is
 // stopped at start-up, and the VM is left to that host.
 func TestStrayVMMOfAnotherHost(t *testing.T) {
-	var here *hostLeases
-	e := newEnvWith(t, func(c *machine.Config) {
-		here = &hostLeases{db: c.Registry.(registry.LeaseStore), host: "host-a", inst: "a", ttl: time.Minute, every: 100 * time.Millisecond}
-		c.Leases, c.HostName = here, "host-a"
-	})
+	e, here := newHostA(t, time.Minute, 100*time.Millisecond, nil)
 	ctx := ctxT(t)
 	e.create("box")
 	if err := e.m.Sleep(ctx, "box", false); err != nil {
@@ -218,10 +226,7 @@ func TestStrayVMMOfAnotherHost(t *testing.T) {
 // not taken and given back (which would make its generation grow). A
 // host with a thousand sleeping VMs starts without a round of leases.
 func TestStartLooksAtItsOwn(t *testing.T) {
-	e := newEnvWith(t, func(c *machine.Config) {
-		c.Leases = &hostLeases{db: c.Registry.(registry.LeaseStore), host: "host-a", inst: "a", ttl: time.Minute, every: time.Second}
-		c.HostName = "host-a"
-	})
+	e, _ := newHostA(t, time.Minute, time.Second, nil)
 	ctx := ctxT(t)
 	here := e.cfg.Leases
 	e.create("kept")
@@ -261,10 +266,7 @@ func TestStartLooksAtItsOwn(t *testing.T) {
 // would take the VM over as a lost host's.
 func TestStopWritesDigestsFirst(t *testing.T) {
 	defer machine.SetSealDelay(2 * time.Second)()
-	e := newEnvWith(t, func(c *machine.Config) {
-		c.Leases = &hostLeases{db: c.Registry.(registry.LeaseStore), host: "host-a", inst: "a", ttl: time.Minute, every: time.Second}
-		c.HostName = "host-a"
-	})
+	e, _ := newHostA(t, time.Minute, time.Second, nil)
 	ctx := ctxT(t)
 	e.create("box")
 	if err := e.m.Sleep(ctx, "box", false); err != nil {
@@ -292,11 +294,7 @@ func TestStopWritesDigestsFirst(t *testing.T) {
 func TestStopCutsDigestsKeepsLease(t *testing.T) {
 	undo := machine.SetSealDelay(time.Hour)
 	defer undo()
-	e := newEnvWith(t, func(c *machine.Config) {
-		c.Leases = &hostLeases{db: c.Registry.(registry.LeaseStore), host: "host-a", inst: "a", ttl: time.Minute, every: time.Second}
-		c.HostName = "host-a"
-		c.DrainTimeout = 500 * time.Millisecond
-	})
+	e, _ := newHostA(t, time.Minute, time.Second, func(c *machine.Config) { c.DrainTimeout = 500 * time.Millisecond })
 	ctx := ctxT(t)
 	e.create("box")
 	if err := e.m.Sleep(ctx, "box", false); err != nil {
@@ -325,11 +323,7 @@ func TestStopCutsDigestsKeepsLease(t *testing.T) {
 // registry away) is given back again, without another operation on the
 // VM: held, it would be renewed, and the VM refused on other hosts.
 func TestFailedGiveBackRetried(t *testing.T) {
-	var here *hostLeases
-	e := newEnvWith(t, func(c *machine.Config) {
-		here = &hostLeases{db: c.Registry.(registry.LeaseStore), host: "host-a", inst: "a", ttl: time.Minute, every: 100 * time.Millisecond}
-		c.Leases, c.HostName = here, "host-a"
-	})
+	e, here := newHostA(t, time.Minute, 100*time.Millisecond, nil)
 	ctx := ctxT(t)
 	e.create("box")
 	here.refuse.Store(1)
