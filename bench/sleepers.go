@@ -105,7 +105,8 @@ func (d *daemon) sleepers(ctx context.Context, o Options, v variant, accel strin
 		firstLs = append(firstLs, t1)
 		// A listing waits only so long for the disks it measures: the
 		// next listings find the figures as they come.
-		for slices.ContainsFunc(vms, func(vm api.VM) bool { return vm.DiskUsedPending }) {
+		// (A running VM of another host is measured at each listing.)
+		for slices.ContainsFunc(vms, func(vm api.VM) bool { return vm.DiskUsedPending && vm.State != "running" }) {
 			if time.Since(from) > 30*time.Minute {
 				return figs, fmt.Errorf("sleepers: den ls still measures disks after 30m")
 			}

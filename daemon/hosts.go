@@ -90,8 +90,8 @@ func (h *heart) run(ctx context.Context) {
 	if h.cluster != nil {
 		tick = h.lease / 10
 	}
-	// A renewal that failed is tried again sooner: the registry back
-	// from a restart is seen within retry, not a tick.
+	// A renewal the registry did not answer is tried again sooner: the
+	// registry back from a restart is seen within retry, not a tick.
 	retry := min(tick, 250*time.Millisecond)
 	t := time.NewTimer(tick)
 	defer t.Stop()
@@ -107,7 +107,8 @@ func (h *heart) run(ctx context.Context) {
 		rctx, cancel := context.WithTimeout(ctx, h.lease/4)
 		err := h.renew(rctx)
 		cancel()
-		renewed := err == nil
+		var away unrenewed
+		soon := errors.As(err, &away)
 		if r := h.rec.Load(); err == nil && r != nil && time.Since(recorded) >= h.lease/3 {
 			rctx, cancel := context.WithTimeout(ctx, h.lease)
 			if err = r.record(rctx, h.store); err == nil {
@@ -130,16 +131,21 @@ func (h *heart) run(ctx context.Context) {
 			failing = nil
 		}
 		wait := time.Until(next)
-		if !renewed {
+		if soon {
 			wait = retry
 		}
 		t.Reset(max(wait, 0))
 	}
 }
 
+// unrenewed is a renewal the registry did not answer.
+type unrenewed struct{ error }
+
+func (u unrenewed) Unwrap() error { return u.error }
+
 // renew renews this host's leases (nothing to do on one host) and pushes
 // the fence's deadline. It wraps registry.ErrLeaseLost when the lease is
-// gone.
+// gone, and is an unrenewed when the registry did not answer.
 func (h *heart) renew(ctx context.Context) error {
 	c := h.cluster
 	if c == nil {
@@ -148,7 +154,7 @@ func (h *heart) renew(ctx context.Context) error {
 	t0 := fence.Now()
 	renewed, err := h.store.RenewLeases(ctx, c.lease.Host, c.lease.Instance, h.lease)
 	if err != nil {
-		return err
+		return unrenewed{err}
 	}
 	held := false
 	for _, l := range renewed {

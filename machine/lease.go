@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -179,19 +181,30 @@ func (v *vmLeases) giveBack(name string, keep bool) {
 }
 
 // giveBackFailed gives back again the leases whose giving back failed,
-// unless an operation holds them meanwhile.
+// unless an operation holds them meanwhile; it stops at the first that
+// fails again (the registry still away: each try holds the leases' lock
+// for up to its bound).
 func (v *vmLeases) giveBackFailed() {
 	v.mu.Lock()
-	var names []string
-	for name := range v.failed {
-		if v.refs[name] == 0 {
-			v.refs[name]++ // giveBack's, below
-			names = append(names, name)
-		}
-	}
+	names := slices.Collect(maps.Keys(v.failed))
 	v.mu.Unlock()
 	for _, name := range names {
+		v.mu.Lock()
+		try := v.failed[name] && v.refs[name] == 0
+		if try {
+			v.refs[name]++ // giveBack's, below
+		}
+		v.mu.Unlock()
+		if !try {
+			continue
+		}
 		v.giveBack(name, false)
+		v.mu.Lock()
+		again := v.failed[name]
+		v.mu.Unlock()
+		if again {
+			return
+		}
 	}
 }
 

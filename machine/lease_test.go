@@ -323,7 +323,7 @@ func TestStopCutsDigestsKeepsLease(t *testing.T) {
 // registry away) is given back again, without another operation on the
 // VM: held, it would be renewed, and the VM refused on other hosts.
 func TestFailedGiveBackRetried(t *testing.T) {
-	e, here := newHostA(t, time.Minute, 100*time.Millisecond, nil)
+	e, here := newHostA(t, time.Hour, 100*time.Millisecond, nil) // a lease that does not lapse meanwhile
 	ctx := ctxT(t)
 	e.create("box")
 	here.refuse.Store(1)

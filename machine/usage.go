@@ -97,7 +97,9 @@ func (c *usageCache) measure(ctx context.Context, vm registry.VM) (registry.Disk
 	if c.by == nil {
 		c.by = map[string]registry.DiskUsage{}
 	}
-	c.by[vm.Name] = fig
+	if have, ok := c.by[vm.Name]; !ok || !have.Created.Equal(fig.Created) || have.Generation <= fig.Generation {
+		c.by[vm.Name] = fig // not over a figure of a newer record
+	}
 	c.mu.Unlock()
 	return fig, nil
 }
@@ -220,6 +222,18 @@ func (c *usageCache) fly(ctx context.Context, todo []int, sts []Status) []*fligh
 		fls[k] = f
 	}
 	c.mu.Unlock()
+	// Running VMs first: the sleeping ones' figures hold once measured,
+	// theirs are measured at each listing.
+	slices.SortStableFunc(start, func(a, b *flight) int {
+		ra, rb := a.vm.State == registry.StateRunning, b.vm.State == registry.StateRunning
+		switch {
+		case ra && !rb:
+			return -1
+		case rb && !ra:
+			return 1
+		}
+		return 0
+	})
 	if len(start) > 0 && !c.background(func(ctx context.Context) { c.measureAll(ctx, start) }) {
 		c.measureAll(ctx, start)
 	}
@@ -232,9 +246,12 @@ func (c *usageCache) measureAll(ctx context.Context, fls []*flight) {
 	var mu sync.Mutex
 	var figs []registry.DiskUsage
 	inParallel(fls, usageWorkers, func(f *flight) {
-		if ctx.Err() == nil {
+		measured := false
+		if data, ok := c.fresh(f.vm); ok { // measured meanwhile (soon), and shared
+			f.fig, f.ok = registry.DiskUsage{VM: f.vm.Name, Created: f.vm.CreatedAt, Generation: f.vm.Generation, Data: data}, true
+		} else if ctx.Err() == nil {
 			fig, err := c.measure(ctx, f.vm)
-			f.fig, f.ok = fig, err == nil
+			f.fig, f.ok, measured = fig, err == nil, err == nil
 		}
 		c.mu.Lock()
 		if c.flights[f.vm.Name] == f {
@@ -242,7 +259,7 @@ func (c *usageCache) measureAll(ctx context.Context, fls []*flight) {
 		}
 		c.mu.Unlock()
 		close(f.done)
-		if !f.ok || f.vm.State == registry.StateRunning {
+		if !measured || f.vm.State == registry.StateRunning {
 			return
 		}
 		mu.Lock()
