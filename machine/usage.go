@@ -148,6 +148,11 @@ type flight struct {
 	ok   bool
 }
 
+// at says f (which may be nil) measures vm at its record.
+func (f *flight) at(vm registry.VM) bool {
+	return f != nil && f.vm.Generation == vm.Generation && f.vm.CreatedAt.Equal(vm.CreatedAt)
+}
+
 // fill sets each status's DiskUsed: the figures that hold, this host's or
 // another's (pulled from the registry once, when this host lacks some),
 // and measures (usageWorkers at a time, in the background) the others,
@@ -214,7 +219,7 @@ func (c *usageCache) fly(ctx context.Context, todo []int, sts []Status) []*fligh
 	for k, i := range todo {
 		vm := sts[i].VM
 		f := c.flights[vm.Name]
-		if f == nil || f.vm.Generation != vm.Generation || !f.vm.CreatedAt.Equal(vm.CreatedAt) {
+		if !f.at(vm) {
 			f = &flight{vm: vm, done: make(chan struct{})}
 			c.flights[vm.Name] = f
 			start = append(start, f)
@@ -238,6 +243,14 @@ func (c *usageCache) fly(ctx context.Context, todo []int, sts []Status) []*fligh
 		c.measureAll(ctx, start)
 	}
 	return fls
+}
+
+// flying says a listing's measure of vm's disk, at its record, is under
+// way.
+func (c *usageCache) flying(vm registry.VM) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.flights[vm.Name].at(vm)
 }
 
 // measureAll measures the flights' disks, usageWorkers at a time, and
@@ -294,7 +307,7 @@ func (c *usageCache) warm(ctx context.Context, db registry.VMStore) {
 		if ctx.Err() != nil {
 			break
 		}
-		if _, ok := c.fresh(vm); ok || vm.State == registry.StateRunning {
+		if _, ok := c.fresh(vm); ok || vm.State == registry.StateRunning || c.flying(vm) {
 			continue
 		}
 		if fig, err := c.measure(ctx, vm); err == nil {
