@@ -112,6 +112,14 @@ func (c *usageCache) share(ctx context.Context, figs []registry.DiskUsage) {
 	}
 }
 
+// shareLast is share for a background job's last figures: shared even
+// when ctx ended (the Manager closing), within 10 s.
+func (c *usageCache) shareLast(ctx context.Context, figs []registry.DiskUsage) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	c.share(sctx, figs)
+}
+
 // used is the data vm's disk holds: the figure that still holds (fresh)
 // when measure says so, else measured now (and shared); the last figure
 // when measure is false.
@@ -143,15 +151,13 @@ const listWait = 2 * time.Second
 // measuring again.
 type flight struct {
 	vm   registry.VM
-	done chan struct{} // closed once fig and ok are set
+	done chan struct{} // closed once fig's Data and ok are set
 	fig  registry.DiskUsage
 	ok   bool
 }
 
 // at says f (which may be nil) measures vm at its record.
-func (f *flight) at(vm registry.VM) bool {
-	return f != nil && f.vm.Generation == vm.Generation && f.vm.CreatedAt.Equal(vm.CreatedAt)
-}
+func (f *flight) at(vm registry.VM) bool { return f != nil && f.fig.Holds(vm) }
 
 // fill sets each status's DiskUsed: the figures that hold, this host's or
 // another's (pulled from the registry once, when this host lacks some),
@@ -211,7 +217,9 @@ waiting:
 // runs under ctx, when the Manager is closing).
 func (c *usageCache) fly(ctx context.Context, todo []int, sts []Status) []*flight {
 	fls := make([]*flight, len(todo))
-	var start []*flight
+	// Running VMs first: the sleeping ones' figures hold once measured,
+	// theirs are measured at each listing.
+	var running, rest []*flight
 	c.mu.Lock()
 	if c.flights == nil {
 		c.flights = map[string]*flight{}
@@ -220,25 +228,19 @@ func (c *usageCache) fly(ctx context.Context, todo []int, sts []Status) []*fligh
 		vm := sts[i].VM
 		f := c.flights[vm.Name]
 		if !f.at(vm) {
-			f = &flight{vm: vm, done: make(chan struct{})}
+			f = &flight{vm: vm, done: make(chan struct{}),
+				fig: registry.DiskUsage{VM: vm.Name, Created: vm.CreatedAt, Generation: vm.Generation}}
 			c.flights[vm.Name] = f
-			start = append(start, f)
+			if vm.State == registry.StateRunning {
+				running = append(running, f)
+			} else {
+				rest = append(rest, f)
+			}
 		}
 		fls[k] = f
 	}
 	c.mu.Unlock()
-	// Running VMs first: the sleeping ones' figures hold once measured,
-	// theirs are measured at each listing.
-	slices.SortStableFunc(start, func(a, b *flight) int {
-		ra, rb := a.vm.State == registry.StateRunning, b.vm.State == registry.StateRunning
-		switch {
-		case ra && !rb:
-			return -1
-		case rb && !ra:
-			return 1
-		}
-		return 0
-	})
+	start := append(running, rest...)
 	if len(start) > 0 && !c.background(func(ctx context.Context) { c.measureAll(ctx, start) }) {
 		c.measureAll(ctx, start)
 	}
@@ -261,7 +263,7 @@ func (c *usageCache) measureAll(ctx context.Context, fls []*flight) {
 	inParallel(fls, usageWorkers, func(f *flight) {
 		measured := false
 		if data, ok := c.fresh(f.vm); ok { // measured meanwhile (soon), and shared
-			f.fig, f.ok = registry.DiskUsage{VM: f.vm.Name, Created: f.vm.CreatedAt, Generation: f.vm.Generation, Data: data}, true
+			f.fig.Data, f.ok = data, true
 		} else if ctx.Err() == nil {
 			fig, err := c.measure(ctx, f.vm)
 			f.fig, f.ok, measured = fig, err == nil, err == nil
@@ -286,9 +288,7 @@ func (c *usageCache) measureAll(ctx context.Context, fls []*flight) {
 			c.share(ctx, batch)
 		}
 	})
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	c.share(sctx, figs)
+	c.shareLast(ctx, figs)
 }
 
 // warm takes the figures the registry has, then measures, one at a time,
@@ -318,9 +318,7 @@ func (c *usageCache) warm(ctx context.Context, db registry.VMStore) {
 			figs = nil
 		}
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	c.share(sctx, figs)
+	c.shareLast(ctx, figs)
 }
 
 // soon measures vm's disk in the background and shares the figure: an
