@@ -18,13 +18,13 @@ require (
 	github.com/pkg/sftp v1.13.12
 	github.com/urfave/cli/v2 v2.27.7
 	github.com/vishvananda/netlink v1.3.1
+	github.com/zeebo/blake3 v0.2.4
 	github.com/zeebo/xxh3 v1.1.0
 	go.yaml.in/yaml/v3 v3.0.5
 	golang.org/x/crypto v0.58.0
 	golang.org/x/net v0.60.0
 	golang.org/x/sys v0.49.0
 	golang.org/x/term v0.47.0
-	lukechampine.com/blake3 v1.4.1
 	modernc.org/sqlite v1.61.1
 )
 

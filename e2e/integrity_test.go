@@ -32,7 +32,8 @@ func waitSealed(t *testing.T, dir string) {
 // content, from the middle of its data: its offset in the memory, a flip
 // of every copy of it the store holds (a restore passes over a damaged
 // copy for a whole one: a digest found damaged before is written again),
-// and the start of the line that reports it damaged.
+// and the start of the line that reports it damaged (at the first place
+// the memory holds its digest: a fill reads each digest once).
 func (d *daemon) keptExtent(t *testing.T, dir string) (memOff int64, flip func(), want string) {
 	t.Helper()
 	m, err := memstore.ReadManifest(dir)
@@ -53,7 +54,14 @@ func (d *daemon) keptExtent(t *testing.T, dir string) (memOff int64, flip func()
 			testutil.FlipBytes(t, d.volumePath("memstore", "packs", p.Pack), p.At+100)
 		}
 	}
-	return e.Off() + 100, flip, fmt.Sprintf("memory at %d MiB (extent %s", e.Off()>>20, e.Digest.String()[:16])
+	first := e
+	for _, x := range m.Extents {
+		if x.Digest == e.Digest {
+			first = x
+			break
+		}
+	}
+	return e.Off() + 100, flip, fmt.Sprintf("memory at %d MiB (extent %s", first.Off()>>20, e.Digest.String()[:16])
 }
 
 type verification struct {

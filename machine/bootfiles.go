@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"lukechampine.com/blake3"
+	"github.com/zeebo/blake3"
 
 	"github.com/denhq/den/internal/sparse"
 	"github.com/denhq/den/storage"
@@ -92,7 +92,7 @@ func (b *bootFiles) digest(path string) (string, error) {
 		return "", err
 	}
 	defer f.Close()
-	h := blake3.New(32, nil)
+	h := blake3.New()
 	if _, err := io.Copy(h, f); err != nil {
 		return "", fmt.Errorf("read %s: %w", path, err)
 	}

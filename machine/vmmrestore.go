@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/denhq/den/agent"
@@ -103,13 +104,20 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 			m.launch.discardRuntime(vm.Name)
 		}
 	}()
-	end = phase.Begin(ctx, "wait for the verification")
-	err = <-checked
-	end()
-	if err != nil {
-		return nil, err
-	}
-	if local != "" {
+	// The VMM fills its RAM while the snapshot is verified, and reads
+	// the rest of it once the verification passed; but a verification
+	// that may drop the local copy its RAM is read from (and the staging
+	// from it) is waited for first: the VMM reads the volume then.
+	var verifyErr error
+	verified := sync.OnceValue(func() error {
+		defer phase.Begin(ctx, "wait for the verification")()
+		verifyErr = <-checked
+		return verifyErr
+	})
+	if local != "" || (ram != nil && ram.local != "") {
+		if err := verified(); err != nil {
+			return nil, err
+		}
 		if _, err := os.Stat(local); err != nil {
 			local = "" // dropped by the verification
 		}
@@ -122,10 +130,16 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 	end = phase.Begin(ctx, "vmm restore")
 	err = hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg, DisksReady: disks,
 		LocalMemory: local, StagedMemory: staged, WaitStaged: waitStaged,
-		FillMemory: func(dst string) error { return m.snaps.fillMemory(ctx, dir, dst) }})
+		FillMemory: func(dst string) error { return m.snaps.fillMemory(ctx, dir, dst) }, Verified: verified})
 	end()
+	if verifyErr != nil {
+		return nil, verifyErr // as it is, not as the VMM's restore saw it
+	}
 	if err != nil {
 		return nil, err
+	}
+	if err := verified(); err != nil { // a driver that did not wait for it
+		return nil, fmt.Errorf("%w: %w", errGuestRan, err)
 	}
 	// From here the guest runs: a failure is one after it ran.
 	if err := o.reconnect(ctx, in, src.identity); err != nil {

@@ -26,7 +26,8 @@ func (o *op) wake(ctx context.Context) error {
 	// The memory is verified while the VMM starts: the local copy of it
 	// when there is one, which is then what the VMM reads.
 	// Without one, the memory kept by content is checked as the VMM's
-	// RAM is filled with it, before the guest runs (ref.filled).
+	// RAM is filled with it, before the guest runs (ref.filled): the fill
+	// starts now, staged, rather than once the VMM does.
 	ref := m.snaps.withLocalMemory(suspendRef(vm.Name, seal), suspendKey(seal, vm.Generation))
 	ref.filled = true
 	check := func(ctx context.Context) error {
@@ -35,7 +36,9 @@ func (o *op) wake(ctx context.Context) error {
 		}
 		return nil
 	}
-	in, err := o.restoreInto(ctx, restoreSource{snapDir: ref.dir, local: ref.local, check: check})
+	ram := m.snaps.stageFill(ctx, vm, ref)
+	defer ram.drop()
+	in, err := o.restoreInto(ctx, restoreSource{snapDir: ref.dir, local: ref.local, ram: ram, check: check})
 	if err != nil {
 		var vf verifyFailed
 		var d memstore.Damage

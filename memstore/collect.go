@@ -11,8 +11,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/zeebo/blake3"
 	"golang.org/x/sys/unix"
-	"lukechampine.com/blake3"
 )
 
 // ErrChanged says that the volume changed under a listing of its

@@ -12,8 +12,8 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/zeebo/blake3"
 	"golang.org/x/sys/unix"
-	"lukechampine.com/blake3"
 
 	"github.com/denhq/den/internal/sparse"
 )

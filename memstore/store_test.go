@@ -442,3 +442,58 @@ func TestCopySums(t *testing.T) {
 		t.Fatalf("verify of the changed copy: %v", err)
 	}
 }
+
+// TestRepeatedPiecesReadOnce: a memory whose pieces repeat (a guest's
+// buffers of one pattern) is stored with each piece once, read with each
+// piece once, filled whole, and damage to the repeated piece is found at
+// every place it is.
+func TestRepeatedPiecesReadOnce(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _ := Open(filepath.Join(root, "store"))
+	src := filepath.Join(root, "ram")
+	ram(t, src, 16*ExtentSize, 1)
+	same := bytes.Repeat([]byte("den\n"), ExtentSize/4)
+	f, err := os.OpenFile(src, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range []int64{3, 4, 10, 15} {
+		if _, err := f.WriteAt(same, i*ExtentSize); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	m, st, err := s.Save(ctx, src, snapDir(t, root, "a"), SaveOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Extents) != 5 || st.Written != 2*ExtentSize {
+		t.Fatalf("saved %d extents, %d bytes written: want 5 extents, 2 pieces written", len(m.Extents), st.Written)
+	}
+	if first, _ := byDigest(m.Extents); len(first) != 2 {
+		t.Fatalf("%d pieces to read, want 2", len(first))
+	}
+	out := filepath.Join(root, "out")
+	if err := s.Fill(ctx, m, out); err != nil {
+		t.Fatal(err)
+	}
+	sameFile(t, src, out)
+
+	name, at, ok := s.Locate(m.Extents[1].Digest)
+	if !ok || m.Extents[1].Index != 3 {
+		t.Fatalf("the repeated piece is nowhere: %v", m.Extents)
+	}
+	p, _ := os.OpenFile(s.packPath(name), os.O_RDWR, 0)
+	p.WriteAt([]byte("x"), at+1)
+	p.Close()
+	bad, err := s.Verify(ctx, m)
+	var offs []int64
+	for _, d := range bad {
+		offs = append(offs, d.Off/ExtentSize)
+	}
+	slices.Sort(offs)
+	if err != nil || !slices.Equal(offs, []int64{3, 4, 10, 15}) {
+		t.Fatalf("verify: damage at pieces %v (%v), want 3 4 10 15", offs, err)
+	}
+}

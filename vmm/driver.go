@@ -20,9 +20,10 @@ type Driver interface {
 type MemoryStager interface {
 	// StageMemory makes dst, a RAM file of the guest's size, and starts
 	// filling it with the memory of the snapshot in dir, read from local
-	// (a local copy of its memory file) or, when local is "", from dir;
-	// wait waits for the copy.
-	StageMemory(dir, local, dst string) (wait func() error, err error)
+	// (a local copy of its memory file) or, when local is "", with fill
+	// when the caller keeps the snapshot's memory (MemoryKeeper), else
+	// from dir; wait waits for the copy.
+	StageMemory(dir, local, dst string, fill func(dst string) error) (wait func() error, err error)
 }
 
 // PrelaunchDriver is a Driver whose VMM can be started for a restore

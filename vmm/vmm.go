@@ -302,6 +302,11 @@ type RestoreOptions struct {
 	// with the snapshot's memory: for a snapshot whose memory the caller
 	// keeps (MemoryKeeper), when there is no LocalMemory to copy.
 	FillMemory func(dst string) error
+	// Verified, when set, is the caller's check of the snapshot, waited
+	// for before the VMM reads anything of it but its memory (its state,
+	// its config): a driver may start its VMM and fill its RAM meanwhile.
+	// Its error fails the restore before the guest runs.
+	Verified func() error
 }
 
 // Prelauncher is a Hypervisor that can start its VMM process for a
@@ -331,6 +336,14 @@ type Prelaunch struct {
 	// Pred is the VM's running VMM, nil if none: the new VMM shares its
 	// network devices (the same TAP) until it is gone.
 	Pred Hypervisor
+}
+
+// WaitVerified waits for o.Verified, if set.
+func (o RestoreOptions) WaitVerified() error {
+	if o.Verified == nil {
+		return nil
+	}
+	return o.Verified()
 }
 
 // WaitDisks waits for o.DisksReady, if any.

@@ -337,6 +337,9 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 	if err := v.hook("restore"); err != nil {
 		return err
 	}
+	if err := opts.WaitVerified(); err != nil { // as a real VMM before it reads the snapshot's state
+		return fmt.Errorf("restore: %w", err)
+	}
 	data, err := os.ReadFile(filepath.Join(dir, "fake-snapshot.json"))
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)

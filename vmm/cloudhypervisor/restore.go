@@ -51,6 +51,10 @@ func (v *VMM) Snapshot(ctx context.Context, dir string) error {
 func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) error {
 	ctx, cancel := vmm.WithDefaultTimeout(ctx)
 	defer cancel()
+	// Cloud Hypervisor reads the whole snapshot in its restore call.
+	if err := opts.WaitVerified(); err != nil {
+		return fmt.Errorf("ch restore: %w", err)
+	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return fmt.Errorf("ch restore: %w", err)

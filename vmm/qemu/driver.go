@@ -43,8 +43,8 @@ func (d *Driver) Adopt(ctx context.Context, rd vmm.RunDir) (vmm.Hypervisor, erro
 }
 
 // StageMemory implements vmm.MemoryStager.
-func (d *Driver) StageMemory(dir, local, dst string) (func() error, error) {
-	return StageMemory(dir, local, dst)
+func (d *Driver) StageMemory(dir, local, dst string, fill func(dst string) error) (func() error, error) {
+	return StageMemory(dir, local, dst, fill)
 }
 
 // NewPrelauncher implements vmm.PrelaunchDriver.

@@ -308,7 +308,7 @@ func TestGuestSnapshotRestore(t *testing.T) {
 	// filled, then moved to the VMM's own RAM file; a staged file of
 	// another size is refused.
 	staged := filepath.Join(e.dir, "staged", "memory")
-	wait, err := qemu.StageMemory(snap, "", staged)
+	wait, err := qemu.StageMemory(snap, "", staged, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +338,7 @@ func TestGuestSnapshotRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A staging that failed: the driver makes its copy in the file.
-	wait, err = qemu.StageMemory(snap, "", staged)
+	wait, err = qemu.StageMemory(snap, "", staged, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,7 +455,7 @@ func TestGuestPrelaunchedRestore(t *testing.T) {
 	c.Close()
 
 	staged := filepath.Join(e.dir, "staged", "memory")
-	wait, err := qemu.StageMemory(snap, "", staged)
+	wait, err := qemu.StageMemory(snap, "", staged, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,7 +498,7 @@ func TestGuestPrelaunchedRestore(t *testing.T) {
 
 	// A prelaunch for other staged memory than the restore's is refused,
 	// and its QEMU stopped.
-	wait, err = qemu.StageMemory(snap, "", staged)
+	wait, err = qemu.StageMemory(snap, "", staged, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package qemu_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/denhq/den/internal/sparse"
 	"github.com/denhq/den/vmm"
+	"github.com/denhq/den/vmm/qemu"
 )
 
 // A snapshot whose memory the caller keeps holds no memory file, is
@@ -63,5 +65,43 @@ func TestGuestSnapshotDevices(t *testing.T) {
 	c2 := e.connect(t, w)
 	if out, code := run(t, c2, "cat /tmp/note; md5sum /tmp/blob"); code != 0 || !filled || out != "kept\n"+sum {
 		t.Fatalf("after a restore from kept memory (filled %v): %q (exit %d), want %q", filled, out, code, "kept\n"+sum)
+	}
+	c2.Close()
+	if err := w.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Staged by the caller's fill: a restore whose verification fails
+	// reads none of the rest and runs nothing; one whose passes runs
+	// the guest as it was.
+	staged := filepath.Join(e.dir, "staged", "memory")
+	if _, err := qemu.StageMemory(snap, "", staged, nil); err == nil || !strings.Contains(err.Error(), "nothing fills it") {
+		t.Fatalf("staging with nothing to fill the memory: %v", err)
+	}
+	wait, err := qemu.StageMemory(snap, "", staged, fill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := e.newVMM(t, "d")
+	bad := errors.New("the snapshot is damaged")
+	if err := x.Restore(ctx, snap, vmm.RestoreOptions{Resume: true, StagedMemory: staged, WaitStaged: wait, FillMemory: fill, Verified: func() error { return bad }}); !errors.Is(err, bad) {
+		t.Fatalf("restore whose verification failed: %v", err)
+	}
+	if info, err := x.Info(ctx); err == nil && (info.State == vmm.StateRunning || info.State == vmm.StatePaused) {
+		t.Fatalf("after a restore whose verification failed, its vmm is %s", info.State)
+	}
+	filled = false
+	if wait, err = qemu.StageMemory(snap, "", staged, fill); err != nil {
+		t.Fatal(err)
+	}
+	verified := false
+	y := e.newVMM(t, "e")
+	if err := y.Restore(ctx, snap, vmm.RestoreOptions{Resume: true, StagedMemory: staged, WaitStaged: wait, FillMemory: fill, Verified: func() error { verified = true; return nil }}); err != nil {
+		t.Fatal(err)
+	}
+	c3 := e.connect(t, y)
+	defer c3.Close()
+	if out, code := run(t, c3, "cat /tmp/note; md5sum /tmp/blob"); code != 0 || !filled || !verified || out != "kept\n"+sum {
+		t.Fatalf("after a restore from staged kept memory (filled %v, verified %v): %q (exit %d)", filled, verified, out, code)
 	}
 }

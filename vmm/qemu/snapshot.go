@@ -192,7 +192,8 @@ func (v *VMM) copyMemoryOut(ctx context.Context, dst, base string) ([]sparse.Ext
 
 // Restore starts a fresh QEMU on a copy of the snapshot's RAM file and
 // loads the device state into it (-incoming defer, x-ignore-shared,
-// migrate-incoming). The VM resumes when opts.Resume says so. QEMU has no
+// migrate-incoming) once opts.Verified passed. The VM resumes when
+// opts.Resume says so. QEMU has no
 // lazy restore: opts.OnDemand is ignored (Capabilities.OnDemandRestore is
 // false) and the cost is the sparse copy of the RAM the guest had used.
 func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) error {
@@ -304,6 +305,9 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 			return fail(fmt.Errorf("memory: %w", err))
 		}
 	}
+	if err := opts.WaitVerified(); err != nil {
+		return fail(err)
+	}
 	if err := v.setIgnoreShared(ctx, !meta.RAMInStream); err != nil {
 		return fail(err)
 	}
@@ -366,13 +370,15 @@ func makeRAMFile(path string, size int64) error {
 // StageMemory makes dst, a RAM file of the snapshot's guest size, and
 // starts filling it with the memory of the snapshot in dir, read from
 // local (a local copy of the snapshot's memory file) or, when local is
-// "", from dir; wait waits for the copy (any number of times). A later
+// "", with fill when the snapshot's memory is kept outside it
+// (vmm.MemoryKeeper), else from dir; wait waits for the copy (any number
+// of times). A later
 // Restore takes the file in place of a copy of its own
 // (vmm.RestoreOptions.StagedMemory): the caller copies while it does other
 // work, a restore while it verifies the checkpoint and stops the VM's
 // running VMM. A snapshot with its RAM in the state stream has nothing to
 // stage: an error.
-func StageMemory(dir, local, dst string) (wait func() error, err error) {
+func StageMemory(dir, local, dst string, fill func(dst string) error) (wait func() error, err error) {
 	cfg, meta, err := readSnapshot(dir, "")
 	if err != nil {
 		return nil, fmt.Errorf("stage memory: %w", err)
@@ -383,15 +389,15 @@ func StageMemory(dir, local, dst string) (wait func() error, err error) {
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return nil, fmt.Errorf("stage memory: %w", err)
 	}
+	copyTo, _, err := memorySource(dir, meta, vmm.RestoreOptions{LocalMemory: local, FillMemory: fill})
+	if err != nil {
+		return nil, fmt.Errorf("stage memory: %w", err)
+	}
 	if err := makeRAMFile(dst, cfg.MemoryBytes); err != nil {
 		return nil, fmt.Errorf("stage memory: %w", err)
 	}
-	src := filepath.Join(dir, snapMemory)
-	if local != "" {
-		src = local
-	}
 	done := make(chan error, 1)
-	go func() { done <- copyMemory(dir, src, dst) }()
+	go func() { done <- copyTo(dst) }()
 	return sync.OnceValue(func() error {
 		if err := <-done; err != nil {
 			return fmt.Errorf("stage memory: %w", err)
