@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -254,9 +255,22 @@ func Run(ctx context.Context, o Options) error {
 	if clusterHost != nil {
 		leases = clusterHost
 	}
+	// A wake here reads the memory of a VM another host put to sleep from
+	// that host's local copy (peers, made once the Manager is).
+	var peerMemory atomic.Pointer[peers]
+	var fetchMemory func(context.Context, string, machine.MemoryRequest) (io.ReadCloser, error)
+	if clusterHost != nil && clusterHost.cred != nil {
+		fetchMemory = func(ctx context.Context, host string, req machine.MemoryRequest) (io.ReadCloser, error) {
+			p := peerMemory.Load()
+			if p == nil {
+				return nil, errors.New("the cluster's peers are not reached yet")
+			}
+			return p.fetchMemory(ctx, host, req)
+		}
+	}
 	endStep = phase.Begin(sctx, startStep+"vms")
 	m, err = machine.New(sctx, machine.Config{
-		Leases:  leases,
+		Leases: leases, FetchMemory: fetchMemory,
 		OnAgent: keyAgents.onAgent,
 		State:   state, HostName: o.HostName, Volume: vol, Registry: db, AgentKey: agentKey, Images: o.Images, DefaultImage: o.DefaultImage, VMM: o.VMM, Logger: o.Logger,
 		QEMUStreamRAM: o.QEMUStreamRAM, RestoreCopy: o.RestoreCopy, NoDigests: o.NoDigests, MemoryFiles: o.MemoryFiles, CollectGrace: o.CollectGrace, RAMDir: o.RAMDir, MemoryCopies: o.MemoryCopies,
@@ -290,6 +304,8 @@ func Run(ctx context.Context, o Options) error {
 	var fwd *peers
 	if clusterHost != nil && clusterHost.cred != nil {
 		fwd = newPeers(clusterHost.cred, db, clusterHost, o.Lease, m, o.Logger)
+		fwd.mem = m.LocalMemory()
+		peerMemory.Store(fwd)
 		sessions = peerSessions{URLSessions: m, records: m, p: fwd, self: o.HostName}
 	}
 	gw, err := startGateway(o, sessions, keys, hostKey, inproc, auditLog)

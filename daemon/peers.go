@@ -48,11 +48,12 @@ func forwardedBy(ctx context.Context) string {
 // requests its peers forward here.
 type peers struct {
 	cred   *peer.Credential
-	hosts  registry.HostStore // the hosts' addresses
-	leases machine.Leases     // which host holds a VM
-	lease  time.Duration      // a host whose heartbeat is older is not alive
-	m      placer             // what a VM needs, and what this host has
-	compat string             // this host's machine.HostInfo.Compat
+	hosts  registry.HostStore  // the hosts' addresses
+	leases machine.Leases      // which host holds a VM
+	lease  time.Duration       // a host whose heartbeat is older is not alive
+	m      placer              // what a VM needs, and what this host has
+	compat string              // this host's machine.HostInfo.Compat
+	mem    machine.LocalMemory // this host's local copies of memory, served to its peers
 	log    *slog.Logger
 
 	mu         sync.Mutex
@@ -413,6 +414,10 @@ func (p *peers) listen(s *Server, addr string) (func(), error) {
 			from, err := peer.PeerHost(r.TLS)
 			if err != nil {
 				writeError(w, fmt.Errorf("peer: %w: %w", err, api.ErrUnauthenticated))
+				return
+			}
+			if r.URL.Path == peerMemoryPath {
+				serveMemory(w, r, p.mem, from)
 				return
 			}
 			var fc forwardedCaller

@@ -348,6 +348,11 @@ func TestClusterFence(t *testing.T) {
 	if n, m := len(a.vmmPIDs("box")), len(b.vmmPIDs("box")); n != 0 || m != 1 {
 		t.Fatalf("VMMs of box after its wake through host-b's gateway: host-a %d, host-b %d", n, m)
 	}
+	// host-b read box's memory from host-a's local copy of it, checking
+	// it against the digests on the volume.
+	if log, _ := os.ReadFile(b.logPath); !bytes.Contains(log, []byte(`msg="den: memory read from the host that put the vm to sleep" vm=box host=host-a`)) {
+		t.Fatal("box's wake on host-b did not read host-a's local copy of its memory (no such line in its log)")
+	}
 	if _, ip := b.guestAddr("box"); ip != boxIP {
 		t.Fatalf("box's address on host-b: %q, on host-a %q", ip, boxIP)
 	}

@@ -104,6 +104,12 @@ func (c compat) read(dir storage.Path) (*snapshotHost, error) {
 	if err != nil {
 		return nil, err
 	}
+	return readHostFile(host)
+}
+
+// readHostFile is the host record of the snapshot in the directory host
+// (a host path); nil when it has none.
+func readHostFile(host string) (*snapshotHost, error) {
 	data, err := os.ReadFile(filepath.Join(host, HostFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil

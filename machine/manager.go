@@ -28,6 +28,7 @@ package machine
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"sync"
@@ -56,6 +57,10 @@ type Config struct {
 	// Leases are the cluster's VM leases, taken for this host (nil: a
 	// host of its own, which takes none); see lease.go.
 	Leases Leases
+	// FetchMemory, in a cluster, asks another host for extents of its
+	// local copy of a snapshot's memory (LocalMemory there), which a wake
+	// here reads before the volume (peermemory.go); nil: never.
+	FetchMemory func(ctx context.Context, host string, req MemoryRequest) (io.ReadCloser, error)
 	// Volume holds VM disks, base images and snapshots.
 	Volume storage.Volume
 	// Images is the built guest image directory (kernel, initramfs,

@@ -355,7 +355,7 @@ func (ss *snapshots) copyBaseMemory(ref snapshotRef, key string) error {
 		return err
 	}
 	src := filepath.Join(host, filepath.FromSlash(ref.memoryRel()))
-	fill := func(tmp string) error { return ss.fillMemory(context.Background(), filepath.Dir(src), tmp) }
+	fill := func(tmp string) error { return ss.fillMemory(context.Background(), filepath.Dir(src), tmp, peerCopy{}) }
 	if _, err := os.Stat(filepath.Join(filepath.Dir(src), memstore.ManifestFile)); err != nil {
 		if fill, err = baseMemorySource(src); err != nil { // a memory file of its own
 			return err

@@ -109,13 +109,17 @@ func (ss *snapshots) originDir(in *instance) string {
 }
 
 // fillMemory fills dst, a RAM file, with the memory of the VMM snapshot
-// in the directory host, from the store, checking each extent. A damaged
-// extent fails it before the guest runs, and marks every checkpoint
-// whose memory shares it (markSharers).
-func (ss *snapshots) fillMemory(ctx context.Context, host, dst string) error {
+// in the directory host, from the store, checking each extent; or first,
+// when pc names one, from another host's local copy (fillFromPeer). A
+// damaged extent fails it before the guest runs, and marks every
+// checkpoint whose memory shares it (markSharers).
+func (ss *snapshots) fillMemory(ctx context.Context, host, dst string, pc peerCopy) error {
 	man, err := memstore.ReadManifest(host)
 	if err != nil {
 		return err
+	}
+	if ss.fillFromPeer(ctx, man, host, dst, pc) {
+		return nil
 	}
 	store, err := ss.memStore()
 	if err != nil {

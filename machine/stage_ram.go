@@ -56,12 +56,13 @@ func (ss *snapshots) stageRAM(ctx context.Context, vm registry.VM, cp registry.C
 }
 
 // stageFill starts filling a RAM file with the memory of the snapshot
-// ref names, read from the volume and checked as the VMM's fill is
-// (fillMemory), for a wake with no local copy of it, when its driver
-// stages memory and the host has room; nil otherwise. The wake's
+// ref names, read and checked as the VMM's fill is (fillMemory: from the
+// copy pc names on another host, else from the volume), for a wake with
+// no local copy of it, when its driver stages memory and the host has
+// room; nil otherwise. The wake's
 // verification does not read that memory (ref.filled), so nothing reads
 // it twice.
-func (ss *snapshots) stageFill(ctx context.Context, vm registry.VM, ref snapshotRef) *stagedRAM {
+func (ss *snapshots) stageFill(ctx context.Context, vm registry.VM, ref snapshotRef, pc peerCopy) *stagedRAM {
 	d, _ := ss.m.drivers[vm.VMM].(vmm.MemoryStager)
 	if d == nil || ss.m.ram.dir == "" || ref.local != "" || !ref.filled || !ss.roomToStage(vm.MemoryBytes) {
 		return nil
@@ -71,8 +72,8 @@ func (ss *snapshots) stageFill(ctx context.Context, vm registry.VM, ref snapshot
 		return nil
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	fill := func(dst string) error { return ss.fillMemory(ctx, dir, dst) }
-	st := ss.stage(ctx, d, vm.Name, dir, "", fill, "stage the memory from the volume (beside the verification and the vmm's start)")
+	fill := func(dst string) error { return ss.fillMemory(ctx, dir, dst, pc) }
+	st := ss.stage(ctx, d, vm.Name, dir, "", fill, "stage the memory (beside the verification and the vmm's start)")
 	if st == nil {
 		cancel()
 		return nil

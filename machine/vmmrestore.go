@@ -36,6 +36,9 @@ type restoreSource struct {
 	// identity, when set, is the new identity the guest gets in its
 	// agent's ready answer (a fork, a create from a warm base).
 	identity *agent.IdentityRequest
+	// peer, when set, names the local copy of the snapshot's memory on
+	// the host that took it, which a fill reads before the volume.
+	peer peerCopy
 }
 
 // restoreInto starts a fresh VMM for vm from the snapshot src names, with
@@ -130,7 +133,7 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 	end = phase.Begin(ctx, "vmm restore")
 	err = hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg, DisksReady: disks,
 		LocalMemory: local, StagedMemory: staged, WaitStaged: waitStaged,
-		FillMemory: func(dst string) error { return m.snaps.fillMemory(ctx, dir, dst) }, Verified: verified})
+		FillMemory: func(dst string) error { return m.snaps.fillMemory(ctx, dir, dst, src.peer) }, Verified: verified})
 	end()
 	if verifyErr != nil {
 		return nil, verifyErr // as it is, not as the VMM's restore saw it

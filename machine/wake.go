@@ -28,7 +28,8 @@ func (o *op) wake(ctx context.Context) error {
 	// Without one, the memory kept by content is checked as the VMM's
 	// RAM is filled with it, before the guest runs (ref.filled): the fill
 	// starts now, staged, rather than once the VMM does.
-	ref := m.snaps.withLocalMemory(suspendRef(vm.Name, seal), suspendKey(seal, vm.Generation))
+	key := suspendKey(seal, vm.Generation)
+	ref := m.snaps.withLocalMemory(suspendRef(vm.Name, seal), key)
 	ref.filled = true
 	check := func(ctx context.Context) error {
 		if err := m.integrity.verify(ctx, ref, vm.VMM); err != nil {
@@ -36,9 +37,13 @@ func (o *op) wake(ctx context.Context) error {
 		}
 		return nil
 	}
-	ram := m.snaps.stageFill(ctx, vm, ref)
+	// On a host of a cluster other than the one that put it to sleep,
+	// the memory is read from that host's local copy, if it still has
+	// one, else from the volume.
+	pc := peerCopy{vm: vm.Name, key: key}
+	ram := m.snaps.stageFill(ctx, vm, ref, pc)
 	defer ram.drop()
-	in, err := o.restoreInto(ctx, restoreSource{snapDir: ref.dir, local: ref.local, ram: ram, check: check})
+	in, err := o.restoreInto(ctx, restoreSource{snapDir: ref.dir, local: ref.local, ram: ram, check: check, peer: pc})
 	if err != nil {
 		var vf verifyFailed
 		var d memstore.Damage

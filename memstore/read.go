@@ -309,22 +309,33 @@ func (p *openPacks) readRun(r readRun, buf []byte, f func(Extent, []byte) error,
 	return nil
 }
 
+// openRAM opens the file at dst for writing, made size bytes long if it
+// is shorter.
+func openRAM(dst string, size int64) (*os.File, error) {
+	f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if st, err := f.Stat(); err != nil || st.Size() < size {
+		if err := f.Truncate(size); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	return f, nil
+}
+
 // Fill writes the memory m describes into the file at dst, which is made
 // m.Size bytes long if it is shorter (a RAM file made empty at the
 // guest's size, or a new file): its extents are read from the store and
 // checked against their digests; the pieces that hold zeros are not
 // written. Damage fails it with an error that wraps ErrDamaged.
 func (s *Store) Fill(ctx context.Context, m *Manifest, dst string) error {
-	f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o600)
+	f, err := openRAM(dst, m.Size)
 	if err != nil {
 		return fmt.Errorf("fill memory: %w", err)
 	}
 	defer f.Close()
-	if st, err := f.Stat(); err != nil || st.Size() < m.Size {
-		if err := f.Truncate(m.Size); err != nil {
-			return fmt.Errorf("fill memory: %w", err)
-		}
-	}
 	err = s.each(ctx, m, func(e Extent, b []byte) error {
 		_, err := f.WriteAt(b, e.Off())
 		return err
@@ -468,4 +479,127 @@ func CheckCopy(ctx context.Context, m *Manifest, path string, sums CopySums) boo
 		}
 	}
 	return true
+}
+
+// Wanted is the extents a fill reads of m: the first of each digest, in
+// m's order. A stream FillFrom reads holds their bytes in that order.
+func Wanted(m *Manifest) []Extent {
+	first, _ := byDigest(m.Extents)
+	return first
+}
+
+// FillFrom writes the memory m describes into the file at dst, as Fill
+// does, from r: the bytes of Wanted(m), back to back (another host's
+// local copy of the memory). Each extent is checked against its digest
+// and written at every place m names it, by readers goroutines while r
+// is read. A stream that ends early, or holds an extent that does not
+// match, fails it: the caller fills from the store then, which writes
+// every extent again.
+func FillFrom(ctx context.Context, m *Manifest, dst string, r io.Reader) error {
+	f, err := openRAM(dst, m.Size)
+	if err != nil {
+		return fmt.Errorf("fill memory: %w", err)
+	}
+	defer f.Close()
+	first, named := byDigest(m.Extents)
+	// Batches of extents go from the reader to the checkers and back.
+	const batch = 16
+	type piece struct {
+		ext []Extent
+		buf []byte
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	free := make(chan *piece, 2*readers)
+	for range cap(free) {
+		free <- &piece{buf: make([]byte, batch*ExtentSize)}
+	}
+	full := make(chan *piece)
+	var wg sync.WaitGroup
+	for range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for p := range full {
+				at := 0
+				for _, e := range p.ext {
+					b := p.buf[at : at+int(e.Len(m.Size))]
+					at += len(b)
+					if Digest(blake3.Sum256(b)) != e.Digest {
+						cancel(fmt.Errorf("extent at %d MiB does not match its digest", e.Off()>>20))
+						break
+					}
+					for _, x := range named[e.Digest] {
+						if _, err := f.WriteAt(b, x.Off()); err != nil {
+							cancel(err)
+							break
+						}
+					}
+				}
+				free <- p
+			}
+		}()
+	}
+	var rerr error
+read:
+	for i := 0; i < len(first); i += batch {
+		var p *piece
+		select {
+		case p = <-free:
+		case <-ctx.Done():
+			break read
+		}
+		p.ext = first[i:min(i+batch, len(first))]
+		n := 0
+		for _, e := range p.ext {
+			n += int(e.Len(m.Size))
+		}
+		if _, err := io.ReadFull(r, p.buf[:n]); err != nil {
+			rerr = fmt.Errorf("extents from %d MiB: %w", p.ext[0].Off()>>20, err)
+			break
+		}
+		select {
+		case full <- p:
+		case <-ctx.Done():
+			break read
+		}
+	}
+	close(full)
+	wg.Wait()
+	if err := errors.Join(rerr, context.Cause(ctx)); err != nil {
+		return fmt.Errorf("fill memory: %w", err)
+	}
+	return f.Close()
+}
+
+// SendCopy writes to w the extents idx (indexes, not offsets) of the
+// local copy at path of a memory of size bytes, back to back: what
+// FillFrom reads on another host.
+func SendCopy(ctx context.Context, path string, size int64, idx []int64, w io.Writer) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || st.Size() != size {
+		return fmt.Errorf("local memory copy %s: not %d bytes", path, size)
+	}
+	buf := make([]byte, ExtentSize)
+	for _, i := range idx {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		e := Extent{Index: i}
+		if i < 0 || e.Off() >= size {
+			return fmt.Errorf("local memory copy: extent %d is outside a memory of %d bytes", i, size)
+		}
+		b := buf[:e.Len(size)]
+		if n, err := f.ReadAt(b, e.Off()); n < len(b) {
+			return fmt.Errorf("local memory copy %s: %w", path, err)
+		}
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -5,9 +5,11 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,6 +44,23 @@ func overwrite(t *testing.T, path string, i int64) {
 	rand.Read(b)
 	if _, err := f.WriteAt(b, i*ExtentSize); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// pattern writes one pattern ("den\n" repeated) into extents idx of the
+// file at path, as a guest's buffers of one pattern would be.
+func pattern(t *testing.T, path string, idx ...int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	same := bytes.Repeat([]byte("den\n"), ExtentSize/4)
+	for _, i := range idx {
+		if _, err := f.WriteAt(same, i*ExtentSize); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -453,17 +472,7 @@ func TestRepeatedPiecesReadOnce(t *testing.T) {
 	s, _ := Open(filepath.Join(root, "store"))
 	src := filepath.Join(root, "ram")
 	ram(t, src, 16*ExtentSize, 1)
-	same := bytes.Repeat([]byte("den\n"), ExtentSize/4)
-	f, err := os.OpenFile(src, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, i := range []int64{3, 4, 10, 15} {
-		if _, err := f.WriteAt(same, i*ExtentSize); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f.Close()
+	pattern(t, src, 3, 4, 10, 15)
 	m, st, err := s.Save(ctx, src, snapDir(t, root, "a"), SaveOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -495,5 +504,52 @@ func TestRepeatedPiecesReadOnce(t *testing.T) {
 	slices.Sort(offs)
 	if err != nil || !slices.Equal(offs, []int64{3, 4, 10, 15}) {
 		t.Fatalf("verify: damage at pieces %v (%v), want 3 4 10 15", offs, err)
+	}
+}
+
+// TestFillFromAnotherCopy: a memory sent from a local copy (SendCopy) of
+// what a manifest names fills a RAM file whole, each repeated piece sent
+// once; a stream with a changed byte, or cut short, fails the fill.
+func TestFillFromAnotherCopy(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _ := Open(filepath.Join(root, "store"))
+	src := filepath.Join(root, "ram")
+	ram(t, src, 16*ExtentSize, 1, 2, 7)
+	pattern(t, src, 3, 9, 15)
+	m, _, err := s.Save(ctx, src, snapDir(t, root, "a"), SaveOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var idx []int64
+	for _, e := range Wanted(m) {
+		idx = append(idx, e.Index)
+	}
+	if len(idx) != 4 {
+		t.Fatalf("wanted extents %v: want 4 (three of random bytes, one repeated)", idx)
+	}
+	var sent bytes.Buffer
+	if err := SendCopy(ctx, src, 16*ExtentSize, idx, &sent); err != nil {
+		t.Fatal(err)
+	}
+	if sent.Len() != 4*ExtentSize {
+		t.Fatalf("sent %d bytes, want %d", sent.Len(), 4*ExtentSize)
+	}
+	out := filepath.Join(root, "out")
+	if err := FillFrom(ctx, m, out, bytes.NewReader(sent.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	sameFile(t, src, out)
+
+	changed := bytes.Clone(sent.Bytes())
+	changed[2*ExtentSize+9] ^= 1
+	if err := FillFrom(ctx, m, filepath.Join(root, "changed"), bytes.NewReader(changed)); err == nil || !strings.Contains(err.Error(), "does not match") {
+		t.Fatalf("fill from a stream with a changed byte: %v", err)
+	}
+	if err := FillFrom(ctx, m, filepath.Join(root, "short"), bytes.NewReader(sent.Bytes()[:3*ExtentSize])); err == nil {
+		t.Fatal("fill from a stream cut short: no error")
+	}
+	if err := SendCopy(ctx, src, 16*ExtentSize, []int64{16}, io.Discard); err == nil {
+		t.Fatal("an extent outside the memory sent")
 	}
 }

@@ -1,0 +1,110 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/denhq/den/internal/phase"
+	"github.com/denhq/den/memstore"
+)
+
+// MemoryRequest is what a host of a cluster asks another for: extents of
+// its local copy of a sleeping VM's memory, to wake the VM with.
+type MemoryRequest struct {
+	VM string `json:"vm"`
+	// Key names the copy there (suspendKey: the sleep's seal).
+	Key string `json:"key"`
+	// Size is the memory's size in bytes.
+	Size int64 `json:"size"`
+	// Extents are the extents' indexes, in the order they are sent.
+	Extents []int64 `json:"extents"`
+}
+
+// Bytes is how many bytes the extents req names hold (those outside the
+// memory hold none: the request is refused).
+func (req MemoryRequest) Bytes() int64 {
+	var n int64
+	for _, i := range req.Extents {
+		if e := (memstore.Extent{Index: i}); i >= 0 && e.Off() < req.Size {
+			n += e.Len(req.Size)
+		}
+	}
+	return n
+}
+
+// LocalMemory serves this host's local copies of sleeping VMs' memory to
+// the cluster's other hosts: a host that wakes a VM this host put to
+// sleep reads its memory here, checking each extent against the digests
+// on the volume, rather than through the volume.
+type LocalMemory struct{ ss *snapshots }
+
+// LocalMemory is this host's local copies of memory, for its peers.
+func (m *Manager) LocalMemory() LocalMemory { return LocalMemory{&m.snaps} }
+
+// Send writes the extents req names of this host's local copy to w,
+// back to back; ErrNotFound when it has none.
+func (l LocalMemory) Send(ctx context.Context, req MemoryRequest, w io.Writer) error {
+	if err := ValidateName(req.VM); err != nil {
+		return fmt.Errorf("local memory copy: %w", err)
+	}
+	if !strings.HasPrefix(req.Key, "suspend-") || strings.ContainsAny(req.Key, `/\`) || strings.Contains(req.Key, "..") {
+		return fmt.Errorf("local memory copy %q of vm %q: not a sleep's: %w", req.Key, req.VM, ErrInvalid)
+	}
+	path := ""
+	if l.ss != nil {
+		path = l.ss.memc.local(req.VM, req.Key)
+	}
+	if path == "" {
+		return fmt.Errorf("no local copy of the memory vm %q slept with (%s) here: %w", req.VM, req.Key, ErrNotFound)
+	}
+	return memstore.SendCopy(ctx, path, req.Size, req.Extents, w)
+}
+
+// peerCopy names a sleep's local copy of memory on the host that made
+// it: the VM and the copy's key there.
+type peerCopy struct{ vm, key string }
+
+// peerFillBound bounds a fill from another host's copy, which then
+// gives way to the volume.
+const peerFillBound = 30 * time.Second
+
+// fillFromPeer fills dst with the memory man describes from the local
+// copy on the host the snapshot in dir was taken on, when that is
+// another host of the cluster and pc names the copy. Each extent is
+// checked against its digest. It says whether it did: false, and the
+// caller fills from the store, which writes every extent again.
+func (ss *snapshots) fillFromPeer(ctx context.Context, man *memstore.Manifest, dir, dst string, pc peerCopy) bool {
+	fetch := ss.m.cfg.FetchMemory
+	if fetch == nil || pc.key == "" {
+		return false
+	}
+	from, err := readHostFile(dir)
+	if err != nil || from == nil || from.Host == "" || from.Host == ss.m.here.name {
+		return false
+	}
+	begin := time.Now()
+	want := memstore.Wanted(man)
+	req := MemoryRequest{VM: pc.vm, Key: pc.key, Size: man.Size, Extents: make([]int64, len(want))}
+	for i, e := range want {
+		req.Extents[i] = e.Index
+	}
+	ctx, cancel := context.WithTimeout(ctx, peerFillBound)
+	defer cancel()
+	rc, err := fetch(ctx, from.Host, req)
+	if err == nil {
+		err = memstore.FillFrom(ctx, man, dst, rc)
+		rc.Close()
+	}
+	if err != nil {
+		phase.Record(ctx, "fill memory: "+from.Host+"'s local copy failed", time.Since(begin))
+		ss.m.log.Info("den: memory not read from the host that slept the vm: read from the volume", "vm", pc.vm, "host", from.Host, "err", err)
+		return false
+	}
+	took := time.Since(begin)
+	phase.Record(ctx, "fill memory from "+from.Host+"'s local copy", took)
+	ss.m.log.Info("den: memory read from the host that put the vm to sleep", "vm", pc.vm, "host", from.Host, "bytes", req.Bytes(), "took", took.Round(time.Millisecond))
+	return true
+}
