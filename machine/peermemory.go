@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -50,6 +51,9 @@ func (l LocalMemory) Send(ctx context.Context, req MemoryRequest, w io.Writer) e
 	if err := ValidateName(req.VM); err != nil {
 		return fmt.Errorf("local memory copy: %w", err)
 	}
+	if n := (req.Size + memstore.ExtentSize - 1) / memstore.ExtentSize; req.Size <= 0 || int64(len(req.Extents)) > n || slices.ContainsFunc(req.Extents, func(i int64) bool { return i < 0 || i >= n }) {
+		return fmt.Errorf("local memory copy of vm %q: extents outside a memory of %d bytes, or more of them than it has: %w", req.VM, req.Size, ErrInvalid)
+	}
 	if !strings.HasPrefix(req.Key, "suspend-") || strings.ContainsAny(req.Key, `/\`) || strings.Contains(req.Key, "..") {
 		return fmt.Errorf("local memory copy %q of vm %q: not a sleep's: %w", req.Key, req.VM, ErrInvalid)
 	}
@@ -67,9 +71,24 @@ func (l LocalMemory) Send(ctx context.Context, req MemoryRequest, w io.Writer) e
 // it: the VM and the copy's key there.
 type peerCopy struct{ vm, key string }
 
-// peerFillBound bounds a fill from another host's copy, which then
-// gives way to the volume.
-const peerFillBound = 30 * time.Second
+// peerStall bounds how long a fill from another host's copy waits for
+// its next bytes, after which it gives way to the volume.
+const peerStall = 5 * time.Second
+
+// progress is a stream whose every read that brings bytes puts its
+// stall timer back to peerStall.
+type progress struct {
+	io.ReadCloser
+	stall *time.Timer
+}
+
+func (p progress) Read(b []byte) (int, error) {
+	n, err := p.ReadCloser.Read(b)
+	if n > 0 {
+		p.stall.Reset(peerStall)
+	}
+	return n, err
+}
 
 // fillFromPeer fills dst with the memory man describes from the local
 // copy on the host the snapshot in dir was taken on, when that is
@@ -91,14 +110,19 @@ func (ss *snapshots) fillFromPeer(ctx context.Context, man *memstore.Manifest, d
 	for i, e := range want {
 		req.Extents[i] = e.Index
 	}
-	ctx, cancel := context.WithTimeout(ctx, peerFillBound)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stall := time.AfterFunc(peerStall, func() { cancel(fmt.Errorf("no bytes from host %q for %s", from.Host, peerStall)) })
+	defer stall.Stop()
 	rc, err := fetch(ctx, from.Host, req)
 	if err == nil {
-		err = memstore.FillFrom(ctx, man, dst, rc)
+		err = memstore.FillFrom(ctx, man, dst, progress{rc, stall})
 		rc.Close()
 	}
 	if err != nil {
+		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+			err = cause
+		}
 		phase.Record(ctx, "fill memory: "+from.Host+"'s local copy failed", time.Since(begin))
 		ss.m.log.Info("den: memory not read from the host that slept the vm: read from the volume", "vm", pc.vm, "host", from.Host, "err", err)
 		return false

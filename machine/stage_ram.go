@@ -9,6 +9,7 @@ import (
 
 	"github.com/denhq/den/checkpoint"
 	"github.com/denhq/den/internal/phase"
+	"github.com/denhq/den/memstore"
 	"github.com/denhq/den/registry"
 	"github.com/denhq/den/vmm"
 )
@@ -55,11 +56,11 @@ func (ss *snapshots) stageRAM(ctx context.Context, vm registry.VM, cp registry.C
 	return ss.stage(ctx, d, vm.Name, snap, local, nil, "stage the memory from its local copy (beside the verification and the stop)")
 }
 
-// stageFill starts filling a RAM file with the memory of the snapshot
-// ref names, read and checked as the VMM's fill is (fillMemory: from the
-// copy pc names on another host, else from the volume), for a wake with
-// no local copy of it, when its driver stages memory and the host has
-// room; nil otherwise. The wake's
+// stageFill starts filling a RAM file with the memory the snapshot ref
+// names keeps by content, read and checked as the VMM's fill is
+// (fillMemory: from the copy pc names on another host, else from the
+// volume), for a wake with no local copy of it, when its driver stages
+// memory and the host has room; nil otherwise. The wake's
 // verification does not read that memory (ref.filled), so nothing reads
 // it twice.
 func (ss *snapshots) stageFill(ctx context.Context, vm registry.VM, ref snapshotRef, pc peerCopy) *stagedRAM {
@@ -70,6 +71,9 @@ func (ss *snapshots) stageFill(ctx context.Context, vm registry.VM, ref snapshot
 	dir, err := ss.m.vol.Path(ref.dir)
 	if err != nil {
 		return nil
+	}
+	if _, err := os.Stat(filepath.Join(dir, memstore.ManifestFile)); err != nil {
+		return nil // a memory file of its own, which the verification reads
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	fill := func(dst string) error { return ss.fillMemory(ctx, dir, dst, pc) }

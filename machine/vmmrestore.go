@@ -27,6 +27,10 @@ type restoreSource struct {
 	// (stage_ram.go), which the VMM takes if it was made whole, and the
 	// VMM prelaunched on it, if any (prelaunch.go).
 	ram *stagedRAM
+	// stage, when set (and ram is not), starts the staging of the
+	// snapshot's memory once the host admitted it (nil: none), which the
+	// restore drops when done.
+	stage func(context.Context) *stagedRAM
 	// check, when set, runs while the VMM starts (a verification of the
 	// snapshot): the restore goes on only if it passes.
 	check func(context.Context) error
@@ -80,6 +84,10 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 		return nil, err
 	}
 	defer release()
+	if ram == nil && src.stage != nil {
+		ram = src.stage(ctx)
+		defer ram.drop()
+	}
 	if disks, err = o.diskReady(ctx, disks); err != nil {
 		return nil, err
 	}
@@ -112,7 +120,9 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 	// that may drop the local copy its RAM is read from (and the staging
 	// from it) is waited for first: the VMM reads the volume then.
 	var verifyErr error
+	verifyDone := make(chan struct{}) // closed once verifyErr is set
 	verified := sync.OnceValue(func() error {
+		defer close(verifyDone)
 		defer phase.Begin(ctx, "wait for the verification")()
 		verifyErr = <-checked
 		return verifyErr
@@ -130,13 +140,22 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 	if staged != "" {
 		from = ram.local
 	}
+	fill := func(dst string) error { return m.snaps.fillMemory(ctx, dir, dst, src.peer) }
+	if staged != "" && ram.local == "" {
+		// The staging was this fill: what failed it fails the restore,
+		// rather than a second fill from the same sources.
+		fill = func(string) error { return waitStaged() }
+	}
 	end = phase.Begin(ctx, "vmm restore")
 	err = hv.Restore(ctx, dir, vmm.RestoreOptions{Resume: true, OnDemand: !m.cfg.RestoreCopy, Config: &cfg, DisksReady: disks,
-		LocalMemory: local, StagedMemory: staged, WaitStaged: waitStaged,
-		FillMemory: func(dst string) error { return m.snaps.fillMemory(ctx, dir, dst, src.peer) }, Verified: verified})
+		LocalMemory: local, StagedMemory: staged, WaitStaged: waitStaged, FillMemory: fill, Verified: verified})
 	end()
-	if verifyErr != nil {
-		return nil, verifyErr // as it is, not as the VMM's restore saw it
+	select {
+	case <-verifyDone:
+		if verifyErr != nil {
+			return nil, verifyErr // as it is, not as the VMM's restore saw it
+		}
+	default:
 	}
 	if err != nil {
 		return nil, err

@@ -41,9 +41,8 @@ func (o *op) wake(ctx context.Context) error {
 	// the memory is read from that host's local copy, if it still has
 	// one, else from the volume.
 	pc := peerCopy{vm: vm.Name, key: key}
-	ram := m.snaps.stageFill(ctx, vm, ref, pc)
-	defer ram.drop()
-	in, err := o.restoreInto(ctx, restoreSource{snapDir: ref.dir, local: ref.local, ram: ram, check: check, peer: pc})
+	stage := func(ctx context.Context) *stagedRAM { return m.snaps.stageFill(ctx, vm, ref, pc) }
+	in, err := o.restoreInto(ctx, restoreSource{snapDir: ref.dir, local: ref.local, stage: stage, check: check, peer: pc})
 	if err != nil {
 		var vf verifyFailed
 		var d memstore.Damage

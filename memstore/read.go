@@ -492,9 +492,10 @@ func Wanted(m *Manifest) []Extent {
 // does, from r: the bytes of Wanted(m), back to back (another host's
 // local copy of the memory). Each extent is checked against its digest
 // and written at every place m names it, by readers goroutines while r
-// is read. A stream that ends early, or holds an extent that does not
-// match, fails it: the caller fills from the store then, which writes
-// every extent again.
+// is read (a stream that is also an io.Closer is closed when they fail).
+// A stream that ends early, or holds an extent that does not match,
+// fails it: the caller fills from the store then, which writes every
+// extent again.
 func FillFrom(ctx context.Context, m *Manifest, dst string, r io.Reader) error {
 	f, err := openRAM(dst, m.Size)
 	if err != nil {
@@ -502,14 +503,18 @@ func FillFrom(ctx context.Context, m *Manifest, dst string, r io.Reader) error {
 	}
 	defer f.Close()
 	first, named := byDigest(m.Extents)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if c, ok := r.(io.Closer); ok {
+		// A checker that fails ends a read that waits on the stream.
+		defer context.AfterFunc(ctx, func() { c.Close() })()
+	}
 	// Batches of extents go from the reader to the checkers and back.
 	const batch = 16
 	type piece struct {
 		ext []Extent
 		buf []byte
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	free := make(chan *piece, 2*readers)
 	for range cap(free) {
 		free <- &piece{buf: make([]byte, batch*ExtentSize)}

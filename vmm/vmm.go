@@ -303,9 +303,9 @@ type RestoreOptions struct {
 	// keeps (MemoryKeeper), when there is no LocalMemory to copy.
 	FillMemory func(dst string) error
 	// Verified, when set, is the caller's check of the snapshot, waited
-	// for before the VMM reads anything of it but its memory (its state,
-	// its config): a driver may start its VMM and fill its RAM meanwhile.
-	// Its error fails the restore before the guest runs.
+	// for before the VMM loads the guest's device state from it: a driver
+	// may start its VMM (with the Config's paths) and fill its RAM
+	// meanwhile. Its error fails the restore before the guest runs.
 	Verified func() error
 }
 

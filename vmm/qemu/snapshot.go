@@ -298,6 +298,9 @@ func (v *VMM) Restore(ctx context.Context, dir string, opts vmm.RestoreOptions) 
 		return fmt.Errorf("restore vm from %s: %w", dir, err)
 	}
 	if err := waitCopy(); err != nil {
+		if verr := opts.WaitVerified(); verr != nil {
+			err = verr // a snapshot found damaged says so first
+		}
 		return fail(err)
 	}
 	if ram != v.ramFile() {
