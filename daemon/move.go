@@ -43,7 +43,7 @@ var errNoPeers = fmt.Errorf("this host is not one of a cluster whose hosts reach
 // the shared volume. A VM that runs nowhere is only woken there.
 func (s *Server) moveVM(ctx context.Context, name string, req api.MoveRequest, c Caller) (api.MoveResult, error) {
 	self := s.peers.cred.Host()
-	if err := s.peers.alive(ctx, req.To); err != nil {
+	if _, err := s.peers.alive(ctx, req.To); err != nil {
 		return api.MoveResult{}, fmt.Errorf("move vm %q: %w", name, err)
 	}
 	start := time.Now()
@@ -123,7 +123,7 @@ func (s *Server) drainHost(w http.ResponseWriter, r *http.Request) {
 			writeError(w, fmt.Errorf("drain host %q: forwarded to host %q: %w", host, s.peers.cred.Host(), machine.ErrConflict))
 			return
 		}
-		if err := s.peers.alive(r.Context(), host); err != nil {
+		if _, err := s.peers.alive(r.Context(), host); err != nil {
 			writeError(w, fmt.Errorf("drain host %q: %w", host, err))
 			return
 		}

@@ -72,10 +72,7 @@ func (f *firstWrite) Write(b []byte) (int, error) {
 // heartbeat is not asked, and one that does not answer within
 // peerMemoryAnswer is given up on.
 func (p *peers) fetchMemory(ctx context.Context, host string, req machine.MemoryRequest) (io.ReadCloser, error) {
-	if err := p.alive(ctx, host); err != nil {
-		return nil, err
-	}
-	addr, err := p.address(ctx, host)
+	addr, err := p.alive(ctx, host)
 	if err != nil {
 		return nil, err
 	}

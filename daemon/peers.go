@@ -144,19 +144,19 @@ func (p *peers) lookup(ctx context.Context, host string) (registry.Host, time.Ti
 }
 
 // alive refuses a host that is not alive in the registry (by its
-// heartbeat) or gives no address.
-func (p *peers) alive(ctx context.Context, host string) error {
+// heartbeat) or gives no address; it returns that address.
+func (p *peers) alive(ctx context.Context, host string) (string, error) {
 	h, now, err := p.lookup(ctx, host)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if age := now.Sub(h.Heartbeat); age >= p.lease {
-		return fmt.Errorf("host %q is not alive: its last heartbeat is %s old", host, age.Round(time.Second))
+		return "", fmt.Errorf("host %q is not alive: its last heartbeat is %s old", host, age.Round(time.Second))
 	}
 	if h.Address == "" && host != p.cred.Host() {
-		return fmt.Errorf("host %q gives no address in its cluster config", host)
+		return "", fmt.Errorf("host %q gives no address in its cluster config", host)
 	}
-	return nil
+	return h.Address, nil
 }
 
 // place chooses, among the other live hosts that admit VMs, the one a

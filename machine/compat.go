@@ -83,18 +83,19 @@ func (c compat) write(dir, vmmName string) error {
 // it: another VMM, or one whose snapshots this one's cannot read, another
 // accelerator, or under KVM another CPU vendor or a CPU with features
 // this one lacks. A snapshot that records no host (taken before den
-// recorded them) is let through.
-func (c compat) check(ctx context.Context, dir storage.Path, vmmName string) error {
+// recorded them) is let through. It returns the host that took it (""
+// when none is recorded).
+func (c compat) check(ctx context.Context, dir storage.Path, vmmName string) (string, error) {
 	m := c.m
 	from, err := c.read(dir)
 	if err != nil || from == nil {
-		return err
+		return "", err
 	}
 	if err := from.restorableOn(c.record(vmmName)); err != nil {
-		return fmt.Errorf("its memory cannot be restored on host %s: %w (bring it up on a host like %s, or restore a disk-only checkpoint): %w",
+		return "", fmt.Errorf("its memory cannot be restored on host %s: %w (bring it up on a host like %s, or restore a disk-only checkpoint): %w",
 			m.here.name, err, from.Host, ErrConflict)
 	}
-	return nil
+	return from.Host, nil
 }
 
 // read is the host record of the snapshot in dir (a volume path); nil
@@ -104,12 +105,6 @@ func (c compat) read(dir storage.Path) (*snapshotHost, error) {
 	if err != nil {
 		return nil, err
 	}
-	return readHostFile(host)
-}
-
-// readHostFile is the host record of the snapshot in the directory host
-// (a host path); nil when it has none.
-func readHostFile(host string) (*snapshotHost, error) {
 	data, err := os.ReadFile(filepath.Join(host, HostFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil

@@ -118,7 +118,7 @@ func (ss *snapshots) fillMemory(ctx context.Context, host, dst string, pc peerCo
 	if err != nil {
 		return err
 	}
-	if ss.fillFromPeer(ctx, man, host, dst, pc) {
+	if ss.fillFromPeer(ctx, man, dst, pc) {
 		return nil
 	}
 	store, err := ss.memStore()

@@ -68,8 +68,8 @@ func (l LocalMemory) Send(ctx context.Context, req MemoryRequest, w io.Writer) e
 }
 
 // peerCopy names a sleep's local copy of memory on the host that made
-// it: the VM and the copy's key there.
-type peerCopy struct{ vm, key string }
+// it: the VM, the copy's key there, and the host ("" : none to read).
+type peerCopy struct{ vm, key, host string }
 
 // peerStall bounds how long a fill from another host's copy waits for
 // its next bytes, after which it gives way to the volume.
@@ -91,17 +91,13 @@ func (p progress) Read(b []byte) (int, error) {
 }
 
 // fillFromPeer fills dst with the memory man describes from the local
-// copy on the host the snapshot in dir was taken on, when that is
-// another host of the cluster and pc names the copy. Each extent is
-// checked against its digest. It says whether it did: false, and the
-// caller fills from the store, which writes every extent again.
-func (ss *snapshots) fillFromPeer(ctx context.Context, man *memstore.Manifest, dir, dst string, pc peerCopy) bool {
+// copy pc names on another host of the cluster (the one that took the
+// snapshot), if it names one. Each extent is checked against its digest.
+// It says whether it did: false, and the caller fills from the store,
+// which writes every extent again.
+func (ss *snapshots) fillFromPeer(ctx context.Context, man *memstore.Manifest, dst string, pc peerCopy) bool {
 	fetch := ss.m.cfg.FetchMemory
-	if fetch == nil || pc.key == "" {
-		return false
-	}
-	from, err := readHostFile(dir)
-	if err != nil || from == nil || from.Host == "" || from.Host == ss.m.here.name {
+	if fetch == nil || pc.key == "" || pc.host == "" {
 		return false
 	}
 	begin := time.Now()
@@ -112,9 +108,9 @@ func (ss *snapshots) fillFromPeer(ctx context.Context, man *memstore.Manifest, d
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stall := time.AfterFunc(peerStall, func() { cancel(fmt.Errorf("no bytes from host %q for %s", from.Host, peerStall)) })
+	stall := time.AfterFunc(peerStall, func() { cancel(fmt.Errorf("no bytes from host %q for %s", pc.host, peerStall)) })
 	defer stall.Stop()
-	rc, err := fetch(ctx, from.Host, req)
+	rc, err := fetch(ctx, pc.host, req)
 	if err == nil {
 		err = memstore.FillFrom(ctx, man, dst, progress{rc, stall})
 		rc.Close()
@@ -123,12 +119,12 @@ func (ss *snapshots) fillFromPeer(ctx context.Context, man *memstore.Manifest, d
 		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
 			err = cause
 		}
-		phase.Record(ctx, "fill memory: "+from.Host+"'s local copy failed", time.Since(begin))
-		ss.m.log.Info("den: memory not read from the host that slept the vm: read from the volume", "vm", pc.vm, "host", from.Host, "err", err)
+		phase.Record(ctx, "fill memory: "+pc.host+"'s local copy failed", time.Since(begin))
+		ss.m.log.Info("den: memory not read from the host that slept the vm: read from the volume", "vm", pc.vm, "host", pc.host, "err", err)
 		return false
 	}
 	took := time.Since(begin)
-	phase.Record(ctx, "fill memory from "+from.Host+"'s local copy", took)
-	ss.m.log.Info("den: memory read from the host that put the vm to sleep", "vm", pc.vm, "host", from.Host, "bytes", req.Bytes(), "took", took.Round(time.Millisecond))
+	phase.Record(ctx, "fill memory from "+pc.host+"'s local copy", took)
+	ss.m.log.Info("den: memory read from the host that put the vm to sleep", "vm", pc.vm, "host", pc.host, "bytes", req.Bytes(), "took", took.Round(time.Millisecond))
 	return true
 }

@@ -49,7 +49,7 @@ func (o *op) restore(ctx context.Context, id string, opts RestoreOptions, progre
 	if cp.Kind == checkpoint.KindMemoryDisk {
 		// Refused before anything changes, where restoreInto would
 		// refuse it only once the VM's own state is gone.
-		if err := m.compat.check(ctx, checkpoint.Dir(name, id).Join(checkpoint.VMMDir), vm.VMM); err != nil {
+		if _, err := m.compat.check(ctx, checkpoint.Dir(name, id).Join(checkpoint.VMMDir), vm.VMM); err != nil {
 			return "", fmt.Errorf("restore vm %q to %s: %w", name, id, err)
 		}
 	}

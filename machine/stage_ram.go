@@ -25,8 +25,8 @@ const ramStaged = ".staged-"
 // stops the VM's VMM, rather than after the old VMM is gone (the memory
 // is held twice for that while: it is staged only when the host has room
 // for it); or, for a wake on a host with no local copy of the memory,
-// read from the volume while the wake verifies the snapshot and starts
-// the VMM, rather than once it has.
+// read (from the host that took it, else the volume) while the wake
+// verifies the snapshot and starts the VMM, rather than once it has.
 type stagedRAM struct {
 	dir    string // the RAM directory made for it
 	local  string // the local copy it is read from, "" for the volume

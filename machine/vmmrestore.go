@@ -29,8 +29,8 @@ type restoreSource struct {
 	ram *stagedRAM
 	// stage, when set (and ram is not), starts the staging of the
 	// snapshot's memory once the host admitted it (nil: none), which the
-	// restore drops when done.
-	stage func(context.Context) *stagedRAM
+	// restore drops when done; from the copy peer names, if any.
+	stage func(context.Context, peerCopy) *stagedRAM
 	// check, when set, runs while the VMM starts (a verification of the
 	// snapshot): the restore goes on only if it passes.
 	check func(context.Context) error
@@ -41,7 +41,8 @@ type restoreSource struct {
 	// agent's ready answer (a fork, a create from a warm base).
 	identity *agent.IdentityRequest
 	// peer, when set, names the local copy of the snapshot's memory on
-	// the host that took it, which a fill reads before the volume.
+	// the host that took it (its host from the snapshot's record), which
+	// a fill reads before the volume.
 	peer peerCopy
 }
 
@@ -52,8 +53,15 @@ type restoreSource struct {
 func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, err error) {
 	m, vm, sp := o.m, o.vm, o.spec
 	local, ram, check, disks := src.local, src.ram, src.check, src.disks
-	if err := m.compat.check(ctx, src.snapDir, vm.VMM); err != nil {
+	took, err := m.compat.check(ctx, src.snapDir, vm.VMM)
+	if err != nil {
 		return nil, err
+	}
+	peer := src.peer
+	if took == m.here.name {
+		peer = peerCopy{} // taken here: no other host's copy to read
+	} else {
+		peer.host = took
 	}
 	checked := make(chan error, 1)
 	if check == nil {
@@ -85,7 +93,7 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 	}
 	defer release()
 	if ram == nil && src.stage != nil {
-		ram = src.stage(ctx)
+		ram = src.stage(ctx, peer)
 		defer ram.drop()
 	}
 	if disks, err = o.diskReady(ctx, disks); err != nil {
@@ -140,7 +148,7 @@ func (o *op) restoreInto(ctx context.Context, src restoreSource) (_ *instance, e
 	if staged != "" {
 		from = ram.local
 	}
-	fill := func(dst string) error { return m.snaps.fillMemory(ctx, dir, dst, src.peer) }
+	fill := func(dst string) error { return m.snaps.fillMemory(ctx, dir, dst, peer) }
 	if staged != "" && ram.local == "" {
 		// The staging was this fill: what failed it fails the restore,
 		// rather than a second fill from the same sources.

@@ -40,9 +40,8 @@ func (o *op) wake(ctx context.Context) error {
 	// On a host of a cluster other than the one that put it to sleep,
 	// the memory is read from that host's local copy, if it still has
 	// one, else from the volume.
-	pc := peerCopy{vm: vm.Name, key: key}
-	stage := func(ctx context.Context) *stagedRAM { return m.snaps.stageFill(ctx, vm, ref, pc) }
-	in, err := o.restoreInto(ctx, restoreSource{snapDir: ref.dir, local: ref.local, stage: stage, check: check, peer: pc})
+	stage := func(ctx context.Context, pc peerCopy) *stagedRAM { return m.snaps.stageFill(ctx, vm, ref, pc) }
+	in, err := o.restoreInto(ctx, restoreSource{snapDir: ref.dir, local: ref.local, stage: stage, check: check, peer: peerCopy{vm: vm.Name, key: key}})
 	if err != nil {
 		var vf verifyFailed
 		var d memstore.Damage
